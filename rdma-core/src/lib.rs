@@ -1,0 +1,24 @@
+//! rdmashim's transport: RC queue pairs set up through rdma_cm, whose private_data carries a
+//! versioned handshake, and ring-buffer byte streams over RDMA WRITE.
+//!
+//! Layers, bottom up:
+//! - [`sys`]: run-time binding to libibverbs/librdmacm (`dlopen` on first use; a host without
+//!   rdma-core gets an error, never a failed start).
+//! - [`verbs`]: owners of device contexts, PDs, completion channels, CQs, memory regions.
+//! - [`cm`]: rdma_cm event channels and ids, RC QPs, and the work requests rdmashim posts.
+//! - [`ring`]: the double-mapped ("magic") receive ring.
+//! - [`probe`]: what this host can do, in one call.
+//!
+//! The protocol logic (handshake codec, cursors, credits, stream state) is the sans-IO crate
+//! `rdmashim-proto`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod cm;
+pub mod error;
+pub mod probe;
+pub mod ring;
+pub mod sys;
+pub mod verbs;
+
+pub use error::{Error, Result, Unavailable};

@@ -1,0 +1,256 @@
+//! The "magic" receive ring: one memfd mapped twice, back to back, so that the `size` bytes
+//! starting at any offset below `size` are contiguous in virtual memory. A peer's RDMA WRITE of
+//! up to `size` bytes at `cursor mod size` therefore never has to be split at the end of the
+//! ring, and the reader can hand out one contiguous slice for any readable range.
+//!
+//! ```text
+//!   virtual:  [ base ............ base+size ............ base+2*size )
+//!   file:     [ 0 .......... size )[ 0 .......... size )
+//! ```
+//!
+//! One RAII type owns the whole reservation; dropping it unmaps both views.
+
+use std::io;
+use std::ptr::NonNull;
+
+use crate::verbs::page_size;
+
+/// Why a ring could not be made.
+#[derive(Debug)]
+pub enum RingError {
+    /// The size is not a power of two or not a multiple of the page size.
+    BadSize(usize),
+    /// A system call failed.
+    Os(&'static str, io::Error),
+}
+
+impl std::fmt::Display for RingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::BadSize(s) => write!(
+                f,
+                "ring size {s} must be a power of two and a multiple of the page size ({})",
+                page_size()
+            ),
+            Self::Os(call, e) => write!(f, "{call} failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
+
+/// A double-mapped ring buffer of `size` bytes (`2 * size` of address space).
+pub struct MagicRing {
+    base: NonNull<u8>,
+    size: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; shared access hands out only
+// byte slices, and mutable access needs &mut self.
+unsafe impl Send for MagicRing {}
+// SAFETY: see Send.
+unsafe impl Sync for MagicRing {}
+
+/// Checks a ring size: a power of two, at least one page, a multiple of the page size.
+pub fn check_size(size: usize) -> Result<(), RingError> {
+    let page = page_size();
+    if size < page || !size.is_power_of_two() || !size.is_multiple_of(page) {
+        return Err(RingError::BadSize(size));
+    }
+    Ok(())
+}
+
+impl MagicRing {
+    /// Creates a zeroed ring of `size` bytes.
+    pub fn new(size: usize) -> Result<Self, RingError> {
+        check_size(size)?;
+        let total = size.checked_mul(2).ok_or(RingError::BadSize(size))?;
+        // SAFETY: the name is a valid C string; MFD_CLOEXEC keeps the fd out of exec'd images.
+        let fd = unsafe { libc::memfd_create(c"rdmashim-ring".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(RingError::Os("memfd_create", io::Error::last_os_error()));
+        }
+        let result = Self::map(fd, size, total);
+        // The mappings keep the file alive; the descriptor is not needed any more.
+        // SAFETY: fd is ours and closed once.
+        unsafe { libc::close(fd) };
+        result
+    }
+
+    fn map(fd: i32, size: usize, total: usize) -> Result<Self, RingError> {
+        // SAFETY: fd is a fresh memfd.
+        if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
+            return Err(RingError::Os("ftruncate", io::Error::last_os_error()));
+        }
+        // Reserve 2*size of address space first, so both views land back to back.
+        // SAFETY: an anonymous PROT_NONE reservation at an address the kernel picks.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(RingError::Os("mmap(reserve)", io::Error::last_os_error()));
+        }
+        for (i, what) in [(0, "mmap(first view)"), (size, "mmap(second view)")] {
+            // SAFETY: MAP_FIXED over our own reservation (base..base+total), each view exactly
+            // `size` bytes of the memfd, so nothing else of the process is replaced.
+            let p = unsafe {
+                libc::mmap(
+                    base.cast::<u8>().add(i).cast(),
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                let e = io::Error::last_os_error();
+                // SAFETY: our reservation, unmapped once on this error path.
+                unsafe { libc::munmap(base, total) };
+                return Err(RingError::Os(what, e));
+            }
+        }
+        // Registered memory must not be shared with a forked child (the device would keep
+        // writing pages the child also maps). MADV_DONTFORK leaves the child without the ring.
+        // SAFETY: our own mapping.
+        if unsafe { libc::madvise(base, total, libc::MADV_DONTFORK) } != 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: our mapping, unmapped once on this error path.
+            unsafe { libc::munmap(base, total) };
+            return Err(RingError::Os("madvise(MADV_DONTFORK)", e));
+        }
+        let base = NonNull::new(base.cast::<u8>()).ok_or(RingError::BadSize(size))?;
+        Ok(Self { base, size })
+    }
+
+    /// The ring's size in bytes (the length of one view).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Start of the first view. The registration covers both views: `2 * size` bytes.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Bytes of address space to register (both views).
+    pub fn mapped_len(&self) -> usize {
+        self.size * 2
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        assert!(
+            offset < self.size && len <= self.size,
+            "ring range {offset}+{len} outside a ring of {}",
+            self.size
+        );
+    }
+
+    /// `len` contiguous bytes starting at ring offset `offset` (`offset < size`, `len <= size`).
+    /// Panics outside those bounds.
+    pub fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        self.check(offset, len);
+        // SAFETY: offset + len <= 2 * size, inside our live mapping.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(offset), len) }
+    }
+
+    /// Mutable version of [`slice`](Self::slice).
+    pub fn slice_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
+        self.check(offset, len);
+        // SAFETY: as in `slice`; &mut self excludes other slices of this ring.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(offset), len) }
+    }
+}
+
+impl Drop for MagicRing {
+    fn drop(&mut self) {
+        // SAFETY: both views and the reservation are ours; unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.size * 2) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_checked() {
+        let page = page_size();
+        for bad in [0, 1, page - 1, page + 1, 3 * page, page * 6] {
+            assert!(
+                matches!(MagicRing::new(bad), Err(RingError::BadSize(_))),
+                "{bad}"
+            );
+        }
+        assert!(MagicRing::new(page).is_ok());
+    }
+
+    #[test]
+    fn a_write_across_the_end_appears_at_the_start() {
+        let size = 4 * page_size();
+        let mut r = MagicRing::new(size).unwrap();
+        let data: Vec<u8> = (0..100u8).collect();
+        r.slice_mut(size - 40, 100).copy_from_slice(&data);
+        assert_eq!(r.slice(size - 40, 40), &data[..40]);
+        assert_eq!(r.slice(0, 60), &data[40..]);
+        // and a write at the start is visible through the second view
+        r.slice_mut(0, 3).copy_from_slice(b"abc");
+        assert_eq!(r.slice(size - 1, 4), &[data[39], b'a', b'b', b'c']);
+    }
+
+    #[test]
+    fn every_offset_sees_the_same_ring() {
+        let size = page_size();
+        let mut r = MagicRing::new(size).unwrap();
+        for (i, b) in r.slice_mut(0, size).iter_mut().enumerate() {
+            *b = (i * 7 % 251) as u8;
+        }
+        for off in (0..size).step_by(97) {
+            let s = r.slice(off, size);
+            for (k, &b) in s.iter().enumerate() {
+                assert_eq!(b, ((off + k) % size * 7 % 251) as u8);
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a ring")]
+    fn out_of_range_slices_panic() {
+        let r = MagicRing::new(page_size()).unwrap();
+        let _ = r.slice(page_size(), 1);
+    }
+
+    #[test]
+    fn a_forked_child_does_not_inherit_the_ring() {
+        let r = MagicRing::new(page_size()).unwrap();
+        let addr = r.as_ptr() as usize;
+        // SAFETY: the child only calls async-signal-safe functions (mincore-free probe via
+        // msync, which fails with ENOMEM on an unmapped range) and _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: msync on a page-aligned address; ENOMEM means "not mapped".
+            let rc = unsafe { libc::msync(addr as *mut libc::c_void, 1, libc::MS_ASYNC) };
+            let unmapped =
+                rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
+            // SAFETY: _exit is async-signal-safe.
+            unsafe { libc::_exit(if unmapped { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status));
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "the child still maps the ring"
+        );
+    }
+}

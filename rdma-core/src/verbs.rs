@@ -1,0 +1,650 @@
+//! Safe owners of verbs objects: device context, protection domain, completion channel,
+//! completion queue, memory region.
+//!
+//! Each object holds an `Arc` of its parent, so the parent outlives it and destruction runs in
+//! the order verbs requires (MR and CQ before PD and channel, all before the context). Drop
+//! never panics: a failed destroy is reported to the log sink, not unwound.
+
+use std::ffi::c_int;
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{Error, Result, Unavailable};
+use crate::sys::{self, ffi, Lib};
+
+/// The device list as libibverbs reports it.
+pub fn device_names() -> Result<Vec<String>> {
+    let lib = sys::lib().map_err(|e| Unavailable::LibrariesMissing(e.clone()))?;
+    let mut n: c_int = 0;
+    // SAFETY: n is a valid out-pointer; the list is freed below.
+    let list = unsafe { (lib.verbs.ibv_get_device_list)(&mut n) };
+    if list.is_null() {
+        return Err(device_list_error());
+    }
+    let mut names = Vec::with_capacity(n.max(0) as usize);
+    for i in 0..n.max(0) as usize {
+        // SAFETY: the list holds n valid device pointers.
+        let dev = unsafe { *list.add(i) };
+        // SAFETY: dev is valid while the list is; the name is a NUL-terminated string in it.
+        names.push(unsafe { sys::cstr_lossy((lib.verbs.ibv_get_device_name)(dev)) });
+    }
+    // SAFETY: list came from ibv_get_device_list and is freed once.
+    unsafe { (lib.verbs.ibv_free_device_list)(list) };
+    Ok(names)
+}
+
+/// `ibv_get_device_list` returned NULL: ENOSYS means the kernel has no RDMA (uverbs) support
+/// at all, which is the same as having no device.
+fn device_list_error() -> Error {
+    let e = Error::last("ibv_get_device_list");
+    match &e {
+        Error::Call { source, .. } if source.raw_os_error() == Some(libc::ENOSYS) => {
+            Unavailable::NoDevice.into()
+        }
+        _ => e,
+    }
+}
+
+/// A device context.
+///
+/// Either opened here ([`Context::open`], closed on drop) or borrowed from rdma_cm
+/// ([`Context::from_cm`]: librdmacm opens every device itself and keeps the contexts for the
+/// life of the process, so those are never closed by us).
+pub struct Context {
+    raw: NonNull<ffi::ibv_context>,
+    owned: bool,
+    lib: &'static Lib,
+}
+
+// SAFETY: ibv_context is thread-safe per libibverbs' documented threading model (all verbs may be
+// called from any thread); this type only hands out the pointer to verbs calls.
+unsafe impl Send for Context {}
+// SAFETY: see Send.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Opens the device called `name` (e.g. `"rxe0"`).
+    pub fn open(name: &str) -> Result<Arc<Self>> {
+        let lib = sys::lib().map_err(|e| Unavailable::LibrariesMissing(e.clone()))?;
+        let mut n: c_int = 0;
+        // SAFETY: n is a valid out-pointer; the list is freed below on every path.
+        let list = unsafe { (lib.verbs.ibv_get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(device_list_error());
+        }
+        if n <= 0 {
+            // SAFETY: list came from ibv_get_device_list.
+            unsafe { (lib.verbs.ibv_free_device_list)(list) };
+            return Err(Unavailable::NoDevice.into());
+        }
+        let mut found = None;
+        for i in 0..n as usize {
+            // SAFETY: the list holds n valid device pointers.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: dev is valid while the list is.
+            let dev_name = unsafe { sys::cstr_lossy((lib.verbs.ibv_get_device_name)(dev)) };
+            if dev_name == name {
+                found = Some(dev);
+                break;
+            }
+        }
+        let result = match found {
+            None => Err(Error::NoSuchDevice(name.to_owned())),
+            Some(dev) => {
+                // SAFETY: dev is a valid device from the (still allocated) list.
+                let raw = unsafe { (lib.verbs.ibv_open_device)(dev) };
+                NonNull::new(raw)
+                    .map(|raw| {
+                        Arc::new(Self {
+                            raw,
+                            owned: true,
+                            lib,
+                        })
+                    })
+                    .ok_or_else(|| Error::last("ibv_open_device"))
+            }
+        };
+        // SAFETY: list came from ibv_get_device_list and is freed once; an opened context
+        // stays valid after the list is freed (libibverbs keeps the device referenced).
+        unsafe { (lib.verbs.ibv_free_device_list)(list) };
+        result
+    }
+
+    /// Wraps a context that librdmacm owns (`cm_id->verbs`).
+    ///
+    /// # Safety
+    /// `raw` must be a live context from librdmacm, which keeps it open for the process' life.
+    pub unsafe fn from_cm(lib: &'static Lib, raw: NonNull<ffi::ibv_context>) -> Arc<Self> {
+        Arc::new(Self {
+            raw,
+            owned: false,
+            lib,
+        })
+    }
+
+    /// The raw pointer, for verbs calls.
+    pub fn as_ptr(&self) -> *mut ffi::ibv_context {
+        self.raw.as_ptr()
+    }
+
+    /// The bound libraries.
+    pub fn lib(&self) -> &'static Lib {
+        self.lib
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> String {
+        // SAFETY: a live context's `device` is valid; the name is a NUL-terminated string.
+        unsafe {
+            let dev = (*self.raw.as_ptr()).device;
+            sys::cstr_lossy((self.lib.verbs.ibv_get_device_name)(dev))
+        }
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> Result<ffi::ibv_device_attr> {
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: live context, valid out-pointer.
+        let rc = unsafe { (self.lib.verbs.ibv_query_device)(self.as_ptr(), &mut attr) };
+        if rc != 0 {
+            return Err(Error::returned("ibv_query_device", rc));
+        }
+        Ok(attr)
+    }
+
+    /// `ibv_query_port` (ports are numbered from 1).
+    pub fn query_port(&self, port: u8) -> Result<ffi::ibv_port_attr> {
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: live context; the exported (compat) ibv_query_port fills a prefix of
+        // struct ibv_port_attr, which is at least as large as what it writes.
+        let rc = unsafe { (self.lib.verbs.ibv_query_port)(self.as_ptr(), port, &mut attr) };
+        if rc != 0 {
+            return Err(Error::returned("ibv_query_port", rc));
+        }
+        Ok(attr)
+    }
+
+    /// `ibv_query_gid`: the raw 16 bytes of GID `index` on `port`.
+    pub fn query_gid(&self, port: u8, index: i32) -> Result<[u8; 16]> {
+        // SAFETY: all-zero is a valid union value.
+        let mut gid: ffi::ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: live context, valid out-pointer.
+        let rc = unsafe { (self.lib.verbs.ibv_query_gid)(self.as_ptr(), port, index, &mut gid) };
+        if rc != 0 {
+            return Err(Error::last("ibv_query_gid"));
+        }
+        // SAFETY: every bit pattern of the union is a valid [u8; 16].
+        Ok(unsafe { gid.raw })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: we opened it and every child holds an Arc of us, so none is left.
+            unsafe { (self.lib.verbs.ibv_close_device)(self.as_ptr()) };
+        }
+    }
+}
+
+/// A protection domain.
+pub struct Pd {
+    raw: NonNull<ffi::ibv_pd>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: verbs objects may be used from any thread (libibverbs threading model).
+unsafe impl Send for Pd {}
+// SAFETY: see Send.
+unsafe impl Sync for Pd {}
+
+impl Pd {
+    /// `ibv_alloc_pd`.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        // SAFETY: live context.
+        let raw = unsafe { (ctx.lib.verbs.ibv_alloc_pd)(ctx.as_ptr()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_alloc_pd"))?;
+        Ok(Arc::new(Self {
+            raw,
+            ctx: ctx.clone(),
+        }))
+    }
+
+    /// The raw pointer, for verbs calls.
+    pub fn as_ptr(&self) -> *mut ffi::ibv_pd {
+        self.raw.as_ptr()
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: children (MRs, QPs) hold an Arc of us, so none is left.
+        unsafe { (self.ctx.lib.verbs.ibv_dealloc_pd)(self.as_ptr()) };
+    }
+}
+
+/// A completion channel: a file descriptor that becomes readable when an armed CQ completes.
+/// Its fd is made non-blocking, so it can sit in an event loop (poll/epoll).
+pub struct CompChannel {
+    raw: NonNull<ffi::ibv_comp_channel>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: verbs objects may be used from any thread.
+unsafe impl Send for CompChannel {}
+// SAFETY: see Send.
+unsafe impl Sync for CompChannel {}
+
+impl CompChannel {
+    /// `ibv_create_comp_channel`, with the fd switched to O_NONBLOCK.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        // SAFETY: live context.
+        let raw = unsafe { (ctx.lib.verbs.ibv_create_comp_channel)(ctx.as_ptr()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_create_comp_channel"))?;
+        let ch = Arc::new(Self {
+            raw,
+            ctx: ctx.clone(),
+        });
+        set_nonblocking(ch.fd(), "fcntl(comp_channel)")?;
+        Ok(ch)
+    }
+
+    /// The channel's file descriptor (readable when a CQ event is pending).
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: live channel.
+        unsafe { (*self.raw.as_ptr()).fd }
+    }
+
+    /// Takes one pending CQ event, if any (non-blocking), and acknowledges it.
+    /// Returns the CQ's raw pointer, or `None` when no event was pending.
+    pub fn take_event(&self) -> Result<Option<*mut ffi::ibv_cq>> {
+        let mut cq = std::ptr::null_mut();
+        let mut cq_ctx = std::ptr::null_mut();
+        // SAFETY: live channel, valid out-pointers.
+        let rc =
+            unsafe { (self.ctx.lib.verbs.ibv_get_cq_event)(self.as_ptr(), &mut cq, &mut cq_ctx) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(Error::Call {
+                call: "ibv_get_cq_event",
+                source: e,
+            });
+        }
+        // SAFETY: cq was just returned by ibv_get_cq_event; every event is acked once.
+        unsafe { (self.ctx.lib.verbs.ibv_ack_cq_events)(cq, 1) };
+        Ok(Some(cq))
+    }
+
+    /// Waits up to `timeout_ms` (−1: forever) for the channel to become readable.
+    pub fn wait_readable(&self, timeout_ms: i32) -> Result<bool> {
+        poll_readable(self.fd(), timeout_ms, "poll(comp_channel)")
+    }
+
+    /// The raw pointer, for verbs calls.
+    pub fn as_ptr(&self) -> *mut ffi::ibv_comp_channel {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: every CQ using this channel holds an Arc of us, so none is left.
+        unsafe { (self.ctx.lib.verbs.ibv_destroy_comp_channel)(self.as_ptr()) };
+    }
+}
+
+/// A completion queue, optionally attached to a completion channel.
+pub struct Cq {
+    raw: NonNull<ffi::ibv_cq>,
+    ctx: Arc<Context>,
+    channel: Option<Arc<CompChannel>>,
+}
+
+// SAFETY: verbs objects may be used from any thread.
+unsafe impl Send for Cq {}
+// SAFETY: see Send.
+unsafe impl Sync for Cq {}
+
+impl Cq {
+    /// `ibv_create_cq` with room for `entries` completions.
+    pub fn new(
+        ctx: &Arc<Context>,
+        entries: i32,
+        channel: Option<&Arc<CompChannel>>,
+    ) -> Result<Arc<Self>> {
+        let ch_ptr = channel.map_or(std::ptr::null_mut(), |c| c.as_ptr());
+        // SAFETY: live context and (optional) channel of the same context.
+        let raw = unsafe {
+            (ctx.lib.verbs.ibv_create_cq)(ctx.as_ptr(), entries, std::ptr::null_mut(), ch_ptr, 0)
+        };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_create_cq"))?;
+        Ok(Arc::new(Self {
+            raw,
+            ctx: ctx.clone(),
+            channel: channel.cloned(),
+        }))
+    }
+
+    /// The raw pointer, for verbs calls.
+    pub fn as_ptr(&self) -> *mut ffi::ibv_cq {
+        self.raw.as_ptr()
+    }
+
+    /// The channel this CQ reports to.
+    pub fn channel(&self) -> Option<&Arc<CompChannel>> {
+        self.channel.as_ref()
+    }
+
+    /// `ibv_poll_cq`: fills `out` and returns how many completions were taken.
+    pub fn poll(&self, out: &mut [ffi::ibv_wc]) -> Result<usize> {
+        let n = out.len().min(i32::MAX as usize) as i32;
+        // SAFETY: live CQ; out has room for n entries.
+        let rc = unsafe { ffi::ibv_poll_cq(self.as_ptr(), n, out.as_mut_ptr()) };
+        if rc < 0 {
+            return Err(Error::returned("ibv_poll_cq", -rc));
+        }
+        Ok(rc as usize)
+    }
+
+    /// `ibv_req_notify_cq`: arm the CQ so its next completion signals the channel.
+    pub fn arm(&self) -> Result<()> {
+        // SAFETY: live CQ.
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(Error::returned("ibv_req_notify_cq", rc));
+        }
+        Ok(())
+    }
+
+    /// Polls until at least one completion arrives or `timeout_ms` passes: busy-polls briefly,
+    /// then arms the CQ and sleeps on its channel (if it has one). Returns how many were taken.
+    pub fn wait(&self, out: &mut [ffi::ibv_wc], timeout_ms: u64) -> Result<usize> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
+        let spin_until = std::time::Instant::now() + std::time::Duration::from_micros(50);
+        loop {
+            let n = self.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout("a work completion"));
+            }
+            if now < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            match &self.channel {
+                None => std::thread::yield_now(),
+                Some(ch) => {
+                    self.arm()?;
+                    // A completion that landed between the poll and the arm raised no event:
+                    // poll once more before sleeping.
+                    let n = self.poll(out)?;
+                    if n > 0 {
+                        return Ok(n);
+                    }
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    ch.wait_readable(left.as_millis().min(i32::MAX as u128) as i32)?;
+                    while ch.take_event()?.is_some() {}
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: QPs using this CQ hold an Arc of us, so none is left.
+        unsafe { (self.ctx.lib.verbs.ibv_destroy_cq)(self.as_ptr()) };
+    }
+}
+
+/// Access rights of a memory registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access(pub u32);
+
+impl Access {
+    /// Local use only (send staging areas).
+    pub const LOCAL: Self = Self(ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
+    /// A receive ring: the peer may RDMA-WRITE into it, and nothing else.
+    pub const RING: Self = Self(
+        ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+    );
+}
+
+/// A registered memory region over memory that something else owns.
+pub struct Mr {
+    raw: NonNull<ffi::ibv_mr>,
+    pd: Arc<Pd>,
+}
+
+// SAFETY: verbs objects may be used from any thread.
+unsafe impl Send for Mr {}
+// SAFETY: see Send.
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    /// `ibv_reg_mr` over `len` bytes at `addr`.
+    ///
+    /// # Safety
+    /// The memory must stay mapped (and not be handed to another allocation) until this `Mr`
+    /// is dropped; the device may write it at any time if `access` allows remote writes.
+    pub unsafe fn register(
+        pd: &Arc<Pd>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Self> {
+        // SAFETY: live PD; the range is valid per the caller's contract.
+        let raw = unsafe {
+            (pd.ctx.lib.verbs.ibv_reg_mr)(pd.as_ptr(), addr.cast(), len, access.0 as c_int)
+        };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_reg_mr"))?;
+        Ok(Self {
+            raw,
+            pd: pd.clone(),
+        })
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> *mut u8 {
+        // SAFETY: live MR.
+        unsafe { (*self.raw.as_ptr()).addr.cast() }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        // SAFETY: live MR.
+        unsafe { (*self.raw.as_ptr()).length }
+    }
+
+    /// Whether the registration is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: live MR.
+        unsafe { (*self.raw.as_ptr()).lkey }
+    }
+
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: live MR.
+        unsafe { (*self.raw.as_ptr()).rkey }
+    }
+
+    /// The PD it belongs to.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// A scatter/gather entry for `len` bytes at `offset`, checked against the registration.
+    pub fn sge(&self, offset: usize, len: usize) -> Result<ffi::ibv_sge> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len()) || len > u32::MAX as usize {
+            return Err(Error::InvalidArgument(
+                "range outside the memory registration",
+            ));
+        }
+        Ok(ffi::ibv_sge {
+            addr: self.addr() as u64 + offset as u64,
+            length: len as u32,
+            lkey: self.lkey(),
+        })
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: live MR, deregistered once.
+        unsafe { (self.pd.ctx.lib.verbs.ibv_dereg_mr)(self.raw.as_ptr()) };
+    }
+}
+
+/// Page-aligned anonymous memory with its registration: send staging areas and simple
+/// receive buffers (the double-mapped receive ring has its own type).
+pub struct RegisteredBuf {
+    mr: std::mem::ManuallyDrop<Mr>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; access goes through &/&mut self.
+unsafe impl Send for RegisteredBuf {}
+// SAFETY: see Send.
+unsafe impl Sync for RegisteredBuf {}
+
+impl RegisteredBuf {
+    /// Maps `len` bytes (rounded up to pages), zeroed, and registers them with `access`.
+    pub fn new(pd: &Arc<Pd>, len: usize, access: Access) -> Result<Self> {
+        let page = page_size();
+        let len = len.max(1).div_ceil(page) * page;
+        // SAFETY: anonymous private mapping; checked for MAP_FAILED below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last("mmap"));
+        }
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or(Error::InvalidArgument("mmap returned NULL"))?;
+        // Registered memory must not be shared copy-on-write with a forked child: the device
+        // would keep writing the parent's pages while the child sees stale copies.
+        // SAFETY: the range is our own fresh mapping.
+        unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
+        // SAFETY: the mapping lives until Drop, which deregisters before unmapping.
+        match unsafe { Mr::register(pd, ptr.as_ptr(), len, access) } {
+            Ok(mr) => Ok(Self {
+                mr: std::mem::ManuallyDrop::new(mr),
+                ptr,
+                len,
+            }),
+            Err(e) => {
+                // SAFETY: our mapping, not registered.
+                unsafe { libc::munmap(p, len) };
+                Err(e)
+            }
+        }
+    }
+
+    /// The registration.
+    pub fn mr(&self) -> &Mr {
+        &self.mr
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is our live mapping. The device writes into it only where the
+        // registration allows and the protocol says so; readers synchronise through completions.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in as_slice, and &mut self excludes other references from this side.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Length in bytes (page multiple).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty (never, but clippy likes the pair).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for RegisteredBuf {
+    fn drop(&mut self) {
+        // SAFETY: the registration is dropped exactly once, here, before the memory it covers
+        // is unmapped; the field is not used afterwards.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.mr) };
+        // SAFETY: our own mapping, no longer registered.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p <= 0 {
+        4096
+    } else {
+        p as usize
+    }
+}
+
+pub(crate) fn set_nonblocking(fd: RawFd, call: &'static str) -> Result<()> {
+    // SAFETY: fcntl on an fd we own; F_GETFL/F_SETFL take no pointers.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl < 0 || libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
+            return Err(Error::last(call));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn poll_readable(fd: RawFd, timeout_ms: i32, call: &'static str) -> Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::Call { call, source: e });
+        }
+        return Ok(rc > 0);
+    }
+}
