@@ -1,0 +1,95 @@
+//! The `rdmashim` launcher: `run` preloads the library (appending to LD_PRELOAD), passes the
+//! exit status through, sets the configuration; `doctor` gives a verdict.
+
+use rdmashim_compat_tests::*;
+use std::process::Command;
+
+fn launcher() -> Command {
+    let mut c = Command::new(&shim().launcher);
+    c.env_remove("LD_PRELOAD")
+        .env_remove("RDMASHIM_STATS")
+        .env_remove("RDMASHIM_DISABLE");
+    c
+}
+
+#[test]
+fn exit_status_passes_through() {
+    let mut c = launcher();
+    c.args(["run", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(run(c, T).status.code(), Some(7));
+    let mut c = launcher();
+    c.args(["run", "--", "/nonexistent/program"]);
+    assert_eq!(run(c, T).status.code(), Some(127));
+}
+
+#[test]
+fn preload_is_set_and_appended() {
+    let lib = shim().lib.canonicalize().unwrap();
+    let mut c = launcher();
+    c.args(["run", "--", "sh", "-c", "printf %s \"$LD_PRELOAD\""]);
+    assert_eq!(run_ok(c, T), lib.to_str().unwrap());
+    let mut c = launcher();
+    c.args(["run", "--", "sh", "-c", "printf %s \"$LD_PRELOAD\""])
+        .env("LD_PRELOAD", "libc.so.6");
+    assert_eq!(run_ok(c, T), format!("libc.so.6:{}", lib.display()));
+}
+
+#[test]
+fn options_reach_the_shim() {
+    let s = Scratch::new("launcher");
+    let py = python();
+    let code = "import socket\n\
+                l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n\
+                c = socket.create_connection(l.getsockname()); a, _ = l.accept(); print('ok')";
+    let mut c = launcher();
+    c.arg("run")
+        .arg("--stats")
+        .arg(s.stats_pattern("py"))
+        .args(["--log", "debug", "--"])
+        .arg(&py)
+        .args(["-c", code]);
+    let out = run(c, T);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("] debug: loaded"), "debug log missing: {err}");
+    assert!(err.contains("connection stays on TCP"), "{err}");
+    let st = s.one_stats("py");
+    assert_eq!(st.connections(), 2);
+    st.assert_all_fallback(&expected_reason());
+
+    let mut c = launcher();
+    c.arg("run")
+        .arg("--stats")
+        .arg(s.stats_pattern("dis"))
+        .arg("--disable")
+        .arg("--")
+        .arg(&py)
+        .args(["-c", code]);
+    run_ok(c, T);
+    s.one_stats("dis").assert_all_fallback("disabled");
+}
+
+#[test]
+fn doctor_gives_a_verdict() {
+    let mut c = launcher();
+    c.arg("doctor");
+    let out = run_ok(c, T);
+    assert!(
+        out.contains("RDMA devices (/sys/class/infiniband)"),
+        "{out}"
+    );
+    assert!(out.contains("libibverbs.so.1: "), "{out}");
+    assert!(out.contains("RLIMIT_MEMLOCK: "), "{out}");
+    let verdict = out.lines().last().unwrap();
+    assert!(
+        verdict.starts_with("verdict: connections will stay on TCP ("),
+        "{verdict}"
+    );
+    let has_dev = std::fs::read_dir("/sys/class/infiniband")
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    if !has_dev {
+        assert!(verdict.contains("(no_device: "), "{verdict}");
+    }
+}

@@ -1,0 +1,37 @@
+//! The launcher's only FFI: dlopen probing and RLIMIT_MEMLOCK.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString};
+
+/// Tries to dlopen `soname`; Ok(()) if it loads (the handle is closed again), else dlerror().
+pub fn try_dlopen(soname: &str) -> Result<(), String> {
+    let c = CString::new(soname).map_err(|e| e.to_string())?;
+    // SAFETY: c is a valid NUL-terminated string; the handle is closed once.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if h.is_null() {
+            let e = libc::dlerror();
+            return Err(if e.is_null() {
+                "dlopen failed".to_string()
+            } else {
+                CStr::from_ptr(e).to_string_lossy().into_owned()
+            });
+        }
+        libc::dlclose(h);
+    }
+    Ok(())
+}
+
+/// RLIMIT_MEMLOCK (soft, hard) in bytes; `None` = unlimited.
+pub fn memlock_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: r is a valid out-parameter.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let conv = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
+    Ok((conv(r.rlim_cur), conv(r.rlim_max)))
+}

@@ -1,0 +1,458 @@
+//! The fd table: per-fd shim state, indexed by fd number, lock-free.
+//!
+//! Two levels, like rdma-core's `index_map`: a static top array of [`TOP_LEN`] chunk pointers
+//! (in `.bss`, untouched pages cost nothing) and chunks of [`CHUNK_LEN`] `AtomicU64` entries,
+//! mmap'ed on first store of a non-empty entry (mmap, not malloc: `socket`/`accept` are
+//! async-signal-safe and may run in a signal handler). A lookup in a chunk that was never
+//! allocated returns [`FdEntry::UNKNOWN`] without touching memory beyond the top array. Chunks
+//! are never freed. Fds at or above [`MAX_FDS`] are always unknown (never tracked).
+//!
+//! Entry layout (`u64`): bits 0..8 [`Kind`], bits 8..32 [`flags`], bits 32..64 a slot number
+//! owned by the upgrade layer (0 = none), e.g. an index into its connection slab.
+//!
+//! Ordering with the kernel's fd table: an entry is *cleared before* the real `close` (so a
+//! thread that gets the same fd number from `socket` right after the close cannot have its new
+//! entry wiped by a late clear) and *set after* the real call that creates the fd. Entries are
+//! published with `Release` and read with `Acquire` so that an object the upgrade layer
+//! publishes through the slot is visible to whoever reads the entry.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+/// log2 of the chunk length.
+pub const CHUNK_BITS: u32 = 12;
+/// Entries per chunk (32 KiB of entries).
+pub const CHUNK_LEN: usize = 1 << CHUNK_BITS;
+/// Chunks in the top array.
+pub const TOP_LEN: usize = 1 << 14;
+/// First fd that is never tracked (64 Mi; Linux's default `nr_open` is 1 Mi).
+pub const MAX_FDS: usize = CHUNK_LEN * TOP_LEN;
+const CHUNK_BYTES: usize = CHUNK_LEN * core::mem::size_of::<AtomicU64>();
+
+/// What the shim knows about an fd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Nothing recorded (not a socket the shim saw being created, or closed).
+    Unknown = 0,
+    /// A socket the shim saw that can never be upgraded (AF_UNIX, UDP, ...).
+    Other = 1,
+    /// An AF_INET/AF_INET6 SOCK_STREAM TCP socket (created, connecting, connected or accepted).
+    TcpCandidate = 2,
+    /// A TCP socket after a successful `listen`.
+    Listening = 3,
+    /// A TCP connection whose bytes flow over RDMA (set by the upgrade layer; unused so far).
+    Upgraded = 4,
+}
+
+impl Kind {
+    fn from_bits(b: u8) -> Kind {
+        match b {
+            1 => Kind::Other,
+            2 => Kind::TcpCandidate,
+            3 => Kind::Listening,
+            4 => Kind::Upgraded,
+            _ => Kind::Unknown,
+        }
+    }
+}
+
+/// Per-fd flags (24 bits).
+pub mod flags {
+    /// A non-blocking `connect` is in progress (EINPROGRESS) and has not been seen completing.
+    pub const CONNECTING: u32 = 1 << 0;
+    /// The connection has been counted in the connection stats (exactly once per connection).
+    pub const COUNTED: u32 = 1 << 1;
+    /// The fd came from `accept`/`accept4`.
+    pub const ACCEPTED: u32 = 1 << 2;
+    /// O_NONBLOCK as last set through a hooked call (SOCK_NONBLOCK, accept4, fcntl F_SETFL,
+    /// ioctl FIONBIO). Note that O_NONBLOCK belongs to the open file description, which
+    /// `dup`'ed fds share; the flag is copied on dup but not propagated afterwards.
+    pub const NONBLOCK: u32 = 1 << 3;
+    /// AF_INET6 socket.
+    pub const V6: u32 = 1 << 4;
+    /// FD_CLOEXEC as last set through a hooked call.
+    pub const CLOEXEC: u32 = 1 << 5;
+}
+
+/// One fd's state, packed in a `u64`.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct FdEntry(u64);
+
+impl core::fmt::Debug for FdEntry {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "FdEntry({:?}, flags={:#x}, slot={})",
+            self.kind(),
+            self.flags(),
+            self.slot()
+        )
+    }
+}
+
+impl FdEntry {
+    pub const UNKNOWN: FdEntry = FdEntry(0);
+
+    pub const fn new(kind: Kind, flags: u32, slot: u32) -> FdEntry {
+        FdEntry(kind as u64 | (((flags & 0x00ff_ffff) as u64) << 8) | ((slot as u64) << 32))
+    }
+    pub const fn from_raw(v: u64) -> FdEntry {
+        FdEntry(v)
+    }
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+    pub fn kind(self) -> Kind {
+        Kind::from_bits(self.0 as u8)
+    }
+    pub const fn flags(self) -> u32 {
+        ((self.0 >> 8) & 0x00ff_ffff) as u32
+    }
+    pub const fn slot(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+    pub const fn has(self, f: u32) -> bool {
+        self.flags() & f == f
+    }
+    pub const fn is_unknown(self) -> bool {
+        self.0 == 0
+    }
+    /// A TCP connection whose bytes the shim counts (candidate or upgraded).
+    pub fn is_tcp_stream(self) -> bool {
+        matches!(self.kind(), Kind::TcpCandidate | Kind::Upgraded)
+    }
+    pub fn with_kind(self, k: Kind) -> FdEntry {
+        FdEntry((self.0 & !0xff) | k as u64)
+    }
+    pub const fn with_flags(self, f: u32) -> FdEntry {
+        FdEntry(self.0 | (((f & 0x00ff_ffff) as u64) << 8))
+    }
+    pub const fn without_flags(self, f: u32) -> FdEntry {
+        FdEntry(self.0 & !(((f & 0x00ff_ffff) as u64) << 8))
+    }
+    pub const fn with_slot(self, slot: u32) -> FdEntry {
+        FdEntry((self.0 & 0xffff_ffff) | ((slot as u64) << 32))
+    }
+}
+
+/// The table. Use the process-wide [`TABLE`].
+pub struct FdTable {
+    top: [AtomicPtr<AtomicU64>; TOP_LEN],
+}
+
+/// The process-wide fd table.
+pub static TABLE: FdTable = FdTable::new();
+
+#[inline(always)]
+fn split(fd: i32) -> Option<(usize, usize)> {
+    let fd = usize::try_from(fd).ok()?;
+    if fd >= MAX_FDS {
+        return None;
+    }
+    Some((fd >> CHUNK_BITS, fd & (CHUNK_LEN - 1)))
+}
+
+impl Default for FdTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FdTable {
+    pub const fn new() -> FdTable {
+        FdTable {
+            top: [const { AtomicPtr::new(core::ptr::null_mut()) }; TOP_LEN],
+        }
+    }
+
+    /// The entry cell of `fd` if its chunk exists.
+    #[inline(always)]
+    fn cell(&self, fd: i32) -> Option<&AtomicU64> {
+        let (hi, lo) = split(fd)?;
+        let chunk = self.top.get(hi)?.load(Ordering::Acquire);
+        if chunk.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null chunk pointer was published (Release, in `cell_alloc`) after
+        // mapping CHUNK_LEN zeroed AtomicU64s, which are never unmapped; lo < CHUNK_LEN.
+        Some(unsafe { &*chunk.add(lo) })
+    }
+
+    /// The entry cell of `fd`, mapping its chunk if needed. `None` if out of range or mmap fails.
+    fn cell_alloc(&self, fd: i32) -> Option<&AtomicU64> {
+        if let Some(c) = self.cell(fd) {
+            return Some(c);
+        }
+        let (hi, _) = split(fd)?;
+        let top = self.top.get(hi)?;
+        let fresh = crate::sys::map_zeroed(CHUNK_BYTES)? as *mut AtomicU64;
+        if let Err(_winner) = top.compare_exchange(
+            core::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: `fresh` came from map_zeroed(CHUNK_BYTES) and was never published.
+            unsafe { crate::sys::unmap(fresh as *mut u8, CHUNK_BYTES) };
+        }
+        self.cell(fd)
+    }
+
+    /// The entry of `fd` (UNKNOWN if never set, cleared, or out of range).
+    #[inline(always)]
+    pub fn get(&self, fd: i32) -> FdEntry {
+        match self.cell(fd) {
+            Some(c) => FdEntry(c.load(Ordering::Acquire)),
+            None => FdEntry::UNKNOWN,
+        }
+    }
+
+    /// Stores the entry of `fd`. Storing UNKNOWN never allocates. Returns false if the entry
+    /// could not be stored (fd out of range, or no memory for the chunk).
+    pub fn set(&self, fd: i32, e: FdEntry) -> bool {
+        let cell = if e.is_unknown() {
+            self.cell(fd)
+        } else {
+            self.cell_alloc(fd)
+        };
+        match cell {
+            Some(c) => {
+                c.store(e.0, Ordering::Release);
+                true
+            }
+            None => e.is_unknown(),
+        }
+    }
+
+    /// Clears the entry of `fd` and returns what it was.
+    #[inline]
+    pub fn take(&self, fd: i32) -> FdEntry {
+        match self.cell(fd) {
+            Some(c) => FdEntry(c.swap(0, Ordering::AcqRel)),
+            None => FdEntry::UNKNOWN,
+        }
+    }
+
+    /// Atomically replaces the entry with `f(old)` unless `f` returns `None` (compare-and-swap
+    /// loop). Returns `(old, new)` if it changed. Never allocates (a missing chunk means UNKNOWN,
+    /// which `f` sees).
+    pub fn update(
+        &self,
+        fd: i32,
+        mut f: impl FnMut(FdEntry) -> Option<FdEntry>,
+    ) -> Option<(FdEntry, FdEntry)> {
+        let c = self.cell(fd)?;
+        let mut cur = c.load(Ordering::Acquire);
+        loop {
+            let new = f(FdEntry(cur))?;
+            match c.compare_exchange_weak(cur, new.0, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some((FdEntry(cur), new)),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Sets `flag` on a known entry; returns true if this call set it (it was clear before).
+    /// The "exactly once" primitive: of many racing callers, exactly one gets true.
+    pub fn claim_flag(&self, fd: i32, flag: u32) -> bool {
+        self.update(fd, |e| {
+            (!e.is_unknown() && !e.has(flag)).then(|| e.with_flags(flag))
+        })
+        .is_some()
+    }
+
+    /// Calls `f(fd, entry)` for every non-UNKNOWN entry with `first <= fd <= last`, visiting
+    /// only allocated chunks.
+    pub fn for_each(&self, first: u32, last: u32, mut f: impl FnMut(i32, FdEntry)) {
+        let last = (last as usize).min(MAX_FDS - 1);
+        let first = first as usize;
+        if first > last {
+            return;
+        }
+        for hi in (first >> CHUNK_BITS)..=(last >> CHUNK_BITS) {
+            let Some(top) = self.top.get(hi) else { break };
+            if top.load(Ordering::Acquire).is_null() {
+                continue;
+            }
+            let lo_start = if hi == first >> CHUNK_BITS {
+                first & (CHUNK_LEN - 1)
+            } else {
+                0
+            };
+            let lo_end = if hi == last >> CHUNK_BITS {
+                last & (CHUNK_LEN - 1)
+            } else {
+                CHUNK_LEN - 1
+            };
+            for lo in lo_start..=lo_end {
+                let fd = ((hi << CHUNK_BITS) | lo) as i32;
+                let e = self.get(fd);
+                if !e.is_unknown() {
+                    f(fd, e);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    fn table() -> &'static FdTable {
+        Box::leak(Box::new(FdTable::new()))
+    }
+
+    #[test]
+    fn entry_packing() {
+        let e = FdEntry::new(Kind::Listening, flags::NONBLOCK | flags::V6, 0xdead_beef);
+        assert_eq!(e.kind(), Kind::Listening);
+        assert!(e.has(flags::NONBLOCK) && e.has(flags::V6) && !e.has(flags::COUNTED));
+        assert_eq!(e.slot(), 0xdead_beef);
+        let e2 = e
+            .with_kind(Kind::TcpCandidate)
+            .without_flags(flags::V6)
+            .with_flags(flags::COUNTED);
+        assert_eq!(e2.kind(), Kind::TcpCandidate);
+        assert_eq!(e2.flags(), flags::NONBLOCK | flags::COUNTED);
+        assert_eq!(e2.slot(), 0xdead_beef);
+        assert_eq!(e2.with_slot(7).slot(), 7);
+        assert!(FdEntry::UNKNOWN.is_unknown());
+        assert_eq!(FdEntry::new(Kind::Unknown, 0, 0), FdEntry::UNKNOWN);
+    }
+
+    #[test]
+    fn basic_and_bounds() {
+        let t = table();
+        assert_eq!(t.get(5), FdEntry::UNKNOWN);
+        assert!(t.set(5, FdEntry::UNKNOWN)); // no chunk allocated for UNKNOWN
+        assert!(t.top[0].load(Ordering::Relaxed).is_null());
+        let e = FdEntry::new(Kind::TcpCandidate, 0, 0);
+        assert!(t.set(5, e));
+        assert_eq!(t.get(5), e);
+        assert_eq!(t.take(5), e);
+        assert_eq!(t.get(5), FdEntry::UNKNOWN);
+        assert_eq!(t.take(5), FdEntry::UNKNOWN);
+        assert!(!t.set(-1, e));
+        assert!(!t.set(MAX_FDS as i32, e));
+        assert_eq!(t.get(-1), FdEntry::UNKNOWN);
+        assert_eq!(t.get(i32::MAX), FdEntry::UNKNOWN);
+        assert!(t.set(MAX_FDS as i32 - 1, e));
+        assert_eq!(t.get(MAX_FDS as i32 - 1), e);
+        assert!(
+            t.update(20_000, |_| Some(e)).is_none(),
+            "no chunk: nothing to update"
+        );
+        assert_eq!(t.update(9, |_| Some(e)), Some((FdEntry::UNKNOWN, e)));
+        assert_eq!(t.update(9, |_| None), None);
+    }
+
+    #[test]
+    fn for_each_ranges() {
+        let t = table();
+        let fds = [0, 1, 4095, 4096, 4097, 100_000, 2_000_000];
+        for fd in fds {
+            t.set(fd, FdEntry::new(Kind::Other, 0, fd as u32));
+        }
+        let mut seen = vec![];
+        t.for_each(0, u32::MAX, |fd, e| {
+            assert_eq!(e.slot(), fd as u32);
+            seen.push(fd)
+        });
+        assert_eq!(seen, fds);
+        let mut mid = vec![];
+        t.for_each(1, 4096, |fd, _| mid.push(fd));
+        assert_eq!(mid, [1, 4095, 4096]);
+        let mut none = vec![];
+        t.for_each(5, 4, |fd, _| none.push(fd));
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn concurrent_chunk_allocation_and_disjoint_fds() {
+        let t = table();
+        let threads = 16;
+        let per = 2000;
+        let hs: Vec<_> = (0..threads)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    for r in 0..20 {
+                        for k in 0..per {
+                            // Interleaved fds: every thread writes into the same fresh chunks.
+                            let fd = k * threads + i + 50_000;
+                            let e = FdEntry::new(Kind::TcpCandidate, 0, (i * 1_000_000 + r) as u32);
+                            assert!(t.set(fd, e));
+                            assert_eq!(t.get(fd), e);
+                            if r % 2 == 1 {
+                                assert_eq!(t.take(fd), e);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        let mut n = 0;
+        t.for_each(0, u32::MAX, |_, _| n += 1);
+        assert_eq!(n, 0, "every entry was taken in the last (odd) round");
+    }
+
+    #[test]
+    fn claim_flag_exactly_once() {
+        let t = table();
+        for round in 0..50 {
+            let fd = 7 + round;
+            t.set(fd, FdEntry::new(Kind::TcpCandidate, flags::CONNECTING, 0));
+            let winners = Arc::new(AtomicUsize::new(0));
+            let hs: Vec<_> = (0..8)
+                .map(|_| {
+                    let w = winners.clone();
+                    std::thread::spawn(move || {
+                        if t.claim_flag(fd, flags::COUNTED) {
+                            w.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().for_each(|h| h.join().unwrap());
+            assert_eq!(winners.load(Ordering::Relaxed), 1);
+            assert!(t.get(fd).has(flags::COUNTED | flags::CONNECTING));
+        }
+        // Never on an unknown entry.
+        assert!(!t.claim_flag(3000, flags::COUNTED));
+        assert!(t.get(3000).is_unknown());
+    }
+
+    #[test]
+    fn readers_never_see_torn_or_foreign_entries() {
+        // Writers cycle an fd through states while readers check every value they see is one
+        // of the values some writer stored.
+        let t = table();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let valid = |e: FdEntry| {
+            e.is_unknown() || (e.kind() == Kind::TcpCandidate && e.slot() == e.flags())
+        };
+        let writers: Vec<_> = (0..4)
+            .map(|i| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut k = 0u32;
+                    while !stop.load(Ordering::Relaxed) {
+                        let f = (k + i) & 0xff;
+                        t.set(11, FdEntry::new(Kind::TcpCandidate, f, f));
+                        t.take(11);
+                        k = k.wrapping_add(1);
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..200_000 {
+            assert!(valid(t.get(11)));
+        }
+        stop.store(true, Ordering::Relaxed);
+        writers.into_iter().for_each(|h| h.join().unwrap());
+    }
+}

@@ -1,0 +1,254 @@
+//! Fd life cycle: close, dup, dup2, dup3, close_range, closefrom, and the Rust halves of the
+//! C-variadic fcntl/fcntl64/ioctl (csrc/variadic.c).
+
+use super::conn;
+use super::hook;
+use crate::fdtable::{flags, FdEntry, TABLE};
+use crate::hook::Hook;
+use crate::outcome::Outcome::{self, Handled, PassThrough};
+use crate::{guard, stats, sys, track};
+use core::ffi::{c_int, c_uint, c_ulong};
+
+/// CLOSE_RANGE_CLOEXEC from <linux/close_range.h>.
+const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
+
+hook! {
+    /// close(2): the entry is cleared *before* the real close (see fdtable.rs), after resolving
+    /// a pending connect. In a vfork child (shared memory, own fd table) the table is left alone.
+    fn close(fd: c_int) -> c_int;
+    id: Close;
+    fallback: syscall(SYS_close; fd);
+    |_real, _cx| {
+        let e = TABLE.get(fd);
+        if !e.is_unknown() && !conn::in_foreign_child() {
+            conn::forget(fd, e);
+        }
+        PassThrough
+    }
+}
+
+/// The entry of `fd` about to be duplicated, with a pending connect resolved first.
+fn entry_for_dup(fd: c_int) -> FdEntry {
+    let e = TABLE.get(fd);
+    if e.has(flags::CONNECTING) {
+        conn::complete_if_connected(fd, e);
+        return TABLE.get(fd);
+    }
+    e
+}
+
+hook! {
+    /// dup(2): the new fd shares the socket; it gets a copy of the entry.
+    fn dup(fd: c_int) -> c_int;
+    id: Dup;
+    fallback: syscall(SYS_dup; fd);
+    |real, cx| {
+        if TABLE.get(fd).is_unknown() || conn::in_foreign_child() {
+            return PassThrough;
+        }
+        let e = entry_for_dup(fd);
+        // SAFETY: the caller's arguments.
+        let r = unsafe { real(fd) };
+        if r >= 0 {
+            TABLE.set(r, track::dup_entry(e, false));
+        }
+        Handled(r)
+    }
+}
+
+/// dup2/dup3 logic. `newfd` is implicitly closed by the kernel if open.
+fn dup_onto(
+    oldfd: c_int,
+    newfd: c_int,
+    cloexec: bool,
+    call: impl FnOnce() -> c_int,
+) -> Outcome<c_int> {
+    if oldfd == newfd {
+        return PassThrough;
+    }
+    let en = TABLE.get(newfd);
+    if TABLE.get(oldfd).is_unknown() && en.is_unknown() {
+        return PassThrough;
+    }
+    if conn::in_foreign_child() {
+        return PassThrough;
+    }
+    if !en.is_unknown() {
+        conn::complete_if_connected(newfd, en);
+    }
+    let eo = entry_for_dup(oldfd);
+    let r = call();
+    if r >= 0 {
+        TABLE.set(newfd, track::dup_entry(eo, cloexec));
+    }
+    Handled(r)
+}
+
+hook! {
+    /// dup2(2).
+    fn dup2(oldfd: c_int, newfd: c_int) -> c_int;
+    id: Dup2;
+    fallback: syscall(SYS_dup2; oldfd, newfd);
+    |real, cx| {
+        // SAFETY: the caller's arguments.
+        dup_onto(oldfd, newfd, false, || unsafe { real(oldfd, newfd) })
+    }
+}
+
+hook! {
+    /// dup3(2).
+    fn dup3(oldfd: c_int, newfd: c_int, fl: c_int) -> c_int;
+    id: Dup3;
+    fallback: syscall(SYS_dup3; oldfd, newfd, fl);
+    |real, cx| {
+        // SAFETY: the caller's arguments.
+        dup_onto(oldfd, newfd, fl & libc::O_CLOEXEC != 0, || unsafe { real(oldfd, newfd, fl) })
+    }
+}
+
+/// close_range/closefrom: clear every tracked entry in the range first.
+fn forget_range(first: c_uint, last: c_uint, fl: c_int) {
+    if fl & CLOSE_RANGE_CLOEXEC != 0 || first > last || conn::in_foreign_child() {
+        return;
+    }
+    TABLE.for_each(first, last, conn::forget);
+}
+
+hook! {
+    /// close_range(2) (glibc 2.34+). With CLOSE_RANGE_CLOEXEC nothing is closed.
+    fn close_range(first: c_uint, last: c_uint, fl: c_int) -> c_int;
+    id: CloseRange;
+    fallback: syscall(SYS_close_range; first, last, fl);
+    |_real, _cx| {
+        forget_range(first, last, fl);
+        PassThrough
+    }
+}
+
+hook! {
+    /// closefrom(3) (glibc 2.34+).
+    fn closefrom(lowfd: c_int) -> ();
+    id: Closefrom;
+    fallback: void_syscall(SYS_close_range; lowfd.max(0) as c_uint, c_uint::MAX, 0 as c_int);
+    |_real, _cx| {
+        forget_range(lowfd.max(0) as c_uint, c_uint::MAX, 0);
+        PassThrough
+    }
+}
+
+type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
+type IoctlFn = unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int;
+
+fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_int> {
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            if TABLE.get(fd).is_unknown() || conn::in_foreign_child() {
+                return PassThrough;
+            }
+            let e = entry_for_dup(fd);
+            // SAFETY: the caller's arguments.
+            let r = unsafe { real(fd, cmd, arg) };
+            if r >= 0 {
+                TABLE.set(r, track::dup_entry(e, cmd == libc::F_DUPFD_CLOEXEC));
+            }
+            Handled(r)
+        }
+        libc::F_SETFL | libc::F_SETFD => {
+            if TABLE.get(fd).is_unknown() {
+                return PassThrough;
+            }
+            // SAFETY: the caller's arguments.
+            let r = unsafe { real(fd, cmd, arg) };
+            if r == 0 {
+                let (flag, on) = if cmd == libc::F_SETFL {
+                    (flags::NONBLOCK, arg as c_int & libc::O_NONBLOCK != 0)
+                } else {
+                    (flags::CLOEXEC, arg as c_int & libc::FD_CLOEXEC != 0)
+                };
+                TABLE.update(fd, |e| {
+                    (!e.is_unknown()).then(|| {
+                        if on {
+                            e.with_flags(flag)
+                        } else {
+                            e.without_flags(flag)
+                        }
+                    })
+                });
+            }
+            Handled(r)
+        }
+        _ => PassThrough,
+    }
+}
+
+/// The Rust half of `fcntl`/`fcntl64` (csrc/variadic.c reads the optional argument per command).
+/// `which`: 0 = fcntl, 1 = fcntl64.
+///
+/// # Safety
+/// Called only from the C entry points with the application's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn rdmashim_fcntl(fd: c_int, cmd: c_int, arg: usize, which: c_int) -> c_int {
+    let id = if which == 1 {
+        Hook::Fcntl64
+    } else {
+        Hook::Fcntl
+    };
+    // SAFETY: FcntlFn is the prototype of fcntl and fcntl64.
+    let Some(real) = (unsafe { crate::real::get::<FcntlFn>(id) }) else {
+        // SAFETY: the raw fcntl system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) } as c_int;
+    };
+    let Some(cx) = guard::hook_entry() else {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        return unsafe { real(fd, cmd, arg) };
+    };
+    stats::count_call(cx, id);
+    let outcome = super::run(move || fcntl_logic(real, fd, cmd, arg));
+    // SAFETY: the caller's arguments, unchanged, to the real function.
+    outcome.into_ret(|| unsafe { real(fd, cmd, arg) }, sys::set_errno)
+}
+
+fn ioctl_logic(real: IoctlFn, fd: c_int, req: c_ulong, arg: usize) -> Outcome<c_int> {
+    if req != libc::FIONBIO || TABLE.get(fd).is_unknown() {
+        // FIONREAD and everything else: pass-through (the upgrade will answer FIONREAD for
+        // upgraded fds from the ring).
+        return PassThrough;
+    }
+    // SAFETY: the caller's arguments.
+    let r = unsafe { real(fd, req, arg) };
+    if r == 0 && arg != 0 {
+        // SAFETY: FIONBIO succeeded, so arg points to a readable int.
+        let on = unsafe { (arg as *const c_int).read_unaligned() } != 0;
+        TABLE.update(fd, |e| {
+            (!e.is_unknown()).then(|| {
+                if on {
+                    e.with_flags(flags::NONBLOCK)
+                } else {
+                    e.without_flags(flags::NONBLOCK)
+                }
+            })
+        });
+    }
+    Handled(r)
+}
+
+/// The Rust half of `ioctl` (csrc/variadic.c).
+///
+/// # Safety
+/// Called only from the C entry point with the application's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn rdmashim_ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
+    // SAFETY: IoctlFn is ioctl's prototype.
+    let Some(real) = (unsafe { crate::real::get::<IoctlFn>(Hook::Ioctl) }) else {
+        // SAFETY: the raw ioctl system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_ioctl, fd, req, arg) } as c_int;
+    };
+    let Some(cx) = guard::hook_entry() else {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        return unsafe { real(fd, req, arg) };
+    };
+    stats::count_call(cx, Hook::Ioctl);
+    let outcome = super::run(move || ioctl_logic(real, fd, req, arg));
+    // SAFETY: the caller's arguments, unchanged, to the real function.
+    outcome.into_ret(|| unsafe { real(fd, req, arg) }, sys::set_errno)
+}

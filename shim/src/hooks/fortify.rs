@@ -1,0 +1,137 @@
+//! glibc FORTIFY_SOURCE entry points. A `-D_FORTIFY_SOURCE` build calls `__read_chk` instead of
+//! `read` whenever the buffer size is known at compile time; glibc's implementation then calls its
+//! internal `__read`, which no preload can see (rsocket's preload misses them). Each hook does
+//! the buffer check first, exactly as glibc does (`__chk_fail` if the length exceeds the buffer),
+//! then the same logic as the plain function.
+
+use super::conn;
+use super::hook;
+use crate::fdtable::TABLE;
+use crate::outcome::Outcome::{Handled, PassThrough};
+use crate::stats::Bytes;
+use core::ffi::{c_int, c_long, c_void};
+use libc::{
+    nfds_t, off64_t, off_t, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec,
+};
+
+extern "C" {
+    /// glibc's fortify failure: prints "*** buffer overflow detected ***" and aborts.
+    fn __chk_fail() -> !;
+}
+
+#[inline(always)]
+fn check(len: usize, buflen: usize) {
+    if len > buflen {
+        // SAFETY: __chk_fail takes no arguments and never returns.
+        unsafe { __chk_fail() }
+    }
+}
+
+hook! {
+    /// __read_chk: read(2) with a known buffer size.
+    fn __read_chk(fd: c_int, buf: *mut c_void, nbytes: size_t, buflen: size_t) -> ssize_t;
+    id: ReadChk;
+    fallback: syscall(SYS_read; fd, buf, nbytes);
+    |real, cx| {
+        check(nbytes, buflen);
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, nbytes, buflen) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// __pread_chk: ESPIPE on sockets; counted only.
+    fn __pread_chk(fd: c_int, buf: *mut c_void, nbytes: size_t, off: off_t, buflen: size_t) -> ssize_t;
+    id: PreadChk;
+    fallback: syscall(SYS_pread64; fd, buf, nbytes, off);
+    |_real, _cx| {
+        check(nbytes, buflen);
+        PassThrough
+    }
+}
+
+hook! {
+    /// __pread64_chk: as __pread_chk.
+    fn __pread64_chk(fd: c_int, buf: *mut c_void, nbytes: size_t, off: off64_t, buflen: size_t) -> ssize_t;
+    id: Pread64Chk;
+    fallback: syscall(SYS_pread64; fd, buf, nbytes, off);
+    |_real, _cx| {
+        check(nbytes, buflen);
+        PassThrough
+    }
+}
+
+hook! {
+    /// __recv_chk: recv(2) with a known buffer size.
+    fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, fl: c_int) -> ssize_t;
+    id: RecvChk;
+    fallback: syscall(SYS_recvfrom; fd, buf, len, fl, core::ptr::null_mut::<sockaddr>(), core::ptr::null_mut::<socklen_t>());
+    |real, cx| {
+        check(len, buflen);
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, len, buflen, fl) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// __recvfrom_chk: recvfrom(2) with a known buffer size.
+    fn __recvfrom_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, fl: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
+    id: RecvfromChk;
+    fallback: syscall(SYS_recvfrom; fd, buf, len, fl, addr, alen);
+    |real, cx| {
+        check(len, buflen);
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, len, buflen, fl, addr, alen) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// __poll_chk: poll(2) with a known array size (pass-through; readiness of upgraded fds will
+    /// be translated here as in poll).
+    fn __poll_chk(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
+    id: PollChk;
+    fallback: syscall(SYS_poll; fds, nfds, timeout);
+    |_real, _cx| {
+        check((nfds as usize).saturating_mul(core::mem::size_of::<pollfd>()), fdslen);
+        PassThrough
+    }
+}
+
+hook! {
+    /// __ppoll_chk: ppoll(2) with a known array size.
+    fn __ppoll_chk(fds: *mut pollfd, nfds: nfds_t, tmo: *const timespec, ss: *const sigset_t, fdslen: size_t) -> c_int;
+    id: PpollChk;
+    fallback: syscall(SYS_ppoll; fds, nfds, tmo, ss, 8usize);
+    |_real, _cx| {
+        check((nfds as usize).saturating_mul(core::mem::size_of::<pollfd>()), fdslen);
+        PassThrough
+    }
+}
+
+hook! {
+    /// __fdelt_chk: the FD_SET/FD_ISSET index check of fortified select(2) users (curl,
+    /// iperf3). No I/O; hooked so the stats show which programs use select-style fd sets, and
+    /// so the upgrade can see fd numbers handed to select.
+    fn __fdelt_chk(d: c_long) -> c_long;
+    id: FdeltChk;
+    fallback: enosys;
+    |_real, _cx| { PassThrough }
+}

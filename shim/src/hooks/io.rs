@@ -1,0 +1,324 @@
+//! Data transfer: read, write, readv, writev, pread*, pwrite*, recv*, send*, sendfile*, splice.
+//! On an fd the table does not mark as a TCP stream these are pure pass-through after one table
+//! lookup; on TCP streams the real call is made here and its byte count recorded.
+
+use super::conn;
+use super::hook;
+use crate::fdtable::TABLE;
+use crate::outcome::Outcome::{Handled, PassThrough};
+use crate::stats::Bytes;
+use core::ffi::{c_int, c_uint, c_void};
+use libc::{
+    iovec, mmsghdr, msghdr, off64_t, off_t, size_t, sockaddr, socklen_t, ssize_t, timespec,
+};
+
+hook! {
+    /// read(2).
+    fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t;
+    id: Read;
+    fallback: syscall(SYS_read; fd, buf, count);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, count) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// write(2).
+    fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t;
+    id: Write;
+    fallback: syscall(SYS_write; fd, buf, count);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, count) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// readv(2).
+    fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    id: Readv;
+    fallback: syscall(SYS_readv; fd, iov, cnt);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, iov, cnt) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// writev(2).
+    fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    id: Writev;
+    fallback: syscall(SYS_writev; fd, iov, cnt);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, iov, cnt) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// pread(2): fails with ESPIPE on sockets, so it never carries socket data; counted only.
+    fn pread(fd: c_int, buf: *mut c_void, count: size_t, off: off_t) -> ssize_t;
+    id: Pread;
+    fallback: syscall(SYS_pread64; fd, buf, count, off);
+    |_real, _cx| { PassThrough }
+}
+
+hook! {
+    /// pread64: as pread.
+    fn pread64(fd: c_int, buf: *mut c_void, count: size_t, off: off64_t) -> ssize_t;
+    id: Pread64;
+    fallback: syscall(SYS_pread64; fd, buf, count, off);
+    |_real, _cx| { PassThrough }
+}
+
+hook! {
+    /// pwrite(2): ESPIPE on sockets; counted only.
+    fn pwrite(fd: c_int, buf: *const c_void, count: size_t, off: off_t) -> ssize_t;
+    id: Pwrite;
+    fallback: syscall(SYS_pwrite64; fd, buf, count, off);
+    |_real, _cx| { PassThrough }
+}
+
+hook! {
+    /// pwrite64: as pwrite.
+    fn pwrite64(fd: c_int, buf: *const c_void, count: size_t, off: off64_t) -> ssize_t;
+    id: Pwrite64;
+    fallback: syscall(SYS_pwrite64; fd, buf, count, off);
+    |_real, _cx| { PassThrough }
+}
+
+hook! {
+    /// recv(2).
+    fn recv(fd: c_int, buf: *mut c_void, len: size_t, fl: c_int) -> ssize_t;
+    id: Recv;
+    fallback: syscall(SYS_recvfrom; fd, buf, len, fl, core::ptr::null_mut::<sockaddr>(), core::ptr::null_mut::<socklen_t>());
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, len, fl) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// recvfrom(2).
+    fn recvfrom(fd: c_int, buf: *mut c_void, len: size_t, fl: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
+    id: Recvfrom;
+    fallback: syscall(SYS_recvfrom; fd, buf, len, fl, addr, alen);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, len, fl, addr, alen) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// recvmsg(2).
+    fn recvmsg(fd: c_int, msg: *mut msghdr, fl: c_int) -> ssize_t;
+    id: Recvmsg;
+    fallback: syscall(SYS_recvmsg; fd, msg, fl);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, msg, fl) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// send(2).
+    fn send(fd: c_int, buf: *const c_void, len: size_t, fl: c_int) -> ssize_t;
+    id: Send;
+    fallback: syscall(SYS_sendto; fd, buf, len, fl, core::ptr::null::<sockaddr>(), 0 as socklen_t);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, len, fl) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// sendto(2).
+    fn sendto(fd: c_int, buf: *const c_void, len: size_t, fl: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
+    id: Sendto;
+    fallback: syscall(SYS_sendto; fd, buf, len, fl, addr, alen);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, buf, len, fl, addr, alen) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// sendmsg(2).
+    fn sendmsg(fd: c_int, msg: *const msghdr, fl: c_int) -> ssize_t;
+    id: Sendmsg;
+    fallback: syscall(SYS_sendmsg; fd, msg, fl);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, msg, fl) };
+        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
+        Handled(n)
+    }
+}
+
+/// Total bytes of the first `n` messages of an mmsghdr vector.
+///
+/// # Safety
+/// `v` must point to at least `n` initialised `mmsghdr`s (true after a successful
+/// recvmmsg/sendmmsg returned `n`).
+unsafe fn mmsg_bytes(v: *const mmsghdr, n: c_int) -> isize {
+    let mut total: isize = 0;
+    for i in 0..n.max(0) as usize {
+        // SAFETY: i < n, guaranteed valid by the caller.
+        let len = unsafe { (*v.add(i)).msg_len };
+        total = total.wrapping_add(len as isize);
+    }
+    total
+}
+
+hook! {
+    /// recvmmsg(2): bytes are the sum of the received messages' lengths.
+    fn recvmmsg(fd: c_int, v: *mut mmsghdr, vlen: c_uint, fl: c_int, tmo: *mut timespec) -> c_int;
+    id: Recvmmsg;
+    fallback: syscall(SYS_recvmmsg; fd, v, vlen, fl, tmo);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, v, vlen, fl, tmo) };
+        // SAFETY: on success the first n entries of the caller's vector were filled.
+        let bytes = if n > 0 { unsafe { mmsg_bytes(v, n) } } else { n as isize };
+        conn::on_io(cx, fd, e, bytes, Bytes::TcpRx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// sendmmsg(2): bytes are the sum of the sent messages' lengths.
+    fn sendmmsg(fd: c_int, v: *mut mmsghdr, vlen: c_uint, fl: c_int) -> c_int;
+    id: Sendmmsg;
+    fallback: syscall(SYS_sendmmsg; fd, v, vlen, fl);
+    |real, cx| {
+        let e = TABLE.get(fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd, v, vlen, fl) };
+        // SAFETY: on success msg_len of the first n entries was set.
+        let bytes = if n > 0 { unsafe { mmsg_bytes(v, n) } } else { n as isize };
+        conn::on_io(cx, fd, e, bytes, Bytes::TcpTx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// sendfile(2): file to socket (iperf3 -Z); counted as TCP bytes sent on `out_fd`.
+    fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t;
+    id: Sendfile;
+    fallback: syscall(SYS_sendfile; out_fd, in_fd, off, count);
+    |real, cx| {
+        let e = TABLE.get(out_fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(out_fd, in_fd, off, count) };
+        conn::on_io(cx, out_fd, e, n, Bytes::TcpTx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// sendfile64: as sendfile.
+    fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, count: size_t) -> ssize_t;
+    id: Sendfile64;
+    fallback: syscall(SYS_sendfile; out_fd, in_fd, off, count);
+    |real, cx| {
+        let e = TABLE.get(out_fd);
+        if !e.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(out_fd, in_fd, off, count) };
+        conn::on_io(cx, out_fd, e, n, Bytes::TcpTx);
+        Handled(n)
+    }
+}
+
+hook! {
+    /// splice(2): a socket on either side (counted as received on `fd_in`, sent on `fd_out`).
+    fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, fl: c_uint) -> ssize_t;
+    id: Splice;
+    fallback: syscall(SYS_splice; fd_in, off_in, fd_out, off_out, len, fl);
+    |real, cx| {
+        let (ei, eo) = (TABLE.get(fd_in), TABLE.get(fd_out));
+        if !ei.is_tcp_stream() && !eo.is_tcp_stream() {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let n = unsafe { real(fd_in, off_in, fd_out, off_out, len, fl) };
+        if ei.is_tcp_stream() {
+            conn::on_io(cx, fd_in, ei, n, Bytes::TcpRx);
+        }
+        if eo.is_tcp_stream() {
+            conn::on_io(cx, fd_out, eo, n, Bytes::TcpTx);
+        }
+        Handled(n)
+    }
+}

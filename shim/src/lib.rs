@@ -1,0 +1,42 @@
+//! `librdmashim.so`: the preload library.
+//!
+//! Loaded with `LD_PRELOAD` into an unmodified program, it defines the libc entry points of the
+//! socket API (see [`hook`] for the list and `docs/shim.md` for why each one), passes every call
+//! through to the real libc function, and records what it saw: a lock-free fd table
+//! ([`fdtable`]), per-hook call counters and connection/byte counters ([`stats`]), and, for every
+//! TCP connection, the reason it stays on TCP ([`reason`]). The RDMA upgrade plugs into the hook
+//! bodies through the [`outcome::Outcome`] type: a hook's logic either handles the call, lets it
+//! pass through to the kernel, or fails it with an errno, and the hook wrapper converts that to
+//! the C return convention in exactly one place.
+//!
+//! Layout (one file per layer):
+//! - `hooks/`: every `extern "C"` entry point (unsafe lives here, in `real.rs`, `sys.rs`, `init.rs`
+//!   and the chunk pointer handling of `fdtable.rs`; everything else is safe code).
+//! - `real.rs`: the table of real libc functions, resolved with `dlsym(RTLD_NEXT)`.
+//! - `fdtable.rs`: fd-indexed, two-level, lock-free table of per-fd state.
+//! - `stats.rs`, `reason.rs`, `config.rs`, `log.rs`, `fmtbuf.rs`, `outcome.rs`, `guard.rs`: safe.
+//! - `init.rs`: constructor, destructor, fork handler.
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod config;
+pub mod fdtable;
+pub mod fmtbuf;
+pub mod guard;
+pub mod hook;
+pub mod log;
+pub mod outcome;
+pub mod probe;
+pub mod reason;
+pub mod stats;
+mod sys;
+pub mod track;
+
+// The entry points, the real-function table and the constructor are left out of unit-test
+// builds: a test executable that defined `read`, `close`, ... would interpose its own harness.
+#[cfg(not(test))]
+mod hooks;
+#[cfg(not(test))]
+mod init;
+#[cfg(not(test))]
+mod real;

@@ -1,0 +1,47 @@
+//! Logging: never on the pass-through path; each record is formatted into a fixed stack buffer
+//! and written with raw syscalls (errno preserved).
+
+use crate::config::{self, Level};
+use crate::fmtbuf::FixedBuf;
+use core::fmt::{self, Write};
+
+/// Whether records of `level` are written.
+#[inline]
+pub fn enabled(level: Level) -> bool {
+    level != Level::Off && config::get().log_level >= level
+}
+
+/// Writes one record. Use the [`shim_log!`](crate::shim_log) macro, which checks the level first.
+#[cold]
+pub fn emit(level: Level, args: fmt::Arguments<'_>) {
+    let _s = crate::guard::Section::enter();
+    let pid = crate::sys::getpid();
+    let mut b = FixedBuf::<512>::new();
+    let _ = write!(b, "rdmashim[{pid}] {}: ", level.name());
+    let _ = b.write_fmt(args);
+    if b.overflowed() {
+        // Keep room for the newline.
+        let keep = b.len().saturating_sub(4);
+        let mut t = FixedBuf::<512>::new();
+        t.push_bytes(b.as_bytes().get(..keep).unwrap_or(&[]));
+        t.push_bytes(b"...");
+        b = t;
+    }
+    b.push_bytes(b"\n");
+    let mut path = FixedBuf::<4200>::new();
+    let file = match &config::get().log_file {
+        Some(p) if config::expand_path(p, pid, &mut path) => Some(path.as_bytes()),
+        _ => None,
+    };
+    crate::sys::append_log(file, b.as_bytes());
+}
+
+/// `shim_log!(Level::Info, "fmt", args...)`: formats only if the level is enabled.
+#[macro_export]
+macro_rules! shim_log {
+    ($level:expr, $($arg:tt)*) => {
+        if $crate::log::enabled($level) {
+            $crate::log::emit($level, format_args!($($arg)*));
+        }
+    };
+}

@@ -1,0 +1,163 @@
+//! Why a TCP connection was not upgraded: a closed set of reasons with stable snake_case names.
+//!
+//! This file is also compiled into the `rdmashim` launcher (`#[path]` module), so it is plain
+//! safe Rust with no dependencies.
+#![forbid(unsafe_code)]
+
+macro_rules! reasons {
+    ($($variant:ident = $name:literal : $doc:literal),* $(,)?) => {
+        /// Why a TCP connection stayed on TCP. Names are part of the stats schema: never renamed,
+        /// never removed; new reasons are appended.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum FallbackReason { $(#[doc = $doc] $variant),* }
+
+        impl FallbackReason {
+            /// Every reason, in stats order.
+            pub const ALL: &'static [FallbackReason] = &[$(FallbackReason::$variant),*];
+            /// Number of reasons.
+            pub const COUNT: usize = Self::ALL.len();
+
+            /// The stable snake_case name used in the stats JSON and the logs.
+            pub const fn name(self) -> &'static str {
+                match self { $(FallbackReason::$variant => $name),* }
+            }
+
+            /// One-line human explanation.
+            pub const fn describe(self) -> &'static str {
+                match self { $(FallbackReason::$variant => $doc),* }
+            }
+
+            /// Inverse of [`name`](Self::name).
+            pub fn from_name(s: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|r| r.name() == s)
+            }
+
+            /// Inverse of `as u8`.
+            pub fn from_index(i: u8) -> Option<Self> {
+                Self::ALL.get(usize::from(i)).copied()
+            }
+        }
+    };
+}
+
+reasons! {
+    NoDevice = "no_device": "no RDMA device in /sys/class/infiniband",
+    LibrariesMissing = "libraries_missing": "libibverbs.so.1 or librdmacm.so.1 cannot be loaded",
+    Disabled = "disabled": "RDMASHIM_DISABLE=1 is set",
+    Memlock = "memlock": "RLIMIT_MEMLOCK too low to register the rings",
+    PeerRejected = "peer_rejected": "the peer host rejected the RDMA connection request (no shim listening there)",
+    PeerUnreachable = "peer_unreachable": "the peer is not reachable over RDMA (no route, or no answer)",
+    UnsupportedSocket = "unsupported_socket": "the socket type or protocol cannot be upgraded",
+    UnsupportedOption = "unsupported_option": "the application set a socket option the upgrade cannot honour",
+    NotUpgradableAddress = "not_upgradable_address": "the peer address cannot be reached over RDMA (loopback)",
+    UpgradeTimeout = "upgrade_timeout": "the upgrade handshake did not finish within its deadline",
+    Resources = "resources": "out of RDMA resources (queue pairs, memory registrations, ring memory)",
+    ProtocolError = "protocol_error": "the peer sent a malformed or unsupported handshake",
+    NegativeCache = "negative_cache": "a recent attempt to this peer failed; not retried yet",
+    TransportUnavailable = "transport_unavailable": "the RDMA transport is not part of this build yet (interposition only)",
+}
+
+/// Which kind of address a connection's peer has, as far as upgrading is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerClass {
+    /// 127.0.0.0/8, ::1, ::ffff:127.0.0.0/104: never reachable over RDMA.
+    Loopback,
+    /// Anything else (or unknown).
+    Other,
+}
+
+/// The reason a connection stays on TCP, given the host-wide reason (if any) and its peer.
+/// Host-wide reasons come first: they explain every connection of the process at once.
+pub fn decide(host: Option<FallbackReason>, peer: PeerClass) -> FallbackReason {
+    match (host, peer) {
+        (Some(r), _) => r,
+        (None, PeerClass::Loopback) => FallbackReason::NotUpgradableAddress,
+        (None, PeerClass::Other) => FallbackReason::TransportUnavailable,
+    }
+}
+
+/// Classifies an IPv4 address (network byte order octets).
+pub fn classify_v4(octets: [u8; 4]) -> PeerClass {
+    if octets[0] == 127 {
+        PeerClass::Loopback
+    } else {
+        PeerClass::Other
+    }
+}
+
+/// Classifies an IPv6 address (16 octets), including v4-mapped addresses.
+pub fn classify_v6(o: [u8; 16]) -> PeerClass {
+    let loopback = [0u8; 15]
+        .iter()
+        .chain([1u8].iter())
+        .copied()
+        .eq(o.iter().copied());
+    let mapped = o[..10].iter().all(|b| *b == 0) && o[10] == 0xff && o[11] == 0xff;
+    if loopback || (mapped && o[12] == 127) {
+        PeerClass::Loopback
+    } else {
+        PeerClass::Other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_stable_and_unique() {
+        let names: Vec<_> = FallbackReason::ALL.iter().map(|r| r.name()).collect();
+        let mut d = names.clone();
+        d.sort();
+        d.dedup();
+        assert_eq!(d.len(), names.len());
+        for (i, r) in FallbackReason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+            assert_eq!(FallbackReason::from_name(r.name()), Some(*r));
+            assert_eq!(FallbackReason::from_index(i as u8), Some(*r));
+            assert!(r
+                .name()
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_'));
+        }
+        // The names the schema promises.
+        for n in [
+            "no_device",
+            "libraries_missing",
+            "disabled",
+            "memlock",
+            "peer_rejected",
+            "peer_unreachable",
+            "unsupported_socket",
+            "unsupported_option",
+            "not_upgradable_address",
+            "upgrade_timeout",
+            "resources",
+            "protocol_error",
+        ] {
+            assert!(FallbackReason::from_name(n).is_some(), "{n}");
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        use FallbackReason::*;
+        assert_eq!(decide(Some(NoDevice), PeerClass::Loopback), NoDevice);
+        assert_eq!(decide(None, PeerClass::Loopback), NotUpgradableAddress);
+        assert_eq!(decide(None, PeerClass::Other), TransportUnavailable);
+        assert_eq!(classify_v4([127, 0, 0, 1]), PeerClass::Loopback);
+        assert_eq!(classify_v4([10, 0, 0, 1]), PeerClass::Other);
+        let mut v6 = [0u8; 16];
+        v6[15] = 1;
+        assert_eq!(classify_v6(v6), PeerClass::Loopback);
+        let mut m = [0u8; 16];
+        m[10] = 0xff;
+        m[11] = 0xff;
+        m[12] = 127;
+        m[15] = 1;
+        assert_eq!(classify_v6(m), PeerClass::Loopback);
+        m[12] = 10;
+        assert_eq!(classify_v6(m), PeerClass::Other);
+    }
+}

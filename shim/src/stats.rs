@@ -1,0 +1,289 @@
+//! Counters and the stats JSON.
+//!
+//! Per-hook call counters and byte counters are sharded per thread: each thread picks one of
+//! [`SHARDS`] cache-line-aligned shards at its first hook, and a call costs one relaxed
+//! `fetch_add` on a line no other thread touches (unless more than `SHARDS` threads are busy, in
+//! which case two threads share a shard and the `fetch_add` stays correct, only slower).
+//! Connection counters are rare events and live in plain global atomics.
+//!
+//! The JSON written at exit has exactly this shape (keys may be added, never removed):
+//! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"fallback":N,
+//! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N}}`
+//! Every hook and every reason is always present (zeros included), in a fixed order.
+
+use crate::guard::Cx;
+use crate::hook::Hook;
+use crate::reason::FallbackReason;
+use core::fmt::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Number of per-thread counter shards.
+pub const SHARDS: usize = 16;
+
+/// Byte counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Bytes {
+    RingTx = 0,
+    RingRx = 1,
+    TcpTx = 2,
+    TcpRx = 3,
+}
+
+impl Bytes {
+    pub const ALL: [Bytes; 4] = [Bytes::RingTx, Bytes::RingRx, Bytes::TcpTx, Bytes::TcpRx];
+    pub const fn name(self) -> &'static str {
+        match self {
+            Bytes::RingTx => "ring_tx",
+            Bytes::RingRx => "ring_rx",
+            Bytes::TcpTx => "tcp_tx",
+            Bytes::TcpRx => "tcp_rx",
+        }
+    }
+}
+
+// 128-byte alignment: adjacent-line prefetch pairs lines on x86, so 64 is not always enough.
+#[repr(align(128))]
+struct Shard {
+    calls: [AtomicU64; Hook::COUNT],
+    bytes: [AtomicU64; 4],
+}
+
+impl Shard {
+    const fn new() -> Self {
+        Shard {
+            calls: [const { AtomicU64::new(0) }; Hook::COUNT],
+            bytes: [const { AtomicU64::new(0) }; 4],
+        }
+    }
+}
+
+static SHARD_ARR: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
+static UPGRADED: AtomicU64 = AtomicU64::new(0);
+static FALLBACK: AtomicU64 = AtomicU64::new(0);
+static REASONS: [AtomicU64; FallbackReason::COUNT] =
+    [const { AtomicU64::new(0) }; FallbackReason::COUNT];
+
+#[inline(always)]
+fn shard(cx: Cx) -> Option<&'static Shard> {
+    SHARD_ARR.get(cx.shard(SHARDS))
+}
+
+/// Counts one call of `h` on the calling thread's shard.
+#[inline(always)]
+pub fn count_call(cx: Cx, h: Hook) {
+    if let Some(c) = shard(cx).and_then(|s| s.calls.get(h as usize)) {
+        c.fetch_add(1, Relaxed);
+    }
+}
+
+/// Adds `n` bytes to counter `b` on the calling thread's shard.
+#[inline(always)]
+pub fn add_bytes(cx: Cx, b: Bytes, n: u64) {
+    if let Some(c) = shard(cx).and_then(|s| s.bytes.get(b as usize)) {
+        c.fetch_add(n, Relaxed);
+    }
+}
+
+/// Counts one connection that stays on TCP, with its reason.
+pub fn count_fallback(r: FallbackReason) {
+    FALLBACK.fetch_add(1, Relaxed);
+    if let Some(c) = REASONS.get(r as usize) {
+        c.fetch_add(1, Relaxed);
+    }
+}
+
+/// Counts one upgraded connection (for the transport).
+pub fn count_upgraded() {
+    UPGRADED.fetch_add(1, Relaxed);
+}
+
+/// Zeroes every counter (the child after fork starts its own record).
+pub fn reset() {
+    for s in &SHARD_ARR {
+        s.calls
+            .iter()
+            .chain(s.bytes.iter())
+            .for_each(|c| c.store(0, Relaxed));
+    }
+    UPGRADED.store(0, Relaxed);
+    FALLBACK.store(0, Relaxed);
+    REASONS.iter().for_each(|c| c.store(0, Relaxed));
+}
+
+/// A consistent-enough copy of all counters (each counter is read once; counters of different
+/// threads are not synchronised with each other).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub pid: u32,
+    pub calls: [u64; Hook::COUNT],
+    pub upgraded: u64,
+    pub fallback: u64,
+    pub reasons: [u64; FallbackReason::COUNT],
+    pub bytes: [u64; 4],
+}
+
+impl Snapshot {
+    /// All zero.
+    pub fn empty(pid: u32) -> Self {
+        Snapshot {
+            pid,
+            calls: [0; Hook::COUNT],
+            upgraded: 0,
+            fallback: 0,
+            reasons: [0; FallbackReason::COUNT],
+            bytes: [0; 4],
+        }
+    }
+
+    /// Reads the live counters.
+    pub fn take(pid: u32) -> Self {
+        let mut s = Snapshot::empty(pid);
+        for sh in &SHARD_ARR {
+            for (d, c) in s.calls.iter_mut().zip(sh.calls.iter()) {
+                *d = d.wrapping_add(c.load(Relaxed));
+            }
+            for (d, c) in s.bytes.iter_mut().zip(sh.bytes.iter()) {
+                *d = d.wrapping_add(c.load(Relaxed));
+            }
+        }
+        s.upgraded = UPGRADED.load(Relaxed);
+        s.fallback = FALLBACK.load(Relaxed);
+        for (d, c) in s.reasons.iter_mut().zip(REASONS.iter()) {
+            *d = c.load(Relaxed);
+        }
+        s
+    }
+
+    pub fn calls_of(&self, h: Hook) -> u64 {
+        self.calls.get(h as usize).copied().unwrap_or(0)
+    }
+
+    /// Writes the stats JSON (one line, newline-terminated). Hook and reason names are plain
+    /// ASCII identifiers, so no escaping is needed.
+    pub fn write_json<W: Write>(&self, w: &mut W) -> fmt::Result {
+        write!(w, "{{\"pid\":{},\"calls\":{{", self.pid)?;
+        for (i, h) in Hook::ALL.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(w, "{sep}\"{}\":{}", h.name(), self.calls_of(*h))?;
+        }
+        write!(
+            w,
+            "}},\"connections\":{{\"upgraded\":{},\"fallback\":{},\"fallback_reasons\":{{",
+            self.upgraded, self.fallback
+        )?;
+        for (i, r) in FallbackReason::ALL.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(
+                w,
+                "{sep}\"{}\":{}",
+                r.name(),
+                self.reasons.get(i).copied().unwrap_or(0)
+            )?;
+        }
+        w.write_str("}},\"bytes\":{")?;
+        for (i, b) in Bytes::ALL.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(
+                w,
+                "{sep}\"{}\":{}",
+                b.name(),
+                self.bytes.get(i).copied().unwrap_or(0)
+            )?;
+        }
+        w.write_str("}}\n")
+    }
+}
+
+/// Upper bound of the JSON size, for the fixed buffer the writer uses.
+pub const JSON_MAX: usize = 64 + (Hook::COUNT + FallbackReason::COUNT + 4) * (24 + 21) + 128;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fmtbuf::FixedBuf;
+
+    fn parse(s: &Snapshot) -> serde_json::Value {
+        let mut out = String::new();
+        s.write_json(&mut out).unwrap();
+        assert!(out.ends_with('\n'));
+        assert!(out.len() < JSON_MAX, "{} >= {}", out.len(), JSON_MAX);
+        serde_json::from_str(&out).unwrap()
+    }
+
+    #[test]
+    fn json_shape() {
+        let mut s = Snapshot::empty(1234);
+        s.calls[Hook::Read as usize] = 7;
+        s.calls[Hook::RecvChk as usize] = 2;
+        s.fallback = 3;
+        s.reasons[FallbackReason::NoDevice as usize] = 3;
+        s.bytes[Bytes::TcpTx as usize] = u64::MAX;
+        let v = parse(&s);
+        let top: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        for k in ["pid", "calls", "connections", "bytes"] {
+            assert!(top.contains(&k.to_string()), "{k}");
+        }
+        assert_eq!(v["pid"], 1234);
+        assert_eq!(v["calls"]["read"], 7);
+        assert_eq!(v["calls"]["__recv_chk"], 2);
+        assert_eq!(v["calls"]["socket"], 0);
+        assert_eq!(v["calls"].as_object().unwrap().len(), Hook::COUNT);
+        assert_eq!(v["connections"]["upgraded"], 0);
+        assert_eq!(v["connections"]["fallback"], 3);
+        assert_eq!(v["connections"]["fallback_reasons"]["no_device"], 3);
+        assert_eq!(
+            v["connections"]["fallback_reasons"]
+                .as_object()
+                .unwrap()
+                .len(),
+            FallbackReason::COUNT
+        );
+        assert_eq!(v["bytes"]["tcp_tx"], u64::MAX);
+        for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx"] {
+            assert!(v["bytes"][k].is_u64());
+        }
+    }
+
+    #[test]
+    fn json_fits_fixed_buffer_with_max_values() {
+        let mut s = Snapshot::empty(u32::MAX);
+        s.calls = [u64::MAX; Hook::COUNT];
+        s.reasons = [u64::MAX; FallbackReason::COUNT];
+        s.bytes = [u64::MAX; 4];
+        s.upgraded = u64::MAX;
+        s.fallback = u64::MAX;
+        let mut b = FixedBuf::<JSON_MAX>::new();
+        s.write_json(&mut b).unwrap();
+        assert!(!b.overflowed());
+        let v: serde_json::Value = serde_json::from_slice(b.as_bytes()).unwrap();
+        assert_eq!(v["calls"]["execve"], u64::MAX);
+    }
+
+    #[test]
+    fn counters_from_many_threads() {
+        // Other tests in this binary do not count calls of `Splice`/`Sendfile64`.
+        let before = Snapshot::take(0);
+        let threads: Vec<_> = (0..24)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let cx = Cx::current();
+                    for _ in 0..10_000 {
+                        count_call(cx, Hook::Splice);
+                        add_bytes(cx, Bytes::RingRx, 3);
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let after = Snapshot::take(0);
+        assert_eq!(
+            after.calls_of(Hook::Splice) - before.calls_of(Hook::Splice),
+            240_000
+        );
+        assert_eq!(
+            after.bytes[Bytes::RingRx as usize] - before.bytes[Bytes::RingRx as usize],
+            720_000
+        );
+    }
+}
