@@ -1,0 +1,1212 @@
+//! The connection driver: handshake, switch-over, ring data, credits and shutdown in one
+//! sans-IO state machine.
+//!
+//! Inputs are `handle_*` calls (CM events, completions, TCP events, timer expiry) and the
+//! application-facing calls (`commit_switch`, `send`, `consume`, `shutdown_write`, `close`).
+//! Outputs are [`Action`]s from [`Connection::poll_action`], which the transport performs in the
+//! order they come out. Time is passed in as an [`Instant`]; nothing here reads a clock.
+//!
+//! Driving loop of a transport (per connection, single-threaded or under the connection's lock):
+//!
+//! ```text
+//! for each work completion (in CQ order; poll the CQ dry before acting on CM/TCP events):
+//!     conn.handle_completion(...)        // then re-post the receive it consumed
+//! while let Some(a) = conn.poll_action() { post it }
+//! ```
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::control::ControlMsg;
+use crate::credit::{CreditPolicy, RxSlots, TxSlots};
+use crate::handshake::{AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RingDesc};
+use crate::imm::Imm;
+use crate::ring::{RxCursors, TxCursors};
+use crate::state::{
+    ErrorReason, Fin, InvalidTransition, PeerFin, RxEvent, RxState, StreamState, TxEvent, TxState,
+    Violation,
+};
+use crate::MIN_RECV_SLOTS;
+
+/// Tunables. `Default` gives the documented protocol defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Return byte credit once `local_ring >> credit_byte_shift` consumed bytes are owed
+    /// (clamped to 1..=8; default 2: a quarter of the ring).
+    pub credit_byte_shift: u8,
+    /// Return slot credit once this many receives are owed (default: half the posted receives;
+    /// clamped to `2..=min(R-1, 63)`).
+    pub credit_slot_threshold: Option<u16>,
+    /// Largest DATA write in bytes (0: the peer's ring size).
+    pub max_write: u64,
+    /// Split DATA writes at the end of the peer ring (needed only if the local staging area is
+    /// not double-mapped).
+    pub split_at_wrap: bool,
+    /// How long the handshake may take before the upgrade is abandoned (default 3 s).
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            credit_byte_shift: 2,
+            credit_slot_threshold: None,
+            max_write: 0,
+            split_at_wrap: false,
+            handshake_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// What this side advertises: its receive ring and how many receives it posted before the
+/// handshake message went out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalParams {
+    /// The local receive ring.
+    pub ring: RingDesc,
+    /// Receives posted (at least [`MIN_RECV_SLOTS`]).
+    pub recv_slots: u16,
+}
+
+/// Unusable local parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Fewer receives than [`MIN_RECV_SLOTS`].
+    TooFewRecvSlots(u16),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::TooFewRecvSlots(n) => {
+                write!(f, "{n} receive slots; at least {MIN_RECV_SLOTS} needed")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Which end of the rdma_cm connection this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// Sent the connect request (the TCP client).
+    Client,
+    /// Accepted it (the TCP server).
+    Server,
+}
+
+/// Something for the transport to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// RDMA WRITE WITH IMMEDIATE of the staged stream bytes `[cursor, cursor + len)` to
+    /// `remote_addr` (= peer ring address + `ring_offset`), rkey from the peer's [`RingDesc`].
+    WriteData {
+        /// Stream cursor of the first byte (index the local staging area with it).
+        cursor: u64,
+        /// Bytes to write.
+        len: usize,
+        /// Offset in the peer's ring (`cursor mod peer ring size`).
+        ring_offset: usize,
+        /// Remote address to write to.
+        remote_addr: u64,
+        /// Immediate: post `imm.encode()` (host order; converted to network order once, where
+        /// `ibv_send_wr.imm_data` is filled).
+        imm: Imm,
+    },
+    /// Zero-length RDMA WRITE WITH IMMEDIATE carrying a CREDIT (any valid remote address; the
+    /// ring's base is given).
+    WriteCredit {
+        /// Remote address (the peer ring's base).
+        remote_addr: u64,
+        /// Immediate: post `imm.encode()` (host order).
+        imm: Imm,
+    },
+    /// SEND of a control message (`msg.encode().as_bytes()`, inline if possible).
+    Send(ControlMsg),
+    /// No more messages: once the posted work requests have completed, disconnect and destroy
+    /// the queue pair. The local ring stays until the application closes the socket (buffered
+    /// data may still be read). Emitted once.
+    Teardown,
+}
+
+/// A work completion for the connection's receive queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion<'a> {
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`: `imm` is `u32::from_be(wc.imm_data)` (host order),
+    /// `byte_len` is `wc.byte_len` when the provider reports it (`None` skips the cross-check).
+    WriteImm {
+        /// The immediate in host order.
+        imm: u32,
+        /// Bytes written, if known.
+        byte_len: Option<u32>,
+    },
+    /// `IBV_WC_RECV`: a control message (`byte_len` bytes of the receive buffer).
+    Recv {
+        /// The received bytes.
+        payload: &'a [u8],
+    },
+}
+
+/// Ring space granted by [`Connection::send`]: copy the application's first `len` bytes into
+/// the staging area at stream cursor `cursor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendGrant {
+    /// Stream cursor of the first byte.
+    pub cursor: u64,
+    /// Bytes accepted.
+    pub len: usize,
+}
+
+/// Why [`Connection::send`] accepted nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendError {
+    /// This direction is (still) on TCP: write to the socket.
+    ViaTcp,
+    /// No ring space now (EAGAIN).
+    WouldBlock,
+    /// The local write side is shut (EPIPE).
+    Shutdown,
+    /// The peer closed its read side (EPIPE).
+    PeerClosed,
+    /// The connection failed.
+    Failed(ErrorReason),
+}
+
+impl SendError {
+    /// The `std::io::ErrorKind` a write should fail with (not meaningful for `ViaTcp`).
+    pub fn io_kind(self) -> std::io::ErrorKind {
+        match self {
+            SendError::ViaTcp | SendError::WouldBlock => std::io::ErrorKind::WouldBlock,
+            SendError::Shutdown | SendError::PeerClosed => std::io::ErrorKind::BrokenPipe,
+            SendError::Failed(r) => r.io_kind(),
+        }
+    }
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::ViaTcp => write!(f, "send via TCP"),
+            SendError::WouldBlock => write!(f, "no ring space"),
+            SendError::Shutdown => write!(f, "write side shut down"),
+            SendError::PeerClosed => write!(f, "peer closed"),
+            SendError::Failed(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+/// Where the next bytes for the application come from ([`Connection::recv`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recv {
+    /// Read the TCP socket, at most `limit` bytes if given, and report them with
+    /// [`Connection::note_tcp_read`]. With no limit the peer has not switched yet; its
+    /// SwitchOver may arrive any time, so wait on the socket *and* the completion channel.
+    Tcp {
+        /// Most bytes to read from TCP before asking again.
+        limit: Option<u64>,
+    },
+    /// `len` bytes at `offset` in the (double-mapped) local ring; report with
+    /// [`Connection::consume`].
+    Ring {
+        /// Ring offset of the first readable byte.
+        offset: usize,
+        /// Readable bytes (contiguous thanks to the double mapping).
+        len: usize,
+    },
+    /// Nothing now (EAGAIN).
+    WouldBlock,
+    /// End of stream (read returns 0).
+    Eof,
+    /// The connection failed (e.g. ECONNRESET).
+    Error(ErrorReason),
+}
+
+/// [`Connection::consume`] was asked for more than is readable from the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumeError {
+    /// Bytes asked for.
+    pub requested: usize,
+    /// Bytes readable from the ring now (0 while TCP bytes come first).
+    pub readable: usize,
+}
+
+impl fmt::Display for ConsumeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "consume({}) with {} readable ring bytes",
+            self.requested, self.readable
+        )
+    }
+}
+
+impl std::error::Error for ConsumeError {}
+
+/// Readiness as Linux `tcp_poll` would report it (see `docs/protocol.md`).
+///
+/// When `read_via_tcp` (or `write_via_tcp`) is set, that direction is served by the kernel
+/// socket and the corresponding flags here are `false`: poll the socket for them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Readiness {
+    /// POLLIN: ring data, EOF, or an error.
+    pub readable: bool,
+    /// POLLOUT: ring space (free ≥ half the bytes in flight, like `sk_stream_is_writeable`),
+    /// or a write would fail at once (shut down, peer closed, error).
+    pub writable: bool,
+    /// POLLRDHUP: the peer's write side ended.
+    pub rdhup: bool,
+    /// POLLHUP: both directions ended, or the connection failed.
+    pub hup: bool,
+    /// POLLERR: the connection failed.
+    pub error: bool,
+    /// The read direction is still on the kernel socket.
+    pub read_via_tcp: bool,
+    /// The write direction is still on the kernel socket.
+    pub write_via_tcp: bool,
+}
+
+/// Counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// DATA writes posted.
+    pub data_writes: u64,
+    /// Bytes in DATA writes.
+    pub data_bytes: u64,
+    /// DATA writes that asked for credit.
+    pub credit_wanted: u64,
+    /// Credits posted (immediates and CreditUpdate messages).
+    pub credits_sent: u64,
+    /// Control SENDs posted (CreditUpdate included).
+    pub control_sent: u64,
+    /// Messages received.
+    pub messages_received: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Life {
+    /// Client: connect request sent, waiting for ESTABLISHED (with the reply) or a reject.
+    Connecting {
+        request: ConnectRequest,
+        deadline: Instant,
+    },
+    /// Server: accepted; waiting for ESTABLISHED (or the first completion).
+    Accepted {
+        deadline: Instant,
+    },
+    Established,
+    /// The wire is done (Teardown emitted); buffered data may still be read.
+    Closed,
+    Failed(ErrorReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Teardown {
+    No,
+    Pending,
+    Done,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Peer {
+    ring: RingDesc,
+    tx: TxCursors,
+    slots: TxSlots,
+}
+
+/// One upgraded (or upgrading) TCP connection. See the module docs.
+#[derive(Debug)]
+pub struct Connection {
+    cfg: Config,
+    side: Side,
+    local: LocalParams,
+    nonce: u64,
+    life: Life,
+    tx_state: TxState,
+    rx_state: RxState,
+    rx: RxCursors,
+    rx_slots: RxSlots,
+    policy: CreditPolicy,
+    peer: Option<Peer>,
+    /// SwitchOver to post before anything else of the stream.
+    switch_pending: Option<u64>,
+    switch_posted: bool,
+    /// The application wanted to send more than was accepted since the last DATA went out.
+    send_blocked: bool,
+    peer_wants_credit: bool,
+    peer_read_closed: bool,
+    local_read_shut: bool,
+    teardown: Teardown,
+    stats: Stats,
+}
+
+impl Connection {
+    fn new(
+        cfg: Config,
+        side: Side,
+        local: LocalParams,
+        nonce: u64,
+        life: Life,
+        tcp_received: u64,
+    ) -> Result<Self, ConfigError> {
+        if local.recv_slots < MIN_RECV_SLOTS {
+            return Err(ConfigError::TooFewRecvSlots(local.recv_slots));
+        }
+        Ok(Connection {
+            cfg,
+            side,
+            local,
+            nonce,
+            life,
+            tx_state: TxState::Tcp,
+            rx_state: RxState::Tcp {
+                received: tcp_received,
+            },
+            rx: RxCursors::new(local.ring.size),
+            rx_slots: RxSlots::new(local.recv_slots),
+            policy: CreditPolicy::new(
+                local.ring.size,
+                local.recv_slots,
+                cfg.credit_byte_shift,
+                cfg.credit_slot_threshold,
+            ),
+            peer: None,
+            switch_pending: None,
+            switch_posted: false,
+            send_blocked: false,
+            peer_wants_credit: false,
+            peer_read_closed: false,
+            local_read_shut: false,
+            teardown: Teardown::No,
+            stats: Stats::default(),
+        })
+    }
+
+    /// Client side: starts an upgrade of the TCP connection `client_port → server_port`.
+    /// `tcp_received` is how many bytes the application has read from the socket so far (the
+    /// shim keeps counting with [`Self::note_tcp_read`]). Returns the request to encode into
+    /// `rdma_connect`'s private data.
+    pub fn connect(
+        cfg: Config,
+        local: LocalParams,
+        client_port: u16,
+        server_port: u16,
+        nonce: u64,
+        tcp_received: u64,
+        now: Instant,
+    ) -> Result<(Self, ConnectRequest), ConfigError> {
+        let request = ConnectRequest {
+            flags: Flags::empty(),
+            client_port,
+            server_port,
+            nonce,
+            ring: local.ring,
+            recv_slots: local.recv_slots,
+        };
+        let life = Life::Connecting {
+            request,
+            deadline: now + cfg.handshake_timeout,
+        };
+        let conn = Self::new(cfg, Side::Client, local, nonce, life, tcp_received)?;
+        Ok((conn, request))
+    }
+
+    /// Server side: accepts a decoded request that the shim matched to an accepted TCP
+    /// connection. Returns the reply to encode into `rdma_accept`'s private data.
+    pub fn accept(
+        cfg: Config,
+        local: LocalParams,
+        request: &ConnectRequest,
+        tcp_received: u64,
+        now: Instant,
+    ) -> Result<(Self, AcceptReply), ConfigError> {
+        let life = Life::Accepted {
+            deadline: now + cfg.handshake_timeout,
+        };
+        let mut conn = Self::new(cfg, Side::Server, local, request.nonce, life, tcp_received)?;
+        conn.peer = Some(Peer {
+            ring: request.ring,
+            tx: TxCursors::new(request.ring.size),
+            slots: TxSlots::new(request.recv_slots),
+        });
+        let reply = AcceptReply {
+            flags: Flags::empty(),
+            nonce: request.nonce,
+            ring: local.ring,
+            recv_slots: local.recv_slots,
+        };
+        Ok((conn, reply))
+    }
+
+    // ----- handshake -------------------------------------------------------------------------
+
+    /// Client: `RDMA_CM_EVENT_ESTABLISHED` with the server's private data. Hand this over before
+    /// any completion of the connection.
+    pub fn handle_accept(&mut self, private_data: &[u8]) -> Result<(), ErrorReason> {
+        let Life::Connecting { request, .. } = self.life else {
+            return self.error().map_or(Ok(()), Err);
+        };
+        let reply = match AcceptReply::decode(private_data) {
+            Ok(r) => r,
+            Err(e) => return Err(self.fail(ErrorReason::Handshake(HandshakeError::Decode(e)))),
+        };
+        if reply.nonce != request.nonce {
+            return Err(
+                self.fail(ErrorReason::Handshake(HandshakeError::NonceMismatch {
+                    expected: request.nonce,
+                    got: reply.nonce,
+                })),
+            );
+        }
+        self.peer = Some(Peer {
+            ring: reply.ring,
+            tx: TxCursors::new(reply.ring.size),
+            slots: TxSlots::new(reply.recv_slots),
+        });
+        self.life = Life::Established;
+        Ok(())
+    }
+
+    /// Client: `RDMA_CM_EVENT_REJECTED` with its private data (possibly none or foreign).
+    pub fn handle_reject(&mut self, private_data: &[u8]) {
+        if matches!(self.life, Life::Connecting { .. }) {
+            let reason = Reject::decode(private_data).ok().map(|r| r.reason);
+            self.fail(ErrorReason::Rejected(reason));
+        }
+    }
+
+    /// Server: `RDMA_CM_EVENT_ESTABLISHED`. (The first completion counts as well.)
+    pub fn handle_established(&mut self) {
+        if matches!(self.life, Life::Accepted { .. }) {
+            self.life = Life::Established;
+        }
+    }
+
+    /// Handshake deadline, if one is running.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.life {
+            Life::Connecting { deadline, .. } | Life::Accepted { deadline } => Some(deadline),
+            _ => None,
+        }
+    }
+
+    /// Timer expiry: abandons a handshake past its deadline.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.poll_timeout().is_some_and(|d| now >= d) {
+            self.fail(ErrorReason::HandshakeTimeout);
+        }
+    }
+
+    // ----- sending ---------------------------------------------------------------------------
+
+    /// The shim stops writing to TCP after `tcp_bytes_sent` bytes in total and moves this
+    /// direction to the ring: a SwitchOver stating that count goes out before any ring data.
+    /// Only once established.
+    pub fn commit_switch(&mut self, tcp_bytes_sent: u64) -> Result<(), InvalidTransition> {
+        if self.life != Life::Established {
+            return Err(InvalidTransition {
+                state: self.life_name(),
+                event: "Commit",
+            });
+        }
+        self.tx_state = self.tx_state.on(TxEvent::Commit)?;
+        self.switch_pending = Some(tcp_bytes_sent);
+        Ok(())
+    }
+
+    /// Accepts up to `len` bytes for the ring (as many as the peer's free space allows); the
+    /// caller copies that many into its staging area at the grant's cursor. The write itself
+    /// comes out of [`Self::poll_action`] (consecutive sends are coalesced).
+    pub fn send(&mut self, len: usize) -> Result<SendGrant, SendError> {
+        match self.life {
+            Life::Failed(r) if !self.can_fall_back() => return Err(SendError::Failed(r)),
+            Life::Connecting { .. } | Life::Accepted { .. } | Life::Failed(_) => {
+                return Err(SendError::ViaTcp)
+            }
+            Life::Established | Life::Closed => {}
+        }
+        match self.tx_state {
+            TxState::Tcp => return Err(SendError::ViaTcp),
+            TxState::Finishing(_) | TxState::Finished(_) => return Err(SendError::Shutdown),
+            TxState::Ring => {}
+        }
+        if self.peer_read_closed {
+            return Err(SendError::PeerClosed);
+        }
+        let Some(peer) = self.peer.as_mut() else {
+            return Err(SendError::ViaTcp);
+        };
+        let cursor = peer.tx.head();
+        if len == 0 {
+            return Ok(SendGrant { cursor, len: 0 });
+        }
+        let n = peer.tx.accept(len as u64) as usize;
+        if n < len {
+            self.send_blocked = true;
+        }
+        if n == 0 {
+            return Err(SendError::WouldBlock);
+        }
+        Ok(SendGrant { cursor, len: n })
+    }
+
+    /// `shutdown(SHUT_WR)`: ShutdownWrite goes out after the queued bytes; the peer reads them,
+    /// then EOF, and may keep sending. Requires the switch (commit first if still on TCP).
+    pub fn shutdown_write(&mut self) -> Result<(), InvalidTransition> {
+        match self.life {
+            Life::Established => {
+                self.tx_state = self.tx_state.on(TxEvent::Shutdown)?;
+                self.after_state_change();
+                Ok(())
+            }
+            Life::Closed | Life::Failed(_) => Ok(()),
+            _ => Err(InvalidTransition {
+                state: self.life_name(),
+                event: "Shutdown",
+            }),
+        }
+    }
+
+    /// `close()`. On the ring: Close goes out after the queued bytes (with RESET if unread
+    /// data is dropped, as Linux sends an RST then), and the queue pair is torn down right
+    /// after it. Incoming data is discarded from now on. If this direction never switched, or
+    /// the upgrade is not established, the ring is simply torn down and the shim closes the
+    /// TCP socket as usual.
+    pub fn close(&mut self) {
+        let unread = self.rx.readable() > 0;
+        self.close_inner(unread, false);
+    }
+
+    /// Abortive close (SO_LINGER 0, or the shim drops unread TCP data): unsent bytes are
+    /// dropped and Close with RESET goes out next; the peer reports ECONNRESET.
+    pub fn abort(&mut self) {
+        self.close_inner(true, true);
+    }
+
+    fn close_inner(&mut self, reset: bool, drop_unsent: bool) {
+        self.local_read_shut = true;
+        self.discard_readable();
+        match self.life {
+            Life::Connecting { .. } | Life::Accepted { .. } => self.enter_closed(),
+            Life::Established => {
+                if self.tx_state == TxState::Tcp {
+                    self.enter_closed();
+                    return;
+                }
+                if drop_unsent {
+                    if let Some(p) = self.peer.as_mut() {
+                        p.tx.discard_unposted();
+                    }
+                }
+                if let Ok(s) = self.tx_state.on(TxEvent::Close { reset }) {
+                    self.tx_state = s;
+                }
+                self.after_state_change();
+            }
+            Life::Closed | Life::Failed(_) => {}
+        }
+    }
+
+    // ----- receiving -------------------------------------------------------------------------
+
+    /// Where the application's next bytes come from.
+    pub fn recv(&self) -> Recv {
+        match self.life {
+            Life::Connecting { .. } | Life::Accepted { .. } => {
+                return Recv::Tcp { limit: None };
+            }
+            Life::Failed(r) => {
+                return if self.can_fall_back() {
+                    Recv::Tcp { limit: None }
+                } else {
+                    Recv::Error(r)
+                };
+            }
+            Life::Established | Life::Closed => {}
+        }
+        if self.local_read_shut {
+            return Recv::Eof;
+        }
+        match self.rx_state {
+            RxState::Tcp { .. } => Recv::Tcp { limit: None },
+            RxState::Draining { remaining }
+            | RxState::Finished {
+                tcp_remaining: remaining @ 1..,
+                ..
+            } => Recv::Tcp {
+                limit: Some(remaining),
+            },
+            RxState::Ring | RxState::Finished { .. } => {
+                let len = self.rx.readable() as usize;
+                if len > 0 {
+                    Recv::Ring {
+                        offset: self.rx.read_offset(),
+                        len,
+                    }
+                } else if self.rx_state.is_finished() {
+                    Recv::Eof
+                } else {
+                    Recv::WouldBlock
+                }
+            }
+        }
+    }
+
+    /// The application consumed `n` ring bytes (after [`Recv::Ring`]). Credit goes back lazily
+    /// through [`Self::poll_action`].
+    pub fn consume(&mut self, n: usize) -> Result<(), ConsumeError> {
+        let readable = match self.recv() {
+            Recv::Ring { len, .. } => len,
+            _ => 0,
+        };
+        if n > readable || !self.rx.consume(n as u64) {
+            return Err(ConsumeError {
+                requested: n,
+                readable,
+            });
+        }
+        Ok(())
+    }
+
+    /// The shim read `n` bytes from the TCP socket (before the upgrade, or while draining up
+    /// to the peer's SwitchOver count).
+    pub fn note_tcp_read(&mut self, n: u64) -> Result<(), ErrorReason> {
+        match self.rx_state.on(RxEvent::TcpRead(n)) {
+            Ok(s) => {
+                self.rx_state = s;
+                Ok(())
+            }
+            Err(_) if matches!(self.life, Life::Failed(_) | Life::Closed) => Ok(()),
+            Err(v) => Err(self.fail(ErrorReason::Protocol(v))),
+        }
+    }
+
+    /// `shutdown(SHUT_RD)`: reads return EOF from now on; incoming ring data is consumed and
+    /// discarded (and credited, so the peer never blocks on us).
+    pub fn shutdown_read(&mut self) {
+        self.local_read_shut = true;
+        self.discard_readable();
+    }
+
+    fn discard_readable(&mut self) {
+        if matches!(
+            self.rx_state,
+            RxState::Ring
+                | RxState::Finished {
+                    tcp_remaining: 0,
+                    ..
+                }
+        ) {
+            let n = self.rx.readable();
+            self.rx.consume(n);
+        }
+    }
+
+    // ----- completions and events ------------------------------------------------------------
+
+    /// A receive completion, in CQ order. The transport re-posts the receive afterwards (before
+    /// performing the actions this produces). `Err` means the connection has just failed (or
+    /// had failed) with that reason.
+    pub fn handle_completion(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
+        match self.life {
+            Life::Connecting { .. } => {
+                return Err(self.fail(ErrorReason::Protocol(
+                    Violation::CompletionBeforeEstablished,
+                )))
+            }
+            Life::Accepted { .. } => self.life = Life::Established,
+            Life::Established => {}
+            Life::Closed | Life::Failed(_) => return Ok(()),
+        }
+        self.stats.messages_received += 1;
+        match self.process(c) {
+            Ok(()) => {
+                self.after_state_change();
+                Ok(())
+            }
+            Err(reason) => Err(self.fail(reason)),
+        }
+    }
+
+    fn process(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
+        let v = ErrorReason::Protocol;
+        self.rx_slots.on_message().map_err(v)?;
+        let peer = self.peer.as_mut().expect("established implies peer");
+        match c {
+            Completion::WriteImm { imm, byte_len } => {
+                match Imm::decode(imm).map_err(|e| v(Violation::Decode(e)))? {
+                    Imm::Data { len, credit_wanted } => {
+                        if let Some(b) = byte_len.filter(|&b| b != len) {
+                            return Err(v(Violation::ImmLengthMismatch {
+                                imm: len,
+                                byte_len: b,
+                            }));
+                        }
+                        self.rx_state = self.rx_state.on(RxEvent::Data).map_err(v)?;
+                        self.rx
+                            .on_data(u64::from(len))
+                            .map_err(|e| v(Violation::RingOverrun(e)))?;
+                        self.peer_wants_credit |= credit_wanted;
+                        if self.local_read_shut {
+                            self.discard_readable();
+                        }
+                    }
+                    Imm::Credit { bytes, slots } => {
+                        if let Some(b) = byte_len.filter(|&b| b != 0) {
+                            return Err(v(Violation::ImmLengthMismatch {
+                                imm: 0,
+                                byte_len: b,
+                            }));
+                        }
+                        peer.tx
+                            .credit(u64::from(bytes))
+                            .map_err(|e| v(Violation::BadCredit(e)))?;
+                        peer.slots.restore(u32::from(slots)).map_err(v)?;
+                    }
+                }
+            }
+            Completion::Recv { payload } => {
+                match ControlMsg::decode(payload).map_err(|e| v(Violation::Decode(e)))? {
+                    ControlMsg::SwitchOver { tcp_bytes_sent } => {
+                        self.rx_state = self
+                            .rx_state
+                            .on(RxEvent::SwitchOver { tcp_bytes_sent })
+                            .map_err(v)?;
+                    }
+                    ControlMsg::ShutdownWrite { ring_bytes } => {
+                        self.check_fin_cursor(ring_bytes)?;
+                        self.rx_state = self
+                            .rx_state
+                            .on(RxEvent::Fin(PeerFin::Shutdown))
+                            .map_err(v)?;
+                    }
+                    ControlMsg::Close { reset: true, .. } => return Err(ErrorReason::Reset),
+                    ControlMsg::Close { ring_bytes, .. } => {
+                        self.check_fin_cursor(ring_bytes)?;
+                        self.rx_state =
+                            self.rx_state.on(RxEvent::Fin(PeerFin::Close)).map_err(v)?;
+                    }
+                    ControlMsg::CreditUpdate { read_cursor, slots } => {
+                        peer.tx
+                            .credit_to(read_cursor)
+                            .map_err(|e| v(Violation::BadCredit(e)))?;
+                        peer.slots.restore(slots).map_err(v)?;
+                    }
+                    ControlMsg::Ignored { .. } => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_fin_cursor(&self, declared: u64) -> Result<(), ErrorReason> {
+        if declared != self.rx.head() {
+            return Err(ErrorReason::Protocol(Violation::FinCursorMismatch {
+                declared,
+                received: self.rx.head(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// The queue pair failed (error completion, async QP error) or the CM reported
+    /// DISCONNECTED/UNREACHABLE/CONNECT_ERROR/… Poll the CQ dry and hand over every successful
+    /// completion first: a peer that closed cleanly is then already seen as closed, and this
+    /// call changes nothing.
+    pub fn handle_transport_error(&mut self) {
+        if !matches!(self.life, Life::Closed | Life::Failed(_)) {
+            self.fail(ErrorReason::Transport);
+        }
+    }
+
+    /// The shim read EOF (0 bytes) from the TCP socket. Poll the CQ dry first.
+    ///
+    /// If the peer never switched, its TCP stream is complete and this is its EOF (it closed:
+    /// our further writes fail with EPIPE). If it switched but the ring did not end, it
+    /// vanished ([`ErrorReason::PeerVanished`]). During the handshake, the upgrade is abandoned.
+    pub fn handle_tcp_eof(&mut self) -> Result<(), ErrorReason> {
+        match self.life {
+            Life::Connecting { .. } | Life::Accepted { .. } => {
+                Err(self.fail(ErrorReason::TcpClosed))
+            }
+            Life::Established => match self.rx_state.on(RxEvent::TcpEof) {
+                Ok(s) => {
+                    if matches!(self.rx_state, RxState::Tcp { .. }) {
+                        self.peer_read_closed = true;
+                    }
+                    self.rx_state = s;
+                    self.after_state_change();
+                    Ok(())
+                }
+                Err(Violation::TcpEofBeforeSwitchOver) if !self.rx_state.is_finished() => {
+                    Err(self.fail(ErrorReason::PeerVanished))
+                }
+                Err(v) => Err(self.fail(ErrorReason::Protocol(v))),
+            },
+            Life::Closed => {
+                if let Ok(s) = self.rx_state.on(RxEvent::TcpEof) {
+                    self.rx_state = s;
+                }
+                Ok(())
+            }
+            Life::Failed(r) => Err(r),
+        }
+    }
+
+    /// The TCP connection was reset (ECONNRESET from the socket).
+    pub fn handle_tcp_reset(&mut self) {
+        if !matches!(self.life, Life::Failed(_)) {
+            self.fail(ErrorReason::Reset);
+        }
+    }
+
+    // ----- output ----------------------------------------------------------------------------
+
+    /// The next action for the transport, or `None` when there is nothing to do until the
+    /// next input. Call until `None` after every input.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        if self.teardown == Teardown::Pending {
+            self.teardown = Teardown::Done;
+            return Some(Action::Teardown);
+        }
+        if self.life != Life::Established {
+            return None;
+        }
+        if let Some(a) = self.poll_credit() {
+            return Some(a);
+        }
+        let peer = self.peer.as_mut()?;
+        if let Some(tcp_bytes_sent) = self.switch_pending {
+            if !peer.slots.can_post_message() {
+                return None;
+            }
+            peer.slots.take();
+            self.switch_pending = None;
+            self.switch_posted = true;
+            self.stats.control_sent += 1;
+            return Some(Action::Send(ControlMsg::SwitchOver { tcp_bytes_sent }));
+        }
+        if !self.switch_posted {
+            return None;
+        }
+        let max = match self.cfg.max_write {
+            0 => peer.tx.size().bytes(),
+            m => m.min(peer.tx.size().bytes()),
+        };
+        if let Some(w) = peer.tx.next_write(max, self.cfg.split_at_wrap) {
+            if !peer.slots.can_post_message() {
+                return None;
+            }
+            peer.slots.take();
+            peer.tx.mark_posted(w.len);
+            let credit_wanted = self.send_blocked || peer.tx.free() == 0;
+            if credit_wanted {
+                self.send_blocked = false;
+                self.stats.credit_wanted += 1;
+            }
+            self.stats.data_writes += 1;
+            self.stats.data_bytes += w.len;
+            let ring_offset = peer.tx.size().offset(w.cursor);
+            let imm = Imm::Data {
+                len: w.len as u32,
+                credit_wanted,
+            };
+            return Some(Action::WriteData {
+                cursor: w.cursor,
+                len: w.len as usize,
+                ring_offset,
+                remote_addr: peer.ring.addr.wrapping_add(ring_offset as u64),
+                imm,
+            });
+        }
+        if let TxState::Finishing(fin) = self.tx_state {
+            if !peer.slots.can_post_message() {
+                return None;
+            }
+            peer.slots.take();
+            let ring_bytes = peer.tx.posted();
+            let msg = match fin {
+                Fin::Shutdown => ControlMsg::ShutdownWrite { ring_bytes },
+                Fin::Close { reset } => ControlMsg::Close { ring_bytes, reset },
+            };
+            self.tx_state = self
+                .tx_state
+                .on(TxEvent::FinPosted)
+                .expect("Finishing accepts FinPosted");
+            self.stats.control_sent += 1;
+            self.after_state_change();
+            return Some(Action::Send(msg));
+        }
+        None
+    }
+
+    fn poll_credit(&mut self) -> Option<Action> {
+        let owed_slots = self.rx_slots.owed();
+        if !self
+            .policy
+            .due(self.rx.owed(), owed_slots, self.peer_wants_credit)
+        {
+            return None;
+        }
+        let peer = self.peer.as_mut()?;
+        if !peer.slots.can_post_credit(owed_slots > 0) {
+            return None;
+        }
+        peer.slots.take();
+        self.peer_wants_credit = false;
+        self.stats.credits_sent += 1;
+        if owed_slots <= u32::from(Imm::MAX_CREDIT_SLOTS) {
+            let slots = self.rx_slots.take(u32::from(Imm::MAX_CREDIT_SLOTS)) as u8;
+            // The local ring is at most 2^23 bytes, so everything owed fits the 24-bit field.
+            let bytes = self.rx.take_credit(u64::from(Imm::MAX_CREDIT_BYTES)) as u32;
+            Some(Action::WriteCredit {
+                remote_addr: peer.ring.addr,
+                imm: Imm::Credit { bytes, slots },
+            })
+        } else {
+            let slots = self.rx_slots.take(u32::MAX);
+            self.rx.take_credit(u64::MAX);
+            self.stats.control_sent += 1;
+            Some(Action::Send(ControlMsg::CreditUpdate {
+                read_cursor: self.rx.credited(),
+                slots,
+            }))
+        }
+    }
+
+    // ----- lifecycle helpers -----------------------------------------------------------------
+
+    fn fail(&mut self, reason: ErrorReason) -> ErrorReason {
+        if let Life::Failed(r) = self.life {
+            return r;
+        }
+        self.life = Life::Failed(reason);
+        if self.teardown == Teardown::No {
+            self.teardown = Teardown::Pending;
+        }
+        reason
+    }
+
+    fn enter_closed(&mut self) {
+        self.life = Life::Closed;
+        if self.teardown == Teardown::No {
+            self.teardown = Teardown::Pending;
+        }
+    }
+
+    /// Applies the consequences of a half-state change: a peer Close (or a peer that left
+    /// without switching) makes our sends fail and drops unsent bytes; the wire is done when
+    /// we posted Close, when the peer closed, or when both write sides are finished.
+    fn after_state_change(&mut self) {
+        if self.life != Life::Established {
+            return;
+        }
+        let peer_fin = match self.rx_state {
+            RxState::Finished { fin, .. } => Some(fin),
+            _ => None,
+        };
+        if matches!(peer_fin, Some(PeerFin::Close | PeerFin::TcpFin)) {
+            self.peer_read_closed = true;
+            if let Some(p) = self.peer.as_mut() {
+                p.tx.discard_unposted();
+            }
+        }
+        let done = matches!(self.tx_state, TxState::Finished(Fin::Close { .. }))
+            || matches!(peer_fin, Some(PeerFin::Close | PeerFin::TcpFin))
+            || (matches!(self.tx_state, TxState::Finished(_)) && peer_fin.is_some());
+        if done {
+            self.enter_closed();
+        }
+    }
+
+    fn life_name(&self) -> &'static str {
+        match self.life {
+            Life::Connecting { .. } => "Connecting",
+            Life::Accepted { .. } => "Accepted",
+            Life::Established => "Established",
+            Life::Closed => "Closed",
+            Life::Failed(_) => "Failed",
+        }
+    }
+
+    // ----- queries ---------------------------------------------------------------------------
+
+    /// Connection-wide state (see [`StreamState`]).
+    pub fn state(&self) -> StreamState {
+        match self.life {
+            Life::Connecting { .. } | Life::Accepted { .. } => StreamState::Handshaking,
+            Life::Failed(r) => StreamState::Error(r),
+            Life::Closed => StreamState::Closed,
+            Life::Established => {
+                if self.tx_state.is_shut() {
+                    StreamState::LocalShut
+                } else if self.rx_state.is_finished() {
+                    StreamState::PeerShut
+                } else if self.tx_state == TxState::Tcp
+                    || matches!(
+                        self.rx_state,
+                        RxState::Tcp { .. } | RxState::Draining { .. }
+                    )
+                {
+                    StreamState::Switching
+                } else {
+                    StreamState::Open
+                }
+            }
+        }
+    }
+
+    /// Our sending half.
+    pub fn tx_state(&self) -> TxState {
+        self.tx_state
+    }
+
+    /// Our receiving half.
+    pub fn rx_state(&self) -> RxState {
+        self.rx_state
+    }
+
+    /// The failure, if the connection failed.
+    pub fn error(&self) -> Option<ErrorReason> {
+        match self.life {
+            Life::Failed(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Whether the shim can go on with plain TCP as if no upgrade had been tried: the upgrade
+    /// is still in its handshake, or it failed (not by a protocol violation) before this side
+    /// committed and before any message arrived from the peer.
+    ///
+    /// This is a local view: a SwitchOver the peer posted may still be in flight. A side that
+    /// fails *after* switching therefore resets the TCP connection, so that a peer which fell
+    /// back sees ECONNRESET instead of waiting for bytes that went to the ring.
+    pub fn can_fall_back(&self) -> bool {
+        match self.life {
+            Life::Connecting { .. } | Life::Accepted { .. } => true,
+            Life::Failed(r) => {
+                !matches!(r, ErrorReason::Protocol(_))
+                    && self.tx_state == TxState::Tcp
+                    && matches!(self.rx_state, RxState::Tcp { .. })
+                    && self.stats.messages_received == 0
+            }
+            Life::Established | Life::Closed => false,
+        }
+    }
+
+    /// Poll/epoll readiness (see [`Readiness`]).
+    pub fn readiness(&self) -> Readiness {
+        if self.can_fall_back() {
+            return Readiness {
+                read_via_tcp: true,
+                write_via_tcp: true,
+                ..Readiness::default()
+            };
+        }
+        if let Life::Failed(_) = self.life {
+            return Readiness {
+                readable: true,
+                writable: true,
+                rdhup: true,
+                hup: true,
+                error: true,
+                read_via_tcp: false,
+                write_via_tcp: false,
+            };
+        }
+        let read_via_tcp = !self.local_read_shut
+            && matches!(
+                self.rx_state,
+                RxState::Tcp { .. }
+                    | RxState::Draining { .. }
+                    | RxState::Finished {
+                        tcp_remaining: 1..,
+                        ..
+                    }
+            );
+        let rx_fin = self.rx_state.is_finished();
+        let readable = !read_via_tcp && (self.rx.readable() > 0 || rx_fin || self.local_read_shut);
+        let write_via_tcp = self.tx_state == TxState::Tcp;
+        let space = self.peer.as_ref().is_some_and(|p| {
+            let free = p.tx.free();
+            let used = p.tx.size().bytes() - free;
+            free > 0 && free * 2 >= used
+        });
+        let writable = !write_via_tcp
+            && (self.tx_state.is_shut()
+                || self.peer_read_closed
+                || self.life == Life::Closed
+                || space);
+        Readiness {
+            readable,
+            writable,
+            rdhup: rx_fin,
+            hup: self.tx_state.is_shut() && rx_fin,
+            error: false,
+            read_via_tcp,
+            write_via_tcp,
+        }
+    }
+
+    /// POLLIN from the ring side (see [`Readiness`]).
+    pub fn is_readable(&self) -> bool {
+        self.readiness().readable
+    }
+
+    /// POLLOUT from the ring side.
+    pub fn is_writable(&self) -> bool {
+        self.readiness().writable
+    }
+
+    /// POLLRDHUP: the peer's write side ended.
+    pub fn rdhup(&self) -> bool {
+        self.readiness().rdhup
+    }
+
+    /// Which end this is.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    /// The handshake nonce.
+    pub fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// The local parameters.
+    pub fn local(&self) -> &LocalParams {
+        &self.local
+    }
+
+    /// The peer's ring, once known.
+    pub fn peer_ring(&self) -> Option<RingDesc> {
+        self.peer.map(|p| p.ring)
+    }
+
+    /// Sender cursors for the peer's ring, once known.
+    pub fn tx_cursors(&self) -> Option<&TxCursors> {
+        self.peer.as_ref().map(|p| &p.tx)
+    }
+
+    /// Receiver cursors of the local ring.
+    pub fn rx_cursors(&self) -> &RxCursors {
+        &self.rx
+    }
+
+    /// Peer receive slots we may still use, once known.
+    pub fn peer_slots(&self) -> Option<u32> {
+        self.peer.as_ref().map(|p| p.slots.avail())
+    }
+
+    /// The credit policy in force.
+    pub fn credit_policy(&self) -> CreditPolicy {
+        self.policy
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+}

@@ -1,0 +1,231 @@
+//! Control messages: small SENDs (at most [`MAX_CONTROL_LEN`] bytes) into the peer's posted
+//! receive buffers, for what does not fit in an immediate.
+//!
+//! ```text
+//! offset  size  field
+//! 0       1     kind
+//! 1       1     flags (per kind; unknown bits rejected)
+//! 2       2     reserved, zero
+//! 4       ...   body (per kind, big-endian)
+//! ```
+//!
+//! | kind | name          | body                                  | flags       | length |
+//! |------|---------------|---------------------------------------|-------------|--------|
+//! | 1    | SwitchOver    | tcp_bytes_sent: u64                   | -           | 12     |
+//! | 2    | ShutdownWrite | ring_bytes: u64 (final tx cursor)     | -           | 12     |
+//! | 3    | Close         | ring_bytes: u64 (final tx cursor)     | bit0 RESET  | 12     |
+//! | 4    | CreditUpdate  | read_cursor: u64, slots: u32          | -           | 16     |
+//! | 5-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
+//! | 128-255 | (may ignore → [`ControlMsg::Ignored`], any body)   |          |             | ≤ 64   |
+//!
+//! The format belongs to the protocol version agreed in the handshake, so a message carries no
+//! version byte of its own. Zero padding after a message is accepted, as for the handshake.
+
+use crate::error::DecodeError;
+use crate::wire::{check_padding, Reader, Writer};
+
+/// Largest control message, padding included.
+pub const MAX_CONTROL_LEN: usize = 64;
+
+const KIND_SWITCH_OVER: u8 = 1;
+const KIND_SHUTDOWN_WRITE: u8 = 2;
+const KIND_CLOSE: u8 = 3;
+const KIND_CREDIT_UPDATE: u8 = 4;
+/// Kinds at or above this may be ignored by a receiver that does not know them.
+pub const FIRST_IGNORABLE_KIND: u8 = 128;
+const CLOSE_RESET: u8 = 0x01;
+
+/// A control message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ControlMsg {
+    /// The sender's first stream message on the ring: it sent exactly `tcp_bytes_sent` bytes on
+    /// TCP before switching, and sends nothing more on TCP. The receiver reads that many bytes
+    /// from TCP (in total) before it reads the ring.
+    SwitchOver {
+        /// Total bytes the sender wrote to the TCP socket.
+        tcp_bytes_sent: u64,
+    },
+    /// The sender will write no more (`shutdown(SHUT_WR)`); it follows all its data.
+    ShutdownWrite {
+        /// Total bytes the sender wrote into the ring (its final tx cursor).
+        ring_bytes: u64,
+    },
+    /// The sender closed the connection: it writes no more and reads no more. With `reset`, it
+    /// dropped data (unread input or unsent output) and the stream is broken, as with a TCP RST.
+    Close {
+        /// Total bytes the sender wrote into the ring.
+        ring_bytes: u64,
+        /// Abortive close: the receiver reports ECONNRESET.
+        reset: bool,
+    },
+    /// A credit in absolute form, for slot counts that do not fit a CREDIT immediate.
+    CreditUpdate {
+        /// The receiver's read cursor (everything before it is consumed).
+        read_cursor: u64,
+        /// Receives re-posted since the previous credit.
+        slots: u32,
+    },
+    /// A may-ignore message from a newer peer; it still used a receive slot.
+    Ignored {
+        /// Its kind, at least [`FIRST_IGNORABLE_KIND`].
+        kind: u8,
+    },
+}
+
+/// An encoded control message: the bytes to SEND.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlBytes {
+    buf: [u8; MAX_CONTROL_LEN],
+    len: usize,
+}
+
+impl ControlBytes {
+    /// The message bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl ControlMsg {
+    /// Encodes the message.
+    pub fn encode(&self) -> ControlBytes {
+        let mut w = Writer::<MAX_CONTROL_LEN>::new();
+        match *self {
+            ControlMsg::SwitchOver { tcp_bytes_sent } => {
+                w.u8(KIND_SWITCH_OVER).u8(0).u16(0).u64(tcp_bytes_sent);
+            }
+            ControlMsg::ShutdownWrite { ring_bytes } => {
+                w.u8(KIND_SHUTDOWN_WRITE).u8(0).u16(0).u64(ring_bytes);
+            }
+            ControlMsg::Close { ring_bytes, reset } => {
+                let flags = if reset { CLOSE_RESET } else { 0 };
+                w.u8(KIND_CLOSE).u8(flags).u16(0).u64(ring_bytes);
+            }
+            ControlMsg::CreditUpdate { read_cursor, slots } => {
+                w.u8(KIND_CREDIT_UPDATE)
+                    .u8(0)
+                    .u16(0)
+                    .u64(read_cursor)
+                    .u32(slots);
+            }
+            ControlMsg::Ignored { kind } => {
+                debug_assert!(kind >= FIRST_IGNORABLE_KIND);
+                w.u8(kind).u8(0).u16(0);
+            }
+        }
+        let (buf, len) = w.finish();
+        ControlBytes { buf, len }
+    }
+
+    /// Decodes a received SEND payload.
+    pub fn decode(input: &[u8]) -> Result<Self, DecodeError> {
+        if input.len() > MAX_CONTROL_LEN {
+            return Err(DecodeError::TooLong {
+                max: MAX_CONTROL_LEN,
+                got: input.len(),
+            });
+        }
+        if input.is_empty() {
+            return Err(DecodeError::Empty);
+        }
+        let mut r = Reader::new(input);
+        let kind = r.u8()?;
+        if kind >= FIRST_IGNORABLE_KIND {
+            return Ok(ControlMsg::Ignored { kind });
+        }
+        let (len, allowed_flags) = match kind {
+            KIND_SWITCH_OVER | KIND_SHUTDOWN_WRITE => (12, 0),
+            KIND_CLOSE => (12, CLOSE_RESET),
+            KIND_CREDIT_UPDATE => (16, 0),
+            0 if input.iter().all(|&b| b == 0) => return Err(DecodeError::Empty),
+            k => return Err(DecodeError::UnknownKind(k)),
+        };
+        check_padding(input, len)?;
+        let flags = r.u8()?;
+        if flags & !allowed_flags != 0 {
+            return Err(DecodeError::UnknownFlags(u16::from(flags & !allowed_flags)));
+        }
+        r.reserved(2)?;
+        Ok(match kind {
+            KIND_SWITCH_OVER => ControlMsg::SwitchOver {
+                tcp_bytes_sent: r.u64()?,
+            },
+            KIND_SHUTDOWN_WRITE => ControlMsg::ShutdownWrite {
+                ring_bytes: r.u64()?,
+            },
+            KIND_CLOSE => ControlMsg::Close {
+                ring_bytes: r.u64()?,
+                reset: flags & CLOSE_RESET != 0,
+            },
+            _ => ControlMsg::CreditUpdate {
+                read_cursor: r.u64()?,
+                slots: r.u32()?,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts() {
+        let b = ControlMsg::SwitchOver {
+            tcp_bytes_sent: 0x0102_0304_0506_0708,
+        }
+        .encode();
+        assert_eq!(b.as_bytes(), &[1, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        let b = ControlMsg::Close {
+            ring_bytes: 5,
+            reset: true,
+        }
+        .encode();
+        assert_eq!(b.as_bytes(), &[3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]);
+        let b = ControlMsg::CreditUpdate {
+            read_cursor: 1,
+            slots: 2,
+        }
+        .encode();
+        assert_eq!(b.as_bytes().len(), 16);
+        assert!(b.as_bytes().len() <= MAX_CONTROL_LEN);
+    }
+
+    #[test]
+    fn rejects() {
+        assert_eq!(ControlMsg::decode(&[]), Err(DecodeError::Empty));
+        assert_eq!(ControlMsg::decode(&[0; 12]), Err(DecodeError::Empty));
+        assert_eq!(
+            ControlMsg::decode(&[0; 65]),
+            Err(DecodeError::TooLong { max: 64, got: 65 })
+        );
+        assert_eq!(
+            ControlMsg::decode(&[9, 0, 0, 0]),
+            Err(DecodeError::UnknownKind(9))
+        );
+        assert_eq!(
+            ControlMsg::decode(&[1, 0, 0, 0, 0]),
+            Err(DecodeError::Truncated { need: 12, got: 5 })
+        );
+        assert_eq!(
+            ControlMsg::decode(&[2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Err(DecodeError::UnknownFlags(1))
+        );
+        assert_eq!(
+            ControlMsg::decode(&[3, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Err(DecodeError::UnknownFlags(2))
+        );
+        assert_eq!(
+            ControlMsg::decode(&[1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Err(DecodeError::ReservedNonZero { offset: 3 })
+        );
+        assert_eq!(
+            ControlMsg::decode(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]),
+            Err(DecodeError::TrailingBytes { offset: 13 })
+        );
+        assert_eq!(
+            ControlMsg::decode(&[200, 1, 2, 3, 4]),
+            Ok(ControlMsg::Ignored { kind: 200 })
+        );
+    }
+}

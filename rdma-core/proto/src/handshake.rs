@@ -1,0 +1,559 @@
+//! Handshake codec: the private data of rdma_cm's connect request, accept reply and reject.
+//!
+//! All three messages start with the same 6-byte header: [`MAGIC`], a version byte and a kind
+//! byte. Layouts are fixed per (version, kind); see `docs/protocol.md` for the byte tables.
+//!
+//! Length and padding: rdma_cm delivers the whole private-data area of the CM message (e.g. 56
+//! bytes for a request however few were sent), zero-filled past what the sender wrote. A decoder
+//! therefore accepts any input at least as long as the message whose bytes past the message are
+//! all zero, and rejects non-zero trailing bytes ([`DecodeError::TrailingBytes`]). An input that
+//! is empty or all zero is [`DecodeError::Empty`] (the peer sent no private data).
+//!
+//! Flags: the low byte of the 16-bit flags field holds "must understand" bits, the high byte
+//! "may ignore" bits. A decoder rejects unknown must-understand bits
+//! ([`DecodeError::UnknownFlags`]) and keeps unknown may-ignore bits as they are (so re-encoding
+//! a decoded message reproduces it byte for byte). Version 1 defines no flag.
+
+use std::fmt;
+
+use crate::error::DecodeError;
+use crate::ring::RingSize;
+use crate::wire::{check_padding, Reader, Writer};
+use crate::{MAGIC, MIN_RECV_SLOTS, PROTOCOL_VERSION};
+
+/// Kind byte of a [`ConnectRequest`].
+pub const KIND_CONNECT_REQUEST: u8 = 1;
+/// Kind byte of an [`AcceptReply`].
+pub const KIND_ACCEPT_REPLY: u8 = 2;
+/// Kind byte of a [`Reject`].
+pub const KIND_REJECT: u8 = 3;
+
+/// Encoded length of a version-1 [`ConnectRequest`] (rdma_cm allows 56 bytes).
+pub const CONNECT_REQUEST_LEN: usize = 36;
+/// Encoded length of a version-1 [`AcceptReply`] (rdma_cm allows 196 bytes).
+pub const ACCEPT_REPLY_LEN: usize = 32;
+/// Encoded length of a [`Reject`] (rdma_cm allows 148 bytes).
+pub const REJECT_LEN: usize = 8;
+
+/// The 16-bit flags field of the handshake messages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Flags(u16);
+
+impl Flags {
+    /// Bits a receiver must understand: unknown ones make it reject the message.
+    pub const REQUIRED_MASK: u16 = 0x00ff;
+    /// Must-understand bits defined by this version (none in version 1).
+    pub const KNOWN_REQUIRED: u16 = 0;
+
+    /// No flag set.
+    pub const fn empty() -> Self {
+        Flags(0)
+    }
+
+    /// Flags with exactly these bits, unknown ones included (for tests and forwarding).
+    pub const fn from_bits_retain(bits: u16) -> Self {
+        Flags(bits)
+    }
+
+    /// The raw bits.
+    pub const fn bits(self) -> u16 {
+        self.0
+    }
+
+    fn check(bits: u16) -> Result<Self, DecodeError> {
+        let unknown = bits & Self::REQUIRED_MASK & !Self::KNOWN_REQUIRED;
+        if unknown != 0 {
+            return Err(DecodeError::UnknownFlags(unknown));
+        }
+        Ok(Flags(bits))
+    }
+}
+
+/// A receive ring as advertised to the peer: where to RDMA WRITE and with which key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RingDesc {
+    /// Remote virtual address of the ring's first byte (the start of the double mapping).
+    pub addr: u64,
+    /// Remote key of the ring's memory region (REMOTE_WRITE only).
+    pub rkey: u32,
+    /// Ring size (the double mapping is twice this).
+    pub size: RingSize,
+}
+
+/// Client → server, in the private data of `rdma_connect`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnectRequest {
+    /// Handshake flags.
+    pub flags: Flags,
+    /// The client's TCP source port of the connection being upgraded.
+    pub client_port: u16,
+    /// The server's TCP port (the one the client connected to).
+    pub server_port: u16,
+    /// Random value chosen by the client and echoed in the reply.
+    pub nonce: u64,
+    /// The client's receive ring.
+    pub ring: RingDesc,
+    /// Receives the client has posted before connecting: the server's initial message credit.
+    pub recv_slots: u16,
+}
+
+/// Server → client, in the private data of `rdma_accept`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AcceptReply {
+    /// Handshake flags.
+    pub flags: Flags,
+    /// The request's nonce, echoed.
+    pub nonce: u64,
+    /// The server's receive ring.
+    pub ring: RingDesc,
+    /// Receives the server has posted before accepting: the client's initial message credit.
+    pub recv_slots: u16,
+}
+
+/// Why a server refused an upgrade.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// No accepted TCP connection matches the request's address and ports.
+    NoMatchingTcp,
+    /// The request's protocol version is not spoken here (see [`Reject::max_version`]).
+    UnsupportedVersion,
+    /// The request could not be decoded.
+    Malformed,
+    /// Out of memory, queue pairs, registrations or similar.
+    Resources,
+    /// Upgrades are disabled by configuration or policy on the server.
+    Disabled,
+    /// The TCP connection is already upgraded or being upgraded.
+    Duplicate,
+    /// A code this version does not know (sent by a newer peer); still a rejection.
+    Other(u8),
+}
+
+impl RejectReason {
+    /// The wire code (never 0).
+    pub fn code(self) -> u8 {
+        match self {
+            RejectReason::NoMatchingTcp => 1,
+            RejectReason::UnsupportedVersion => 2,
+            RejectReason::Malformed => 3,
+            RejectReason::Resources => 4,
+            RejectReason::Disabled => 5,
+            RejectReason::Duplicate => 6,
+            RejectReason::Other(c) => c,
+        }
+    }
+
+    /// The reason for a code; 0 is invalid, unknown codes become [`RejectReason::Other`].
+    pub fn from_code(code: u8) -> Result<Self, DecodeError> {
+        Ok(match code {
+            0 => return Err(DecodeError::BadRejectCode(0)),
+            1 => RejectReason::NoMatchingTcp,
+            2 => RejectReason::UnsupportedVersion,
+            3 => RejectReason::Malformed,
+            4 => RejectReason::Resources,
+            5 => RejectReason::Disabled,
+            6 => RejectReason::Duplicate,
+            c => RejectReason::Other(c),
+        })
+    }
+
+    /// The reason a server should give for a request that failed to decode.
+    pub fn for_decode_error(e: &DecodeError) -> Self {
+        match e {
+            DecodeError::UnsupportedVersion(_) => RejectReason::UnsupportedVersion,
+            _ => RejectReason::Malformed,
+        }
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectReason::NoMatchingTcp => write!(f, "no matching TCP connection"),
+            RejectReason::UnsupportedVersion => write!(f, "unsupported protocol version"),
+            RejectReason::Malformed => write!(f, "malformed request"),
+            RejectReason::Resources => write!(f, "out of resources"),
+            RejectReason::Disabled => write!(f, "upgrades disabled"),
+            RejectReason::Duplicate => write!(f, "connection already upgraded"),
+            RejectReason::Other(c) => write!(f, "reject reason {c}"),
+        }
+    }
+}
+
+/// Server → client, in the private data of `rdma_reject`. Its layout is the same in every
+/// protocol version, so any peer can read a rejection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Reject {
+    /// Why.
+    pub reason: RejectReason,
+    /// The highest protocol version the rejecting side speaks (sent in the version byte).
+    pub max_version: u8,
+}
+
+impl Reject {
+    /// A rejection from this implementation.
+    pub fn new(reason: RejectReason) -> Self {
+        Reject {
+            reason,
+            max_version: PROTOCOL_VERSION,
+        }
+    }
+}
+
+/// A handshake reply that does not fit the request it answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HandshakeError {
+    /// The reply did not decode.
+    Decode(DecodeError),
+    /// The reply echoes another nonce than the request's.
+    NonceMismatch {
+        /// The request's nonce.
+        expected: u64,
+        /// The nonce in the reply.
+        got: u64,
+    },
+}
+
+impl fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandshakeError::Decode(e) => write!(f, "bad accept reply: {e}"),
+            HandshakeError::NonceMismatch { expected, got } => {
+                write!(
+                    f,
+                    "reply nonce {got:#x} does not match request {expected:#x}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for HandshakeError {}
+
+/// Reads the common header; returns (version, kind) and a reader positioned after it.
+fn header(input: &[u8]) -> Result<(u8, u8, Reader<'_>), DecodeError> {
+    if input.iter().all(|&b| b == 0) {
+        return Err(DecodeError::Empty);
+    }
+    let mut r = Reader::new(input);
+    let magic = r.bytes4()?;
+    if magic != MAGIC {
+        return Err(DecodeError::BadMagic(magic));
+    }
+    let version = r.u8()?;
+    let kind = r.u8()?;
+    Ok((version, kind, r))
+}
+
+/// Header checks for a versioned (request/reply) message of `kind` and length `len`.
+fn versioned_header(input: &[u8], kind: u8, len: usize) -> Result<Reader<'_>, DecodeError> {
+    let (version, got, r) = header(input)?;
+    if version != PROTOCOL_VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    if got != kind {
+        return Err(DecodeError::WrongKind {
+            expected: kind,
+            got,
+        });
+    }
+    check_padding(input, len)?;
+    Ok(r)
+}
+
+fn read_ring(r: &mut Reader<'_>) -> Result<(RingDesc, u16), DecodeError> {
+    let addr = r.u64()?;
+    let rkey = r.u32()?;
+    let log2 = r.u8()?;
+    r.reserved(1)?;
+    let recv_slots = r.u16()?;
+    let size = RingSize::from_log2(log2).map_err(|_| DecodeError::BadRingSize(log2))?;
+    if recv_slots < MIN_RECV_SLOTS {
+        return Err(DecodeError::BadRecvSlots(recv_slots));
+    }
+    Ok((RingDesc { addr, rkey, size }, recv_slots))
+}
+
+fn write_ring<const N: usize>(w: &mut Writer<N>, ring: &RingDesc, recv_slots: u16) {
+    w.u64(ring.addr)
+        .u32(ring.rkey)
+        .u8(ring.size.log2())
+        .zeros(1)
+        .u16(recv_slots);
+}
+
+impl ConnectRequest {
+    /// Encodes the request (version 1 layout).
+    pub fn encode(&self) -> [u8; CONNECT_REQUEST_LEN] {
+        let mut w = Writer::<CONNECT_REQUEST_LEN>::new();
+        w.bytes(&MAGIC)
+            .u8(PROTOCOL_VERSION)
+            .u8(KIND_CONNECT_REQUEST)
+            .u16(self.flags.bits())
+            .u16(self.client_port)
+            .u16(self.server_port)
+            .u64(self.nonce);
+        write_ring(&mut w, &self.ring, self.recv_slots);
+        let (buf, len) = w.finish();
+        debug_assert_eq!(len, CONNECT_REQUEST_LEN);
+        buf
+    }
+
+    /// Decodes a request from rdma_cm private data (padding rules in the module docs).
+    pub fn decode(input: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = versioned_header(input, KIND_CONNECT_REQUEST, CONNECT_REQUEST_LEN)?;
+        let flags = Flags::check(r.u16()?)?;
+        let client_port = r.u16()?;
+        let server_port = r.u16()?;
+        let nonce = r.u64()?;
+        let (ring, recv_slots) = read_ring(&mut r)?;
+        Ok(ConnectRequest {
+            flags,
+            client_port,
+            server_port,
+            nonce,
+            ring,
+            recv_slots,
+        })
+    }
+}
+
+impl AcceptReply {
+    /// Encodes the reply (version 1 layout).
+    pub fn encode(&self) -> [u8; ACCEPT_REPLY_LEN] {
+        let mut w = Writer::<ACCEPT_REPLY_LEN>::new();
+        w.bytes(&MAGIC)
+            .u8(PROTOCOL_VERSION)
+            .u8(KIND_ACCEPT_REPLY)
+            .u16(self.flags.bits())
+            .u64(self.nonce);
+        write_ring(&mut w, &self.ring, self.recv_slots);
+        let (buf, len) = w.finish();
+        debug_assert_eq!(len, ACCEPT_REPLY_LEN);
+        buf
+    }
+
+    /// Decodes a reply from rdma_cm private data.
+    pub fn decode(input: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = versioned_header(input, KIND_ACCEPT_REPLY, ACCEPT_REPLY_LEN)?;
+        let flags = Flags::check(r.u16()?)?;
+        let nonce = r.u64()?;
+        let (ring, recv_slots) = read_ring(&mut r)?;
+        Ok(AcceptReply {
+            flags,
+            nonce,
+            ring,
+            recv_slots,
+        })
+    }
+}
+
+impl Reject {
+    /// Encodes the rejection.
+    pub fn encode(&self) -> [u8; REJECT_LEN] {
+        let mut w = Writer::<REJECT_LEN>::new();
+        w.bytes(&MAGIC)
+            .u8(self.max_version)
+            .u8(KIND_REJECT)
+            .u8(self.reason.code())
+            .zeros(1);
+        w.finish().0
+    }
+
+    /// Decodes a rejection. Any non-zero version byte is accepted: the layout never changes.
+    pub fn decode(input: &[u8]) -> Result<Self, DecodeError> {
+        let (version, kind, mut r) = header(input)?;
+        if version == 0 {
+            return Err(DecodeError::UnsupportedVersion(0));
+        }
+        if kind != KIND_REJECT {
+            return Err(DecodeError::WrongKind {
+                expected: KIND_REJECT,
+                got: kind,
+            });
+        }
+        check_padding(input, REJECT_LEN)?;
+        let reason = RejectReason::from_code(r.u8()?)?;
+        r.reserved(1)?;
+        Ok(Reject {
+            reason,
+            max_version: version,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> ConnectRequest {
+        ConnectRequest {
+            flags: Flags::empty(),
+            client_port: 40000,
+            server_port: 6379,
+            nonce: 0x0123_4567_89ab_cdef,
+            ring: RingDesc {
+                addr: 0x7f00_dead_b000,
+                rkey: 0x1234_5678,
+                size: RingSize::new(1 << 16).unwrap(),
+            },
+            recv_slots: 64,
+        }
+    }
+
+    #[test]
+    fn connect_request_layout() {
+        let b = req().encode();
+        assert_eq!(&b[0..4], b"RDSH");
+        assert_eq!(b[4], 1);
+        assert_eq!(b[5], KIND_CONNECT_REQUEST);
+        assert_eq!(&b[6..8], &[0, 0]);
+        assert_eq!(&b[8..10], &40000u16.to_be_bytes());
+        assert_eq!(&b[10..12], &6379u16.to_be_bytes());
+        assert_eq!(&b[12..20], &0x0123_4567_89ab_cdefu64.to_be_bytes());
+        assert_eq!(&b[20..28], &0x7f00_dead_b000u64.to_be_bytes());
+        assert_eq!(&b[28..32], &0x1234_5678u32.to_be_bytes());
+        assert_eq!(b[32], 16);
+        assert_eq!(b[33], 0);
+        assert_eq!(&b[34..36], &64u16.to_be_bytes());
+        assert!(b.len() <= 56);
+    }
+
+    #[test]
+    fn connect_request_padding() {
+        let mut padded = [0u8; 56];
+        padded[..CONNECT_REQUEST_LEN].copy_from_slice(&req().encode());
+        assert_eq!(ConnectRequest::decode(&padded), Ok(req()));
+        padded[50] = 1;
+        assert_eq!(
+            ConnectRequest::decode(&padded),
+            Err(DecodeError::TrailingBytes { offset: 50 })
+        );
+    }
+
+    #[test]
+    fn connect_request_rejections() {
+        let good = req().encode();
+        assert_eq!(ConnectRequest::decode(&[]), Err(DecodeError::Empty));
+        assert_eq!(ConnectRequest::decode(&[0; 56]), Err(DecodeError::Empty));
+        assert_eq!(
+            ConnectRequest::decode(&good[..35]),
+            Err(DecodeError::Truncated { need: 36, got: 35 })
+        );
+        assert!(matches!(
+            ConnectRequest::decode(&good[..3]),
+            Err(DecodeError::Truncated { .. })
+        ));
+        let mut b = good;
+        b[0] = b'X';
+        assert!(matches!(
+            ConnectRequest::decode(&b),
+            Err(DecodeError::BadMagic(_))
+        ));
+        let mut b = good;
+        b[4] = 2;
+        assert_eq!(
+            ConnectRequest::decode(&b),
+            Err(DecodeError::UnsupportedVersion(2))
+        );
+        let mut b = good;
+        b[5] = KIND_ACCEPT_REPLY;
+        assert_eq!(
+            ConnectRequest::decode(&b),
+            Err(DecodeError::WrongKind {
+                expected: 1,
+                got: 2
+            })
+        );
+        let mut b = good;
+        b[7] = 0x01; // must-understand bit 0
+        assert_eq!(
+            ConnectRequest::decode(&b),
+            Err(DecodeError::UnknownFlags(1))
+        );
+        let mut b = good;
+        b[6] = 0x80; // may-ignore bit 15: kept
+        let d = ConnectRequest::decode(&b).unwrap();
+        assert_eq!(d.flags.bits(), 0x8000);
+        assert_eq!(d.encode(), b);
+        let mut b = good;
+        b[32] = 11;
+        assert_eq!(
+            ConnectRequest::decode(&b),
+            Err(DecodeError::BadRingSize(11))
+        );
+        let mut b = good;
+        b[33] = 1;
+        assert_eq!(
+            ConnectRequest::decode(&b),
+            Err(DecodeError::ReservedNonZero { offset: 33 })
+        );
+        let mut b = good;
+        b[34..36].copy_from_slice(&1u16.to_be_bytes());
+        assert_eq!(
+            ConnectRequest::decode(&b),
+            Err(DecodeError::BadRecvSlots(1))
+        );
+    }
+
+    #[test]
+    fn accept_reply_round_trip_and_layout() {
+        let r = AcceptReply {
+            flags: Flags::empty(),
+            nonce: 7,
+            ring: RingDesc {
+                addr: 1,
+                rkey: 2,
+                size: RingSize::new(4096).unwrap(),
+            },
+            recv_slots: 4,
+        };
+        let b = r.encode();
+        assert_eq!(b[5], KIND_ACCEPT_REPLY);
+        assert_eq!(&b[8..16], &7u64.to_be_bytes());
+        assert_eq!(b[28], 12);
+        assert_eq!(AcceptReply::decode(&b), Ok(r));
+        let mut padded = [0u8; 196];
+        padded[..b.len()].copy_from_slice(&b);
+        assert_eq!(AcceptReply::decode(&padded), Ok(r));
+        // A request is not a reply.
+        assert_eq!(
+            AcceptReply::decode(&req().encode()),
+            Err(DecodeError::WrongKind {
+                expected: 2,
+                got: 1
+            })
+        );
+    }
+
+    #[test]
+    fn reject_codes() {
+        for reason in [
+            RejectReason::NoMatchingTcp,
+            RejectReason::UnsupportedVersion,
+            RejectReason::Malformed,
+            RejectReason::Resources,
+            RejectReason::Disabled,
+            RejectReason::Duplicate,
+            RejectReason::Other(200),
+        ] {
+            let m = Reject::new(reason);
+            let b = m.encode();
+            assert_eq!(Reject::decode(&b), Ok(m));
+            let mut padded = [0u8; 148];
+            padded[..REJECT_LEN].copy_from_slice(&b);
+            assert_eq!(Reject::decode(&padded), Ok(m));
+        }
+        let mut b = Reject::new(RejectReason::Malformed).encode();
+        b[6] = 0;
+        assert_eq!(Reject::decode(&b), Err(DecodeError::BadRejectCode(0)));
+        // A newer peer's rejection is still readable.
+        let mut b = Reject::new(RejectReason::UnsupportedVersion).encode();
+        b[4] = 9;
+        assert_eq!(Reject::decode(&b).unwrap().max_version, 9);
+        assert_eq!(
+            RejectReason::for_decode_error(&DecodeError::UnsupportedVersion(3)),
+            RejectReason::UnsupportedVersion
+        );
+    }
+}

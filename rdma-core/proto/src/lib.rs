@@ -1,0 +1,44 @@
+//! Sans-IO protocol core of rdmashim (see `docs/protocol.md`).
+//!
+//! This crate holds everything about the upgrade of a TCP connection to RDMA ring buffers that
+//! can be decided without touching the OS: the rdma_cm private-data codec ([`handshake`]), the
+//! immediate encoding of RDMA WRITE WITH IMMEDIATE ([`imm`]), control messages ([`control`]),
+//! ring cursors ([`ring`]), receive-slot credits ([`credit`]), the per-direction stream state
+//! machines ([`state`]), and the [`Connection`] driver that ties them together
+//! ([`conn`]). It performs no I/O, reads no clock and contains no `unsafe`: the transport
+//! (verbs/rdma_cm, in `rdmashim-core`) feeds it events and performs the [`Action`]s it emits.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod conn;
+pub mod control;
+pub mod credit;
+pub mod error;
+pub mod handshake;
+pub mod imm;
+pub mod ring;
+pub mod state;
+mod wire;
+
+pub use conn::{
+    Action, Completion, Config, ConfigError, Connection, ConsumeError, LocalParams, Readiness,
+    Recv, SendError, SendGrant, Side, Stats,
+};
+pub use control::{ControlBytes, ControlMsg, MAX_CONTROL_LEN};
+pub use credit::CreditPolicy;
+pub use error::DecodeError;
+pub use handshake::{
+    AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RejectReason, RingDesc,
+};
+pub use imm::{Imm, WireImm};
+pub use ring::{RingSize, RxCursors, TxCursors, MAX_RING_LOG2, MIN_RING_LOG2};
+pub use state::{
+    ErrorReason, Fin, InvalidTransition, PeerFin, RxState, StreamState, TxState, Violation,
+};
+
+/// First four bytes of every handshake message.
+pub const MAGIC: [u8; 4] = *b"RDSH";
+/// The protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Fewest receives a side may post (the credit rules need at least 4; see [`credit`]).
+pub const MIN_RECV_SLOTS: u16 = 4;

@@ -1,0 +1,273 @@
+//! Property tests for every encoder/decoder: round trips (with and without padding), and
+//! "fuzz" properties — arbitrary or mutated inputs never panic, and are either decoded (and
+//! re-encode to exactly the bytes they came from) or rejected with a reason.
+
+use proptest::prelude::*;
+use rdmashim_proto::control::FIRST_IGNORABLE_KIND;
+use rdmashim_proto::handshake::{ACCEPT_REPLY_LEN, CONNECT_REQUEST_LEN, REJECT_LEN};
+use rdmashim_proto::*;
+
+fn ring_size() -> impl Strategy<Value = RingSize> {
+    (MIN_RING_LOG2..=MAX_RING_LOG2).prop_map(|l| RingSize::from_log2(l).unwrap())
+}
+
+fn ring_desc() -> impl Strategy<Value = RingDesc> {
+    (any::<u64>(), any::<u32>(), ring_size()).prop_map(|(addr, rkey, size)| RingDesc {
+        addr,
+        rkey,
+        size,
+    })
+}
+
+/// Flags a decoder accepts: known must-understand bits (none in v1) and any may-ignore bits.
+fn flags() -> impl Strategy<Value = Flags> {
+    any::<u8>().prop_map(|hi| Flags::from_bits_retain(u16::from(hi) << 8))
+}
+
+fn connect_request() -> impl Strategy<Value = ConnectRequest> {
+    (
+        flags(),
+        any::<u16>(),
+        any::<u16>(),
+        any::<u64>(),
+        ring_desc(),
+        MIN_RECV_SLOTS..=u16::MAX,
+    )
+        .prop_map(
+            |(flags, client_port, server_port, nonce, ring, recv_slots)| ConnectRequest {
+                flags,
+                client_port,
+                server_port,
+                nonce,
+                ring,
+                recv_slots,
+            },
+        )
+}
+
+fn accept_reply() -> impl Strategy<Value = AcceptReply> {
+    (
+        flags(),
+        any::<u64>(),
+        ring_desc(),
+        MIN_RECV_SLOTS..=u16::MAX,
+    )
+        .prop_map(|(flags, nonce, ring, recv_slots)| AcceptReply {
+            flags,
+            nonce,
+            ring,
+            recv_slots,
+        })
+}
+
+fn reject() -> impl Strategy<Value = Reject> {
+    (1u8..=255, 1u8..=255).prop_map(|(code, max_version)| Reject {
+        reason: RejectReason::from_code(code).unwrap(),
+        max_version,
+    })
+}
+
+fn imm() -> impl Strategy<Value = Imm> {
+    prop_oneof![
+        (1..=Imm::MAX_DATA_LEN, any::<bool>())
+            .prop_map(|(len, credit_wanted)| Imm::Data { len, credit_wanted }),
+        (0..=Imm::MAX_CREDIT_BYTES, 0..=Imm::MAX_CREDIT_SLOTS)
+            .prop_filter("credit returns something", |(b, s)| *b > 0 || *s > 0)
+            .prop_map(|(bytes, slots)| Imm::Credit { bytes, slots }),
+    ]
+}
+
+fn control() -> impl Strategy<Value = ControlMsg> {
+    prop_oneof![
+        any::<u64>().prop_map(|tcp_bytes_sent| ControlMsg::SwitchOver { tcp_bytes_sent }),
+        any::<u64>().prop_map(|ring_bytes| ControlMsg::ShutdownWrite { ring_bytes }),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(ring_bytes, reset)| ControlMsg::Close { ring_bytes, reset }),
+        (any::<u64>(), any::<u32>())
+            .prop_map(|(read_cursor, slots)| ControlMsg::CreditUpdate { read_cursor, slots }),
+        (FIRST_IGNORABLE_KIND..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
+    ]
+}
+
+/// `bytes` followed by `pad` zero bytes.
+fn padded(bytes: &[u8], pad: usize) -> Vec<u8> {
+    let mut v = bytes.to_vec();
+    v.resize(bytes.len() + pad, 0);
+    v
+}
+
+/// A valid encoding with a few random byte mutations, truncation or extension: reaches the
+/// decoders' deeper checks far more often than uniformly random bytes do.
+fn mutated(valid: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    let len = valid.len();
+    (
+        prop::collection::vec((0..len, any::<u8>()), 0..4),
+        0..=len + 8,
+        prop::collection::vec(any::<u8>(), 0..8),
+    )
+        .prop_map(move |(flips, cut, tail)| {
+            let mut v = valid.clone();
+            for (i, x) in flips {
+                v[i] ^= x;
+            }
+            v.truncate(cut);
+            if cut > len {
+                v.extend(tail);
+            }
+            v
+        })
+}
+
+/// Checks the shared decoder contract on one input for a fixed-layout message:
+/// accepted ⇒ re-encoding gives exactly the message bytes and the rest was zero padding.
+fn check_fixed<M: PartialEq + std::fmt::Debug, const N: usize>(
+    input: &[u8],
+    decoded: Result<M, DecodeError>,
+    encode: impl Fn(&M) -> [u8; N],
+    decode: impl Fn(&[u8]) -> Result<M, DecodeError>,
+) -> Result<(), TestCaseError> {
+    match decoded {
+        Ok(m) => {
+            let enc = encode(&m);
+            prop_assert!(input.len() >= N);
+            prop_assert_eq!(&enc[..], &input[..N]);
+            prop_assert!(input[N..].iter().all(|&b| b == 0));
+            prop_assert_eq!(decode(&enc), Ok(m));
+        }
+        Err(e) => prop_assert!(!e.to_string().is_empty()),
+    }
+    Ok(())
+}
+
+fn check_control(input: &[u8]) -> Result<(), TestCaseError> {
+    match ControlMsg::decode(input) {
+        Ok(m) => {
+            let enc = m.encode();
+            prop_assert!(enc.as_bytes().len() <= MAX_CONTROL_LEN);
+            prop_assert_eq!(ControlMsg::decode(enc.as_bytes()), Ok(m));
+            if !matches!(m, ControlMsg::Ignored { .. }) {
+                let n = enc.as_bytes().len();
+                prop_assert_eq!(enc.as_bytes(), &input[..n]);
+                prop_assert!(input[n..].iter().all(|&b| b == 0));
+            }
+        }
+        Err(e) => prop_assert!(!e.to_string().is_empty()),
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    // ----- round trips ---------------------------------------------------------------------
+
+    #[test]
+    fn connect_request_round_trip(m in connect_request(), pad in 0usize..=(56 - CONNECT_REQUEST_LEN)) {
+        let enc = m.encode();
+        prop_assert!(enc.len() <= 56);
+        prop_assert_eq!(ConnectRequest::decode(&enc), Ok(m));
+        prop_assert_eq!(ConnectRequest::decode(&padded(&enc, pad)), Ok(m));
+    }
+
+    #[test]
+    fn accept_reply_round_trip(m in accept_reply(), pad in 0usize..=(196 - ACCEPT_REPLY_LEN)) {
+        let enc = m.encode();
+        prop_assert!(enc.len() <= 196);
+        prop_assert_eq!(AcceptReply::decode(&enc), Ok(m));
+        prop_assert_eq!(AcceptReply::decode(&padded(&enc, pad)), Ok(m));
+    }
+
+    #[test]
+    fn reject_round_trip(m in reject(), pad in 0usize..=(148 - REJECT_LEN)) {
+        let enc = m.encode();
+        prop_assert_eq!(Reject::decode(&enc), Ok(m));
+        prop_assert_eq!(Reject::decode(&padded(&enc, pad)), Ok(m));
+    }
+
+    #[test]
+    fn imm_round_trip(i in imm()) {
+        prop_assert_eq!(Imm::decode(i.encode()), Ok(i));
+        prop_assert_eq!(Imm::from_wire(i.to_wire()), Ok(i));
+        prop_assert_eq!(i.to_wire().0.to_ne_bytes(), i.encode().to_be_bytes());
+    }
+
+    #[test]
+    fn control_round_trip(m in control(), pad in 0usize..48) {
+        let enc = m.encode();
+        prop_assert_eq!(ControlMsg::decode(enc.as_bytes()), Ok(m));
+        let p = padded(enc.as_bytes(), pad);
+        if p.len() <= MAX_CONTROL_LEN {
+            prop_assert_eq!(ControlMsg::decode(&p), Ok(m));
+        } else {
+            let too_long = matches!(ControlMsg::decode(&p), Err(DecodeError::TooLong { .. }));
+            prop_assert!(too_long);
+        }
+    }
+
+    // ----- fuzz: arbitrary bytes -------------------------------------------------------------
+
+    #[test]
+    fn fuzz_connect_request(input in prop::collection::vec(any::<u8>(), 0..300)) {
+        check_fixed(&input, ConnectRequest::decode(&input), ConnectRequest::encode, ConnectRequest::decode)?;
+    }
+
+    #[test]
+    fn fuzz_accept_reply(input in prop::collection::vec(any::<u8>(), 0..300)) {
+        check_fixed(&input, AcceptReply::decode(&input), AcceptReply::encode, AcceptReply::decode)?;
+    }
+
+    #[test]
+    fn fuzz_reject(input in prop::collection::vec(any::<u8>(), 0..300)) {
+        check_fixed(&input, Reject::decode(&input), Reject::encode, Reject::decode)?;
+    }
+
+    #[test]
+    fn fuzz_control(input in prop::collection::vec(any::<u8>(), 0..300)) {
+        check_control(&input)?;
+    }
+
+    #[test]
+    fn fuzz_imm(v in any::<u32>()) {
+        match Imm::decode(v) {
+            Ok(i) => prop_assert_eq!(i.encode(), v),
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+
+    // ----- fuzz: mutated valid messages --------------------------------------------------------
+
+    #[test]
+    fn fuzz_connect_request_mutated(input in connect_request().prop_flat_map(|m| mutated(m.encode().to_vec()))) {
+        check_fixed(&input, ConnectRequest::decode(&input), ConnectRequest::encode, ConnectRequest::decode)?;
+    }
+
+    #[test]
+    fn fuzz_accept_reply_mutated(input in accept_reply().prop_flat_map(|m| mutated(m.encode().to_vec()))) {
+        check_fixed(&input, AcceptReply::decode(&input), AcceptReply::encode, AcceptReply::decode)?;
+    }
+
+    #[test]
+    fn fuzz_reject_mutated(input in reject().prop_flat_map(|m| mutated(m.encode().to_vec()))) {
+        check_fixed(&input, Reject::decode(&input), Reject::encode, Reject::decode)?;
+    }
+
+    #[test]
+    fn fuzz_control_mutated(input in control().prop_flat_map(|m| mutated(m.encode().as_bytes().to_vec()))) {
+        check_control(&input)?;
+    }
+
+    // ----- cross-kind confusion ---------------------------------------------------------------
+
+    #[test]
+    fn kinds_do_not_alias(req in connect_request(), rep in accept_reply(), rej in reject()) {
+        let is_wrong_kind = |r: Result<(), DecodeError>| matches!(r, Err(DecodeError::WrongKind { .. }));
+        prop_assert!(is_wrong_kind(AcceptReply::decode(&req.encode()).map(|_| ())));
+        prop_assert!(is_wrong_kind(Reject::decode(&req.encode()).map(|_| ())));
+        prop_assert!(is_wrong_kind(ConnectRequest::decode(&rep.encode()).map(|_| ())));
+        prop_assert!(is_wrong_kind(Reject::decode(&rep.encode()).map(|_| ())));
+        let rej_bytes = rej.encode();
+        let r = ConnectRequest::decode(&rej_bytes);
+        let refused = matches!(r, Err(DecodeError::WrongKind { .. } | DecodeError::UnsupportedVersion(_)));
+        prop_assert!(refused);
+    }
+}

@@ -1,0 +1,806 @@
+//! Targeted scenarios for the `Connection` driver: handshake outcomes, switch-over, every
+//! protocol violation, shutdown/close semantics, credits and readiness. Protocol-level only (no
+//! ring bytes are copied; `sim_pair.rs` does that).
+
+use std::time::{Duration, Instant};
+
+use rdmashim_proto::*;
+
+const A_RING: u64 = 0x1000_0000;
+const B_RING: u64 = 0x2000_0000;
+
+fn local(addr: u64, log2: u8, slots: u16) -> LocalParams {
+    LocalParams {
+        ring: RingDesc {
+            addr,
+            rkey: 7,
+            size: RingSize::from_log2(log2).unwrap(),
+        },
+        recv_slots: slots,
+    }
+}
+
+/// Client `a` and server `b`, established (not switched).
+fn established(log2: u8, slots: u16, cfg: Config) -> (Connection, Connection) {
+    let now = Instant::now();
+    let (mut a, req) =
+        Connection::connect(cfg, local(A_RING, log2, slots), 1234, 80, 42, 0, now).unwrap();
+    let req = ConnectRequest::decode(&req.encode()).unwrap();
+    let (mut b, reply) = Connection::accept(cfg, local(B_RING, log2, slots), &req, 0, now).unwrap();
+    a.handle_accept(&reply.encode()).unwrap();
+    b.handle_established();
+    (a, b)
+}
+
+/// Both established and switched with no TCP bytes.
+fn open(log2: u8, slots: u16, cfg: Config) -> (Connection, Connection) {
+    let (mut a, mut b) = established(log2, slots, cfg);
+    a.commit_switch(0).unwrap();
+    b.commit_switch(0).unwrap();
+    flow(&mut a, &mut b).unwrap();
+    flow(&mut b, &mut a).unwrap();
+    assert_eq!(a.state(), StreamState::Open);
+    assert_eq!(b.state(), StreamState::Open);
+    (a, b)
+}
+
+/// Performs all of `from`'s actions and hands them to `to` as completions; returns them.
+fn flow(from: &mut Connection, to: &mut Connection) -> Result<Vec<Action>, ErrorReason> {
+    let mut out = Vec::new();
+    while let Some(a) = from.poll_action() {
+        out.push(a);
+    }
+    for a in &out {
+        deliver(a, to)?;
+    }
+    Ok(out)
+}
+
+/// Flows both ways until neither side has anything to do; returns what each side did.
+fn settle(a: &mut Connection, b: &mut Connection) -> (Vec<Action>, Vec<Action>) {
+    let (mut from_a, mut from_b) = (Vec::new(), Vec::new());
+    for _ in 0..100 {
+        let x = flow(a, b).unwrap();
+        let y = flow(b, a).unwrap();
+        if x.is_empty() && y.is_empty() {
+            return (from_a, from_b);
+        }
+        from_a.extend(x);
+        from_b.extend(y);
+    }
+    panic!("no quiescence");
+}
+
+fn deliver(a: &Action, to: &mut Connection) -> Result<(), ErrorReason> {
+    match *a {
+        Action::WriteData { len, imm, .. } => to.handle_completion(Completion::WriteImm {
+            imm: imm.encode(),
+            byte_len: Some(len as u32),
+        }),
+        Action::WriteCredit { imm, .. } => to.handle_completion(Completion::WriteImm {
+            imm: imm.encode(),
+            byte_len: Some(0),
+        }),
+        Action::Send(m) => to.handle_completion(Completion::Recv {
+            payload: m.encode().as_bytes(),
+        }),
+        Action::Teardown => Ok(()),
+    }
+}
+
+fn data_imm(len: u32, credit_wanted: bool) -> Completion<'static> {
+    Completion::WriteImm {
+        imm: Imm::Data { len, credit_wanted }.encode(),
+        byte_len: Some(len),
+    }
+}
+
+fn teardowns(c: &mut Connection) -> usize {
+    std::iter::from_fn(|| c.poll_action())
+        .filter(|a| *a == Action::Teardown)
+        .count()
+}
+
+fn expect_violation(c: &mut Connection, r: Result<(), ErrorReason>, v: Violation) {
+    assert_eq!(r, Err(ErrorReason::Protocol(v)));
+    assert_eq!(c.state(), StreamState::Error(ErrorReason::Protocol(v)));
+    assert_eq!(c.recv(), Recv::Error(ErrorReason::Protocol(v)));
+    let r = c.readiness();
+    assert!(r.error && r.hup && r.readable && r.writable);
+    assert_eq!(teardowns(c), 1);
+    assert_eq!(teardowns(c), 0, "Teardown only once");
+    assert!(!c.can_fall_back());
+}
+
+// ----- handshake ---------------------------------------------------------------------------------
+
+#[test]
+fn handshake_then_switch() {
+    let (mut a, mut b) = established(12, 4, Config::default());
+    assert_eq!(a.state(), StreamState::Switching);
+    assert_eq!(a.side(), Side::Client);
+    assert_eq!(b.side(), Side::Server);
+    assert_eq!(b.nonce(), 42);
+    assert_eq!(a.peer_ring().unwrap().addr, B_RING);
+    assert_eq!(b.peer_ring().unwrap().addr, A_RING);
+    let r = a.readiness();
+    assert!(r.read_via_tcp && r.write_via_tcp);
+    assert_eq!(a.send(10), Err(SendError::ViaTcp));
+    assert_eq!(a.recv(), Recv::Tcp { limit: None });
+    a.commit_switch(0).unwrap();
+    let acts = flow(&mut a, &mut b).unwrap();
+    assert_eq!(
+        acts,
+        vec![Action::Send(ControlMsg::SwitchOver { tcp_bytes_sent: 0 })]
+    );
+    assert_eq!(b.rx_state(), RxState::Ring);
+    assert_eq!(b.state(), StreamState::Switching, "b still sends on TCP");
+    b.commit_switch(0).unwrap();
+    flow(&mut b, &mut a).unwrap();
+    assert_eq!(a.state(), StreamState::Open);
+}
+
+#[test]
+fn reject_with_reason_falls_back() {
+    let now = Instant::now();
+    let (mut a, _) =
+        Connection::connect(Config::default(), local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
+    a.handle_reject(&Reject::new(RejectReason::NoMatchingTcp).encode());
+    assert_eq!(
+        a.error(),
+        Some(ErrorReason::Rejected(Some(RejectReason::NoMatchingTcp)))
+    );
+    assert!(a.can_fall_back());
+    assert_eq!(a.recv(), Recv::Tcp { limit: None });
+    assert_eq!(a.send(1), Err(SendError::ViaTcp));
+    let r = a.readiness();
+    assert!(r.read_via_tcp && r.write_via_tcp && !r.error);
+    assert_eq!(teardowns(&mut a), 1);
+}
+
+#[test]
+fn reject_without_rdmashim_data() {
+    for data in [&[][..], &[0u8; 148][..], &b"garbage from another app"[..]] {
+        let (mut a, _) = Connection::connect(
+            Config::default(),
+            local(A_RING, 12, 4),
+            1,
+            2,
+            3,
+            0,
+            Instant::now(),
+        )
+        .unwrap();
+        a.handle_reject(data);
+        assert_eq!(a.error(), Some(ErrorReason::Rejected(None)));
+        assert!(a.can_fall_back());
+    }
+}
+
+#[test]
+fn bad_replies() {
+    let now = Instant::now();
+    let cfg = Config::default();
+    let (mut a, req) = Connection::connect(cfg, local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
+    let (_b, mut reply) = Connection::accept(cfg, local(B_RING, 12, 4), &req, 0, now).unwrap();
+    reply.nonce ^= 1;
+    assert_eq!(
+        a.handle_accept(&reply.encode()),
+        Err(ErrorReason::Handshake(HandshakeError::NonceMismatch {
+            expected: 3,
+            got: 2
+        }))
+    );
+    let (mut a, _) = Connection::connect(cfg, local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
+    assert_eq!(
+        a.handle_accept(&[1, 2, 3]),
+        Err(ErrorReason::Handshake(HandshakeError::Decode(
+            DecodeError::Truncated { need: 4, got: 3 }
+        )))
+    );
+    assert!(a.can_fall_back());
+}
+
+#[test]
+fn handshake_timeout() {
+    let now = Instant::now();
+    let cfg = Config {
+        handshake_timeout: Duration::from_millis(500),
+        ..Config::default()
+    };
+    let (mut a, req) = Connection::connect(cfg, local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
+    let (mut b, _) = Connection::accept(cfg, local(B_RING, 12, 4), &req, 0, now).unwrap();
+    for c in [&mut a, &mut b] {
+        assert_eq!(c.poll_timeout(), Some(now + Duration::from_millis(500)));
+        c.handle_timeout(now + Duration::from_millis(499));
+        assert_eq!(c.state(), StreamState::Handshaking);
+        c.handle_timeout(now + Duration::from_millis(500));
+        assert_eq!(c.error(), Some(ErrorReason::HandshakeTimeout));
+        assert_eq!(c.poll_timeout(), None);
+        assert!(c.can_fall_back());
+    }
+    let (a, _) = established(12, 4, cfg);
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn tcp_ends_during_handshake() {
+    let (mut a, _) = Connection::connect(
+        Config::default(),
+        local(A_RING, 12, 4),
+        1,
+        2,
+        3,
+        0,
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(a.handle_tcp_eof(), Err(ErrorReason::TcpClosed));
+    assert!(a.can_fall_back());
+}
+
+#[test]
+fn too_few_slots() {
+    assert_eq!(
+        Connection::connect(
+            Config::default(),
+            local(A_RING, 12, 3),
+            1,
+            2,
+            3,
+            0,
+            Instant::now()
+        )
+        .err(),
+        Some(ConfigError::TooFewRecvSlots(3))
+    );
+}
+
+#[test]
+fn server_established_by_first_completion() {
+    let now = Instant::now();
+    let cfg = Config::default();
+    let (mut a, req) = Connection::connect(cfg, local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
+    let (mut b, reply) = Connection::accept(cfg, local(B_RING, 12, 4), &req, 0, now).unwrap();
+    a.handle_accept(&reply.encode()).unwrap();
+    assert_eq!(b.state(), StreamState::Handshaking);
+    assert!(b.commit_switch(0).is_err(), "no commit before established");
+    a.commit_switch(5).unwrap();
+    flow(&mut a, &mut b).unwrap();
+    assert_eq!(b.rx_state(), RxState::Draining { remaining: 5 });
+    assert_eq!(b.state(), StreamState::Switching);
+}
+
+#[test]
+fn client_completion_before_established() {
+    let (mut a, _) = Connection::connect(
+        Config::default(),
+        local(A_RING, 12, 4),
+        1,
+        2,
+        3,
+        0,
+        Instant::now(),
+    )
+    .unwrap();
+    let r = a.handle_completion(data_imm(1, false));
+    expect_violation(&mut a, r, Violation::CompletionBeforeEstablished);
+}
+
+// ----- switch-over -----------------------------------------------------------------------------
+
+#[test]
+fn switch_over_drains_tcp_first() {
+    let (mut a, mut b) = established(12, 4, Config::default());
+    b.note_tcp_read(3).unwrap(); // 3 of a's TCP bytes read before the SwitchOver arrives
+    a.commit_switch(10).unwrap();
+    let g = a.send(100).unwrap();
+    assert_eq!((g.cursor, g.len), (0, 100));
+    flow(&mut a, &mut b).unwrap();
+    assert_eq!(b.rx_state(), RxState::Draining { remaining: 7 });
+    assert_eq!(b.recv(), Recv::Tcp { limit: Some(7) });
+    assert!(b.readiness().read_via_tcp);
+    assert_eq!(
+        b.consume(1),
+        Err(ConsumeError {
+            requested: 1,
+            readable: 0
+        })
+    );
+    b.note_tcp_read(7).unwrap();
+    assert_eq!(
+        b.recv(),
+        Recv::Ring {
+            offset: 0,
+            len: 100
+        }
+    );
+    assert!(b.is_readable());
+    b.consume(60).unwrap();
+    assert_eq!(
+        b.recv(),
+        Recv::Ring {
+            offset: 60,
+            len: 40
+        }
+    );
+}
+
+#[test]
+fn switch_over_violations() {
+    let (mut a, mut b) = established(12, 4, Config::default());
+    b.note_tcp_read(10).unwrap();
+    a.commit_switch(9).unwrap();
+    let acts = std::iter::from_fn(|| a.poll_action()).collect::<Vec<_>>();
+    let r = deliver(&acts[0], &mut b);
+    expect_violation(
+        &mut b,
+        r,
+        Violation::SwitchOverBehindTcp {
+            declared: 9,
+            received: 10,
+        },
+    );
+
+    let (mut a, mut b) = established(12, 4, Config::default());
+    a.commit_switch(4).unwrap();
+    flow(&mut a, &mut b).unwrap();
+    let r = b.note_tcp_read(5);
+    expect_violation(&mut b, r, Violation::TcpBeyondSwitchOver);
+
+    let (_a, mut b) = established(12, 4, Config::default());
+    let r = b.handle_completion(data_imm(5, false));
+    expect_violation(&mut b, r, Violation::DataBeforeSwitchOver);
+
+    let (mut a, mut b) = open(12, 4, Config::default());
+    let sw = ControlMsg::SwitchOver { tcp_bytes_sent: 0 }.encode();
+    let r = b.handle_completion(Completion::Recv {
+        payload: sw.as_bytes(),
+    });
+    expect_violation(&mut b, r, Violation::DuplicateSwitchOver);
+    let _ = &mut a;
+
+    let (_a, mut b) = established(12, 4, Config::default());
+    let sw = ControlMsg::ShutdownWrite { ring_bytes: 0 }.encode();
+    let r = b.handle_completion(Completion::Recv {
+        payload: sw.as_bytes(),
+    });
+    expect_violation(&mut b, r, Violation::FinBeforeSwitchOver);
+}
+
+#[test]
+fn commit_rules() {
+    let (mut a, _) = established(12, 4, Config::default());
+    assert!(
+        a.shutdown_write().is_err(),
+        "shutdown needs the switch first"
+    );
+    a.commit_switch(0).unwrap();
+    assert_eq!(
+        a.commit_switch(0),
+        Err(InvalidTransition {
+            state: "Ring",
+            event: "Commit"
+        })
+    );
+}
+
+// ----- ring and credits ------------------------------------------------------------------------
+
+#[test]
+fn ring_overrun_and_bad_imm() {
+    let (_a, mut b) = open(12, 8, Config::default());
+    b.handle_completion(data_imm(4096, false)).unwrap();
+    let r = b.handle_completion(data_imm(1, false));
+    expect_violation(
+        &mut b,
+        r,
+        Violation::RingOverrun(rdmashim_proto::ring::OverrunError {
+            end: 4097,
+            limit: 4096,
+        }),
+    );
+
+    let (_a, mut b) = open(12, 8, Config::default());
+    let r = b.handle_completion(Completion::WriteImm {
+        imm: 0,
+        byte_len: Some(0),
+    });
+    expect_violation(&mut b, r, Violation::Decode(DecodeError::UnknownKind(0)));
+
+    let (_a, mut b) = open(12, 8, Config::default());
+    let r = b.handle_completion(Completion::WriteImm {
+        imm: Imm::Data {
+            len: 10,
+            credit_wanted: false,
+        }
+        .encode(),
+        byte_len: Some(11),
+    });
+    expect_violation(
+        &mut b,
+        r,
+        Violation::ImmLengthMismatch {
+            imm: 10,
+            byte_len: 11,
+        },
+    );
+
+    let (_a, mut b) = open(12, 8, Config::default());
+    let r = b.handle_completion(Completion::Recv { payload: &[77; 12] });
+    expect_violation(&mut b, r, Violation::Decode(DecodeError::UnknownKind(77)));
+}
+
+#[test]
+fn slot_overrun() {
+    let (_a, mut b) = open(12, 4, Config::default());
+    // The SwitchOver used one of b's 4 slots and b has not returned it (not pumped).
+    for _ in 0..3 {
+        b.handle_completion(data_imm(1, false)).unwrap();
+    }
+    let r = b.handle_completion(data_imm(1, false));
+    expect_violation(&mut b, r, Violation::SlotOverrun);
+}
+
+#[test]
+fn bad_credits() {
+    let (mut a, _b) = open(12, 8, Config::default());
+    a.send(10).unwrap();
+    let _ = std::iter::from_fn(|| a.poll_action()).count();
+    let r = a.handle_completion(Completion::WriteImm {
+        imm: Imm::Credit {
+            bytes: 11,
+            slots: 0,
+        }
+        .encode(),
+        byte_len: Some(0),
+    });
+    expect_violation(
+        &mut a,
+        r,
+        Violation::BadCredit(rdmashim_proto::ring::CreditError {
+            claimed: 11,
+            posted: 10,
+        }),
+    );
+
+    let (mut a, _b) = open(12, 8, Config::default());
+    let r = a.handle_completion(Completion::WriteImm {
+        imm: Imm::Credit { bytes: 0, slots: 2 }.encode(),
+        byte_len: Some(0),
+    });
+    expect_violation(&mut a, r, Violation::SlotCreditOverflow);
+}
+
+#[test]
+fn fin_cursor_must_match() {
+    let (_a, mut b) = open(12, 8, Config::default());
+    b.handle_completion(data_imm(5, false)).unwrap();
+    let m = ControlMsg::ShutdownWrite { ring_bytes: 4 }.encode();
+    let r = b.handle_completion(Completion::Recv {
+        payload: m.as_bytes(),
+    });
+    expect_violation(
+        &mut b,
+        r,
+        Violation::FinCursorMismatch {
+            declared: 4,
+            received: 5,
+        },
+    );
+}
+
+#[test]
+fn credit_is_lazy_unless_wanted() {
+    let cfg = Config::default();
+    let (mut a, mut b) = open(14, 16, cfg); // 16 KiB ring: byte threshold 4 KiB
+    assert_eq!(a.send(1000).unwrap().len, 1000);
+    let acts = flow(&mut a, &mut b).unwrap();
+    assert!(matches!(
+        acts[..],
+        [Action::WriteData {
+            imm,
+            ..
+        }] if imm == Imm::Data { len: 1000, credit_wanted: false }
+    ));
+    b.consume(1000).unwrap();
+    assert!(flow(&mut b, &mut a).unwrap().is_empty(), "below thresholds");
+
+    // Fill the ring: the write that fills it asks for credit; the receiver then credits at once.
+    let g = a.send(1 << 20).unwrap();
+    assert_eq!(g.len, (16 << 10) - 1000);
+    assert_eq!(a.send(1), Err(SendError::WouldBlock));
+    assert!(!a.is_writable());
+    let acts = flow(&mut a, &mut b).unwrap();
+    let Action::WriteData { imm, .. } = acts[0] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(
+        imm,
+        Imm::Data {
+            len: (16 << 10) - 1000,
+            credit_wanted: true
+        }
+    );
+    b.consume(1).unwrap();
+    let acts = flow(&mut b, &mut a).unwrap();
+    let [Action::WriteCredit { imm, remote_addr }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(remote_addr, A_RING);
+    assert_eq!(
+        imm,
+        Imm::Credit {
+            bytes: 1001,
+            slots: 3 // SwitchOver + two DATA
+        }
+    );
+    assert_eq!(a.tx_cursors().unwrap().free(), 1001);
+}
+
+#[test]
+fn large_slot_credit_uses_credit_update() {
+    let (mut a, mut b) = open(16, 200, Config::default());
+    for _ in 0..100 {
+        a.send(1).unwrap();
+        let acts = std::iter::from_fn(|| a.poll_action()).collect::<Vec<_>>();
+        for x in &acts {
+            deliver(x, &mut b).unwrap();
+        }
+    }
+    // b was never pumped: it owes 101 slots (SwitchOver + 100 DATA), more than an immediate holds.
+    let acts = flow(&mut b, &mut a).unwrap();
+    assert_eq!(
+        acts,
+        vec![Action::Send(ControlMsg::CreditUpdate {
+            read_cursor: 0,
+            slots: 101
+        })]
+    );
+    assert_eq!(a.peer_slots(), Some(200));
+}
+
+#[test]
+fn lowest_thresholds_still_go_quiet() {
+    // Thresholds below 2 are clamped to 2: a credit never answers a credit.
+    let cfg = Config {
+        credit_slot_threshold: Some(0),
+        credit_byte_shift: 1,
+        ..Config::default()
+    };
+    let (mut a, mut b) = open(12, 4, cfg);
+    assert_eq!(a.credit_policy().slot_threshold, 2);
+    for _ in 0..50 {
+        a.send(100).unwrap();
+        flow(&mut a, &mut b).unwrap();
+        b.consume(100).unwrap();
+        b.send(7).unwrap();
+        flow(&mut b, &mut a).unwrap();
+        a.consume(7).unwrap();
+    }
+    let mut rounds = 0;
+    loop {
+        let n = flow(&mut a, &mut b).unwrap().len() + flow(&mut b, &mut a).unwrap().len();
+        if n == 0 {
+            break;
+        }
+        rounds += 1;
+        assert!(rounds < 10, "credits keep answering credits");
+    }
+}
+
+#[test]
+fn ignorable_control_uses_a_slot() {
+    let (mut a, mut b) = open(12, 4, Config::default());
+    let m = ControlMsg::Ignored { kind: 200 }.encode();
+    b.handle_completion(Completion::Recv {
+        payload: m.as_bytes(),
+    })
+    .unwrap();
+    assert_eq!(b.state(), StreamState::Open);
+    assert_eq!(b.stats().messages_received, 2);
+    // SwitchOver + the ignored message: two owed slots reach the threshold.
+    assert_eq!(
+        b.poll_action(),
+        Some(Action::WriteCredit {
+            remote_addr: A_RING,
+            imm: Imm::Credit { bytes: 0, slots: 2 }
+        })
+    );
+    let _ = &mut a;
+}
+
+// ----- shutdown, close, failures ----------------------------------------------------------------
+
+#[test]
+fn half_close() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.send(10).unwrap();
+    a.shutdown_write().unwrap();
+    assert_eq!(a.state(), StreamState::LocalShut);
+    assert_eq!(a.send(1), Err(SendError::Shutdown));
+    assert_eq!(
+        SendError::Shutdown.io_kind(),
+        std::io::ErrorKind::BrokenPipe
+    );
+    assert!(a.is_writable());
+    let acts = flow(&mut a, &mut b).unwrap();
+    assert_eq!(
+        acts.last(),
+        Some(&Action::Send(ControlMsg::ShutdownWrite { ring_bytes: 10 }))
+    );
+    assert_eq!(b.state(), StreamState::PeerShut);
+    assert!(b.rdhup() && b.is_readable());
+    assert_eq!(b.recv(), Recv::Ring { offset: 0, len: 10 });
+    b.consume(10).unwrap();
+    assert_eq!(b.recv(), Recv::Eof);
+    // b can still send the other way.
+    assert_eq!(b.send(20).unwrap().len, 20);
+    flow(&mut b, &mut a).unwrap();
+    assert_eq!(a.recv(), Recv::Ring { offset: 0, len: 20 });
+    assert!(!a.readiness().hup);
+    b.shutdown_write().unwrap();
+    let acts = flow(&mut b, &mut a).unwrap();
+    assert_eq!(acts.last(), Some(&Action::Teardown));
+    assert_eq!(b.state(), StreamState::Closed);
+    assert_eq!(a.state(), StreamState::Closed);
+    assert!(a.readiness().hup);
+    assert_eq!(
+        a.recv(),
+        Recv::Ring { offset: 0, len: 20 },
+        "data survives teardown"
+    );
+    a.consume(20).unwrap();
+    assert_eq!(a.recv(), Recv::Eof);
+    assert_eq!(teardowns(&mut a), 1);
+    assert_eq!(teardowns(&mut b), 0, "already emitted");
+    // After the teardown the QP errors out and TCP closes: neither is an error now.
+    a.handle_transport_error();
+    assert_eq!(a.handle_tcp_eof(), Ok(()));
+    assert_eq!(a.error(), None);
+}
+
+#[test]
+fn peer_close_makes_sends_fail() {
+    let (mut a, mut b) = open(12, 4, Config::default());
+    // b queues more than a's ring holds; part of it cannot even be posted.
+    assert_eq!(b.send(10_000).unwrap().len, 4096);
+    let _ = flow(&mut b, &mut a).unwrap();
+    a.consume(4096).unwrap();
+    assert_eq!(b.send(10_000), Err(SendError::WouldBlock));
+    a.send(5).unwrap();
+    a.close();
+    let (acts, b_acts) = settle(&mut a, &mut b);
+    assert_eq!(b_acts.last(), Some(&Action::Teardown), "{b_acts:?}");
+    assert!(acts.contains(&Action::Send(ControlMsg::Close {
+        ring_bytes: 5,
+        reset: false
+    })));
+    assert!(
+        acts.contains(&Action::Teardown),
+        "closer tears down at once"
+    );
+    assert_eq!(b.state(), StreamState::Closed);
+    assert_eq!(b.send(1), Err(SendError::PeerClosed));
+    assert!(b.is_writable());
+    let tx = b.tx_cursors().unwrap();
+    assert_eq!(tx.head(), tx.posted(), "unsent bytes dropped");
+    assert_eq!(b.recv(), Recv::Ring { offset: 0, len: 5 });
+    b.consume(5).unwrap();
+    assert_eq!(b.recv(), Recv::Eof);
+}
+
+#[test]
+fn close_with_unread_data_resets_peer() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    b.send(3).unwrap();
+    flow(&mut b, &mut a).unwrap();
+    a.close(); // 3 unread bytes: like Linux, an abortive close
+    let acts = flow(&mut a, &mut b);
+    assert_eq!(acts, Err(ErrorReason::Reset));
+    assert_eq!(b.recv(), Recv::Error(ErrorReason::Reset));
+    assert_eq!(b.send(1), Err(SendError::Failed(ErrorReason::Reset)));
+    assert_eq!(
+        ErrorReason::Reset.io_kind(),
+        std::io::ErrorKind::ConnectionReset
+    );
+    assert!(b.readiness().error);
+}
+
+#[test]
+fn abort_drops_unsent() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.send(100).unwrap();
+    a.abort();
+    let acts = std::iter::from_fn(|| a.poll_action()).collect::<Vec<_>>();
+    assert_eq!(
+        acts,
+        vec![
+            Action::Send(ControlMsg::Close {
+                ring_bytes: 0,
+                reset: true
+            }),
+            Action::Teardown
+        ]
+    );
+    assert_eq!(deliver(&acts[0], &mut b), Err(ErrorReason::Reset));
+}
+
+#[test]
+fn close_before_switch_tears_down() {
+    let (mut a, mut b) = established(12, 4, Config::default());
+    b.commit_switch(0).unwrap();
+    flow(&mut b, &mut a).unwrap();
+    a.close(); // a never switched: ring goes, the shim closes TCP as usual
+    assert_eq!(a.state(), StreamState::Closed);
+    assert_eq!(teardowns(&mut a), 1);
+    // b sees the TCP FIN (a's TCP stream is complete) and treats a as closed.
+    assert_eq!(b.handle_tcp_eof(), Ok(()));
+    assert_eq!(b.recv(), Recv::Eof);
+    assert_eq!(b.send(1), Err(SendError::PeerClosed));
+    assert_eq!(b.state(), StreamState::Closed);
+}
+
+#[test]
+fn shutdown_read_discards_and_credits() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    b.shutdown_read();
+    assert_eq!(b.recv(), Recv::Eof);
+    a.send(4096).unwrap();
+    flow(&mut a, &mut b).unwrap();
+    assert_eq!(b.rx_cursors().readable(), 0);
+    flow(&mut b, &mut a).unwrap();
+    assert_eq!(a.tx_cursors().unwrap().free(), 4096);
+}
+
+#[test]
+fn peer_death() {
+    // TCP EOF after the peer switched, without a ring shutdown: ring data may be lost.
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.send(10).unwrap();
+    flow(&mut a, &mut b).unwrap();
+    assert_eq!(b.handle_tcp_eof(), Err(ErrorReason::PeerVanished));
+    assert_eq!(b.recv(), Recv::Error(ErrorReason::PeerVanished));
+
+    // A queue-pair failure mid-stream.
+    let (_a, mut b) = open(12, 8, Config::default());
+    b.handle_transport_error();
+    assert_eq!(b.error(), Some(ErrorReason::Transport));
+    assert_eq!(teardowns(&mut b), 1);
+
+    // A TCP reset, even after a clean teardown (reads fail after an RST).
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.shutdown_write().unwrap();
+    b.shutdown_write().unwrap();
+    flow(&mut a, &mut b).unwrap();
+    flow(&mut b, &mut a).unwrap();
+    assert_eq!(a.state(), StreamState::Closed);
+    a.handle_tcp_reset();
+    assert_eq!(a.error(), Some(ErrorReason::Reset));
+    assert_eq!(teardowns(&mut a), 1, "one Teardown in total");
+    assert_eq!(teardowns(&mut a), 0);
+}
+
+#[test]
+fn late_completions_after_teardown_are_ignored() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.close();
+    flow(&mut a, &mut b).unwrap();
+    assert_eq!(a.handle_completion(data_imm(10, false)), Ok(()));
+    assert_eq!(a.state(), StreamState::Closed);
+}
+
+#[test]
+fn readiness_mirrors_tcp_poll() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    let r = b.readiness();
+    assert!(!r.readable && r.writable && !r.rdhup && !r.hup && !r.error);
+    assert!(!r.read_via_tcp && !r.write_via_tcp);
+    // Writable needs free >= half the bytes in flight (sk_stream_is_writeable).
+    a.send(2730).unwrap();
+    assert!(a.is_writable());
+    a.send(2).unwrap();
+    assert!(!a.is_writable(), "1364 free < 2732/2");
+    flow(&mut a, &mut b).unwrap();
+    assert!(b.is_readable());
+}

@@ -1,0 +1,155 @@
+//! A hostile or broken peer: arbitrary completions (random immediates, random SEND payloads,
+//! and mutations of valid ones) interleaved with arbitrary local calls must never panic, must
+//! keep the cursor invariants, and once the connection fails it stays failed with one Teardown.
+
+use std::time::Instant;
+
+use proptest::prelude::*;
+use rdmashim_proto::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Imm(u32, Option<u32>),
+    DataImm(u32, bool),
+    CreditImm(u32, u8),
+    Send(Vec<u8>),
+    Control(ControlMsg),
+    TcpRead(u64),
+    TcpEof,
+    TcpReset,
+    TransportError,
+    Commit(u64),
+    AppSend(usize),
+    Consume(usize),
+    ShutdownWrite,
+    ShutdownRead,
+    Close,
+    Abort,
+    Poll,
+    Timeout(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (any::<u32>(), prop::option::of(any::<u32>())).prop_map(|(i, b)| Op::Imm(i, b)),
+        (0u32..20_000, any::<bool>()).prop_map(|(l, w)| Op::DataImm(l, w)),
+        (0u32..20_000, 0u8..64).prop_map(|(b, s)| Op::CreditImm(b, s)),
+        prop::collection::vec(any::<u8>(), 0..80).prop_map(Op::Send),
+        prop_oneof![
+            (0u64..5000).prop_map(|t| ControlMsg::SwitchOver { tcp_bytes_sent: t }),
+            (0u64..20_000).prop_map(|r| ControlMsg::ShutdownWrite { ring_bytes: r }),
+            (0u64..20_000, any::<bool>()).prop_map(|(r, reset)| ControlMsg::Close {
+                ring_bytes: r,
+                reset
+            }),
+            (0u64..20_000, 0u32..300).prop_map(|(c, s)| ControlMsg::CreditUpdate {
+                read_cursor: c,
+                slots: s
+            }),
+            (128u8..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
+        ]
+        .prop_map(Op::Control),
+        (0u64..5000).prop_map(Op::TcpRead),
+        Just(Op::TcpEof),
+        Just(Op::TcpReset),
+        Just(Op::TransportError),
+        (0u64..5000).prop_map(Op::Commit),
+        (0usize..20_000).prop_map(Op::AppSend),
+        (0usize..20_000).prop_map(Op::Consume),
+        Just(Op::ShutdownWrite),
+        Just(Op::ShutdownRead),
+        Just(Op::Close),
+        Just(Op::Abort),
+        Just(Op::Poll),
+        (0u64..10_000).prop_map(Op::Timeout),
+    ]
+}
+
+fn conn(server: bool, log2: u8, slots: u16) -> Connection {
+    let now = Instant::now();
+    let local = |addr| LocalParams {
+        ring: RingDesc {
+            addr,
+            rkey: 1,
+            size: RingSize::from_log2(log2).unwrap(),
+        },
+        recv_slots: slots,
+    };
+    let (mut a, req) =
+        Connection::connect(Config::default(), local(0x1000), 1, 2, 3, 0, now).unwrap();
+    let (b, reply) = Connection::accept(Config::default(), local(0x2000), &req, 0, now).unwrap();
+    if server {
+        b
+    } else {
+        a.handle_accept(&reply.encode()).unwrap();
+        a
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn never_panics(server in any::<bool>(), log2 in 12u8..=13, slots in 4u16..10,
+                    ops in prop::collection::vec(op(), 0..80)) {
+        let start = Instant::now();
+        let mut c = conn(server, log2, slots);
+        let mut failed: Option<ErrorReason> = None;
+        let mut teardowns = 0;
+        for op in ops {
+            match op {
+                Op::Imm(i, b) => { let _ = c.handle_completion(Completion::WriteImm { imm: i, byte_len: b }); }
+                Op::DataImm(l, w) => {
+                    let imm = if l == 0 { 0x4000_0000 } else { Imm::Data { len: l, credit_wanted: w }.encode() };
+                    let _ = c.handle_completion(Completion::WriteImm { imm, byte_len: Some(l) });
+                }
+                Op::CreditImm(b, s) => {
+                    let imm = if b == 0 && s == 0 { 0x8000_0000 } else { Imm::Credit { bytes: b, slots: s }.encode() };
+                    let _ = c.handle_completion(Completion::WriteImm { imm, byte_len: Some(0) });
+                }
+                Op::Send(p) => { let _ = c.handle_completion(Completion::Recv { payload: &p }); }
+                Op::Control(m) => { let _ = c.handle_completion(Completion::Recv { payload: m.encode().as_bytes() }); }
+                Op::TcpRead(n) => { let _ = c.note_tcp_read(n); }
+                Op::TcpEof => { let _ = c.handle_tcp_eof(); }
+                Op::TcpReset => c.handle_tcp_reset(),
+                Op::TransportError => c.handle_transport_error(),
+                Op::Commit(n) => { let _ = c.commit_switch(n); }
+                Op::AppSend(n) => { let _ = c.send(n); }
+                Op::Consume(n) => { let _ = c.consume(n); }
+                Op::ShutdownWrite => { let _ = c.shutdown_write(); }
+                Op::ShutdownRead => c.shutdown_read(),
+                Op::Close => c.close(),
+                Op::Abort => c.abort(),
+                Op::Poll => {
+                    while let Some(a) = c.poll_action() {
+                        if a == Action::Teardown { teardowns += 1; }
+                        if let Action::WriteData { len, ring_offset, .. } = a {
+                            prop_assert!(len > 0 && ring_offset < (1 << log2));
+                        }
+                    }
+                }
+                Op::Timeout(ms) => c.handle_timeout(start + std::time::Duration::from_millis(ms)),
+            }
+            // Readiness and queries never panic either.
+            let _ = (c.readiness(), c.recv(), c.state(), c.can_fall_back());
+            let rx = c.rx_cursors();
+            prop_assert!(rx.credited() <= rx.tail() && rx.tail() <= rx.head());
+            prop_assert!(rx.head() <= rx.credited() + rx.size().bytes());
+            if let Some(tx) = c.tx_cursors() {
+                prop_assert!(tx.acked() <= tx.posted() && tx.posted() <= tx.head());
+                prop_assert!(tx.head() <= tx.acked() + tx.size().bytes());
+            }
+            if let Some(f) = failed {
+                prop_assert_eq!(c.error(), Some(f), "a failure is final");
+            }
+            failed = c.error();
+        }
+        while let Some(a) = c.poll_action() {
+            if a == Action::Teardown { teardowns += 1; }
+        }
+        prop_assert!(teardowns <= 1);
+        if c.error().is_some() {
+            prop_assert_eq!(teardowns, 1);
+        }
+    }
+}

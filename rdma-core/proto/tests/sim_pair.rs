@@ -1,0 +1,1071 @@
+//! A simulated pair of connections (quinn's `Pair::drive`, adapted): two `Connection`s, each
+//! with an in-memory receive ring (writes wrap modulo the size, as the double mapping makes
+//! them contiguous), an in-memory staging area, a receive queue with a finite number of posted
+//! receives, a TCP byte queue per direction, and in-order (RC) message queues. A seeded random
+//! schedule interleaves application writes and reads of random sizes, the switch-over, message
+//! deliveries, transport pumping, shutdowns and TCP closes; a deterministic drain phase then
+//! runs everything to quiescence.
+//!
+//! Checked on every run:
+//! * each application reads exactly the other's byte stream (no loss, duplication, reordering),
+//!   TCP bytes first up to the SwitchOver count, then ring bytes;
+//! * no RDMA write lands on bytes the receiving application has not consumed (checked against
+//!   the simulator's own count, not the protocol's), and no message arrives without a posted
+//!   receive (RNR);
+//! * the staging area, indexed by stream cursor modulo the peer ring size, still holds the right
+//!   bytes when the "HCA" reads them at delivery time;
+//! * both ends reach EOF and `Closed`, each emits `Teardown` exactly once, and no run deadlocks.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use proptest::prelude::*;
+use rdmashim_proto::*;
+
+/// SplitMix64: a tiny deterministic generator for the schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.below((hi - lo + 1) as u64) as usize
+    }
+}
+
+/// How an application ends its side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Finish {
+    /// After writing everything: shutdown(SHUT_WR); after reading EOF: close().
+    ShutdownThenClose,
+    /// After writing everything and reading EOF: close() (without a shutdown first).
+    CloseAfterEof,
+    /// Never switches its sending side; after writing everything (on TCP) and reading EOF:
+    /// close(), which tears the ring down and closes TCP.
+    NeverSwitchClose,
+}
+
+#[derive(Clone, Debug)]
+struct SideParams {
+    ring_log2: u8,
+    recv_slots: u16,
+    stream_len: usize,
+    /// Commit the switch once this many bytes were written (clamped to the stream length).
+    commit_at: usize,
+    max_chunk: usize,
+    max_read: usize,
+    cfg: Config,
+    finish: Finish,
+}
+
+#[derive(Clone, Debug)]
+struct Scenario {
+    seed: u64,
+    a: SideParams,
+    b: SideParams,
+    random_steps: usize,
+    /// A aborts (SO_LINGER 0 close) after this many random steps.
+    abort_at: Option<usize>,
+    /// Relative weight of the three handshake events in the random schedule (low: the upgrade
+    /// finishes late, after much TCP traffic).
+    handshake_weight: u64,
+}
+
+#[derive(Debug)]
+enum Msg {
+    Write {
+        cursor: u64,
+        ring_offset: usize,
+        len: usize,
+        imm: Imm,
+    },
+    Credit {
+        imm: Imm,
+    },
+    Send(Vec<u8>),
+}
+
+struct Endpoint {
+    name: &'static str,
+    p: SideParams,
+    conn: Option<Connection>,
+    ring: Vec<u8>,
+    ring_desc: RingDesc,
+    staging: Vec<u8>,
+    posted_recvs: u32,
+    out_stream: Vec<u8>,
+    out_pos: usize,
+    tcp_sent: u64,
+    committed: bool,
+    shut_called: bool,
+    close_called: bool,
+    in_stream: Vec<u8>,
+    tcp_read: u64,
+    ring_consumed: u64,
+    eof: bool,
+    teardowns: u32,
+    /// Messages posted by this endpoint, in order (the RC queue towards the peer).
+    outbound: VecDeque<Msg>,
+    /// TCP bytes written by this endpoint, not yet read by the peer.
+    tcp_out: VecDeque<u8>,
+    tcp_closed: bool,
+    /// The TCP connection was closed with an RST (after an abort).
+    tcp_reset: bool,
+    tcp_eof_seen: bool,
+    aborted: bool,
+    /// The error the application saw (abort scenarios only).
+    failed: Option<ErrorReason>,
+}
+
+impl Endpoint {
+    fn new(name: &'static str, p: SideParams, addr: u64, rng: &mut Rng) -> Self {
+        let size = RingSize::from_log2(p.ring_log2).unwrap();
+        let out_stream = (0..p.stream_len).map(|_| rng.next() as u8).collect();
+        Endpoint {
+            name,
+            ring: vec![0xEE; size.bytes() as usize],
+            ring_desc: RingDesc {
+                addr,
+                rkey: 0x1000 + addr as u32,
+                size,
+            },
+            staging: Vec::new(),
+            posted_recvs: u32::from(p.recv_slots),
+            out_stream,
+            out_pos: 0,
+            tcp_sent: 0,
+            committed: false,
+            shut_called: false,
+            close_called: false,
+            in_stream: Vec::new(),
+            tcp_read: 0,
+            ring_consumed: 0,
+            eof: false,
+            teardowns: 0,
+            outbound: VecDeque::new(),
+            tcp_out: VecDeque::new(),
+            tcp_closed: false,
+            tcp_reset: false,
+            tcp_eof_seen: false,
+            aborted: false,
+            failed: None,
+            conn: None,
+            p,
+        }
+    }
+
+    fn local(&self) -> LocalParams {
+        LocalParams {
+            ring: self.ring_desc,
+            recv_slots: self.p.recv_slots,
+        }
+    }
+
+    /// The upgrade is established and has neither failed nor finished.
+    fn established(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| {
+            matches!(
+                c.state(),
+                StreamState::Switching
+                    | StreamState::Open
+                    | StreamState::LocalShut
+                    | StreamState::PeerShut
+            )
+        })
+    }
+
+    fn commit_point(&self) -> usize {
+        match self.p.finish {
+            Finish::NeverSwitchClose => usize::MAX,
+            _ => self.p.commit_at.min(self.out_stream.len()),
+        }
+    }
+
+    fn app_done_writing(&self) -> bool {
+        self.out_pos == self.out_stream.len()
+    }
+
+    /// Everything this application had to do is done.
+    fn app_finished(&self) -> bool {
+        self.aborted
+            || self.failed.is_some()
+            || (self.app_done_writing() && self.eof && self.close_called)
+    }
+}
+
+struct Sim {
+    rng: Rng,
+    a: Endpoint,
+    b: Endpoint,
+    now: Instant,
+    request: Option<Vec<u8>>,
+    reply: Option<Vec<u8>>,
+    server_cm_established: bool,
+    progress: u64,
+    handshake_weight: u64,
+    /// Applications end their sides (shutdown/close); off for the idle test.
+    finishing: bool,
+    /// Errors are expected (abort scenarios).
+    expect_failure: bool,
+    abort_at: Option<usize>,
+}
+
+/// Picks (this, peer) by index.
+fn pair(sim: &mut Sim, i: usize) -> (&mut Endpoint, &mut Endpoint) {
+    if i == 0 {
+        (&mut sim.a, &mut sim.b)
+    } else {
+        (&mut sim.b, &mut sim.a)
+    }
+}
+
+impl Sim {
+    fn new(sc: &Scenario) -> Self {
+        let mut rng = Rng(sc.seed);
+        let a = Endpoint::new("A", sc.a.clone(), 0x1000_0000, &mut rng);
+        let b = Endpoint::new("B", sc.b.clone(), 0x2000_0000, &mut rng);
+        let mut sim = Sim {
+            rng,
+            a,
+            b,
+            now: Instant::now(),
+            request: None,
+            reply: None,
+            server_cm_established: false,
+            progress: 0,
+            handshake_weight: sc.handshake_weight,
+            finishing: true,
+            expect_failure: sc.abort_at.is_some(),
+            abort_at: sc.abort_at,
+        };
+        // The client starts the upgrade right after its TCP connect.
+        let (conn, req) = Connection::connect(
+            sim.a.p.cfg,
+            sim.a.local(),
+            40000,
+            6379,
+            0xfeed_f00d,
+            0,
+            sim.now,
+        )
+        .unwrap();
+        sim.a.conn = Some(conn);
+        let mut padded = req.encode().to_vec();
+        padded.resize(56, 0); // rdma_cm hands over the whole private-data area
+        sim.request = Some(padded);
+        sim
+    }
+
+    // ----- handshake events --------------------------------------------------------------------
+
+    fn server_accept(&mut self) -> bool {
+        let Some(bytes) = self.request.take() else {
+            return false;
+        };
+        let req = ConnectRequest::decode(&bytes).expect("valid request");
+        assert_eq!((req.client_port, req.server_port), (40000, 6379));
+        let (conn, reply) = Connection::accept(
+            self.b.p.cfg,
+            self.b.local(),
+            &req,
+            self.b.tcp_read,
+            self.now,
+        )
+        .unwrap();
+        self.b.staging = vec![0; req.ring.size.bytes() as usize];
+        self.b.conn = Some(conn);
+        let mut padded = reply.encode().to_vec();
+        padded.resize(196, 0);
+        self.reply = Some(padded);
+        true
+    }
+
+    fn client_established(&mut self) -> bool {
+        let Some(bytes) = self.reply.take() else {
+            return false;
+        };
+        let conn = self.a.conn.as_mut().unwrap();
+        if conn.state() != StreamState::Handshaking {
+            // The client gave up (closed its cm_id) first: the server's CM reports the failure.
+            self.b.conn.as_mut().unwrap().handle_transport_error();
+            return true;
+        }
+        conn.handle_accept(&bytes).expect("accept reply");
+        self.a.staging = vec![0; conn.peer_ring().unwrap().size.bytes() as usize];
+        true
+    }
+
+    fn server_established(&mut self) -> bool {
+        // The server's ESTABLISHED event comes after the client's.
+        if self.server_cm_established || !self.a.established() {
+            return false;
+        }
+        self.server_cm_established = true;
+        self.b.conn.as_mut().unwrap().handle_established();
+        true
+    }
+
+    // ----- application -------------------------------------------------------------------------
+
+    fn app_write(&mut self, i: usize) -> bool {
+        let max_chunk = pair(self, i).0.p.max_chunk;
+        let want = self.rng.range(1, max_chunk);
+        let expect_failure = self.expect_failure;
+        let (me, _) = pair(self, i);
+        if me.app_done_writing() || me.shut_called || me.close_called || me.app_finished() {
+            return false;
+        }
+        let want = want.min(me.out_stream.len() - me.out_pos);
+        if !me.committed {
+            if me.established() && me.out_pos >= me.commit_point() {
+                me.conn
+                    .as_mut()
+                    .unwrap()
+                    .commit_switch(me.tcp_sent)
+                    .unwrap();
+                me.committed = true;
+                return true;
+            }
+            // The shim asks the protocol first; `ViaTcp` means: write to the socket.
+            if let Some(c) = me.conn.as_mut() {
+                match c.send(1) {
+                    Err(SendError::ViaTcp) => assert_eq!(c.tx_state(), TxState::Tcp),
+                    Err(SendError::Failed(e)) if expect_failure => {
+                        me.failed = Some(e);
+                        return true;
+                    }
+                    r => panic!("{}: TCP write while the protocol says {r:?}", me.name),
+                }
+            }
+            // Still on TCP: the kernel takes everything (an unbounded send buffer is fine here).
+            let want = want.min(me.commit_point().saturating_sub(me.out_pos).max(1));
+            let want = want.min(me.out_stream.len() - me.out_pos);
+            let bytes = &me.out_stream[me.out_pos..me.out_pos + want];
+            me.tcp_out.extend(bytes.iter().copied());
+            me.out_pos += want;
+            me.tcp_sent += want as u64;
+            return true;
+        }
+        let conn = me.conn.as_mut().unwrap();
+        match conn.send(want) {
+            Ok(g) => {
+                let size = me.staging.len();
+                for k in 0..g.len {
+                    me.staging[(g.cursor as usize + k) % size] = me.out_stream[me.out_pos + k];
+                }
+                me.out_pos += g.len;
+                g.len > 0
+            }
+            Err(SendError::WouldBlock) => false,
+            Err(SendError::Failed(e)) if expect_failure => {
+                me.failed = Some(e);
+                true
+            }
+            Err(SendError::PeerClosed) if expect_failure => {
+                // EPIPE: the application stops writing.
+                me.out_pos = me.out_stream.len();
+                true
+            }
+            Err(e) => panic!("{}: send failed: {e:?}", me.name),
+        }
+    }
+
+    fn app_read(&mut self, i: usize) -> bool {
+        let max_read = pair(self, i).0.p.max_read;
+        let n_want = self.rng.range(1, max_read);
+        let expect_failure = self.expect_failure;
+        let (me, peer) = pair(self, i);
+        if me.eof || me.app_finished() {
+            return false;
+        }
+        let Some(conn) = me.conn.as_mut() else {
+            // Before the server's connection object exists: plain TCP reads.
+            return read_tcp(me, peer, n_want as u64, None);
+        };
+        match conn.recv() {
+            Recv::Tcp { limit } => read_tcp(me, peer, n_want as u64, limit),
+            Recv::Ring { offset, len } => {
+                let n = n_want.min(len);
+                let size = me.ring.len();
+                for k in 0..n {
+                    me.in_stream.push(me.ring[(offset + k) % size]);
+                }
+                me.conn.as_mut().unwrap().consume(n).unwrap();
+                me.ring_consumed += n as u64;
+                true
+            }
+            Recv::WouldBlock => false,
+            Recv::Eof => {
+                me.eof = true;
+                true
+            }
+            Recv::Error(e) if expect_failure => {
+                me.failed = Some(e);
+                true
+            }
+            Recv::Error(e) => panic!("{}: recv error {e:?}", me.name),
+        }
+    }
+
+    fn app_finish(&mut self, i: usize) -> bool {
+        let finishing = self.finishing;
+        let expect_failure = self.expect_failure;
+        let (me, _) = pair(self, i);
+        if !finishing || !me.app_done_writing() || me.app_finished() {
+            return false;
+        }
+        if let Some(e) = me.conn.as_ref().and_then(|c| c.error()) {
+            // shutdown()/close() on a failed connection: the application learns of the error.
+            if !me.conn.as_ref().unwrap().can_fall_back() {
+                assert!(expect_failure, "{}: {e}", me.name);
+                me.failed = Some(e);
+                return true;
+            }
+        }
+        match me.p.finish {
+            Finish::ShutdownThenClose => {
+                if !me.shut_called {
+                    if !me.committed {
+                        if !me.established() {
+                            return false;
+                        }
+                        me.conn
+                            .as_mut()
+                            .unwrap()
+                            .commit_switch(me.tcp_sent)
+                            .unwrap();
+                        me.committed = true;
+                    }
+                    me.conn.as_mut().unwrap().shutdown_write().unwrap();
+                    me.shut_called = true;
+                    let c = me.conn.as_mut().unwrap();
+                    assert_eq!(c.send(1), Err(SendError::Shutdown));
+                    assert!(c.is_writable(), "EPIPE must be reported as writable");
+                    return true;
+                }
+                if me.eof && !me.close_called {
+                    me.conn.as_mut().unwrap().close();
+                    me.close_called = true;
+                    return true;
+                }
+                false
+            }
+            Finish::CloseAfterEof | Finish::NeverSwitchClose => {
+                if !me.eof || me.close_called {
+                    return false;
+                }
+                if me.p.finish == Finish::CloseAfterEof && !me.committed {
+                    if !me.established() {
+                        return false;
+                    }
+                    me.conn
+                        .as_mut()
+                        .unwrap()
+                        .commit_switch(me.tcp_sent)
+                        .unwrap();
+                    me.committed = true;
+                }
+                if !me.established() {
+                    // The upgrade never got anywhere; nothing to do on the ring.
+                    return false;
+                }
+                me.conn.as_mut().unwrap().close();
+                me.close_called = true;
+                true
+            }
+        }
+    }
+
+    // ----- transport ---------------------------------------------------------------------------
+
+    fn pump(&mut self, i: usize) -> bool {
+        let (me, _) = pair(self, i);
+        let Some(conn) = me.conn.as_mut() else {
+            return false;
+        };
+        let mut any = false;
+        while let Some(a) = conn.poll_action() {
+            any = true;
+            match a {
+                Action::WriteData {
+                    cursor,
+                    len,
+                    ring_offset,
+                    remote_addr,
+                    imm,
+                } => {
+                    let peer = conn.peer_ring().unwrap();
+                    assert_eq!(ring_offset as u64, cursor % peer.size.bytes());
+                    assert_eq!(remote_addr, peer.addr + ring_offset as u64);
+                    assert!(len as u64 <= peer.size.bytes() && len > 0);
+                    if me.p.cfg.split_at_wrap {
+                        assert!(ring_offset as u64 + len as u64 <= peer.size.bytes());
+                    }
+                    me.outbound.push_back(Msg::Write {
+                        cursor,
+                        ring_offset,
+                        len,
+                        imm,
+                    });
+                }
+                Action::WriteCredit { remote_addr, imm } => {
+                    assert_eq!(remote_addr, conn.peer_ring().unwrap().addr);
+                    me.outbound.push_back(Msg::Credit { imm });
+                }
+                Action::Send(m) => me
+                    .outbound
+                    .push_back(Msg::Send(m.encode().as_bytes().to_vec())),
+                Action::Teardown => me.teardowns += 1,
+            }
+        }
+        any
+    }
+
+    /// The peer's HCA delivers one message from `i`'s outbound queue.
+    fn deliver(&mut self, i: usize) -> bool {
+        let expect_failure = self.expect_failure;
+        let (me, peer) = pair(self, i);
+        let Some(msg) = me.outbound.pop_front() else {
+            return false;
+        };
+        assert!(
+            peer.posted_recvs > 0,
+            "{} → {}: RNR, no receive posted",
+            me.name,
+            peer.name
+        );
+        peer.posted_recvs -= 1;
+        let peer_conn = peer.conn.as_mut().expect("peer QP exists");
+        let res = match msg {
+            Msg::Write {
+                cursor,
+                ring_offset,
+                len,
+                imm,
+            } => {
+                // The HCA reads the staging area now, not at post time.
+                let size = peer.ring.len();
+                if peer.aborted || peer.close_called {
+                    // A closed application's bytes are discarded (and credited) by the protocol.
+                    peer.ring_consumed = peer_conn.rx_cursors().tail();
+                }
+                assert!(
+                    cursor + len as u64 <= peer.ring_consumed + size as u64,
+                    "{} → {}: write [{cursor}, +{len}) over unread bytes (consumed {})",
+                    me.name,
+                    peer.name,
+                    peer.ring_consumed
+                );
+                let ssize = me.staging.len();
+                for k in 0..len {
+                    peer.ring[(ring_offset + k) % size] = me.staging[(cursor as usize + k) % ssize];
+                }
+                peer_conn.handle_completion(Completion::WriteImm {
+                    imm: imm.encode(),
+                    byte_len: Some(len as u32),
+                })
+            }
+            Msg::Credit { imm } => peer_conn.handle_completion(Completion::WriteImm {
+                imm: imm.encode(),
+                byte_len: Some(0),
+            }),
+            Msg::Send(bytes) => peer_conn.handle_completion(Completion::Recv { payload: &bytes }),
+        };
+        if let Err(e) = res {
+            assert!(
+                expect_failure && e == ErrorReason::Reset,
+                "{} ← {}: completion failed: {e}",
+                peer.name,
+                me.name
+            );
+        }
+        // The transport re-posts the receive right away.
+        peer.posted_recvs += 1;
+        assert!(peer.posted_recvs <= u32::from(peer.p.recv_slots));
+        true
+    }
+
+    /// The shim closes its TCP socket once the ring is torn down, its posted messages have
+    /// completed, and the application closed.
+    fn tcp_close(&mut self, i: usize) -> bool {
+        let (me, _) = pair(self, i);
+        let closing = me.close_called || me.aborted || me.failed.is_some();
+        if me.tcp_closed || !closing || me.teardowns == 0 || !me.outbound.is_empty() {
+            return false;
+        }
+        me.tcp_closed = true;
+        // An abort (or a failure after switching) resets TCP, so that the peer never waits.
+        me.tcp_reset = me.aborted || me.failed.is_some();
+        true
+    }
+
+    /// The shim watches the kernel socket for EOF (liveness) and reports it once every byte
+    /// before it was read.
+    fn tcp_liveness(&mut self, i: usize) -> bool {
+        let expect_failure = self.expect_failure;
+        let (me, peer) = pair(self, i);
+        // EOF comes after every byte; an RST does not wait for unread bytes.
+        let unread = !peer.tcp_out.is_empty() && !peer.tcp_reset;
+        if me.tcp_eof_seen || !peer.tcp_closed || unread || !peer.outbound.is_empty() {
+            return false;
+        }
+        me.tcp_eof_seen = true;
+        if let Some(c) = me.conn.as_mut() {
+            if peer.tcp_reset {
+                c.handle_tcp_reset();
+                // The kernel socket reports ECONNRESET to the application by itself.
+                me.failed.get_or_insert(ErrorReason::Reset);
+            } else if let Err(e) = c.handle_tcp_eof() {
+                assert!(expect_failure, "{}: TCP EOF treated as error: {e}", me.name);
+            }
+        }
+        true
+    }
+
+    /// A aborts: SO_LINGER 0 close.
+    fn abort(&mut self) {
+        let a = &mut self.a;
+        if a.app_finished() {
+            return;
+        }
+        a.aborted = true;
+        if let Some(c) = a.conn.as_mut() {
+            c.abort();
+        }
+    }
+
+    fn step(&mut self, ev: u64) -> bool {
+        let r = match ev {
+            0 => self.server_accept(),
+            1 => self.client_established(),
+            2 => self.server_established(),
+            3 | 4 => self.app_write((ev - 3) as usize),
+            5 | 6 => self.app_read((ev - 5) as usize),
+            7 | 8 => self.pump((ev - 7) as usize),
+            9 | 10 => self.deliver((ev - 9) as usize),
+            11 | 12 => self.app_finish((ev - 11) as usize),
+            13 | 14 => self.tcp_close((ev - 13) as usize),
+            15 | 16 => self.tcp_liveness((ev - 15) as usize),
+            _ => unreachable!(),
+        };
+        if r {
+            self.progress += 1;
+        }
+        r
+    }
+
+    fn done(&self) -> bool {
+        if self.expect_failure {
+            return self.a.app_finished()
+                && self.b.app_finished()
+                && self.a.outbound.is_empty()
+                && self.b.outbound.is_empty()
+                && self.a.teardowns >= 1
+                && self.b.teardowns >= 1
+                && self.b.tcp_eof_seen;
+        }
+        self.a.app_finished()
+            && self.b.app_finished()
+            && self.a.outbound.is_empty()
+            && self.b.outbound.is_empty()
+            && self.a.tcp_closed
+            && self.b.tcp_closed
+            && self.a.tcp_eof_seen
+            && self.b.tcp_eof_seen
+    }
+
+    fn run(&mut self, random_steps: usize) {
+        self.run_random(random_steps);
+        self.drain(100_000);
+        assert!(self.done(), "deadlock: {}", self.describe());
+    }
+
+    fn run_random(&mut self, random_steps: usize) {
+        // Weights per event: handshake ×3, then writes, reads, pumps, deliveries, finishes,
+        // TCP closes and TCP liveness checks.
+        let hs = self.handshake_weight;
+        let weights = [hs, hs, hs, 3, 3, 3, 3, 2, 2, 4, 4, 1, 1, 1, 1, 1, 1];
+        let total: u64 = weights.iter().sum();
+        for step in 0..random_steps {
+            if self.done() {
+                return;
+            }
+            if self.abort_at == Some(step) {
+                self.abort();
+            }
+            let mut x = self.rng.below(total);
+            let mut ev = 0;
+            while x >= weights[ev] {
+                x -= weights[ev];
+                ev += 1;
+            }
+            self.step(ev as u64);
+        }
+        if self.abort_at.is_some() {
+            self.abort();
+        }
+    }
+
+    /// Runs every event in turn until nothing moves (or `done`); returns whether it went quiet
+    /// within `max_rounds`.
+    fn drain(&mut self, max_rounds: usize) -> bool {
+        for _round in 0..max_rounds {
+            if self.done() {
+                return true;
+            }
+            let before = self.progress;
+            for ev in 0..17 {
+                let mut guard = 0;
+                while self.step(ev) {
+                    guard += 1;
+                    assert!(
+                        guard < 1_000_000,
+                        "event {ev} never stops: {}",
+                        self.describe()
+                    );
+                }
+            }
+            if self.progress == before {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn describe(&self) -> String {
+        let d = |e: &Endpoint| {
+            format!(
+                "{}: written {}/{} committed {} shut {} close {} eof {} read {} teardowns {} outbound {} tcp_out {} tcp_closed {} state {:?} tx {:?} rx {:?} slots {:?} txcur {:?} rxcur {:?}",
+                e.name,
+                e.out_pos,
+                e.out_stream.len(),
+                e.committed,
+                e.shut_called,
+                e.close_called,
+                e.eof,
+                e.in_stream.len(),
+                e.teardowns,
+                e.outbound.len(),
+                e.tcp_out.len(),
+                e.tcp_closed,
+                e.conn.as_ref().map(|c| c.state()),
+                e.conn.as_ref().map(|c| c.tx_state()),
+                e.conn.as_ref().map(|c| c.rx_state()),
+                e.conn.as_ref().and_then(|c| c.peer_slots()),
+                e.conn.as_ref().and_then(|c| c.tx_cursors().copied()),
+                e.conn.as_ref().map(|c| *c.rx_cursors()),
+            )
+        };
+        format!("\n{}\n{}", d(&self.a), d(&self.b))
+    }
+
+    fn check(&self) {
+        for (me, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            assert_eq!(
+                me.in_stream.len(),
+                peer.out_stream.len(),
+                "{} read a stream of the wrong length",
+                me.name
+            );
+            assert!(
+                me.in_stream == peer.out_stream,
+                "{}: stream corrupted",
+                me.name
+            );
+            assert_eq!(
+                me.tcp_read, peer.tcp_sent,
+                "{}: switch-over offset not honoured",
+                me.name
+            );
+            assert_eq!(
+                me.teardowns, 1,
+                "{}: Teardown emitted {} times",
+                me.name, me.teardowns
+            );
+            let c = me.conn.as_ref().unwrap();
+            assert_eq!(c.state(), StreamState::Closed, "{}", self.describe());
+            assert_eq!(c.error(), None);
+        }
+    }
+}
+
+/// Reads up to `want` bytes (and at most `limit`) of the peer's TCP stream.
+fn read_tcp(me: &mut Endpoint, peer: &mut Endpoint, want: u64, limit: Option<u64>) -> bool {
+    let n = want
+        .min(limit.unwrap_or(u64::MAX))
+        .min(peer.tcp_out.len() as u64);
+    if n == 0 {
+        return false;
+    }
+    me.in_stream.extend(peer.tcp_out.drain(..n as usize));
+    me.tcp_read += n;
+    if let Some(c) = me.conn.as_mut() {
+        c.note_tcp_read(n)
+            .unwrap_or_else(|e| panic!("{}: TCP read refused: {e}", me.name));
+    }
+    true
+}
+
+fn run_scenario(sc: &Scenario) {
+    let mut sim = Sim::new(sc);
+    sim.run(sc.random_steps);
+    sim.check();
+    if std::env::var_os("SIM_DEBUG").is_some() {
+        let a = sim.a.conn.as_ref().unwrap();
+        let b = sim.b.conn.as_ref().unwrap();
+        eprintln!(
+            "fin {:?}/{:?} len {}/{} tcp {}/{} A {:?} B {:?}",
+            sc.a.finish,
+            sc.b.finish,
+            sc.a.stream_len,
+            sc.b.stream_len,
+            sim.a.tcp_sent,
+            sim.b.tcp_sent,
+            a.stats(),
+            b.stats()
+        );
+    }
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (
+        1u8..=4,
+        prop::option::of(0u16..20),
+        prop_oneof![Just(0u64), 1u64..5000],
+        any::<bool>(),
+    )
+        .prop_map(|(shift, slot_thr, max_write, split)| Config {
+            credit_byte_shift: shift,
+            credit_slot_threshold: slot_thr,
+            max_write,
+            split_at_wrap: split,
+            ..Config::default()
+        })
+}
+
+fn side(finish: Finish) -> impl Strategy<Value = SideParams> {
+    (
+        12u8..=13,
+        4u16..=12,
+        0usize..40_000,
+        prop_oneof![Just(0u32), 0u32..=100],
+        prop_oneof![1usize..64, 1usize..9000],
+        prop_oneof![1usize..64, 1usize..9000],
+        config(),
+    )
+        .prop_map(
+            move |(ring_log2, recv_slots, stream_len, commit_pct, max_chunk, max_read, cfg)| {
+                SideParams {
+                    ring_log2,
+                    recv_slots,
+                    stream_len,
+                    commit_at: stream_len * commit_pct as usize / 100,
+                    max_chunk,
+                    max_read,
+                    cfg,
+                    finish,
+                }
+            },
+        )
+}
+
+fn finishes() -> impl Strategy<Value = (Finish, Finish)> {
+    use Finish::*;
+    prop_oneof![
+        Just((ShutdownThenClose, ShutdownThenClose)),
+        Just((ShutdownThenClose, CloseAfterEof)),
+        Just((CloseAfterEof, ShutdownThenClose)),
+        Just((ShutdownThenClose, NeverSwitchClose)),
+        Just((NeverSwitchClose, ShutdownThenClose)),
+    ]
+}
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    finishes().prop_flat_map(|(fa, fb)| {
+        (any::<u64>(), side(fa), side(fb), 0usize..6000, 1u64..=12).prop_map(
+            |(seed, a, b, random_steps, handshake_weight)| Scenario {
+                seed,
+                a,
+                b,
+                random_steps,
+                abort_at: None,
+                handshake_weight,
+            },
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Both directions at once, random switch points, random interleavings, half-close.
+    #[test]
+    fn streams_survive_any_schedule(sc in scenario()) {
+        run_scenario(&sc);
+    }
+
+    /// A aborts at a random point: B reads a prefix of A's stream, then either finishes
+    /// normally (the abort came after everything) or sees ECONNRESET; nobody hangs.
+    #[test]
+    fn abort_never_hangs(sc in scenario(), at in 0usize..3000) {
+        let sc = Scenario { abort_at: Some(at.min(sc.random_steps)), ..sc };
+        let mut sim = Sim::new(&sc);
+        sim.run(sc.random_steps);
+        let (a, b) = (&sim.a, &sim.b);
+        prop_assert!(a.out_stream.starts_with(&b.in_stream), "B read something A never sent");
+        prop_assert!(b.out_stream.starts_with(&a.in_stream), "A read something B never sent");
+        let bc = b.conn.as_ref().unwrap();
+        if std::env::var_os("SIM_DEBUG").is_some() {
+            eprintln!("abort: B {:?} failed {:?} read {}/{} A-stats {:?}", bc.state(), b.failed, b.in_stream.len(), a.out_stream.len(), a.conn.as_ref().unwrap().stats());
+        }
+        match bc.state() {
+            StreamState::Closed => {}
+            StreamState::Error(e) => prop_assert!(
+                matches!(e, ErrorReason::Reset | ErrorReason::Transport | ErrorReason::PeerVanished),
+                "{e:?}"
+            ),
+            s => prop_assert!(b.app_finished() || sim.done(), "B stuck in {s:?}: {}", sim.describe()),
+        }
+        prop_assert_eq!(a.teardowns, 1);
+        prop_assert_eq!(b.teardowns, 1);
+    }
+
+    /// With the applications idle (all written and read, nobody shutting down), the pair goes
+    /// quiet: no credit answers a credit forever.
+    #[test]
+    fn idle_pair_goes_quiet(sc in scenario()) {
+        let mut sim = Sim::new(&sc);
+        sim.finishing = false;
+        sim.run_random(sc.random_steps);
+        prop_assert!(sim.drain(10_000), "no quiescence: {}", sim.describe());
+        for (me, peer) in [(&sim.a, &sim.b), (&sim.b, &sim.a)] {
+            prop_assert!(me.in_stream == peer.out_stream, "{}: not everything delivered", me.name);
+            prop_assert!(me.outbound.is_empty());
+            let c = me.conn.as_ref().unwrap();
+            prop_assert!(!c.readiness().hup && c.error().is_none());
+        }
+    }
+}
+
+fn fixed(finish_a: Finish, finish_b: Finish, ring_log2: u8, slots: u16, len: usize) -> Scenario {
+    let side = |finish, commit_at| SideParams {
+        ring_log2,
+        recv_slots: slots,
+        stream_len: len,
+        commit_at,
+        max_chunk: 3000,
+        max_read: 5000,
+        cfg: Config::default(),
+        finish,
+    };
+    Scenario {
+        seed: 7,
+        a: side(finish_a, 1000),
+        b: side(finish_b, 0),
+        random_steps: 3000,
+        abort_at: None,
+        handshake_weight: 10,
+    }
+}
+
+#[test]
+fn smallest_ring_fewest_slots_large_transfer() {
+    run_scenario(&fixed(
+        Finish::ShutdownThenClose,
+        Finish::ShutdownThenClose,
+        12,
+        MIN_RECV_SLOTS,
+        200_000,
+    ));
+}
+
+#[test]
+fn one_side_never_switches() {
+    run_scenario(&fixed(
+        Finish::NeverSwitchClose,
+        Finish::ShutdownThenClose,
+        12,
+        4,
+        50_000,
+    ));
+}
+
+#[test]
+fn close_after_eof() {
+    run_scenario(&fixed(
+        Finish::CloseAfterEof,
+        Finish::ShutdownThenClose,
+        13,
+        8,
+        50_000,
+    ));
+}
+
+#[test]
+fn nothing_to_send() {
+    run_scenario(&fixed(
+        Finish::ShutdownThenClose,
+        Finish::ShutdownThenClose,
+        12,
+        4,
+        0,
+    ));
+}
+
+#[test]
+fn credits_are_batched() {
+    // One direction, small writes each sent at once, a reader that consumes everything as soon
+    // as it arrives: credits must come in batches (thresholds), not one per message.
+    let mut sc = fixed(
+        Finish::ShutdownThenClose,
+        Finish::ShutdownThenClose,
+        16,
+        64,
+        100_000,
+    );
+    sc.a.max_chunk = 50;
+    sc.a.commit_at = 0;
+    sc.b.stream_len = 0;
+    sc.b.max_read = 1 << 20;
+    sc.random_steps = 0;
+    let mut sim = Sim::new(&sc);
+    sim.server_accept();
+    sim.client_established();
+    sim.server_established();
+    for _ in 0..100_000 {
+        if sim.a.app_done_writing() {
+            break;
+        }
+        sim.app_write(0);
+        sim.pump(0);
+        while sim.deliver(0) {}
+        while sim.app_read(1) {}
+        sim.pump(1);
+        while sim.deliver(1) {}
+    }
+    sim.run(0);
+    sim.check();
+    let a = sim.a.conn.as_ref().unwrap().stats();
+    let b = sim.b.conn.as_ref().unwrap().stats();
+    if std::env::var_os("SIM_DEBUG").is_some() {
+        eprintln!("batched: A {a:?}\nB {b:?}");
+    }
+    assert!(a.data_writes >= 2000, "{a:?}");
+    // Slot threshold 32 of 64 receives: about one credit per 32 messages.
+    assert!(
+        b.credits_sent * 20 <= a.data_writes,
+        "credits not batched: {b:?} for {a:?}"
+    );
+}
