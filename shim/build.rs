@@ -2,7 +2,7 @@
 //! cdylib only. Stable Rust cannot define C-variadic functions; these few lines of C read the
 //! optional argument per command and call a fixed-signature Rust function.
 //!
-//! The archive is passed as a cdylib link argument (not `rustc-link-lib`) so that the rlib and the
+//! The archive is passed as a cdylib link argument (not `rustc-link-lib`) so that any rlib and the
 //! unit-test executables never contain a definition of `fcntl`/`ioctl`. rustc's version script hides
 //! every symbol it does not know about; `csrc/exports.map` adds the three C symbols to the dynamic
 //! symbol table.

@@ -2,7 +2,9 @@
 //!
 //! Two levels, like rdma-core's `index_map`: a static top array of [`TOP_LEN`] chunk pointers
 //! (in `.bss`, untouched pages cost nothing) and chunks of [`CHUNK_LEN`] `AtomicU64` entries,
-//! mmap'ed on first store of a non-empty entry (mmap, not malloc: `socket`/`accept` are
+//! mmap'ed on first store of a non-empty entry. Chunk 0 (fds below [`CHUNK_LEN`], where almost
+//! every program's fds are) is static, also in `.bss`, so the hooks' fast path finds those
+//! entries with one load instead of two dependent ones. Other chunks are mmap'ed (mmap, not malloc: `socket`/`accept` are
 //! async-signal-safe and may run in a signal handler). A lookup in a chunk that was never
 //! allocated returns [`FdEntry::UNKNOWN`] without touching memory beyond the top array. Chunks
 //! are never freed. Fds at or above [`MAX_FDS`] are always unknown (never tracked).
@@ -17,7 +19,7 @@
 //! publishes through the slot is visible to whoever reads the entry.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// log2 of the chunk length.
 pub const CHUNK_BITS: u32 = 12;
@@ -118,9 +120,17 @@ impl FdEntry {
     pub const fn is_unknown(self) -> bool {
         self.0 == 0
     }
+    /// A TCP candidate with no pending connect: its I/O only needs its bytes counted (the
+    /// hooks' fast path). Upgraded fds and pending connects take the slow path.
+    #[inline(always)]
+    pub const fn is_settled_tcp(self) -> bool {
+        self.0 & (0xff | ((flags::CONNECTING as u64) << 8)) == Kind::TcpCandidate as u64
+    }
     /// A TCP connection whose bytes the shim counts (candidate or upgraded).
-    pub fn is_tcp_stream(self) -> bool {
-        matches!(self.kind(), Kind::TcpCandidate | Kind::Upgraded)
+    #[inline(always)]
+    pub const fn is_tcp_stream(self) -> bool {
+        // As `matches!(self.kind(), TcpCandidate | Upgraded)`, on the raw byte.
+        matches!(self.0 as u8, 2 | 4)
     }
     pub fn with_kind(self, k: Kind) -> FdEntry {
         FdEntry((self.0 & !0xff) | k as u64)
@@ -138,6 +148,14 @@ impl FdEntry {
 
 /// The table. Use the process-wide [`TABLE`].
 pub struct FdTable {
+    /// Chunk 0, always present. `top[0]` stays null.
+    first: [AtomicU64; CHUNK_LEN],
+    /// Set before the first non-UNKNOWN store into chunk 0: until then [`FdTable::for_each`]
+    /// skips it (the exit sweep of a program without sockets costs nothing).
+    first_used: AtomicBool,
+    /// 1 + the highest `top` index ever published: [`FdTable::for_each`] looks no further (the
+    /// exit sweep does not scan 16 Ki null pointers).
+    top_end: AtomicUsize,
     top: [AtomicPtr<AtomicU64>; TOP_LEN],
 }
 
@@ -162,6 +180,9 @@ impl Default for FdTable {
 impl FdTable {
     pub const fn new() -> FdTable {
         FdTable {
+            first: [const { AtomicU64::new(0) }; CHUNK_LEN],
+            first_used: AtomicBool::new(false),
+            top_end: AtomicUsize::new(1),
             top: [const { AtomicPtr::new(core::ptr::null_mut()) }; TOP_LEN],
         }
     }
@@ -169,6 +190,16 @@ impl FdTable {
     /// The entry cell of `fd` if its chunk exists.
     #[inline(always)]
     fn cell(&self, fd: i32) -> Option<&AtomicU64> {
+        // Negative fds become >= 2^31, past chunk 0 (and past MAX_FDS in `split`).
+        if let Some(c) = self.first.get(fd as u32 as usize) {
+            return Some(c);
+        }
+        self.cell_upper(fd)
+    }
+
+    /// The entry cell of `fd >= CHUNK_LEN` if its chunk exists.
+    #[inline]
+    fn cell_upper(&self, fd: i32) -> Option<&AtomicU64> {
         let (hi, lo) = split(fd)?;
         let chunk = self.top.get(hi)?.load(Ordering::Acquire);
         if chunk.is_null() {
@@ -195,6 +226,8 @@ impl FdTable {
         ) {
             // SAFETY: `fresh` came from map_zeroed(CHUNK_BYTES) and was never published.
             unsafe { crate::sys::unmap(fresh as *mut u8, CHUNK_BYTES) };
+        } else {
+            self.top_end.fetch_max(hi + 1, Ordering::AcqRel);
         }
         self.cell(fd)
     }
@@ -202,7 +235,11 @@ impl FdTable {
     /// The entry of `fd` (UNKNOWN if never set, cleared, or out of range).
     #[inline(always)]
     pub fn get(&self, fd: i32) -> FdEntry {
-        match self.cell(fd) {
+        // Chunk 0 first, as its own load (the hooks' fast path: one compare, one load).
+        if let Some(c) = self.first.get(fd as u32 as usize) {
+            return FdEntry(c.load(Ordering::Acquire));
+        }
+        match self.cell_upper(fd) {
             Some(c) => FdEntry(c.load(Ordering::Acquire)),
             None => FdEntry::UNKNOWN,
         }
@@ -218,10 +255,21 @@ impl FdTable {
         };
         match cell {
             Some(c) => {
+                if !e.is_unknown() {
+                    self.mark_used(fd);
+                }
                 c.store(e.0, Ordering::Release);
                 true
             }
             None => e.is_unknown(),
+        }
+    }
+
+    /// Notes that chunk 0 holds (or is about to hold) a non-UNKNOWN entry, if `fd` is in it.
+    #[inline]
+    fn mark_used(&self, fd: i32) {
+        if (fd as u32 as usize) < CHUNK_LEN && !self.first_used.load(Ordering::Relaxed) {
+            self.first_used.store(true, Ordering::Release);
         }
     }
 
@@ -246,6 +294,9 @@ impl FdTable {
         let mut cur = c.load(Ordering::Acquire);
         loop {
             let new = f(FdEntry(cur))?;
+            if !new.is_unknown() {
+                self.mark_used(fd);
+            }
             match c.compare_exchange_weak(cur, new.0, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Some((FdEntry(cur), new)),
                 Err(actual) => cur = actual,
@@ -270,11 +321,23 @@ impl FdTable {
         if first > last {
             return;
         }
-        for hi in (first >> CHUNK_BITS)..=(last >> CHUNK_BITS) {
-            let Some(top) = self.top.get(hi) else { break };
-            if top.load(Ordering::Acquire).is_null() {
-                continue;
-            }
+        let hi_last = (last >> CHUNK_BITS).min(self.top_end.load(Ordering::Acquire) - 1);
+        for hi in (first >> CHUNK_BITS)..=hi_last {
+            let chunk: &[AtomicU64] = if hi == 0 {
+                if !self.first_used.load(Ordering::Acquire) {
+                    continue;
+                }
+                &self.first
+            } else {
+                let Some(top) = self.top.get(hi) else { break };
+                let p = top.load(Ordering::Acquire);
+                if p.is_null() {
+                    continue;
+                }
+                // SAFETY: a non-null chunk pointer was published (Release, in `cell_alloc`)
+                // after mapping CHUNK_LEN zeroed AtomicU64s, which are never unmapped.
+                unsafe { core::slice::from_raw_parts(p, CHUNK_LEN) }
+            };
             let lo_start = if hi == first >> CHUNK_BITS {
                 first & (CHUNK_LEN - 1)
             } else {
@@ -285,11 +348,12 @@ impl FdTable {
             } else {
                 CHUNK_LEN - 1
             };
-            for lo in lo_start..=lo_end {
-                let fd = ((hi << CHUNK_BITS) | lo) as i32;
-                let e = self.get(fd);
-                if !e.is_unknown() {
-                    f(fd, e);
+            let base = (hi << CHUNK_BITS) | lo_start;
+            let cells = chunk.get(lo_start..=lo_end).unwrap_or(&[]);
+            for (i, c) in cells.iter().enumerate() {
+                let v = c.load(Ordering::Acquire);
+                if v != 0 {
+                    f((base + i) as i32, FdEntry(v));
                 }
             }
         }
@@ -321,6 +385,21 @@ mod tests {
         assert_eq!(e2.slot(), 0xdead_beef);
         assert_eq!(e2.with_slot(7).slot(), 7);
         assert!(FdEntry::UNKNOWN.is_unknown());
+        assert!(
+            FdEntry::new(Kind::TcpCandidate, flags::COUNTED | flags::NONBLOCK, 9).is_settled_tcp()
+        );
+        assert!(!FdEntry::new(Kind::TcpCandidate, flags::CONNECTING, 0).is_settled_tcp());
+        assert!(!FdEntry::new(Kind::Upgraded, 0, 0).is_settled_tcp());
+        assert!(!FdEntry::new(Kind::Listening, 0, 0).is_settled_tcp());
+        assert!(!FdEntry::UNKNOWN.is_settled_tcp());
+        for raw in 0..=255u64 {
+            let e = FdEntry::from_raw(raw | (0xabc << 8));
+            assert_eq!(
+                e.is_tcp_stream(),
+                matches!(e.kind(), Kind::TcpCandidate | Kind::Upgraded),
+                "{raw}"
+            );
+        }
         assert_eq!(FdEntry::new(Kind::Unknown, 0, 0), FdEntry::UNKNOWN);
     }
 

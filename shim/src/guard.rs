@@ -6,9 +6,15 @@
 //! functions (logging, the host probe's `dlopen`, writing stats). It is *never* held across the
 //! application's real call, so a signal handler that runs while a hook blocks in `read` still
 //! sees a normal hook.
+//!
+//! The hooks' fast path (see `hooks/mod.rs`) reads no TLS at all: it checks one process-wide
+//! word, [`GATE`], which is zero unless the shim is poisoned or some thread is inside a
+//! [`Section`] (logging, the host probe, writing stats: rare and short). While it is non-zero
+//! every hook takes the slow path, whose per-thread check keeps "calls made by the shim itself
+//! pass through uncounted" exact.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 const IN_SHIM: u32 = 1 << 31;
 const RESOLVING: u32 = 1 << 30;
@@ -18,8 +24,11 @@ thread_local! {
     static TLS: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Set when a hook body panicked: from then on every hook passes straight through.
-static POISONED: AtomicBool = AtomicBool::new(false);
+/// Bit of [`GATE`] set when a hook body panicked: from then on every hook passes straight
+/// through.
+const GATE_POISONED: u32 = 1 << 31;
+/// `GATE_POISONED` | the number of threads currently inside a [`Section`]. Zero almost always.
+static GATE: AtomicU32 = AtomicU32::new(0);
 static NEXT_SHARD: AtomicU32 = AtomicU32::new(0);
 
 #[inline(always)]
@@ -38,16 +47,33 @@ fn store(v: u32) {
 /// shim itself, or the shim is poisoned.
 #[inline(always)]
 pub fn bypass() -> bool {
-    load() & IN_SHIM != 0 || POISONED.load(Relaxed)
+    load() & IN_SHIM != 0 || poisoned()
+}
+
+/// Whether a hook may take its TLS-free fast path: the shim is not poisoned and no thread is
+/// inside a [`Section`]. One relaxed load of a read-mostly word. A thread that entered a
+/// section sees its own increment (program order); other threads may see a stale value, which
+/// only decides whether *their* (application) calls take the fast or the slow path, and both
+/// count them.
+#[inline(always)]
+pub fn fast_ok() -> bool {
+    GATE.load(Relaxed) == 0
 }
 
 /// Marks the shim as broken (a hook body panicked): every later call passes through untouched.
 pub fn poison() {
-    POISONED.store(true, Relaxed);
+    GATE.fetch_or(GATE_POISONED, Relaxed);
 }
 
 pub fn poisoned() -> bool {
-    POISONED.load(Relaxed)
+    GATE.load(Relaxed) & GATE_POISONED != 0
+}
+
+/// In the child of a fork: only the forking thread exists, so the section count is this
+/// thread's own (0 or 1); the poison bit is inherited.
+pub fn after_fork_child() {
+    let mine = u32::from(load() & IN_SHIM != 0);
+    GATE.store((GATE.load(Relaxed) & GATE_POISONED) | mine, Relaxed);
 }
 
 /// RAII: the current thread is running shim-internal code; hooks it reaches pass through.
@@ -58,10 +84,12 @@ pub struct Section {
 impl Section {
     pub fn enter() -> Self {
         let v = load();
-        store(v | IN_SHIM);
-        Section {
-            was_set: v & IN_SHIM != 0,
+        let was_set = v & IN_SHIM != 0;
+        if !was_set {
+            store(v | IN_SHIM);
+            GATE.fetch_add(1, Relaxed);
         }
+        Section { was_set }
     }
 }
 
@@ -69,6 +97,7 @@ impl Drop for Section {
     fn drop(&mut self) {
         if !self.was_set {
             store(load() & !IN_SHIM);
+            GATE.fetch_sub(1, Relaxed);
         }
     }
 }
@@ -133,7 +162,7 @@ fn cx_from(v: u32) -> Cx {
 #[inline(always)]
 pub fn hook_entry() -> Option<Cx> {
     let v = load();
-    if v & IN_SHIM != 0 || POISONED.load(Relaxed) {
+    if v & IN_SHIM != 0 || poisoned() {
         return None;
     }
     Some(cx_from(v))
@@ -149,11 +178,13 @@ mod tests {
         {
             let _a = Section::enter();
             assert!(bypass());
+            assert!(!fast_ok());
             {
                 let _b = Section::enter();
                 assert!(bypass());
             }
             assert!(bypass());
+            assert!(!fast_ok());
         }
         assert!(!bypass());
     }

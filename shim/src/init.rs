@@ -67,6 +67,7 @@ extern "C" fn destructor() {
 /// The child of a fork: its own pid and counters.
 unsafe extern "C" fn after_fork_child() {
     PID.store(sys::getpid(), Ordering::Relaxed);
+    guard::after_fork_child();
     crate::stats::reset();
 }
 

@@ -38,6 +38,41 @@ pub unsafe fn get<F: Copy>(hook: Hook) -> Option<F> {
     Some(unsafe { core::mem::transmute_copy::<usize, F>(&a) })
 }
 
+/// The real function behind `hook` if it is already resolved: one relaxed load, never calls
+/// `dlsym` (the hooks' fast path; the slow path resolves).
+///
+/// # Safety
+/// As [`get`].
+#[inline(always)]
+pub unsafe fn get_resolved<F: Copy>(hook: Hook) -> Option<F> {
+    const { assert!(core::mem::size_of::<F>() == core::mem::size_of::<usize>()) };
+    // Relaxed: the value is the address of code mapped before any thread could call us (see
+    // `get`); a hook that sees 0 takes the slow path, which resolves with Acquire/Release.
+    let a = REAL.get(hook as usize)?.load(Ordering::Relaxed);
+    if a <= ABSENT {
+        return None;
+    }
+    // SAFETY: as in `get`: a resolved address of this symbol, `F` its prototype.
+    Some(unsafe { core::mem::transmute_copy::<usize, F>(&a) })
+}
+
+/// The real function behind `hook`, known to be resolved: one load, no check.
+///
+/// # Safety
+/// As [`get`], and [`get_resolved`] (or `get`) must have returned `Some` for `hook` before:
+/// a cell, once resolved to an address, never changes again (racing resolvers store the same
+/// address; nothing resets it).
+#[inline(always)]
+pub unsafe fn get_known<F: Copy>(hook: Hook) -> F {
+    const { assert!(core::mem::size_of::<F>() == core::mem::size_of::<usize>()) };
+    let a = REAL
+        .get(hook as usize)
+        .map_or(0, |c| c.load(Ordering::Relaxed));
+    debug_assert!(a > ABSENT);
+    // SAFETY: per the contract, `a` is the resolved address of this symbol, `F` its prototype.
+    unsafe { core::mem::transmute_copy::<usize, F>(&a) }
+}
+
 #[cold]
 #[inline(never)]
 fn resolve(hook: Hook, cell: &AtomicUsize) -> usize {

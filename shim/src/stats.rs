@@ -1,9 +1,12 @@
 //! Counters and the stats JSON.
 //!
-//! Per-hook call counters and byte counters are sharded per thread: each thread picks one of
-//! [`SHARDS`] cache-line-aligned shards at its first hook, and a call costs one relaxed
-//! `fetch_add` on a line no other thread touches (unless more than `SHARDS` threads are busy, in
-//! which case two threads share a shard and the `fetch_add` stays correct, only slower).
+//! Per-hook call counters and byte counters live in [`SHARDS`] cache-line-aligned shards, so
+//! that threads rarely increment the same line. A call costs one relaxed `fetch_add` (correct
+//! whoever else shares the shard, only slower then). The shard is chosen without TLS on the
+//! hooks' fast path: by fd number for calls on an fd ([`fd_shard`]: threads serving different
+//! fds land on different shards), by a pointer argument for fd-less calls ([`ptr_shard`]: e.g.
+//! each thread's own `pollfd` array); the slow path uses the thread's shard from its TLS word
+//! ([`Cx`]). The JSON sums all shards, so where a call was counted does not matter.
 //! Connection counters are rare events and live in plain global atomics.
 //!
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
@@ -17,8 +20,9 @@ use crate::reason::FallbackReason;
 use core::fmt::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Number of per-thread counter shards.
-pub const SHARDS: usize = 16;
+/// Number of counter shards (a power of two).
+pub const SHARDS: usize = 64;
+const _: () = assert!(SHARDS.is_power_of_two());
 
 /// Byte counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,9 +46,10 @@ impl Bytes {
     }
 }
 
+/// One shard of the call and byte counters.
 // 128-byte alignment: adjacent-line prefetch pairs lines on x86, so 64 is not always enough.
 #[repr(align(128))]
-struct Shard {
+pub struct Shard {
     calls: [AtomicU64; Hook::COUNT],
     bytes: [AtomicU64; 4],
 }
@@ -67,6 +72,56 @@ static REASONS: [AtomicU64; FallbackReason::COUNT] =
 #[inline(always)]
 fn shard(cx: Cx) -> Option<&'static Shard> {
     SHARD_ARR.get(cx.shard(SHARDS))
+}
+
+/// The shard of calls on `fd` (any value is a valid shard; negative fds included).
+#[inline(always)]
+pub fn fd_shard(fd: i32) -> usize {
+    fd as u32 as usize & (SHARDS - 1)
+}
+
+/// The shard of a call keyed by an address (Fibonacci hashing: the top bits of the product).
+#[inline(always)]
+pub fn ptr_shard(p: usize) -> usize {
+    (p as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) as usize
+        >> (usize::BITS - SHARDS.trailing_zeros())
+}
+
+/// Shard number `shard` (taken modulo [`SHARDS`]).
+#[inline(always)]
+pub fn shard_at(shard: usize) -> &'static Shard {
+    let [first, ..] = &SHARD_ARR;
+    SHARD_ARR.get(shard & (SHARDS - 1)).unwrap_or(first)
+}
+
+/// Counts one call of `h` on shard `shard` (taken modulo [`SHARDS`]).
+#[inline(always)]
+pub fn count_call_at(shard: usize, h: Hook) {
+    shard_at(shard).count_call(h);
+}
+
+impl Shard {
+    /// Counts one call of `h`.
+    #[inline(always)]
+    pub fn count_call(&self, h: Hook) {
+        if let Some(c) = self.calls.get(h as usize) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Adds `n` bytes to counter `b`.
+    #[inline(always)]
+    pub fn add_bytes(&self, b: Bytes, n: u64) {
+        if let Some(c) = self.bytes.get(b as usize) {
+            c.fetch_add(n, Relaxed);
+        }
+    }
+}
+
+/// Adds `n` bytes to counter `b` on shard `shard` (taken modulo [`SHARDS`]).
+#[inline(always)]
+pub fn add_bytes_at(shard: usize, b: Bytes, n: u64) {
+    shard_at(shard).add_bytes(b, n);
 }
 
 /// Counts one call of `h` on the calling thread's shard.
@@ -275,15 +330,40 @@ mod tests {
                 })
             })
             .collect();
+        // ... and keyed by fd / pointer, as the hooks' fast path counts.
+        let keyed: Vec<_> = (0..8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let local = 0u8;
+                    for i in 0..10_000i32 {
+                        count_call_at(fd_shard(i % 7 - 1), Hook::Splice);
+                        count_call_at(ptr_shard(&local as *const u8 as usize + t), Hook::Splice);
+                        add_bytes_at(fd_shard(i), Bytes::RingRx, 1);
+                    }
+                })
+            })
+            .collect();
         threads.into_iter().for_each(|t| t.join().unwrap());
+        keyed.into_iter().for_each(|t| t.join().unwrap());
         let after = Snapshot::take(0);
         assert_eq!(
             after.calls_of(Hook::Splice) - before.calls_of(Hook::Splice),
-            240_000
+            240_000 + 160_000
         );
         assert_eq!(
             after.bytes[Bytes::RingRx as usize] - before.bytes[Bytes::RingRx as usize],
-            720_000
+            720_000 + 80_000
         );
+    }
+
+    #[test]
+    fn shard_keys_in_range() {
+        for fd in [-1, 0, 1, 63, 64, i32::MAX, i32::MIN] {
+            assert!(fd_shard(fd) < SHARDS);
+        }
+        assert_ne!(fd_shard(3), fd_shard(4));
+        for p in [0usize, 1, 0x7fff_ffff_f000, usize::MAX] {
+            assert!(ptr_shard(p) < SHARDS);
+        }
     }
 }

@@ -18,6 +18,7 @@ hook! {
     fn close(fd: c_int) -> c_int;
     id: Close;
     fallback: syscall(SYS_close; fd);
+    fast: unknown(fd);
     |_real, _cx| {
         let e = TABLE.get(fd);
         if !e.is_unknown() && !conn::in_foreign_child() {
@@ -42,6 +43,7 @@ hook! {
     fn dup(fd: c_int) -> c_int;
     id: Dup;
     fallback: syscall(SYS_dup; fd);
+    fast: unknown(fd);
     |real, cx| {
         if TABLE.get(fd).is_unknown() || conn::in_foreign_child() {
             return PassThrough;

@@ -32,8 +32,9 @@ hook! {
     fn __read_chk(fd: c_int, buf: *mut c_void, nbytes: size_t, buflen: size_t) -> ssize_t;
     id: ReadChk;
     fallback: syscall(SYS_read; fd, buf, nbytes);
+    pre: check(nbytes, buflen);
+    fast: io(fd, TcpRx);
     |real, cx| {
-        check(nbytes, buflen);
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
             return PassThrough;
@@ -50,8 +51,9 @@ hook! {
     fn __pread_chk(fd: c_int, buf: *mut c_void, nbytes: size_t, off: off_t, buflen: size_t) -> ssize_t;
     id: PreadChk;
     fallback: syscall(SYS_pread64; fd, buf, nbytes, off);
+    pre: check(nbytes, buflen);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| {
-        check(nbytes, buflen);
         PassThrough
     }
 }
@@ -61,8 +63,9 @@ hook! {
     fn __pread64_chk(fd: c_int, buf: *mut c_void, nbytes: size_t, off: off64_t, buflen: size_t) -> ssize_t;
     id: Pread64Chk;
     fallback: syscall(SYS_pread64; fd, buf, nbytes, off);
+    pre: check(nbytes, buflen);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| {
-        check(nbytes, buflen);
         PassThrough
     }
 }
@@ -72,8 +75,9 @@ hook! {
     fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, fl: c_int) -> ssize_t;
     id: RecvChk;
     fallback: syscall(SYS_recvfrom; fd, buf, len, fl, core::ptr::null_mut::<sockaddr>(), core::ptr::null_mut::<socklen_t>());
+    pre: check(len, buflen);
+    fast: io(fd, TcpRx);
     |real, cx| {
-        check(len, buflen);
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
             return PassThrough;
@@ -90,8 +94,9 @@ hook! {
     fn __recvfrom_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, fl: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
     id: RecvfromChk;
     fallback: syscall(SYS_recvfrom; fd, buf, len, fl, addr, alen);
+    pre: check(len, buflen);
+    fast: io(fd, TcpRx);
     |real, cx| {
-        check(len, buflen);
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
             return PassThrough;
@@ -109,8 +114,9 @@ hook! {
     fn __poll_chk(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
     id: PollChk;
     fallback: syscall(SYS_poll; fds, nfds, timeout);
+    pre: check((nfds as usize).saturating_mul(core::mem::size_of::<pollfd>()), fdslen);
+    fast: always(crate::stats::ptr_shard(fds as usize));
     |_real, _cx| {
-        check((nfds as usize).saturating_mul(core::mem::size_of::<pollfd>()), fdslen);
         PassThrough
     }
 }
@@ -120,8 +126,9 @@ hook! {
     fn __ppoll_chk(fds: *mut pollfd, nfds: nfds_t, tmo: *const timespec, ss: *const sigset_t, fdslen: size_t) -> c_int;
     id: PpollChk;
     fallback: syscall(SYS_ppoll; fds, nfds, tmo, ss, 8usize);
+    pre: check((nfds as usize).saturating_mul(core::mem::size_of::<pollfd>()), fdslen);
+    fast: always(crate::stats::ptr_shard(fds as usize));
     |_real, _cx| {
-        check((nfds as usize).saturating_mul(core::mem::size_of::<pollfd>()), fdslen);
         PassThrough
     }
 }
@@ -133,5 +140,6 @@ hook! {
     fn __fdelt_chk(d: c_long) -> c_long;
     id: FdeltChk;
     fallback: enosys;
+    fast: always(crate::stats::fd_shard(d as c_int));
     |_real, _cx| { PassThrough }
 }

@@ -17,6 +17,7 @@ hook! {
     fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t;
     id: Read;
     fallback: syscall(SYS_read; fd, buf, count);
+    fast: io(fd, TcpRx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -34,6 +35,7 @@ hook! {
     fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t;
     id: Write;
     fallback: syscall(SYS_write; fd, buf, count);
+    fast: io(fd, TcpTx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -51,6 +53,7 @@ hook! {
     fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
     id: Readv;
     fallback: syscall(SYS_readv; fd, iov, cnt);
+    fast: io(fd, TcpRx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -68,6 +71,7 @@ hook! {
     fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
     id: Writev;
     fallback: syscall(SYS_writev; fd, iov, cnt);
+    fast: io(fd, TcpTx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -85,6 +89,7 @@ hook! {
     fn pread(fd: c_int, buf: *mut c_void, count: size_t, off: off_t) -> ssize_t;
     id: Pread;
     fallback: syscall(SYS_pread64; fd, buf, count, off);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| { PassThrough }
 }
 
@@ -93,6 +98,7 @@ hook! {
     fn pread64(fd: c_int, buf: *mut c_void, count: size_t, off: off64_t) -> ssize_t;
     id: Pread64;
     fallback: syscall(SYS_pread64; fd, buf, count, off);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| { PassThrough }
 }
 
@@ -101,6 +107,7 @@ hook! {
     fn pwrite(fd: c_int, buf: *const c_void, count: size_t, off: off_t) -> ssize_t;
     id: Pwrite;
     fallback: syscall(SYS_pwrite64; fd, buf, count, off);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| { PassThrough }
 }
 
@@ -109,6 +116,7 @@ hook! {
     fn pwrite64(fd: c_int, buf: *const c_void, count: size_t, off: off64_t) -> ssize_t;
     id: Pwrite64;
     fallback: syscall(SYS_pwrite64; fd, buf, count, off);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| { PassThrough }
 }
 
@@ -117,6 +125,7 @@ hook! {
     fn recv(fd: c_int, buf: *mut c_void, len: size_t, fl: c_int) -> ssize_t;
     id: Recv;
     fallback: syscall(SYS_recvfrom; fd, buf, len, fl, core::ptr::null_mut::<sockaddr>(), core::ptr::null_mut::<socklen_t>());
+    fast: io(fd, TcpRx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -134,6 +143,7 @@ hook! {
     fn recvfrom(fd: c_int, buf: *mut c_void, len: size_t, fl: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
     id: Recvfrom;
     fallback: syscall(SYS_recvfrom; fd, buf, len, fl, addr, alen);
+    fast: io(fd, TcpRx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -151,6 +161,7 @@ hook! {
     fn recvmsg(fd: c_int, msg: *mut msghdr, fl: c_int) -> ssize_t;
     id: Recvmsg;
     fallback: syscall(SYS_recvmsg; fd, msg, fl);
+    fast: io(fd, TcpRx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -168,6 +179,7 @@ hook! {
     fn send(fd: c_int, buf: *const c_void, len: size_t, fl: c_int) -> ssize_t;
     id: Send;
     fallback: syscall(SYS_sendto; fd, buf, len, fl, core::ptr::null::<sockaddr>(), 0 as socklen_t);
+    fast: io(fd, TcpTx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -185,6 +197,7 @@ hook! {
     fn sendto(fd: c_int, buf: *const c_void, len: size_t, fl: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
     id: Sendto;
     fallback: syscall(SYS_sendto; fd, buf, len, fl, addr, alen);
+    fast: io(fd, TcpTx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -202,6 +215,7 @@ hook! {
     fn sendmsg(fd: c_int, msg: *const msghdr, fl: c_int) -> ssize_t;
     id: Sendmsg;
     fallback: syscall(SYS_sendmsg; fd, msg, fl);
+    fast: io(fd, TcpTx);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -234,6 +248,7 @@ hook! {
     fn recvmmsg(fd: c_int, v: *mut mmsghdr, vlen: c_uint, fl: c_int, tmo: *mut timespec) -> c_int;
     id: Recvmmsg;
     fallback: syscall(SYS_recvmmsg; fd, v, vlen, fl, tmo);
+    fast: not_tcp(fd);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -253,6 +268,7 @@ hook! {
     fn sendmmsg(fd: c_int, v: *mut mmsghdr, vlen: c_uint, fl: c_int) -> c_int;
     id: Sendmmsg;
     fallback: syscall(SYS_sendmmsg; fd, v, vlen, fl);
+    fast: not_tcp(fd);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
@@ -272,6 +288,7 @@ hook! {
     fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t;
     id: Sendfile;
     fallback: syscall(SYS_sendfile; out_fd, in_fd, off, count);
+    fast: io(out_fd, TcpTx);
     |real, cx| {
         let e = TABLE.get(out_fd);
         if !e.is_tcp_stream() {
@@ -289,6 +306,7 @@ hook! {
     fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, count: size_t) -> ssize_t;
     id: Sendfile64;
     fallback: syscall(SYS_sendfile; out_fd, in_fd, off, count);
+    fast: io(out_fd, TcpTx);
     |real, cx| {
         let e = TABLE.get(out_fd);
         if !e.is_tcp_stream() {

@@ -14,6 +14,7 @@ hook! {
     fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int;
     id: Poll;
     fallback: syscall(SYS_poll; fds, nfds, timeout);
+    fast: always(crate::stats::ptr_shard(fds as usize));
     |_real, _cx| { PassThrough }
 }
 
@@ -22,6 +23,7 @@ hook! {
     fn ppoll(fds: *mut pollfd, nfds: nfds_t, tmo: *const timespec, ss: *const sigset_t) -> c_int;
     id: Ppoll;
     fallback: syscall(SYS_ppoll; fds, nfds, tmo, ss, 8usize);
+    fast: always(crate::stats::ptr_shard(fds as usize));
     |_real, _cx| { PassThrough }
 }
 
@@ -30,6 +32,7 @@ hook! {
     fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, x: *mut fd_set, tv: *mut timeval) -> c_int;
     id: Select;
     fallback: syscall(SYS_select; n, r, w, x, tv);
+    fast: always(crate::stats::ptr_shard(r as usize ^ w as usize ^ x as usize));
     |_real, _cx| { PassThrough }
 }
 
@@ -38,6 +41,7 @@ hook! {
     fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, x: *mut fd_set, tmo: *const timespec, ss: *const sigset_t) -> c_int;
     id: Pselect;
     fallback: enosys;
+    fast: always(crate::stats::ptr_shard(r as usize ^ w as usize ^ x as usize));
     |_real, _cx| { PassThrough }
 }
 
@@ -76,6 +80,7 @@ hook! {
     fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
     id: EpollCtl;
     fallback: syscall(SYS_epoll_ctl; epfd, op, fd, ev);
+    fast: always(crate::stats::fd_shard(epfd));
     |_real, _cx| { PassThrough }
 }
 
@@ -84,6 +89,7 @@ hook! {
     fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
     id: EpollWait;
     fallback: syscall(SYS_epoll_wait; epfd, ev, max, timeout);
+    fast: always(crate::stats::fd_shard(epfd));
     |_real, _cx| { PassThrough }
 }
 
@@ -92,6 +98,7 @@ hook! {
     fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, ss: *const sigset_t) -> c_int;
     id: EpollPwait;
     fallback: syscall(SYS_epoll_pwait; epfd, ev, max, timeout, ss, 8usize);
+    fast: always(crate::stats::fd_shard(epfd));
     |_real, _cx| { PassThrough }
 }
 
@@ -100,5 +107,6 @@ hook! {
     fn epoll_pwait2(epfd: c_int, ev: *mut epoll_event, max: c_int, tmo: *const timespec, ss: *const sigset_t) -> c_int;
     id: EpollPwait2;
     fallback: syscall(SYS_epoll_pwait2; epfd, ev, max, tmo, ss, 8usize);
+    fast: always(crate::stats::fd_shard(epfd));
     |_real, _cx| { PassThrough }
 }

@@ -49,6 +49,7 @@ hook! {
     fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
     id: Bind;
     fallback: syscall(SYS_bind; fd, addr, len);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| { PassThrough }
 }
 
@@ -171,6 +172,7 @@ hook! {
     fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
     id: Setsockopt;
     fallback: syscall(SYS_setsockopt; fd, level, name, val, len);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| { PassThrough }
 }
 
@@ -179,6 +181,7 @@ hook! {
     fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
     id: Getsockname;
     fallback: syscall(SYS_getsockname; fd, addr, len);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| { PassThrough }
 }
 
@@ -205,5 +208,6 @@ hook! {
     fn shutdown(fd: c_int, how: c_int) -> c_int;
     id: Shutdown;
     fallback: syscall(SYS_shutdown; fd, how);
+    fast: always(crate::stats::fd_shard(fd));
     |_real, _cx| { PassThrough }
 }
