@@ -93,3 +93,36 @@ fn doctor_gives_a_verdict() {
         assert!(verdict.contains("(no_device: "), "{verdict}");
     }
 }
+
+/// RDMA tier: inside the soft-RoCE VM, doctor finds the device, its active port and its RoCE
+/// GID carrying the test address, and says both libraries load.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn doctor_finds_the_rdma_device_in_the_vm() {
+    let dev = std::env::var("RDMASHIM_TEST_DEVICE")
+        .expect("RDMASHIM_TEST_DEVICE not set: run RDMA tests in the VM tier (scripts/rdma-vm)");
+    let ip: std::net::Ipv4Addr = std::env::var("RDMASHIM_TEST_IP")
+        .expect("RDMASHIM_TEST_IP not set")
+        .parse()
+        .expect("RDMASHIM_TEST_IP is an IPv4 address");
+    let mut c = launcher();
+    c.arg("doctor");
+    let out = run_ok(c, T);
+    assert!(
+        out.contains(&format!("  {dev}: ")),
+        "{dev} not listed:\n{out}"
+    );
+    assert!(out.contains("ACTIVE"), "no active port:\n{out}");
+    let o = ip.octets();
+    let gid_tail = format!("ffff:{:02x}{:02x}:{:02x}{:02x}", o[0], o[1], o[2], o[3]);
+    assert!(
+        out.contains(&gid_tail),
+        "no GID for {ip} ({gid_tail}):\n{out}"
+    );
+    assert!(out.contains("libibverbs.so.1: loads"), "{out}");
+    assert!(out.contains("librdmacm.so.1: loads"), "{out}");
+    let verdict = out.lines().last().unwrap();
+    assert!(verdict.starts_with("verdict: "), "{verdict}");
+    assert!(!verdict.contains("no_device"), "{verdict}");
+    assert!(!verdict.contains("libraries_missing"), "{verdict}");
+}
