@@ -4,8 +4,9 @@
 //! can be decided without touching the OS: the rdma_cm private-data codec ([`handshake`]), the
 //! immediate encoding of RDMA WRITE WITH IMMEDIATE ([`imm`]), control messages ([`control`]),
 //! ring cursors ([`ring`]), receive-slot credits ([`credit`]), the per-direction stream state
-//! machines ([`state`]), and the [`Connection`] driver that ties them together
-//! ([`conn`]). It performs no I/O, reads no clock and contains no `unsafe`: the transport
+//! machines ([`state`]), the [`Connection`] driver that ties them together ([`conn`]), and the
+//! upgrade's own decisions: upgradable addresses, the negative cache, request matching
+//! ([`upgrade`]). It performs no I/O, reads no clock and contains no `unsafe`: the transport
 //! (verbs/rdma_cm, in `rdmashim-core`) feeds it events and performs the [`Action`]s it emits.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -18,6 +19,7 @@ pub mod handshake;
 pub mod imm;
 pub mod ring;
 pub mod state;
+pub mod upgrade;
 mod wire;
 
 pub use conn::{

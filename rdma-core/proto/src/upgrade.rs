@@ -1,0 +1,544 @@
+//! Decisions of the upgrade that need no I/O: which peer addresses can be upgraded at all, the
+//! per-peer negative cache, and the server's matching of rdma_cm connect requests to the TCP
+//! connections the application accepted (see `docs/upgrade.md` §3–4).
+//!
+//! Time is passed in; nothing here reads a clock.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// Why an address is never upgraded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotUpgradable {
+    /// 127.0.0.0/8, ::1 (and ::ffff:127.x): traffic that never leaves the host's loopback;
+    /// RDMA devices have no loopback address.
+    Loopback,
+    /// 0.0.0.0 / ::.
+    Unspecified,
+    /// Multicast or broadcast: not a TCP peer.
+    Multicast,
+}
+
+impl fmt::Display for NotUpgradable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NotUpgradable::Loopback => "loopback address",
+            NotUpgradable::Unspecified => "unspecified address",
+            NotUpgradable::Multicast => "multicast or broadcast address",
+        })
+    }
+}
+
+/// Whether a TCP peer at `ip` could be reached over RDMA (IPv4-mapped IPv6 counts as IPv4).
+pub fn upgradable(ip: IpAddr) -> Result<(), NotUpgradable> {
+    let ip = match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    };
+    if ip.is_loopback() {
+        return Err(NotUpgradable::Loopback);
+    }
+    if ip.is_unspecified() {
+        return Err(NotUpgradable::Unspecified);
+    }
+    let multi = match ip {
+        IpAddr::V4(v4) => v4.is_multicast() || v4.is_broadcast(),
+        IpAddr::V6(v6) => v6.is_multicast(),
+    };
+    if multi {
+        return Err(NotUpgradable::Multicast);
+    }
+    Ok(())
+}
+
+/// How an upgrade attempt to a peer failed, as far as the negative cache cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerFailure {
+    /// The peer's host answered with a reject (no shim listening, or it refused).
+    Rejected,
+    /// No answer: a host without RDMA never answers a CM request.
+    Unreachable,
+    /// Our own deadline passed first.
+    Timeout,
+}
+
+/// Expiry times of the negative cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NegativeCacheConfig {
+    /// After a reject (cheap to retry: the answer comes in a few ms). Default 60 s.
+    pub after_reject: Duration,
+    /// After no answer or a timeout (expensive: every attempt holds resources for seconds).
+    /// Default 600 s.
+    pub after_silence: Duration,
+    /// Most peers remembered (the entry expiring first is evicted). Default 4096.
+    pub capacity: usize,
+}
+
+impl Default for NegativeCacheConfig {
+    fn default() -> Self {
+        NegativeCacheConfig {
+            after_reject: Duration::from_secs(60),
+            after_silence: Duration::from_secs(600),
+            capacity: 4096,
+        }
+    }
+}
+
+impl NegativeCacheConfig {
+    /// The default expiries, both replaced by `secs` when given (`RDMASHIM_NEGATIVE_CACHE_SECS`;
+    /// 0 disables the cache).
+    pub fn with_override(secs: Option<u64>) -> Self {
+        let mut c = Self::default();
+        if let Some(s) = secs {
+            c.after_reject = Duration::from_secs(s);
+            c.after_silence = Duration::from_secs(s);
+        }
+        c
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct NegEntry {
+    until: Instant,
+    failure: PeerFailure,
+}
+
+/// Peers an upgrade recently failed with: no new attempt until the entry expires, so a host
+/// without the shim (or without RDMA) costs one attempt per expiry period, not one per
+/// connection.
+#[derive(Debug)]
+pub struct NegativeCache {
+    cfg: NegativeCacheConfig,
+    entries: HashMap<IpAddr, NegEntry>,
+}
+
+impl NegativeCache {
+    /// An empty cache.
+    pub fn new(cfg: NegativeCacheConfig) -> Self {
+        NegativeCache {
+            cfg,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// `Some(failure)` if attempts to `peer` are suppressed at `now` (expired entries are
+    /// dropped on the way).
+    pub fn check(&mut self, peer: IpAddr, now: Instant) -> Option<PeerFailure> {
+        match self.entries.get(&peer) {
+            Some(e) if now < e.until => Some(e.failure),
+            Some(_) => {
+                self.entries.remove(&peer);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Records a failed attempt to `peer` at `now`.
+    pub fn record(&mut self, peer: IpAddr, failure: PeerFailure, now: Instant) {
+        let ttl = match failure {
+            PeerFailure::Rejected => self.cfg.after_reject,
+            PeerFailure::Unreachable | PeerFailure::Timeout => self.cfg.after_silence,
+        };
+        if ttl.is_zero() || self.cfg.capacity == 0 {
+            return;
+        }
+        if !self.entries.contains_key(&peer) && self.entries.len() >= self.cfg.capacity {
+            self.entries.retain(|_, e| now < e.until);
+            if self.entries.len() >= self.cfg.capacity {
+                if let Some(victim) = self
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, e)| e.until)
+                    .map(|(ip, _)| *ip)
+                {
+                    self.entries.remove(&victim);
+                }
+            }
+        }
+        let until = now + ttl;
+        let e = self
+            .entries
+            .entry(peer)
+            .or_insert(NegEntry { until, failure });
+        // a later failure never shortens a suppression already in force
+        if until >= e.until {
+            *e = NegEntry { until, failure };
+        }
+    }
+
+    /// An upgrade to `peer` succeeded: forget its failures.
+    pub fn forget(&mut self, peer: IpAddr) {
+        self.entries.remove(&peer);
+    }
+
+    /// Entries held (expired ones included until touched).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// A TCP connection as the server sees it: the peer's address and port, and our local port.
+/// (The local IP is implied by the listener the request arrived on.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TupleKey {
+    /// The client's IP (from rdma_cm's event / the accepted socket's peer address).
+    pub peer_ip: IpAddr,
+    /// The client's TCP source port (from the ConnectRequest / the accepted socket).
+    pub peer_port: u16,
+    /// The server's TCP port (the listening port).
+    pub local_port: u16,
+}
+
+/// Limits of the server-side matcher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatcherConfig {
+    /// How long a connect request waits for the application to accept its TCP connection
+    /// (it may still sit in the kernel's backlog). Default 1 s.
+    pub request_wait: Duration,
+    /// How long an accepted TCP connection waits for its connect request before it is decided
+    /// that the client has no shim. Default 3 s (the client sends its request right after its
+    /// connect completes; address resolution under load can take a while).
+    pub accepted_wait: Duration,
+    /// Most pending requests (a flood of bogus requests is rejected, not stored). Default 1024.
+    pub max_requests: usize,
+}
+
+impl Default for MatcherConfig {
+    fn default() -> Self {
+        MatcherConfig {
+            request_wait: Duration::from_secs(1),
+            accepted_wait: Duration::from_secs(3),
+            max_requests: 1024,
+        }
+    }
+}
+
+/// What became of a connect request handed to [`Matcher::on_request`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum RequestOutcome<R, C> {
+    /// Its TCP connection was already accepted: upgrade `conn` with `req`.
+    Matched {
+        /// The request.
+        req: R,
+        /// The accepted connection.
+        conn: C,
+    },
+    /// Kept until its connection is accepted (or [`Matcher::expire`] gives it back).
+    Pending,
+    /// A request for that 4-tuple is already pending: reject this one as a duplicate.
+    Duplicate(R),
+    /// Too many pending requests: reject it (resources).
+    Full(R),
+}
+
+/// Something [`Matcher::expire`] gave up on.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Expired<R, C> {
+    /// No accepted TCP connection matched in time: reject the request (no matching TCP).
+    Request(TupleKey, R),
+    /// No request came for an accepted connection: the client has no shim (or no RDMA); the
+    /// connection stays TCP.
+    Accepted(TupleKey, C),
+}
+
+/// The server's rendezvous between rdma_cm connect requests and accepted TCP connections.
+/// Either may come first; each waits a bounded time for the other.
+#[derive(Debug)]
+pub struct Matcher<R, C> {
+    cfg: MatcherConfig,
+    requests: HashMap<TupleKey, (R, Instant)>,
+    accepted: HashMap<TupleKey, (C, Instant)>,
+}
+
+impl<R, C> Matcher<R, C> {
+    /// An empty matcher.
+    pub fn new(cfg: MatcherConfig) -> Self {
+        Matcher {
+            cfg,
+            requests: HashMap::new(),
+            accepted: HashMap::new(),
+        }
+    }
+
+    /// A connect request for `key` arrived at `now`.
+    pub fn on_request(&mut self, key: TupleKey, req: R, now: Instant) -> RequestOutcome<R, C> {
+        if let Some((conn, _)) = self.accepted.remove(&key) {
+            return RequestOutcome::Matched { req, conn };
+        }
+        if self.requests.contains_key(&key) {
+            return RequestOutcome::Duplicate(req);
+        }
+        if self.requests.len() >= self.cfg.max_requests {
+            return RequestOutcome::Full(req);
+        }
+        self.requests
+            .insert(key, (req, now + self.cfg.request_wait));
+        RequestOutcome::Pending
+    }
+
+    /// The application accepted the TCP connection `key` at `now`. Returns the pending request
+    /// that matches it, or keeps `conn` waiting for one.
+    pub fn on_accepted(&mut self, key: TupleKey, conn: C, now: Instant) -> Option<(R, C)> {
+        if let Some((req, _)) = self.requests.remove(&key) {
+            return Some((req, conn));
+        }
+        self.accepted
+            .insert(key, (conn, now + self.cfg.accepted_wait));
+        None
+    }
+
+    /// The accepted connection `key` went away (closed by the application) before a request
+    /// came: forget it and hand it back.
+    pub fn forget_accepted(&mut self, key: &TupleKey) -> Option<C> {
+        self.accepted.remove(key).map(|(c, _)| c)
+    }
+
+    /// Everything whose wait ended at or before `now`.
+    pub fn expire(&mut self, now: Instant) -> Vec<Expired<R, C>> {
+        let mut out = Vec::new();
+        let due: Vec<TupleKey> = self
+            .requests
+            .iter()
+            .filter(|(_, (_, t))| *t <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in due {
+            if let Some((r, _)) = self.requests.remove(&k) {
+                out.push(Expired::Request(k, r));
+            }
+        }
+        let due: Vec<TupleKey> = self
+            .accepted
+            .iter()
+            .filter(|(_, (_, t))| *t <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in due {
+            if let Some((c, _)) = self.accepted.remove(&k) {
+                out.push(Expired::Accepted(k, c));
+            }
+        }
+        out
+    }
+
+    /// When [`expire`](Self::expire) next has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.requests
+            .values()
+            .map(|(_, t)| *t)
+            .chain(self.accepted.values().map(|(_, t)| *t))
+            .min()
+    }
+
+    /// Pending requests.
+    pub fn pending_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Accepted connections waiting for a request.
+    pub fn waiting_accepted(&self) -> usize {
+        self.accepted.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn loopback_unspecified_and_multicast_are_not_upgradable() {
+        assert_eq!(upgradable(ip("127.0.0.1")), Err(NotUpgradable::Loopback));
+        assert_eq!(upgradable(ip("127.9.8.7")), Err(NotUpgradable::Loopback));
+        assert_eq!(upgradable(ip("::1")), Err(NotUpgradable::Loopback));
+        assert_eq!(
+            upgradable(ip("::ffff:127.0.0.1")),
+            Err(NotUpgradable::Loopback)
+        );
+        assert_eq!(upgradable(ip("0.0.0.0")), Err(NotUpgradable::Unspecified));
+        assert_eq!(upgradable(ip("::")), Err(NotUpgradable::Unspecified));
+        assert_eq!(upgradable(ip("224.0.0.1")), Err(NotUpgradable::Multicast));
+        assert_eq!(
+            upgradable(ip("255.255.255.255")),
+            Err(NotUpgradable::Multicast)
+        );
+        assert_eq!(upgradable(ip("ff02::1")), Err(NotUpgradable::Multicast));
+        for ok in [
+            "10.99.0.1",
+            "192.168.1.2",
+            "::ffff:10.0.0.1",
+            "fe80::1",
+            "2001:db8::1",
+        ] {
+            assert_eq!(upgradable(ip(ok)), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn negative_cache_suppresses_until_expiry() {
+        let t0 = Instant::now();
+        let mut c = NegativeCache::new(NegativeCacheConfig::default());
+        let p = ip("10.0.0.2");
+        assert_eq!(c.check(p, t0), None);
+        c.record(p, PeerFailure::Rejected, t0);
+        assert_eq!(
+            c.check(p, t0 + Duration::from_secs(59)),
+            Some(PeerFailure::Rejected)
+        );
+        assert_eq!(c.check(p, t0 + Duration::from_secs(60)), None);
+        assert!(c.is_empty(), "expired entries are dropped when checked");
+
+        c.record(p, PeerFailure::Unreachable, t0);
+        assert_eq!(
+            c.check(p, t0 + Duration::from_secs(599)),
+            Some(PeerFailure::Unreachable)
+        );
+        // a reject later does not shorten the long suppression
+        c.record(p, PeerFailure::Rejected, t0 + Duration::from_secs(1));
+        assert_eq!(
+            c.check(p, t0 + Duration::from_secs(300)),
+            Some(PeerFailure::Unreachable)
+        );
+        c.forget(p);
+        assert_eq!(c.check(p, t0 + Duration::from_secs(300)), None);
+        // other peers are independent
+        c.record(p, PeerFailure::Timeout, t0);
+        assert_eq!(c.check(ip("10.0.0.3"), t0), None);
+    }
+
+    #[test]
+    fn negative_cache_override_and_disable() {
+        let t0 = Instant::now();
+        let mut c = NegativeCache::new(NegativeCacheConfig::with_override(Some(0)));
+        c.record(ip("10.0.0.2"), PeerFailure::Unreachable, t0);
+        assert!(c.is_empty(), "0 s disables the cache");
+        let mut c = NegativeCache::new(NegativeCacheConfig::with_override(Some(5)));
+        c.record(ip("10.0.0.2"), PeerFailure::Unreachable, t0);
+        assert!(c
+            .check(ip("10.0.0.2"), t0 + Duration::from_secs(4))
+            .is_some());
+        assert!(c
+            .check(ip("10.0.0.2"), t0 + Duration::from_secs(5))
+            .is_none());
+    }
+
+    #[test]
+    fn negative_cache_is_bounded() {
+        let t0 = Instant::now();
+        let cfg = NegativeCacheConfig {
+            capacity: 8,
+            ..Default::default()
+        };
+        let mut c = NegativeCache::new(cfg);
+        for i in 0..100u32 {
+            let p = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
+            c.record(
+                p,
+                PeerFailure::Rejected,
+                t0 + Duration::from_millis(i as u64),
+            );
+            assert!(c.len() <= 8);
+        }
+        // the most recent failures are the ones kept
+        let last = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + 99));
+        assert!(c.check(last, t0 + Duration::from_secs(1)).is_some());
+        let first = IpAddr::V4(Ipv4Addr::from(0x0a00_0000));
+        assert!(c.check(first, t0 + Duration::from_secs(1)).is_none());
+    }
+
+    fn key(port: u16) -> TupleKey {
+        TupleKey {
+            peer_ip: IpAddr::V6(Ipv6Addr::LOCALHOST),
+            peer_port: port,
+            local_port: 7000,
+        }
+    }
+
+    #[test]
+    fn request_first_then_accept_matches() {
+        let t0 = Instant::now();
+        let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
+        assert_eq!(m.on_request(key(1), "req1", t0), RequestOutcome::Pending);
+        assert_eq!(
+            m.on_request(key(1), "again", t0),
+            RequestOutcome::Duplicate("again")
+        );
+        assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(1)));
+        assert_eq!(
+            m.on_accepted(key(2), 20, t0),
+            None,
+            "another tuple does not match"
+        );
+        assert_eq!(m.on_accepted(key(1), 10, t0), Some(("req1", 10)));
+        assert_eq!(m.pending_requests(), 0);
+        assert_eq!(m.waiting_accepted(), 1);
+    }
+
+    #[test]
+    fn accept_first_then_request_matches() {
+        let t0 = Instant::now();
+        let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
+        assert_eq!(m.on_accepted(key(1), 10, t0), None);
+        assert_eq!(
+            m.on_request(key(1), "req", t0 + Duration::from_millis(5)),
+            RequestOutcome::Matched {
+                req: "req",
+                conn: 10
+            }
+        );
+        assert_eq!(m.waiting_accepted(), 0);
+    }
+
+    #[test]
+    fn waits_are_bounded_both_ways() {
+        let t0 = Instant::now();
+        let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
+        m.on_request(key(1), "r", t0);
+        m.on_accepted(key(2), 20, t0);
+        assert!(m.expire(t0 + Duration::from_millis(999)).is_empty());
+        assert_eq!(
+            m.expire(t0 + Duration::from_secs(1)),
+            vec![Expired::Request(key(1), "r")]
+        );
+        assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(3)));
+        assert_eq!(
+            m.expire(t0 + Duration::from_secs(3)),
+            vec![Expired::Accepted(key(2), 20)]
+        );
+        assert_eq!(m.poll_timeout(), None);
+        // a closed connection is forgotten
+        m.on_accepted(key(3), 30, t0);
+        assert_eq!(m.forget_accepted(&key(3)), Some(30));
+        assert!(m.expire(t0 + Duration::from_secs(10)).is_empty());
+    }
+
+    #[test]
+    fn a_request_flood_is_refused_not_stored() {
+        let t0 = Instant::now();
+        let cfg = MatcherConfig {
+            max_requests: 4,
+            ..Default::default()
+        };
+        let mut m: Matcher<u16, ()> = Matcher::new(cfg);
+        for p in 0..4 {
+            assert_eq!(m.on_request(key(p), p, t0), RequestOutcome::Pending);
+        }
+        assert_eq!(m.on_request(key(9), 9, t0), RequestOutcome::Full(9));
+        assert_eq!(m.pending_requests(), 4);
+    }
+}
