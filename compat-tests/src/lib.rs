@@ -180,14 +180,50 @@ impl Drop for Scratch {
     }
 }
 
+/// How a program is put under the shim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// `LD_PRELOAD=librdmashim.so` and `RDMASHIM_*` variables set by the test.
+    Preload,
+    /// The launcher: `rdmashim run --stats PATTERN --log warn -- PROGRAM`.
+    Launcher,
+}
+
 /// A command that runs under the shim (LD_PRELOAD) with its stats labelled `label`.
 pub fn shimmed(prog: impl AsRef<std::ffi::OsStr>, scratch: &Scratch, label: &str) -> Command {
-    let mut c = Command::new(prog);
-    c.env("LD_PRELOAD", &shim().lib)
-        .env("RDMASHIM_STATS", scratch.stats_pattern(label))
-        .env("RDMASHIM_LOG", "warn")
-        .env_remove("RDMASHIM_DISABLE");
-    c
+    under_shim(Via::Preload, prog, scratch, label)
+}
+
+/// A command that runs under the shim `via` the preload variable or the launcher, with its
+/// stats labelled `label`. Arguments added to the command go to `prog`.
+pub fn under_shim(
+    via: Via,
+    prog: impl AsRef<std::ffi::OsStr>,
+    scratch: &Scratch,
+    label: &str,
+) -> Command {
+    match via {
+        Via::Preload => {
+            let mut c = Command::new(prog);
+            c.env("LD_PRELOAD", &shim().lib)
+                .env("RDMASHIM_STATS", scratch.stats_pattern(label))
+                .env("RDMASHIM_LOG", "warn")
+                .env_remove("RDMASHIM_DISABLE");
+            c
+        }
+        Via::Launcher => {
+            let mut c = Command::new(&shim().launcher);
+            c.env_remove("LD_PRELOAD")
+                .env_remove("RDMASHIM_STATS")
+                .env_remove("RDMASHIM_DISABLE")
+                .arg("run")
+                .arg("--stats")
+                .arg(scratch.stats_pattern(label))
+                .args(["--log", "warn", "--"])
+                .arg(prog);
+            c
+        }
+    }
 }
 
 /// Runs `cmd` to completion within `timeout` (killed after), capturing output.

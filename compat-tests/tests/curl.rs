@@ -84,7 +84,7 @@ fn curl_get_post_keepalive() {
     let post_port = free_port().to_string();
     let script = s.dir.join("post_server.py");
     std::fs::write(&script, POST_SERVER).unwrap();
-    let mut cmd = shimmed(&py, &s, "postd");
+    let mut cmd = under_shim(Via::Launcher, &py, &s, "postd");
     cmd.arg(&script).arg(&post_port);
     let mut postd = Server::start(cmd, "post server", "INT");
     wait_listening(
@@ -129,7 +129,7 @@ fn curl_get_post_keepalive() {
     let body = data(1 << 20, 99);
     let body_file = s.dir.join("body.bin");
     std::fs::write(&body_file, &body).unwrap();
-    let mut c = shimmed(&curl, &s, "curl-post");
+    let mut c = under_shim(Via::Launcher, &curl, &s, "curl-post");
     c.args(["-sS", "--fail", "-H", "Expect:", "--data-binary"])
         .arg(format!("@{}", body_file.display()))
         .arg(format!("http://127.0.0.1:{post_port}/upload"));

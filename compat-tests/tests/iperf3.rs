@@ -1,23 +1,23 @@
 //! iperf3 server and client, both under the shim: parallel streams, reverse, bidirectional,
-//! zero-copy (sendfile).
+//! zero-copy (sendfile); some cases through `LD_PRELOAD`, others through `rdmashim run`.
 
 use rdmashim_compat_tests::*;
 use serde_json::Value;
 use std::time::Duration;
 
-fn case(name: &str, client_args: &[&str], data_streams: u64) {
+fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via) {
     let Some(iperf) = require("iperf3") else {
         return;
     };
     let s = Scratch::new(&format!("iperf3-{name}"));
     let port = free_port().to_string();
     // -1: serve one test and exit normally (writing its stats).
-    let mut cmd = shimmed(&iperf, &s, "server");
+    let mut cmd = under_shim(via, &iperf, &s, "server");
     cmd.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
     let mut server = Server::start(cmd, "iperf3 -s", "TERM");
     wait_listening(port.parse().unwrap(), &mut server, Duration::from_secs(20));
 
-    let mut c = shimmed(&iperf, &s, "client");
+    let mut c = under_shim(via, &iperf, &s, "client");
     c.args(["-c", "127.0.0.1", "-p", &port, "-t", "2", "-J"])
         .args(client_args);
     let out = run_ok(c, Duration::from_secs(60));
@@ -103,20 +103,20 @@ fn case(name: &str, client_args: &[&str], data_streams: u64) {
 
 #[test]
 fn parallel_4() {
-    case("p4", &["-P", "4"], 4);
+    case("p4", &["-P", "4"], 4, Via::Preload);
 }
 
 #[test]
 fn reverse() {
-    case("reverse", &["-R"], 1);
+    case("reverse", &["-R"], 1, Via::Launcher);
 }
 
 #[test]
 fn bidir() {
-    case("bidir", &["--bidir"], 2);
+    case("bidir", &["--bidir"], 2, Via::Launcher);
 }
 
 #[test]
 fn zerocopy_sendfile() {
-    case("zerocopy", &["-Z"], 1);
+    case("zerocopy", &["-Z"], 1, Via::Preload);
 }

@@ -96,7 +96,8 @@ fn redis_benchmark_and_cli() {
     }
 
     let cli = |label: &str, args: &[&str]| -> String {
-        let mut c = shimmed(&cli_bin, &s, label);
+        // redis-cli goes through the launcher, server and benchmark through LD_PRELOAD
+        let mut c = under_shim(Via::Launcher, &cli_bin, &s, label);
         c.args(["-h", "127.0.0.1", "-p", &port]).args(args);
         run_ok(c, T).trim().to_string()
     };
