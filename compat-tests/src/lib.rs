@@ -545,3 +545,91 @@ pub fn linked_lib(binary: &Path, soname_part: &str) -> Option<PathBuf> {
 
 /// Default per-command deadline.
 pub const T: Duration = Duration::from_secs(60);
+
+/// Runs one scenario of the `behave` program (src/bin/behave.rs): its server role on `ip`, then
+/// its client role against it, both under the shim `via` the given way, or both without it
+/// (`None`: the kernel's own behaviour, which the scenario asserts). Both roles must succeed
+/// (`peer_death`'s server must die of SIGKILL); under the shim each side's stats must account
+/// for exactly one connection, with the host's fallback reason.
+pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
+    use std::io::BufRead;
+    let s = Scratch::new(&format!("behave-{scenario}"));
+    let cmd = |role: &str| -> Command {
+        let mut c = match via {
+            Some(v) => under_shim(v, bin, &s, role),
+            None => {
+                let mut c = Command::new(bin);
+                c.env_remove("LD_PRELOAD");
+                c
+            }
+        };
+        c.args([scenario, role, ip]);
+        c
+    };
+    let mut srv = cmd("server");
+    srv.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = srv.spawn().expect("spawn behave server");
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("server stdout")).lines();
+    let port = match lines.next() {
+        Some(Ok(l)) if l.starts_with("port ") => l[5..].to_string(),
+        other => {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "{scenario}: server gave no port ({other:?}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    let mut cli = cmd("client");
+    cli.arg(&port);
+    let client_out = run(cli, T);
+    // the server's remaining output and status
+    let (tx, rx) = std::sync::mpsc::channel();
+    let id = child.id();
+    std::thread::spawn(move || {
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let out = child.wait_with_output();
+        let _ = tx.send((rest, out));
+    });
+    let (rest, out) = rx.recv_timeout(T).unwrap_or_else(|_| {
+        signal(id, "KILL");
+        panic!("{scenario}: server did not finish");
+    });
+    let out = out.expect("wait server");
+    let server_err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        client_out.status.success(),
+        "{scenario} client ({via:?}) failed: {}\nstdout: {}\nstderr: {}\nserver stderr: {server_err}",
+        client_out.status,
+        String::from_utf8_lossy(&client_out.stdout),
+        String::from_utf8_lossy(&client_out.stderr)
+    );
+    if scenario == "peer_death" {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "{scenario}: server should die of SIGKILL"
+        );
+    } else {
+        assert!(
+            out.status.success() && rest.iter().any(|l| l == &format!("ok {scenario} server")),
+            "{scenario} server ({via:?}) failed: {}\nstdout: {rest:?}\nstderr: {server_err}",
+            out.status
+        );
+    }
+    if via.is_some() {
+        let c = s.one_stats("client");
+        assert_eq!(c.connections(), 1, "{scenario} client: {:?}", c.raw);
+        c.assert_all_fallback(&expected_reason());
+        if scenario != "peer_death" {
+            // (a process killed by a signal writes no stats)
+            let sv = s.one_stats("server");
+            assert_eq!(sv.connections(), 1, "{scenario} server: {:?}", sv.raw);
+            sv.assert_all_fallback(&expected_reason());
+        }
+    }
+}

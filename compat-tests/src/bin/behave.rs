@@ -1,0 +1,753 @@
+//! Socket behaviour scenarios, one per behaviour, each with a server and a client role:
+//!
+//!   behave SCENARIO server IP        listens on IP:0, prints "port N", serves one connection
+//!   behave SCENARIO client IP PORT   connects and plays the other side
+//!
+//! Each role asserts what Linux's TCP does (the tests in tests/behaviour_*.rs run every
+//! scenario without the shim too, so the expectations are the kernel's own) and prints
+//! "ok SCENARIO ROLE" on success; any deviation panics (exit code 101) with the details.
+//! Under the shim with RDMA, the same scenarios prove the upgraded connection behaves like TCP.
+//!
+//! The calls are made through libc (so they pass through the shim's hooks), with the raw
+//! errno checked where the behaviour is an error.
+
+use std::ffi::c_void;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(10);
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// poll(2) on one fd; returns revents.
+fn poll1(fd: RawFd, events: i16, timeout_ms: i32) -> i16 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    assert!(n >= 0, "poll: errno {}", errno());
+    p.revents
+}
+
+fn recv_flags(fd: RawFd, buf: &mut [u8], flags: i32) -> isize {
+    // SAFETY: buf is valid for buf.len() bytes.
+    unsafe { libc::recv(fd, buf.as_mut_ptr().cast::<c_void>(), buf.len(), flags) }
+}
+
+fn send_flags(fd: RawFd, buf: &[u8], flags: i32) -> isize {
+    // SAFETY: buf is valid for buf.len() bytes.
+    unsafe { libc::send(fd, buf.as_ptr().cast::<c_void>(), buf.len(), flags) }
+}
+
+fn read_exact_fd(fd: RawFd, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    let mut got = 0;
+    let deadline = Instant::now() + T;
+    while got < n {
+        assert!(
+            Instant::now() < deadline,
+            "read_exact timed out at {got}/{n}"
+        );
+        let r = recv_flags(fd, &mut out[got..], 0);
+        assert!(r > 0, "recv returned {r} (errno {}) at {got}/{n}", errno());
+        got += r as usize;
+    }
+    out
+}
+
+fn read_to_eof(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut v = Vec::new();
+    s.read_to_end(&mut v).expect("read to EOF");
+    v
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_shr(13) as u8 ^ seed)
+        .collect()
+}
+
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Non-blocking connect: EINPROGRESS (or immediate success), POLLOUT, SO_ERROR 0; and to a
+/// port nobody listens on: POLLOUT|POLLERR and SO_ERROR ECONNREFUSED.
+mod nonblocking_connect {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        s.write_all(b"world").unwrap();
+    }
+
+    fn nb_connect(addr: SocketAddr) -> (RawFd, i32) {
+        let fam = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain socket(2).
+        let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
+        assert!(fd >= 0);
+        let (sa, len) = sockaddr(addr);
+        // SAFETY: sa holds a valid sockaddr of len bytes.
+        let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
+        (fd, if rc == 0 { 0 } else { errno() })
+    }
+
+    fn so_error(fd: RawFd) -> i32 {
+        let mut e: i32 = -1;
+        let mut l = std::mem::size_of::<i32>() as libc::socklen_t;
+        // SAFETY: e/l are valid out-parameters of the right size.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut e as *mut i32).cast(),
+                &mut l,
+            )
+        };
+        assert_eq!(rc, 0);
+        e
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let (fd, e) = nb_connect(addr);
+        assert!(e == 0 || e == libc::EINPROGRESS, "connect errno {e}");
+        let rev = poll1(fd, libc::POLLOUT, 10_000);
+        assert!(rev & libc::POLLOUT != 0, "no POLLOUT: {rev:#x}");
+        assert_eq!(so_error(fd), 0);
+        // Connecting again: Linux reports the completed asynchronous connect once (0), and
+        // EISCONN from then on (a connect that succeeded at once goes straight to EISCONN).
+        let again = || {
+            let (sa, len) = sockaddr(addr);
+            // SAFETY: sa holds a valid sockaddr of len bytes.
+            let rc =
+                unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
+            if rc == 0 {
+                0
+            } else {
+                errno()
+            }
+        };
+        if e == libc::EINPROGRESS {
+            assert_eq!(
+                again(),
+                0,
+                "the first connect after completion reports success"
+            );
+        }
+        assert_eq!(again(), libc::EISCONN);
+        // SAFETY: fd is ours; TcpStream takes ownership.
+        let mut s = unsafe { TcpStream::from_raw_fd(fd) };
+        s.set_nonblocking(false).unwrap();
+        s.write_all(b"hello").unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"world");
+
+        // refused: a port that was just free
+        let l = TcpListener::bind(SocketAddr::new(addr.ip(), 0)).unwrap();
+        let closed = l.local_addr().unwrap();
+        drop(l);
+        let (fd, e) = nb_connect(closed);
+        if e == libc::EINPROGRESS {
+            let rev = poll1(fd, libc::POLLOUT, 10_000);
+            assert!(
+                rev & (libc::POLLERR | libc::POLLHUP) != 0,
+                "refused: revents {rev:#x}"
+            );
+            assert_eq!(so_error(fd), libc::ECONNREFUSED);
+        } else {
+            assert_eq!(e, libc::ECONNREFUSED);
+        }
+        // SAFETY: our fd.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Edge-triggered epoll: one event per arrival, none for data already reported; EPOLLRDHUP at
+/// the peer's half-close; EPOLLONESHOT disarms until EPOLL_CTL_MOD.
+mod epoll_et {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        let mut go = [0u8; 1];
+        for chunk in [&b"first"[..], b"second", b"third"] {
+            s.read_exact(&mut go).unwrap(); // the client asks for each chunk
+            s.write_all(chunk).unwrap();
+        }
+        s.read_exact(&mut go).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        // wait for the client to finish
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    fn wait(ep: RawFd, timeout_ms: i32) -> Vec<u32> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: evs has room for 8 events.
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, timeout_ms) };
+        assert!(n >= 0, "epoll_wait errno {}", errno());
+        evs[..n as usize]
+            .iter()
+            .map(|e| {
+                assert_eq!({ e.u64 }, 0xfeed, "epoll data not ours");
+                e.events
+            })
+            .collect()
+    }
+
+    fn ctl(ep: RawFd, op: i32, fd: RawFd, events: u32) {
+        let mut ev = libc::epoll_event {
+            events,
+            u64: 0xfeed,
+        };
+        // SAFETY: valid epoll fd, socket fd and event.
+        let rc = unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) };
+        assert_eq!(rc, 0, "epoll_ctl errno {}", errno());
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let fd = s.as_raw_fd();
+        // SAFETY: plain epoll_create1.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        let et = (libc::EPOLLIN | libc::EPOLLET | libc::EPOLLRDHUP) as u32;
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, et);
+        assert!(wait(ep, 100).is_empty(), "event before any data");
+
+        s.write_all(b"g").unwrap();
+        let ev = wait(ep, 10_000);
+        assert_eq!(ev.len(), 1);
+        assert!(ev[0] & libc::EPOLLIN as u32 != 0);
+        // read part of it: edge-triggered, no new event for what is left
+        let mut b = [0u8; 2];
+        assert_eq!(recv_flags(fd, &mut b, 0), 2);
+        assert!(
+            wait(ep, 200).is_empty(),
+            "ET reported data that was already reported"
+        );
+        let mut rest = [0u8; 3];
+        assert_eq!(recv_flags(fd, &mut rest, 0), 3);
+        assert_eq!([&b[..], &rest[..]].concat(), b"first");
+
+        // EPOLLONESHOT: one report, then silence until re-armed
+        ctl(
+            ep,
+            libc::EPOLL_CTL_MOD,
+            fd,
+            (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+        );
+        s.write_all(b"g").unwrap();
+        assert_eq!(wait(ep, 10_000).len(), 1);
+        assert!(wait(ep, 200).is_empty(), "ONESHOT fired twice");
+        ctl(
+            ep,
+            libc::EPOLL_CTL_MOD,
+            fd,
+            (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+        );
+        assert_eq!(
+            wait(ep, 1000).len(),
+            1,
+            "re-armed ONESHOT with data pending must fire"
+        );
+        assert_eq!(read_exact_fd(fd, 6), b"second");
+
+        // level-triggered: reported again and again while data is unread
+        ctl(
+            ep,
+            libc::EPOLL_CTL_MOD,
+            fd,
+            (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+        );
+        s.write_all(b"g").unwrap();
+        assert_eq!(wait(ep, 10_000).len(), 1);
+        assert_eq!(wait(ep, 100).len(), 1, "LT must report unread data again");
+        assert_eq!(read_exact_fd(fd, 5), b"third");
+        assert!(wait(ep, 200).is_empty());
+
+        // the peer's half-close: EPOLLIN | EPOLLRDHUP, and read returns 0
+        s.write_all(b"g").unwrap();
+        let ev = wait(ep, 10_000);
+        assert_eq!(ev.len(), 1);
+        let want = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+        assert_eq!(ev[0] & want, want, "events {:#x}", ev[0]);
+        assert_eq!(recv_flags(fd, &mut b, 0), 0);
+        // SAFETY: our epoll fd.
+        unsafe { libc::close(ep) };
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+}
+
+/// select(2) for read and write readiness; the server speaks first.
+mod select {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        sleep_ms(300);
+        s.write_all(b"220 ready\r\n").unwrap();
+        let mut b = [0u8; 6];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"QUIT\r\n");
+        s.write_all(b"221 bye\r\n").unwrap();
+    }
+
+    fn sel(fd: RawFd, read: bool, timeout_ms: i64) -> bool {
+        // SAFETY: an fd_set is plain data; FD_ZERO/FD_SET initialise it for fd < FD_SETSIZE.
+        unsafe {
+            let mut set: libc::fd_set = std::mem::zeroed();
+            libc::FD_ZERO(&mut set);
+            libc::FD_SET(fd, &mut set);
+            let mut tv = libc::timeval {
+                tv_sec: timeout_ms / 1000,
+                tv_usec: (timeout_ms % 1000) * 1000,
+            };
+            let (r, w) = if read {
+                (&mut set as *mut libc::fd_set, std::ptr::null_mut())
+            } else {
+                (std::ptr::null_mut(), &mut set as *mut libc::fd_set)
+            };
+            let n = libc::select(fd + 1, r, w, std::ptr::null_mut(), &mut tv);
+            assert!(n >= 0, "select errno {}", errno());
+            n == 1 && libc::FD_ISSET(fd, &set)
+        }
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let s = TcpStream::connect(addr).unwrap();
+        let fd = s.as_raw_fd();
+        assert!(sel(fd, false, 1000), "a fresh connection is writable");
+        assert!(!sel(fd, true, 50), "readable before the server spoke");
+        assert!(sel(fd, true, 10_000), "the greeting never became readable");
+        assert_eq!(read_exact_fd(fd, 11).as_slice(), b"220 ready\r\n");
+        assert_eq!(send_flags(fd, b"QUIT\r\n", 0), 6);
+        assert!(sel(fd, true, 10_000));
+        assert_eq!(read_exact_fd(fd, 9).as_slice(), b"221 bye\r\n");
+    }
+}
+
+/// shutdown(SHUT_WR): the peer reads to EOF and can still answer; our later sends fail with
+/// EPIPE (MSG_NOSIGNAL).
+mod half_close {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        let got = read_to_eof(&mut s);
+        assert_eq!(got.len(), 200_000);
+        assert_eq!(fnv(&got), fnv(&pattern(200_000, 7)));
+        // the other direction still works after the peer's half-close
+        s.write_all(format!("{:016x}", fnv(&got)).as_bytes())
+            .unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&pattern(200_000, 7)).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let n = send_flags(s.as_raw_fd(), b"x", libc::MSG_NOSIGNAL);
+        assert_eq!((n, errno()), (-1, libc::EPIPE), "send after SHUT_WR");
+        let reply = read_to_eof(&mut s);
+        assert_eq!(
+            reply,
+            format!("{:016x}", fnv(&pattern(200_000, 7))).as_bytes()
+        );
+        let rev = poll1(s.as_raw_fd(), libc::POLLIN | libc::POLLRDHUP, 0);
+        assert!(
+            rev & libc::POLLRDHUP != 0 && rev & libc::POLLIN != 0,
+            "{rev:#x}"
+        );
+    }
+}
+
+/// MSG_PEEK does not consume; MSG_WAITALL waits for everything; MSG_DONTWAIT gives EAGAIN;
+/// FIONREAD counts what is readable.
+mod peek_waitall {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        s.write_all(&pattern(40, 1)).unwrap();
+        sleep_ms(300);
+        s.write_all(&pattern(60, 2)).unwrap();
+        let mut go = [0u8; 1];
+        s.read_exact(&mut go).unwrap();
+        s.write_all(b"0123456789").unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let fd = s.as_raw_fd();
+        let mut b = [0u8; 200];
+        // WAITALL: returns only when all 100 bytes (sent in two pieces 300 ms apart) are in
+        let t0 = Instant::now();
+        assert_eq!(recv_flags(fd, &mut b[..100], libc::MSG_WAITALL), 100);
+        assert!(
+            t0.elapsed() >= Duration::from_millis(200),
+            "WAITALL returned early"
+        );
+        assert_eq!(&b[..40], &pattern(40, 1)[..]);
+        assert_eq!(&b[40..100], &pattern(60, 2)[..]);
+        // nothing left: DONTWAIT says EAGAIN, FIONREAD says 0
+        assert_eq!(
+            (recv_flags(fd, &mut b, libc::MSG_DONTWAIT), errno()),
+            (-1, libc::EAGAIN)
+        );
+        let mut avail: libc::c_int = -1;
+        // SAFETY: FIONREAD writes one int.
+        assert_eq!(unsafe { libc::ioctl(fd, libc::FIONREAD, &mut avail) }, 0);
+        assert_eq!(avail, 0);
+        s.write_all(b"g").unwrap();
+        assert!(poll1(fd, libc::POLLIN, 10_000) & libc::POLLIN != 0);
+        sleep_ms(100); // let all 10 bytes arrive
+                       // SAFETY: as above.
+        assert_eq!(unsafe { libc::ioctl(fd, libc::FIONREAD, &mut avail) }, 0);
+        assert_eq!(avail, 10);
+        // PEEK twice: same bytes, nothing consumed
+        assert_eq!(recv_flags(fd, &mut b[..4], libc::MSG_PEEK), 4);
+        assert_eq!(&b[..4], b"0123");
+        assert_eq!(recv_flags(fd, &mut b[..10], libc::MSG_PEEK), 10);
+        assert_eq!(&b[..10], b"0123456789");
+        assert_eq!(recv_flags(fd, &mut b[..3], 0), 3);
+        assert_eq!(&b[..3], b"012");
+        assert_eq!(recv_flags(fd, &mut b[..20], libc::MSG_PEEK), 7);
+        assert_eq!(recv_flags(fd, &mut b[..20], 0), 7);
+        assert_eq!(&b[..7], b"3456789");
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+}
+
+/// One thread reads while another writes on the same socket, both directions at full speed.
+mod threads {
+    use super::*;
+
+    const N: usize = 4 << 20;
+
+    pub fn server(s: TcpStream) {
+        // echo with a reader and a writer thread on the same connection
+        let mut r = s.try_clone().unwrap();
+        let mut w = s;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(64);
+        let reader = std::thread::spawn(move || loop {
+            let mut buf = vec![0u8; 7919];
+            let n = r.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            buf.truncate(n);
+            tx.send(buf).unwrap();
+        });
+        for chunk in rx {
+            w.write_all(&chunk).unwrap();
+        }
+        reader.join().unwrap();
+        w.shutdown(Shutdown::Write).unwrap();
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let s = TcpStream::connect(addr).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let data = pattern(N, 3);
+        let expect = fnv(&data);
+        let writer = std::thread::spawn(move || {
+            for c in data.chunks(10_007) {
+                w.write_all(c).unwrap();
+            }
+            w.shutdown(Shutdown::Write).unwrap();
+        });
+        let mut r = s;
+        let got = read_to_eof(&mut r);
+        writer.join().unwrap();
+        assert_eq!(got.len(), N);
+        assert_eq!(fnv(&got), expect);
+    }
+}
+
+/// fork: a child that closes its inherited copy leaves the parent's connection intact (redis
+/// BGSAVE); a child that writes on it is heard.
+mod fork {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 6), b"before");
+        // SAFETY: the child only closes an fd and calls _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: async-signal-safe calls only.
+            unsafe {
+                libc::close(s.as_raw_fd());
+                libc::_exit(0);
+            }
+        }
+        let mut st = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0);
+        s.write_all(b"after-close").unwrap();
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 4), b"next");
+        // a child that uses the connection
+        // SAFETY: the child only calls send and _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let n = send_flags(s.as_raw_fd(), b"from-child", libc::MSG_NOSIGNAL);
+            // SAFETY: async-signal-safe.
+            unsafe { libc::_exit(if n == 10 { 0 } else { 1 }) };
+        }
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "child send failed"
+        );
+        s.write_all(b"+parent").unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"before").unwrap();
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 11), b"after-close");
+        s.write_all(b"next").unwrap();
+        assert_eq!(read_to_eof(&mut s), b"from-child+parent");
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+}
+
+/// dup2 onto another number shares the connection; closing one copy keeps it open; closing the
+/// last one ends it (the peer sees EOF).
+mod dup2 {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 9), b"via-dup2!");
+        s.write_all(b"reply").unwrap();
+        assert_eq!(
+            read_to_eof(&mut s),
+            b"tail",
+            "EOF must follow the last copy's close"
+        );
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let s = TcpStream::connect(addr).unwrap();
+        let fd = s.into_raw_fd();
+        let target = 200;
+        // SAFETY: dup2 onto a free high fd number.
+        assert_eq!(unsafe { libc::dup2(fd, target) }, target);
+        assert_eq!(send_flags(target, b"via-dup2!", 0), 9);
+        // SAFETY: closing the original; the dup keeps the connection.
+        unsafe { libc::close(fd) };
+        assert_eq!(read_exact_fd(target, 5), b"reply");
+        // SAFETY: F_DUPFD_CLOEXEC gives a third copy.
+        let third = unsafe { libc::fcntl(target, libc::F_DUPFD_CLOEXEC, 300) };
+        assert!(third >= 300);
+        // SAFETY: closing one of two copies.
+        unsafe { libc::close(target) };
+        assert_eq!(send_flags(third, b"tail", 0), 4);
+        // SAFETY: the last copy: the connection closes.
+        unsafe { libc::close(third) };
+    }
+}
+
+/// sendfile(2) from a file to the socket.
+mod sendfile {
+    use super::*;
+
+    const N: usize = 3 << 20;
+
+    pub fn server(mut s: TcpStream) {
+        let path = std::env::temp_dir().join(format!("behave-sendfile-{}", std::process::id()));
+        std::fs::write(&path, pattern(N, 9)).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let mut off: libc::off_t = 0;
+        while (off as usize) < N {
+            // SAFETY: valid fds and offset pointer.
+            let n =
+                unsafe { libc::sendfile(s.as_raw_fd(), f.as_raw_fd(), &mut off, N - off as usize) };
+            assert!(n > 0, "sendfile returned {n}, errno {}", errno());
+        }
+        let _ = std::fs::remove_file(&path);
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(
+            read_to_eof(&mut s),
+            format!("{:016x}", fnv(&pattern(N, 9))).as_bytes()
+        );
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let got = read_to_eof(&mut s);
+        assert_eq!(got.len(), N);
+        s.write_all(format!("{:016x}", fnv(&got)).as_bytes())
+            .unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+}
+
+/// The peer process dies mid-stream (SIGKILL): the reader gets EOF or ECONNRESET within a
+/// second of the death, never a hang; writes then fail with EPIPE or ECONNRESET.
+mod peer_death {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        s.write_all(&pattern(100_000, 4)).unwrap();
+        let mut go = [0u8; 1];
+        s.read_exact(&mut go).unwrap();
+        // SAFETY: raise(2): die as a crashed peer would.
+        unsafe { libc::raise(libc::SIGKILL) };
+        unreachable!();
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut got = vec![0u8; 100_000];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(fnv(&got), fnv(&pattern(100_000, 4)));
+        s.write_all(b"k").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let t0 = Instant::now();
+        let mut b = [0u8; 16];
+        let r = s.read(&mut b);
+        let dt = t0.elapsed();
+        match r {
+            Ok(0) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {}
+            other => panic!("after the peer died: {other:?}"),
+        }
+        assert!(
+            dt < Duration::from_secs(2),
+            "took {dt:?} to notice the death"
+        );
+        // writing to a dead peer: the first write may still be accepted locally, then EPIPE or
+        // ECONNRESET
+        let mut failed = None;
+        for _ in 0..50 {
+            let n = send_flags(s.as_raw_fd(), &[0u8; 1024], libc::MSG_NOSIGNAL);
+            if n < 0 {
+                failed = Some(errno());
+                break;
+            }
+            sleep_ms(20);
+        }
+        let e = failed.expect("writes to a dead peer kept succeeding");
+        assert!(e == libc::EPIPE || e == libc::ECONNRESET, "errno {e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is large enough and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+type Server = fn(TcpStream);
+type Client = fn(SocketAddr);
+
+const SCENARIOS: &[(&str, Server, Client)] = &[
+    (
+        "nonblocking_connect",
+        nonblocking_connect::server,
+        nonblocking_connect::client,
+    ),
+    ("epoll_et", epoll_et::server, epoll_et::client),
+    ("select", select::server, select::client),
+    ("half_close", half_close::server, half_close::client),
+    ("peek_waitall", peek_waitall::server, peek_waitall::client),
+    ("threads", threads::server, threads::client),
+    ("fork", fork::server, fork::client),
+    ("dup2", dup2::server, dup2::client),
+    ("sendfile", sendfile::server, sendfile::client),
+    ("peer_death", peer_death::server, peer_death::client),
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: behave SCENARIO server IP | behave SCENARIO client IP PORT";
+    if args.len() < 4 {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    }
+    let Some(&(name, server, client)) = SCENARIOS.iter().find(|s| s.0 == args[1]) else {
+        eprintln!(
+            "unknown scenario {}; known: {:?}",
+            args[1],
+            SCENARIOS.iter().map(|s| s.0).collect::<Vec<_>>()
+        );
+        std::process::exit(2);
+    };
+    let ip: IpAddr = args[3].parse().expect("IP");
+    match args[2].as_str() {
+        "server" => {
+            let l = TcpListener::bind(SocketAddr::new(ip, 0)).expect("bind");
+            println!("port {}", l.local_addr().unwrap().port());
+            std::io::stdout().flush().unwrap();
+            let (s, _) = l.accept().expect("accept");
+            drop(l);
+            server(s);
+        }
+        "client" => {
+            let port: u16 = args.get(4).expect(usage).parse().expect("PORT");
+            client(SocketAddr::new(ip, port));
+        }
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    }
+    println!("ok {name} {}", args[2]);
+}

@@ -1,0 +1,18 @@
+//! epoll: edge-triggered reports each arrival once, EPOLLONESHOT disarms until EPOLL_CTL_MOD, level-triggered repeats, EPOLLRDHUP at the peer's half-close.
+//!
+//! The scenario (src/bin/behave.rs, `epoll_et`) asserts what Linux TCP does; it runs without the
+//! shim (so the expectations are the kernel's own) and with the shim on both ends.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave(BIN, "epoll_et", None, "127.0.0.1");
+}
+
+#[test]
+fn under_the_shim() {
+    behave(BIN, "epoll_et", Some(Via::Preload), "127.0.0.1");
+}

@@ -1,0 +1,18 @@
+//! Half-close: shutdown(SHUT_WR), the peer reads to EOF and answers; a send after SHUT_WR fails with EPIPE; POLLRDHUP at EOF.
+//!
+//! The scenario (src/bin/behave.rs, `half_close`) asserts what Linux TCP does; it runs without the
+//! shim (so the expectations are the kernel's own) and with the shim on both ends.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave(BIN, "half_close", None, "127.0.0.1");
+}
+
+#[test]
+fn under_the_shim() {
+    behave(BIN, "half_close", Some(Via::Preload), "127.0.0.1");
+}

@@ -1,0 +1,18 @@
+//! Non-blocking connect: EINPROGRESS, POLLOUT, SO_ERROR 0, EISCONN on a second connect; a refused port gives POLLERR and ECONNREFUSED.
+//!
+//! The scenario (src/bin/behave.rs, `nonblocking_connect`) asserts what Linux TCP does; it runs without the
+//! shim (so the expectations are the kernel's own) and with the shim on both ends.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave(BIN, "nonblocking_connect", None, "127.0.0.1");
+}
+
+#[test]
+fn under_the_shim() {
+    behave(BIN, "nonblocking_connect", Some(Via::Preload), "127.0.0.1");
+}

@@ -1,0 +1,18 @@
+//! MSG_PEEK does not consume, MSG_WAITALL waits for everything, MSG_DONTWAIT gives EAGAIN, FIONREAD counts readable bytes.
+//!
+//! The scenario (src/bin/behave.rs, `peek_waitall`) asserts what Linux TCP does; it runs without the
+//! shim (so the expectations are the kernel's own) and with the shim on both ends.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave(BIN, "peek_waitall", None, "127.0.0.1");
+}
+
+#[test]
+fn under_the_shim() {
+    behave(BIN, "peek_waitall", Some(Via::Preload), "127.0.0.1");
+}

@@ -1,0 +1,18 @@
+//! The peer process is SIGKILLed mid-stream: the reader sees EOF or ECONNRESET within a second, later writes fail with EPIPE/ECONNRESET.
+//!
+//! The scenario (src/bin/behave.rs, `peer_death`) asserts what Linux TCP does; it runs without the
+//! shim (so the expectations are the kernel's own) and with the shim on both ends.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave(BIN, "peer_death", None, "127.0.0.1");
+}
+
+#[test]
+fn under_the_shim() {
+    behave(BIN, "peer_death", Some(Via::Preload), "127.0.0.1");
+}

@@ -1,0 +1,18 @@
+//! select(2) readiness, with a server that speaks first (SMTP-style greeting before the client sends anything).
+//!
+//! The scenario (src/bin/behave.rs, `select`) asserts what Linux TCP does; it runs without the
+//! shim (so the expectations are the kernel's own) and with the shim on both ends.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave(BIN, "select", None, "127.0.0.1");
+}
+
+#[test]
+fn under_the_shim() {
+    behave(BIN, "select", Some(Via::Preload), "127.0.0.1");
+}

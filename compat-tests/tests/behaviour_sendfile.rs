@@ -1,0 +1,18 @@
+//! sendfile(2) of a 3 MiB file to the socket, checksummed by the peer.
+//!
+//! The scenario (src/bin/behave.rs, `sendfile`) asserts what Linux TCP does; it runs without the
+//! shim (so the expectations are the kernel's own) and with the shim on both ends.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave(BIN, "sendfile", None, "127.0.0.1");
+}
+
+#[test]
+fn under_the_shim() {
+    behave(BIN, "sendfile", Some(Via::Preload), "127.0.0.1");
+}

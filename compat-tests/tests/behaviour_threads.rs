@@ -1,0 +1,18 @@
+//! One thread reads while another writes the same socket, 4 MiB each way, checksummed.
+//!
+//! The scenario (src/bin/behave.rs, `threads`) asserts what Linux TCP does; it runs without the
+//! shim (so the expectations are the kernel's own) and with the shim on both ends.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave(BIN, "threads", None, "127.0.0.1");
+}
+
+#[test]
+fn under_the_shim() {
+    behave(BIN, "threads", Some(Via::Preload), "127.0.0.1");
+}
