@@ -392,10 +392,12 @@ impl Sim {
         }
         let Some(conn) = me.conn.as_mut() else {
             // Before the server's connection object exists: plain TCP reads.
-            return read_tcp(me, peer, n_want as u64, None);
+            return read_tcp(me, peer, n_want as u64, None) || tcp_read_eof(me, peer, None);
         };
         match conn.recv() {
-            Recv::Tcp { limit } => read_tcp(me, peer, n_want as u64, limit),
+            Recv::Tcp { limit } => {
+                read_tcp(me, peer, n_want as u64, limit) || tcp_read_eof(me, peer, limit)
+            }
             Recv::Ring { offset, len } => {
                 let n = n_want.min(len);
                 let size = me.ring.len();
@@ -616,17 +618,24 @@ impl Sim {
     fn tcp_liveness(&mut self, i: usize) -> bool {
         let expect_failure = self.expect_failure;
         let (me, peer) = pair(self, i);
-        // EOF comes after every byte; an RST does not wait for unread bytes.
-        let unread = !peer.tcp_out.is_empty() && !peer.tcp_reset;
+        // EOF comes after every byte; an RST does not wait for unread bytes. Once the
+        // application has closed (or aborted) the socket, the shim owns it: it sees the peer's
+        // FIN through POLLRDHUP, which the kernel reports even with unread bytes before it,
+        // and those bytes are discarded.
+        let app_gone = me.close_called || me.aborted;
+        let unread = !peer.tcp_out.is_empty() && !peer.tcp_reset && !app_gone;
         if me.tcp_eof_seen || !peer.tcp_closed || unread || !peer.outbound.is_empty() {
             return false;
         }
         me.tcp_eof_seen = true;
+        if peer.tcp_reset {
+            // The kernel socket reports ECONNRESET to the application by itself, whether or
+            // not the upgrade got as far as a connection object.
+            me.failed.get_or_insert(ErrorReason::Reset);
+        }
         if let Some(c) = me.conn.as_mut() {
             if peer.tcp_reset {
                 c.handle_tcp_reset();
-                // The kernel socket reports ECONNRESET to the application by itself.
-                me.failed.get_or_insert(ErrorReason::Reset);
             } else if let Err(e) = c.handle_tcp_eof() {
                 assert!(expect_failure, "{}: TCP EOF treated as error: {e}", me.name);
             }
@@ -747,19 +756,23 @@ impl Sim {
     fn describe(&self) -> String {
         let d = |e: &Endpoint| {
             format!(
-                "{}: written {}/{} committed {} shut {} close {} eof {} read {} teardowns {} outbound {} tcp_out {} tcp_closed {} state {:?} tx {:?} rx {:?} slots {:?} txcur {:?} rxcur {:?}",
+                "{}: written {}/{} committed {} shut {} close {} aborted {} failed {:?} eof {} read {} teardowns {} outbound {} tcp_out {} tcp_closed {} tcp_reset {} tcp_eof_seen {} state {:?} tx {:?} rx {:?} slots {:?} txcur {:?} rxcur {:?}",
                 e.name,
                 e.out_pos,
                 e.out_stream.len(),
                 e.committed,
                 e.shut_called,
                 e.close_called,
+                e.aborted,
+                e.failed,
                 e.eof,
                 e.in_stream.len(),
                 e.teardowns,
                 e.outbound.len(),
                 e.tcp_out.len(),
                 e.tcp_closed,
+                e.tcp_reset,
+                e.tcp_eof_seen,
                 e.conn.as_ref().map(|c| c.state()),
                 e.conn.as_ref().map(|c| c.tx_state()),
                 e.conn.as_ref().map(|c| c.rx_state()),
@@ -816,6 +829,18 @@ fn read_tcp(me: &mut Endpoint, peer: &mut Endpoint, want: u64, limit: Option<u64
             .unwrap_or_else(|e| panic!("{}: TCP read refused: {e}", me.name));
     }
     true
+}
+
+/// A read from the kernel socket returns 0 once the peer closed TCP and every byte it sent was
+/// read: with no limit (the peer never switched, or the upgrade fell back) that is the
+/// application's EOF. (With a limit the peer owes TCP bytes before its SwitchOver: an EOF then
+/// is the protocol core's business, reported through `handle_tcp_eof`.)
+fn tcp_read_eof(me: &mut Endpoint, peer: &Endpoint, limit: Option<u64>) -> bool {
+    if limit.is_none() && peer.tcp_closed && !peer.tcp_reset && peer.tcp_out.is_empty() {
+        me.eof = true;
+        return true;
+    }
+    false
 }
 
 fn run_scenario(sc: &Scenario) {
