@@ -143,6 +143,19 @@ impl EventChannel {
         }
     }
 
+    /// Waits up to `timeout` for the next event; for a `CONNECT_REQUEST`, also returns the new
+    /// id it carries, owned (on this channel). The safe way for a listener to take requests.
+    pub fn next_event_owned(self: &Arc<Self>, timeout: Duration) -> Result<(Event, Option<CmId>)> {
+        let ev = self.next_event(timeout)?;
+        if ev.kind != ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST || ev.id.is_null() {
+            return Ok((ev, None));
+        }
+        // SAFETY: a CONNECT_REQUEST just read from this channel; its id is wrapped here once
+        // and the event (which the caller gets back) is only data.
+        let id = unsafe { CmId::from_request(self, &ev)? };
+        Ok((ev, Some(id)))
+    }
+
     /// Waits for an event of kind `want`; any other event is an error carrying what came.
     pub fn expect(
         &self,
@@ -254,6 +267,36 @@ fn sockaddr_of(addr: SocketAddr) -> libc::sockaddr_storage {
         }
     }
     ss
+}
+
+/// Converts a sockaddr of family AF_INET/AF_INET6 (anything else: `None`).
+///
+/// # Safety
+/// `sa` must be the start of a buffer large enough for the address of its family (rdma_cm's
+/// address unions are sockaddr_storage-sized).
+unsafe fn sockaddr_to_std(sa: &libc::sockaddr) -> Option<SocketAddr> {
+    let p = (sa as *const libc::sockaddr).cast::<u8>();
+    match i32::from(sa.sa_family) {
+        libc::AF_INET => {
+            // SAFETY: AF_INET means a sockaddr_in lies here (per the caller's contract);
+            // read_unaligned does not assume its alignment.
+            let sin = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in>()) };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in6>()) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
 }
 
 impl CmId {
@@ -420,6 +463,31 @@ impl CmId {
             },
         });
         Ok(())
+    }
+
+    /// `rdma_migrate_id`: from now on this id's events (ESTABLISHED, DISCONNECTED, …) arrive
+    /// on `channel` instead of the one it was created on (typically: an accepted connection
+    /// leaves its listener's channel for one of its own).
+    pub fn migrate(&mut self, channel: &Arc<EventChannel>) -> Result<()> {
+        // SAFETY: live id and live channel; librdmacm moves the id's pending events with it.
+        let rc = unsafe { (self.lib().cm.rdma_migrate_id)(self.as_ptr(), channel.raw.as_ptr()) };
+        Self::check(rc, "rdma_migrate_id")?;
+        self.channel = channel.clone();
+        Ok(())
+    }
+
+    /// The local address of the id (after bind or address resolution; on an accepted id, the
+    /// address the request came to).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: live id; route.addr.src_addr is a sockaddr_storage-sized union that
+        // librdmacm keeps filled (zero family when unset).
+        unsafe { sockaddr_to_std(ffi::rdma_get_local_addr(&*self.as_ptr())) }
+    }
+
+    /// The peer's address (after address resolution, or on an accepted id).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: as in local_addr, for route.addr.dst_addr.
+        unsafe { sockaddr_to_std(ffi::rdma_get_peer_addr(&*self.as_ptr())) }
     }
 
     /// The capacities the provider granted the QP.

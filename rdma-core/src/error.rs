@@ -125,3 +125,31 @@ impl From<Unavailable> for Error {
 
 /// Result of the RDMA layer.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The `std::io::ErrorKind` a socket-like API reports for this error.
+    pub fn io_kind(&self) -> io::ErrorKind {
+        match self {
+            Self::Unavailable(_) | Self::NoSuchDevice(_) => io::ErrorKind::Unsupported,
+            Self::Call { source, .. } => source.kind(),
+            Self::UnexpectedEvent { got, .. } => match got.as_str() {
+                "RDMA_CM_EVENT_REJECTED" => io::ErrorKind::ConnectionRefused,
+                "RDMA_CM_EVENT_UNREACHABLE"
+                | "RDMA_CM_EVENT_ADDR_ERROR"
+                | "RDMA_CM_EVENT_ROUTE_ERROR" => io::ErrorKind::HostUnreachable,
+                _ => io::ErrorKind::ConnectionAborted,
+            },
+            Self::Completion { .. } => io::ErrorKind::ConnectionReset,
+            Self::InvalidArgument(_) => io::ErrorKind::InvalidInput,
+            Self::Timeout(_) => io::ErrorKind::TimedOut,
+        }
+    }
+}
+
+/// The error as an `io::Error` of the matching kind; the original stays reachable through
+/// `get_ref()`/`into_inner()` (downcast to [`Error`]).
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        io::Error::new(e.io_kind(), e)
+    }
+}

@@ -8,6 +8,9 @@
 //! - [`cm`]: rdma_cm event channels and ids, RC QPs, and the work requests rdmashim posts.
 //! - [`ring`]: the double-mapped ("magic") receive ring.
 //! - [`probe`]: what this host can do, in one call.
+//! - `endpoint` (private): one connection's verbs resources and work requests.
+//! - [`stream`]: the ring-buffer byte stream and the native API ([`Listener`], [`Stream`],
+//!   [`barrier`]).
 //!
 //! The protocol logic (handshake codec, cursors, credits, stream state) is the sans-IO crate
 //! `rdmashim-proto`.
@@ -15,10 +18,13 @@
 #![warn(missing_docs)]
 
 pub mod cm;
+mod endpoint;
 pub mod error;
 pub mod probe;
 pub mod ring;
+pub mod stream;
 pub mod sys;
 pub mod verbs;
 
 pub use error::{Error, Result, Unavailable};
+pub use stream::{barrier, Handle, Listener, RecvHandle, SendHandle, Stream, StreamConfig};

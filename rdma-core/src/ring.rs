@@ -12,8 +12,10 @@
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
-use crate::verbs::page_size;
+use crate::error::Error;
+use crate::verbs::{page_size, Access, Mr, Pd};
 
 /// Why a ring could not be made.
 #[derive(Debug)]
@@ -173,6 +175,59 @@ impl Drop for MagicRing {
     fn drop(&mut self) {
         // SAFETY: both views and the reservation are ours; unmapped once.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.size * 2) };
+    }
+}
+
+impl From<RingError> for Error {
+    fn from(e: RingError) -> Self {
+        match e {
+            RingError::BadSize(_) => Error::InvalidArgument(
+                "ring size must be a power of two and a multiple of the page size",
+            ),
+            RingError::Os(call, source) => Error::Call { call, source },
+        }
+    }
+}
+
+/// A [`MagicRing`] with a registration covering both views (`2 * size` bytes), so that any
+/// RDMA access of up to `size` bytes at an offset below `size` lies inside the MR.
+///
+/// Field order matters: the registration is dropped (deregistered) before the mapping it
+/// covers is unmapped.
+pub struct RegisteredRing {
+    mr: Mr,
+    ring: MagicRing,
+}
+
+impl RegisteredRing {
+    /// Maps a ring of `size` bytes and registers it with `access` ([`Access::RING`] for a
+    /// receive ring, [`Access::LOCAL`] for a send staging area).
+    pub fn new(pd: &Arc<Pd>, size: usize, access: Access) -> Result<Self, Error> {
+        let ring = MagicRing::new(size)?;
+        // SAFETY: the mapping lives in `ring`, which this value owns and drops only after
+        // `mr` (field order), so the memory stays mapped for the registration's whole life.
+        let mr = unsafe { Mr::register(pd, ring.as_ptr(), ring.mapped_len(), access)? };
+        Ok(Self { mr, ring })
+    }
+
+    /// The registration (lkey/rkey, address of the first view).
+    pub fn mr(&self) -> &Mr {
+        &self.mr
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &MagicRing {
+        &self.ring
+    }
+
+    /// The ring, mutably.
+    pub fn ring_mut(&mut self) -> &mut MagicRing {
+        &mut self.ring
+    }
+
+    /// Ring size in bytes.
+    pub fn size(&self) -> usize {
+        self.ring.size()
     }
 }
 

@@ -190,6 +190,7 @@ fn_table! {
         rdma_ack_cm_event: fn(*mut rdma_cm_event) -> c_int;
         rdma_create_qp: fn(*mut rdma_cm_id, *mut ibv_pd, *mut ibv_qp_init_attr) -> c_int;
         rdma_destroy_qp: fn(*mut rdma_cm_id);
+        rdma_migrate_id: fn(*mut rdma_cm_id, *mut rdma_event_channel) -> c_int;
         rdma_event_str: fn(ffi::rdma_cm_event_type::Type) -> *const c_char;
     }
 }

@@ -411,6 +411,22 @@ impl Drop for Cq {
     }
 }
 
+/// An all-zero work completion, to fill with [`Cq::poll`].
+pub fn empty_wc() -> ffi::ibv_wc {
+    // SAFETY: ibv_wc is a plain C struct (integers and an integer union); all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The immediate of a work completion as the provider stored it (`__be32`: pass it through
+/// `u32::from_be` once), or `None` when `wc_flags` lacks `IBV_WC_WITH_IMM`.
+pub fn wc_imm_data(wc: &ffi::ibv_wc) -> Option<u32> {
+    if wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
+        return None;
+    }
+    // SAFETY: both members of the union are u32; any bit pattern is a valid u32.
+    Some(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
+}
+
 /// Access rights of a memory registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access(pub u32);
@@ -647,4 +663,30 @@ pub(crate) fn poll_readable(fd: RawFd, timeout_ms: i32, call: &'static str) -> R
         }
         return Ok(rc > 0);
     }
+}
+
+/// `poll(2)` for readability on several fds; returns how many are ready (0 on timeout or
+/// EINTR). `timeout_ms` −1 waits forever.
+pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> Result<usize> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: pfds is a valid array of pfds.len() pollfd structs for the call's duration.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(Error::Call {
+            call: "poll",
+            source: e,
+        });
+    }
+    Ok(rc as usize)
 }

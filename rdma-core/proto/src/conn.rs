@@ -339,7 +339,18 @@ pub struct Connection {
     peer_read_closed: bool,
     local_read_shut: bool,
     teardown: Teardown,
+    /// Barriers requested locally / posted / received from the peer (epochs, from 1).
+    barriers: Barriers,
     stats: Stats,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Barriers {
+    requested: u64,
+    posted: u64,
+    received: u64,
+    /// `tx.head` at the latest request: barriers go out once the data before it is posted.
+    after: u64,
 }
 
 impl Connection {
@@ -380,6 +391,7 @@ impl Connection {
             peer_read_closed: false,
             local_read_shut: false,
             teardown: Teardown::No,
+            barriers: Barriers::default(),
             stats: Stats::default(),
         })
     }
@@ -550,6 +562,23 @@ impl Connection {
             return Err(SendError::WouldBlock);
         }
         Ok(SendGrant { cursor, len: n })
+    }
+
+    /// Enters a barrier: a `Barrier` message goes out after the bytes accepted so far (see
+    /// [`ControlMsg::Barrier`]). Returns its epoch; the peer has reached the same barrier once
+    /// [`Self::barriers_received`] is at least that epoch. Needs the sending direction on the
+    /// ring and not shut down (the errors are those of [`Self::send`]).
+    pub fn barrier(&mut self) -> Result<u64, SendError> {
+        self.send(0)?;
+        let head = self.peer.as_ref().map_or(0, |p| p.tx.head());
+        self.barriers.requested += 1;
+        self.barriers.after = head;
+        Ok(self.barriers.requested)
+    }
+
+    /// Barriers received from the peer so far.
+    pub fn barriers_received(&self) -> u64 {
+        self.barriers.received
     }
 
     /// `shutdown(SHUT_WR)`: ShutdownWrite goes out after the queued bytes; the peer reads them,
@@ -794,6 +823,7 @@ impl Connection {
                             .map_err(|e| v(Violation::BadCredit(e)))?;
                         peer.slots.restore(slots).map_err(v)?;
                     }
+                    ControlMsg::Barrier { .. } => self.barriers.received += 1,
                     ControlMsg::Ignored { .. } => {}
                 }
             }
@@ -891,6 +921,20 @@ impl Connection {
         if !self.switch_posted {
             return None;
         }
+        if self.barriers.posted < self.barriers.requested
+            && peer.tx.posted() >= self.barriers.after
+            && !matches!(self.tx_state, TxState::Finished(_))
+        {
+            if !peer.slots.can_post_message() {
+                return None;
+            }
+            peer.slots.take();
+            self.barriers.posted += 1;
+            self.stats.control_sent += 1;
+            return Some(Action::Send(ControlMsg::Barrier {
+                epoch: self.barriers.posted,
+            }));
+        }
         let max = match self.cfg.max_write {
             0 => peer.tx.size().bytes(),
             m => m.min(peer.tx.size().bytes()),
@@ -922,7 +966,7 @@ impl Connection {
             });
         }
         if let TxState::Finishing(fin) = self.tx_state {
-            if !peer.slots.can_post_message() {
+            if self.barriers.posted < self.barriers.requested || !peer.slots.can_post_message() {
                 return None;
             }
             peer.slots.take();

@@ -16,7 +16,11 @@
 //! | 3    | Close         | ring_bytes: u64 (final tx cursor)     | bit0 RESET  | 12     |
 //! | 4    | CreditUpdate  | read_cursor: u64, slots: u32          | -           | 16     |
 //! | 5-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
-//! | 128-255 | (may ignore → [`ControlMsg::Ignored`], any body)   |          |             | ≤ 64   |
+//! | 128   | Barrier       | epoch: u64 (1, 2, … per direction)    | -           | 12     |
+//! | 129-255 | (may ignore → [`ControlMsg::Ignored`], any body)   |          |             | ≤ 64   |
+//!
+//! Barrier is a may-ignore kind on purpose: it only means something to a peer that takes part
+//! in a barrier itself, and a peer that does not know it loses nothing by ignoring it.
 //!
 //! The format belongs to the protocol version agreed in the handshake, so a message carries no
 //! version byte of its own. Zero padding after a message is accepted, as for the handshake.
@@ -31,6 +35,8 @@ const KIND_SWITCH_OVER: u8 = 1;
 const KIND_SHUTDOWN_WRITE: u8 = 2;
 const KIND_CLOSE: u8 = 3;
 const KIND_CREDIT_UPDATE: u8 = 4;
+/// Kind byte of [`ControlMsg::Barrier`] (a may-ignore kind).
+pub const KIND_BARRIER: u8 = 128;
 /// Kinds at or above this may be ignored by a receiver that does not know them.
 pub const FIRST_IGNORABLE_KIND: u8 = 128;
 const CLOSE_RESET: u8 = 0x01;
@@ -64,6 +70,12 @@ pub enum ControlMsg {
         read_cursor: u64,
         /// Receives re-posted since the previous credit.
         slots: u32,
+    },
+    /// The sender reached a barrier (the native API's `barrier`); `epoch` counts the sender's
+    /// barriers on this connection, from 1. It follows the data the sender accepted before it.
+    Barrier {
+        /// 1 for the first barrier, 2 for the next, …
+        epoch: u64,
     },
     /// A may-ignore message from a newer peer; it still used a receive slot.
     Ignored {
@@ -108,8 +120,11 @@ impl ControlMsg {
                     .u64(read_cursor)
                     .u32(slots);
             }
+            ControlMsg::Barrier { epoch } => {
+                w.u8(KIND_BARRIER).u8(0).u16(0).u64(epoch);
+            }
             ControlMsg::Ignored { kind } => {
-                debug_assert!(kind >= FIRST_IGNORABLE_KIND);
+                debug_assert!(kind > KIND_BARRIER);
                 w.u8(kind).u8(0).u16(0);
             }
         }
@@ -130,11 +145,11 @@ impl ControlMsg {
         }
         let mut r = Reader::new(input);
         let kind = r.u8()?;
-        if kind >= FIRST_IGNORABLE_KIND {
+        if kind > KIND_BARRIER {
             return Ok(ControlMsg::Ignored { kind });
         }
         let (len, allowed_flags) = match kind {
-            KIND_SWITCH_OVER | KIND_SHUTDOWN_WRITE => (12, 0),
+            KIND_SWITCH_OVER | KIND_SHUTDOWN_WRITE | KIND_BARRIER => (12, 0),
             KIND_CLOSE => (12, CLOSE_RESET),
             KIND_CREDIT_UPDATE => (16, 0),
             0 if input.iter().all(|&b| b == 0) => return Err(DecodeError::Empty),
@@ -157,6 +172,7 @@ impl ControlMsg {
                 ring_bytes: r.u64()?,
                 reset: flags & CLOSE_RESET != 0,
             },
+            KIND_BARRIER => ControlMsg::Barrier { epoch: r.u64()? },
             _ => ControlMsg::CreditUpdate {
                 read_cursor: r.u64()?,
                 slots: r.u32()?,
@@ -189,6 +205,37 @@ mod tests {
         .encode();
         assert_eq!(b.as_bytes().len(), 16);
         assert!(b.as_bytes().len() <= MAX_CONTROL_LEN);
+        let b = ControlMsg::Barrier { epoch: 0x0102 }.encode();
+        assert_eq!(b.as_bytes(), &[128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(
+            ControlMsg::decode(b.as_bytes()),
+            Ok(ControlMsg::Barrier { epoch: 0x0102 })
+        );
+    }
+
+    #[test]
+    fn barrier_rejects() {
+        assert_eq!(
+            ControlMsg::decode(&[128, 0, 0, 0, 0]),
+            Err(DecodeError::Truncated { need: 12, got: 5 })
+        );
+        assert_eq!(
+            ControlMsg::decode(&[128, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Err(DecodeError::UnknownFlags(1))
+        );
+        assert_eq!(
+            ControlMsg::decode(&[128, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Err(DecodeError::ReservedNonZero { offset: 2 })
+        );
+        assert_eq!(
+            ControlMsg::decode(&[128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 9]),
+            Err(DecodeError::TrailingBytes { offset: 13 })
+        );
+        // the next may-ignore kind is still ignored
+        assert_eq!(
+            ControlMsg::decode(&[129]),
+            Ok(ControlMsg::Ignored { kind: 129 })
+        );
     }
 
     #[test]

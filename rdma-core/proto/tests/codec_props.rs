@@ -85,7 +85,8 @@ fn control() -> impl Strategy<Value = ControlMsg> {
             .prop_map(|(ring_bytes, reset)| ControlMsg::Close { ring_bytes, reset }),
         (any::<u64>(), any::<u32>())
             .prop_map(|(read_cursor, slots)| ControlMsg::CreditUpdate { read_cursor, slots }),
-        (FIRST_IGNORABLE_KIND..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
+        any::<u64>().prop_map(|epoch| ControlMsg::Barrier { epoch }),
+        (FIRST_IGNORABLE_KIND + 1..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
     ]
 }
 

@@ -804,3 +804,40 @@ fn readiness_mirrors_tcp_poll() {
     flow(&mut a, &mut b).unwrap();
     assert!(b.is_readable());
 }
+
+#[test]
+fn barrier_follows_earlier_data_and_is_counted() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    let g = a.send(100).unwrap();
+    assert_eq!(g.len, 100);
+    assert_eq!(a.barrier(), Ok(1));
+    let out = flow(&mut a, &mut b).unwrap();
+    assert!(
+        matches!(out[0], Action::WriteData { len: 100, .. }),
+        "{out:?}"
+    );
+    assert_eq!(out[1], Action::Send(ControlMsg::Barrier { epoch: 1 }));
+    assert_eq!(b.barriers_received(), 1);
+    assert_eq!(a.barriers_received(), 0);
+    assert_eq!(b.barrier(), Ok(1));
+    assert_eq!(b.barrier(), Ok(2));
+    settle(&mut a, &mut b);
+    assert_eq!(a.barriers_received(), 2);
+    // a barrier after shutdown is refused like a send
+    a.shutdown_write().unwrap();
+    assert_eq!(a.barrier(), Err(SendError::Shutdown));
+}
+
+#[test]
+fn pending_barrier_goes_out_before_the_fin() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.barrier().unwrap();
+    a.shutdown_write().unwrap();
+    let out = flow(&mut a, &mut b).unwrap();
+    assert_eq!(out[0], Action::Send(ControlMsg::Barrier { epoch: 1 }));
+    assert!(
+        matches!(out[1], Action::Send(ControlMsg::ShutdownWrite { .. })),
+        "{out:?}"
+    );
+    assert_eq!(b.barriers_received(), 1);
+}

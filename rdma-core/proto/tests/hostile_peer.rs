@@ -46,7 +46,8 @@ fn op() -> impl Strategy<Value = Op> {
                 read_cursor: c,
                 slots: s
             }),
-            (128u8..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
+            (0u64..4).prop_map(|epoch| ControlMsg::Barrier { epoch }),
+            (129u8..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
         ]
         .prop_map(Op::Control),
         (0u64..5000).prop_map(Op::TcpRead),

@@ -1,0 +1,135 @@
+//! Ring-stream micro-benchmark, the counterpart of perftest's `ib_write_lat`/`ib_write_bw`
+//! (used by `scripts/bench-transport`; run it in the VM tier).
+//!
+//! ```text
+//! ring_bench lat ADDR [ITERS] [SIZE]   ping-pong of SIZE (64) bytes; prints the median one-way
+//!                                      latency (round trip / 2, as ib_write_lat's t_typical)
+//! ring_bench bw ADDR [MIB] [SIZE]      streams MIB (256) MiB in SIZE (65536)-byte sends; prints
+//!                                      MiB/s (2^20 bytes, as perftest's MB/sec)
+//! ```
+//!
+//! Server and client are two threads of one process (perftest runs two processes on the same
+//! device: the data path is the same). Both busy-poll (`spin` = 10 s), as perftest does;
+//! `RING_BENCH_SPIN_US` overrides that.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdmashim_core::{Listener, Stream, StreamConfig};
+
+fn cfg() -> StreamConfig {
+    let spin = std::env::var("RING_BENCH_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(10), Duration::from_micros);
+    let mut c = StreamConfig {
+        spin,
+        ..StreamConfig::default()
+    };
+    if let Some(r) = std::env::var("RING_BENCH_RING")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        c.ring_size = r;
+    }
+    if let Some(m) = std::env::var("RING_BENCH_MAX_WRITE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        c.protocol.max_write = m;
+    }
+    c
+}
+
+fn pair(addr: SocketAddr) -> (Stream, Stream) {
+    let l = Listener::bind_with(addr, cfg()).expect("bind");
+    let t = thread::spawn(move || l.accept().expect("accept"));
+    let c = Stream::connect_with(addr, cfg()).expect("connect");
+    (c, t.join().unwrap())
+}
+
+fn lat(addr: SocketAddr, iters: usize, size: usize) {
+    let (mut c, mut s) = pair(addr);
+    let warm = iters / 10 + 10;
+    let server = thread::spawn(move || {
+        let mut buf = vec![0u8; size];
+        for _ in 0..iters + warm {
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+        }
+        s
+    });
+    let mut buf = vec![0u8; size];
+    let mut rtts = Vec::with_capacity(iters);
+    for i in 0..iters + warm {
+        let t = Instant::now();
+        c.write_all(&buf).unwrap();
+        c.read_exact(&mut buf).unwrap();
+        if i >= warm {
+            rtts.push(t.elapsed());
+        }
+    }
+    let s = server.join().unwrap();
+    rtts.sort();
+    let med = rtts[rtts.len() / 2].as_secs_f64() * 1e6 / 2.0;
+    let p99 = rtts[rtts.len() * 99 / 100].as_secs_f64() * 1e6 / 2.0;
+    eprintln!(
+        "ring lat: {iters} round trips of {size} B, one-way median {med:.2} us, p99 {p99:.2} us"
+    );
+    println!("lat_us={med:.3}");
+    drop((c, s));
+}
+
+fn bw(addr: SocketAddr, mib: usize, size: usize) {
+    let (mut c, mut s) = pair(addr);
+    let total = mib << 20;
+    let server = thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        let mut t0 = None;
+        while got < total {
+            let n = s.recv(&mut buf).unwrap();
+            assert!(n > 0, "early EOF");
+            t0.get_or_insert_with(Instant::now);
+            got += n;
+        }
+        // one byte back: the client's clock stops when everything arrived
+        s.write_all(&[1]).unwrap();
+        (s, t0.unwrap().elapsed())
+    });
+    let msg = vec![0xabu8; size];
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        let n = size.min(total - sent);
+        c.write_all(&msg[..n]).unwrap();
+        sent += n;
+    }
+    c.read_exact(&mut [0u8]).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    let (s, _recv_time) = server.join().unwrap();
+    let mibs = total as f64 / (1u64 << 20) as f64 / secs;
+    let st = c.stats();
+    eprintln!(
+        "ring bw: {mib} MiB in {size} B sends, {secs:.2} s, {mibs:.1} MiB/s ({} writes, {} credits received by peer)",
+        st.data_writes, s.stats().credits_sent
+    );
+    println!("bw_mibs={mibs:.2}");
+    drop((c, s));
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: ring_bench lat|bw ADDR [N] [SIZE]";
+    let mode = args.get(1).expect(usage);
+    let addr: SocketAddr = args.get(2).expect(usage).parse().expect("ADDR ip:port");
+    let n: Option<usize> = args.get(3).map(|v| v.parse().expect("N"));
+    let size: Option<usize> = args.get(4).map(|v| v.parse().expect("SIZE"));
+    match mode.as_str() {
+        "lat" => lat(addr, n.unwrap_or(10_000), size.unwrap_or(64)),
+        "bw" => bw(addr, n.unwrap_or(256), size.unwrap_or(65536)),
+        _ => panic!("{usage}"),
+    }
+}

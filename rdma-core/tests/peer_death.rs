@@ -1,0 +1,101 @@
+//! RDMA tier: a peer *process* killed mid-stream. The survivor's blocked recv (or send) must
+//! end with an error or EOF within a second: never a hang.
+//!
+//! The peer is a separate process, `stream-peer` (src/bin/stream-peer.rs), SIGKILLed by the test.
+
+mod support;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdmashim_core::Listener;
+
+const LIMIT: Duration = Duration::from_secs(1);
+
+/// The peer process (src/bin/stream-peer.rs): `writer` streams bytes forever, `sleeper`
+/// connects and never reads.
+fn spawn_helper(role: &str, addr: SocketAddr) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_stream-peer"))
+        .args([role, &addr.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn stream-peer")
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying() {
+    let _ = support::device();
+    let addr = support::addr(6);
+    let listener = Listener::bind(addr).expect("bind");
+    let mut child = spawn_helper("writer", addr);
+    let mut s = listener.accept().expect("accept the helper");
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0usize;
+    while got < 4 << 20 {
+        let n = s.recv(&mut buf).expect("recv while the helper lives");
+        assert!(n > 0);
+        assert!(buf[..n].iter().all(|&b| b == 0x5a));
+        got += n;
+    }
+    child.kill().expect("SIGKILL the helper");
+    let killed = Instant::now();
+    child.wait().unwrap();
+    let outcome = loop {
+        match s.recv(&mut buf) {
+            Ok(0) => break "EOF".to_owned(),
+            Ok(_) => {
+                assert!(
+                    killed.elapsed() < LIMIT,
+                    "still reading data {:?} after the kill",
+                    killed.elapsed()
+                );
+                continue;
+            }
+            Err(e) => break format!("{:?}: {e}", e.kind()),
+        }
+    };
+    let took = killed.elapsed();
+    eprintln!("reader: {outcome} {took:?} after SIGKILL");
+    assert!(took < LIMIT, "the reader took {took:?} ({outcome})");
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying() {
+    let _ = support::device();
+    let addr = support::addr(7);
+    let listener = Listener::bind(addr).expect("bind");
+    let mut child = spawn_helper("sleeper", addr);
+    let mut s = listener.accept().expect("accept the helper");
+    // Fill the helper's ring (it never reads), so the next send blocks on credit.
+    let chunk = vec![1u8; 64 * 1024];
+    let t = Instant::now();
+    let mut sent = 0usize;
+    while sent < s.config().ring_size {
+        sent += s.send(&chunk).expect("send while the helper lives");
+        assert!(t.elapsed() < Duration::from_secs(30), "ring never filled");
+    }
+    child.kill().expect("SIGKILL the helper");
+    let killed = Instant::now();
+    child.wait().unwrap();
+    let e = loop {
+        match s.write_all(&chunk) {
+            Ok(()) => assert!(killed.elapsed() < LIMIT, "writes still succeed"),
+            Err(e) => break e,
+        }
+    };
+    let took = killed.elapsed();
+    eprintln!("writer: {:?}: {e} {took:?} after SIGKILL", e.kind());
+    assert!(took < LIMIT, "the writer took {took:?} ({e})");
+    assert!(
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "{e}"
+    );
+    let _ = s.flush();
+}
