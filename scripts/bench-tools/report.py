@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""The report of scripts/bench: medians, pair-by-pair ratios, the rdmashim column's label
+from the shim's own stats files, and the outputs.
+
+  report.py RAW.tsv STATS_DIR META.txt OUT_DIR
+
+RAW.tsv: one line per figure and run, `round system test metric value` (tab-separated);
+metric `failed` carries the error, `skipped` marks a run not made after an earlier failure.
+STATS_DIR/<test>/<pid>.json: rdmashim's stats records (docs/shim.md). META.txt: key=value.
+Writes OUT_DIR/{results.json,results.md,latency.svg,throughput.svg,app.svg} and prints the
+plain-text table on stdout. Standard library only; the SVGs are written by hand.
+"""
+import glob
+import html
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+SYSTEMS = ["tcp", "shim", "rsocket", "device"]
+NAMES = {"tcp": "kernel TCP", "shim": "rdmashim", "rsocket": "rsocket", "device": "device"}
+COLORS = {"tcp": "#7f7f7f", "shim": "#1f77b4", "rsocket": "#ff7f0e", "device": "#2ca02c"}
+
+# (id, label, unit, better, {system: (test, metric)})
+ROWS = []
+
+
+def row(rid, label, unit, better, tests, device=None):
+    src = {s: (t, m) for s, (t, m) in tests.items()}
+    if device:
+        src["device"] = device
+    ROWS.append({"id": rid, "label": label, "unit": unit, "better": better, "src": src})
+
+
+def three(test, metric):
+    return {s: (test, metric) for s in ("tcp", "shim", "rsocket")}
+
+
+for size, dev in (("64", "64 B"), ("4096", "4 KiB")):
+    for q, qn in (("p50_us", "median"), ("p99_us", "p99")):
+        row(f"sockperf_{size}_{q[:3]}", f"latency {dev} sockperf, {qn}", "us", "lower",
+            three(f"sockperf_{size}", q), (f"devlat_{size}", q))
+for size, dev in (("64", "64 B"), ("4096", "4 KiB")):
+    for q, qn in (("p50_us", "median"), ("p99_us", "p99")):
+        row(f"pingpong_{size}_{q[:3]}", f"latency {dev} send/recv, {qn}", "us", "lower",
+            three(f"pingpong_{size}", q), (f"devlat_{size}", q))
+row("iperf3_P1", "iperf3, 1 stream", "Gbit/s", "higher", three("iperf3_P1", "gbit_s"), ("devbw", "gbit_s"))
+row("iperf3_P4", "iperf3, 4 streams", "Gbit/s", "higher", three("iperf3_P4", "gbit_s"), ("devbw", "gbit_s"))
+row("stream", "send/recv stream, 64 KiB writes", "Gbit/s", "higher", three("stream", "gbit_s"), ("devbw", "gbit_s"))
+for p in ("1", "16"):
+    for op in ("SET", "GET"):
+        row(f"redis_{op}_P{p}", f"redis-benchmark {op} -P {p}", "req/s", "higher",
+            three(f"redis_P{p}", f"{op.lower()}_rps"))
+row("connrate", "short connections (both ends preloaded)", "conn/s", "higher", three("connrate", "conn_s"))
+row("connrate_fallback", "fallback: preloaded client -> plain server", "conn/s", "higher",
+    {"tcp": ("connrate", "conn_s"), "shim": ("connrate_fallback", "conn_s"),
+     "rsocket": ("connrate_fallback", "conn_s")})
+
+DEVICE_TOOL = {"devlat_64": "ib_write_lat -R -s 64 (t_typical / 99%)",
+               "devlat_4096": "ib_write_lat -R -s 4096 (t_typical / 99%)",
+               "devbw": "ib_write_bw -R -s 65536"}
+
+
+def load_raw(path):
+    ok, failed, skipped = {}, {}, set()
+    for line in open(path):
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) != 5:
+            continue
+        r, s, t, m, v = parts
+        r = int(r)
+        if m == "failed":
+            failed.setdefault((s, t), []).append((r, v))
+        elif m == "skipped":
+            skipped.add((s, t, r))
+        else:
+            try:
+                ok.setdefault((s, t, m), {})[r] = float(v)
+            except ValueError:
+                failed.setdefault((s, t), []).append((r, f"unparsable value {v!r}"))
+    return ok, failed, skipped
+
+
+def load_stats(d):
+    per_test, tot = {}, {"records": 0, "upgraded": 0, "fallback": 0, "reasons": {}}
+    for f in sorted(glob.glob(os.path.join(d, "*", "*.json"))):
+        test = os.path.basename(os.path.dirname(f))
+        try:
+            s = json.load(open(f))
+        except (OSError, ValueError):
+            continue
+        c = s.get("connections", {})
+        for agg in (per_test.setdefault(test, {"records": 0, "upgraded": 0, "fallback": 0, "reasons": {}}), tot):
+            agg["records"] += 1
+            agg["upgraded"] += c.get("upgraded", 0)
+            agg["fallback"] += c.get("fallback", 0)
+            for k, n in c.get("fallback_reasons", {}).items():
+                if n:
+                    agg["reasons"][k] = agg["reasons"].get(k, 0) + n
+    return per_test, tot
+
+
+def shim_label(tot):
+    n = tot["upgraded"] + tot["fallback"]
+    if tot["records"] == 0 or n == 0:
+        return "rdmashim (no stats written: shim not loaded?)", "unknown"
+    if tot["upgraded"] == 0:
+        return f"rdmashim (0 of {n} connections upgraded: pass-through)", "pass-through"
+    if tot["fallback"] == 0:
+        return f"rdmashim ({n} of {n} connections upgraded)", "upgraded"
+    return f"rdmashim ({tot['upgraded']} of {n} connections upgraded: mixed)", "mixed"
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def short_error(msg):
+    m = msg
+    pre = ""
+    if m.startswith("server: "):
+        pre, m = "server ", m[len("server: "):]
+    if m.startswith("P") and re.match(r"P\d+: ", m):
+        pre, m = pre + m.split(":")[0] + " ", m.split(": ", 1)[1]
+    m = re.sub(r"^exit \d+: ", "", m)
+    m = re.sub(r"^(sockperf: )?ERROR: ", "", m)
+    e = re.search(r"errno=\d+ ([^)]*)\)", m)
+    call = re.match(r"(\w+\(\))", m)
+    if e:
+        m = (call.group(1) + ": " if call else "") + e.group(1)
+    ip = re.search(r"\(iperf3: ([^)]*)\)", m)
+    if ip:
+        m = m.split(" (iperf3:")[0] + "; " + ip.group(1)
+    m = pre + m
+    return m if len(m) <= 60 else m[:59] + "…"
+
+
+def main(raw, stats_dir, meta_path, out):
+    meta = {}
+    for line in open(meta_path):
+        if "=" in line:
+            k, v = line.rstrip("\n").split("=", 1)
+            meta[k] = v
+    ok, failed, skipped = load_raw(raw)
+    per_test, tot = load_stats(stats_dir)
+    label, mode = shim_label(tot)
+    rounds = int(meta.get("runs", "1"))
+
+    rows_out = []
+    for rw in ROWS:
+        cells = {}
+        for s in SYSTEMS:
+            if s not in rw["src"]:
+                cells[s] = None
+                continue
+            t, m = rw["src"][s]
+            runs = ok.get((s, t, m), {})
+            fails = failed.get((s, t), [])
+            cell = {"test": t, "metric": m, "runs": {str(k): v for k, v in sorted(runs.items())},
+                    "median": statistics.median(runs.values()) if runs else None,
+                    "failed": fails[0][1] if fails else None,
+                    "failed_runs": [r for r, _ in fails]}
+            if s == "device":
+                cell["tool"] = DEVICE_TOOL.get(t, t)
+            if s == "shim":
+                st = per_test.get(t)
+                if st:
+                    cell["shim_connections"] = st
+            cells[s] = cell
+        ratios = {}
+        for other in ("tcp", "rsocket", "device"):
+            a, b = cells.get("shim"), cells.get(other)
+            if not a or not b:
+                continue
+            rs = [a["runs"][k] / b["runs"][k] for k in a["runs"] if k in b["runs"] and b["runs"][k] > 0]
+            ratios[other] = {"median": statistics.median(rs) if rs else None, "pairs": len(rs)}
+        rows_out.append({"id": rw["id"], "label": rw["label"], "unit": rw["unit"],
+                         "better": rw["better"], "systems": cells, "shim_ratio": ratios})
+
+    def cell_text(c, short=True):
+        if c is None:
+            return "n/a"
+        if c["median"] is None:
+            err = c["failed"] or "no result"
+            return f"failed ({short_error(err) if short else err})"
+        t = fmt(c["median"])
+        if c["failed"]:
+            t += " *"
+        return t
+
+    def ratio_text(rw, other):
+        r = rw["shim_ratio"].get(other)
+        if not r or r["median"] is None:
+            return "-"
+        return f"{r['median']:.2f}x"
+
+    # ---- plain-text table
+    heads = ["figure", "unit", "kernel TCP", "rdmashim", "rsocket", "device",
+             "shim/TCP", "shim/rsocket", "shim/device"]
+    lines = []
+    for rw in rows_out:
+        lines.append([rw["label"], rw["unit"]] + [cell_text(rw["systems"][s]) for s in SYSTEMS]
+                     + [ratio_text(rw, o) for o in ("tcp", "rsocket", "device")])
+    widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(heads)]
+
+    def fmt_line(cols):
+        return "  ".join(c.ljust(widths[i]) if i < 2 else c.rjust(widths[i]) for i, c in enumerate(cols)).rstrip()
+
+    failures = []   # (system, [tests], error, runs): one entry per system and error
+    for rw in rows_out:
+        for s in SYSTEMS:
+            c = rw["systems"][s]
+            if not (c and c["failed"]):
+                continue
+            same = [f for f in failures if f[0] == s and short_error(f[2]) == short_error(c["failed"])]
+            if same:
+                if c["test"] not in same[0][1]:
+                    same[0][1].append(c["test"])
+            else:
+                failures.append((s, [c["test"]], c["failed"], c["failed_runs"]))
+    fallback_reasons = ", ".join(f"{k} x{n}" for k, n in sorted(tot["reasons"].items())) or "none"
+    note = (f"rdmashim column: {label}. Counted from the shim's stats files ({tot['records']} process "
+            f"records; each connection is counted once by each end running the shim); reasons it "
+            f"stayed on TCP: {fallback_reasons}.")
+    if mode == "pass-through":
+        note += (" These rdmashim figures are the shim's pass-through (kernel TCP) path, not RDMA "
+                 "figures.")
+    txt = []
+    txt.append(f"rdmashim benchmark, {meta.get('date', '')}: {meta.get('runs')} run(s) per figure "
+               f"(median; ratios are medians of per-run pairs)")
+    txt.append(f"device {meta.get('device', '')}; {meta.get('nproc')} CPUs ({meta.get('cpu')}); "
+               f"kernel {meta.get('kernel')}; rdma-core {meta.get('rdma_core')}")
+    txt.append("")
+    txt.append(fmt_line(heads))
+    txt.append(fmt_line(["-" * w for w in widths]))
+    for l in lines:
+        txt.append(fmt_line(l))
+    txt.append("")
+    txt.append(note)
+    txt.append("device column: " + "; ".join(f"{k}: {v}" for k, v in DEVICE_TOOL.items()) +
+               ". Latencies are one-way (round trip / 2), in microseconds.")
+    txt.append("* = some runs failed (median of the others).")
+    if failures:
+        txt.append("failures (each recorded once, not retried in later runs):")
+        for s, t, e, rr in failures:
+            txt.append(f"  {NAMES[s]} / {', '.join(t)} (run {','.join(map(str, rr))}): {e}")
+    table = "\n".join(txt)
+    print(table)
+
+    os.makedirs(out, exist_ok=True)
+    result = {"meta": meta, "systems": {s: NAMES[s] for s in SYSTEMS},
+              "shim": {"label": label, "mode": mode, "connections": tot, "per_test": per_test},
+              "rows": rows_out, "failures": [{"system": s, "test": t, "error": e, "runs": rr}
+                                             for s, t, e, rr in failures]}
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+
+    charts = write_charts(out, rows_out, label)
+    write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_text, charts, tot)
+
+
+# ---- SVG --------------------------------------------------------------------------------------
+
+def svg_bars(title, unit, groups, series, log, note=""):
+    """groups: [(label, {system: (median, p99, failed_msg) or None})]; series: [(sys, label)]."""
+    W, H, L, R, T, B = 900, 440, 78, 20, 78, 70
+    pw, ph = W - L - R, H - T - B
+    vals = [v for _, d in groups for x in d.values() if x for v in x[:2] if v]
+    if not vals:
+        vals = [1.0]
+    if log:
+        lo = 10 ** math.floor(math.log10(min(vals)))
+        hi = 10 ** math.ceil(math.log10(max(vals) * 1.05))
+        if hi <= lo:
+            hi = lo * 10
+
+        def y(v):
+            return T + ph - ph * (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+        ticks = [lo * 10 ** i for i in range(int(round(math.log10(hi / lo))) + 1)]
+    else:
+        top = max(vals) * 1.15
+        step = 10 ** math.floor(math.log10(top / 5))
+        for m in (1, 2, 5, 10):
+            if top / (step * m) <= 6:
+                step *= m
+                break
+        hi = math.ceil(top / step) * step
+
+        def y(v):
+            return T + ph - ph * v / hi
+        ticks = [i * step for i in range(int(round(hi / step)) + 1)]
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+         f'font-family="DejaVu Sans, Arial, sans-serif" font-size="12">',
+         f'<rect width="{W}" height="{H}" fill="white"/>',
+         f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="15" font-weight="bold">{html.escape(title)}</text>']
+    if note:
+        o.append(f'<text x="{W / 2}" y="37" text-anchor="middle" font-size="11" fill="#444">{html.escape(note)}</text>')
+    # legend
+    lx = L
+    for s, lab in series:
+        o.append(f'<rect x="{lx}" y="48" width="12" height="12" fill="{COLORS[s]}"/>')
+        o.append(f'<text x="{lx + 16}" y="58">{html.escape(lab)}</text>')
+        lx += 24 + 7 * len(lab)
+    for t in ticks:
+        yy = y(t)
+        o.append(f'<line x1="{L}" x2="{W - R}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#ddd"/>')
+        o.append(f'<text x="{L - 6}" y="{yy + 4:.1f}" text-anchor="end">{fmt(t)}</text>')
+    o.append(f'<text transform="translate(18,{T + ph / 2}) rotate(-90)" text-anchor="middle">'
+             f'{html.escape(unit)}{" (log scale)" if log else ""}</text>')
+    gw = pw / len(groups)
+    bw = min(34, gw * 0.8 / len(series))
+    for gi, (glab, d) in enumerate(groups):
+        gx = L + gi * gw + (gw - bw * len(series)) / 2
+        for si, (s, _) in enumerate(series):
+            x = gx + si * bw
+            v = d.get(s)
+            if v is None:
+                continue
+            med, p99, err = v
+            if med is None:
+                tip = f"<title>{html.escape(NAMES[s])}: failed ({html.escape(err or 'no result')})</title>"
+                o.append(f'<text transform="translate({x + bw / 2 + 4:.1f},{T + ph - 4}) rotate(-90)" '
+                         f'font-size="11" fill="#b00">{tip}failed</text>')
+                continue
+            yy = y(med)
+            o.append(f'<rect x="{x + 1:.1f}" y="{yy:.1f}" width="{bw - 2:.1f}" height="{T + ph - yy:.1f}" '
+                     f'fill="{COLORS[s]}"><title>{html.escape(NAMES[s])}: {fmt(med)} {html.escape(unit)}'
+                     f'{"" if p99 is None else f", p99 {fmt(p99)}"}</title></rect>')
+            if p99 is not None:
+                py = y(p99)
+                cx = x + bw / 2
+                o.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{yy:.1f}" y2="{py:.1f}" stroke="black" stroke-dasharray="2,2"/>')
+                o.append(f'<line x1="{cx - bw / 3:.1f}" x2="{cx + bw / 3:.1f}" y1="{py:.1f}" y2="{py:.1f}" stroke="black" stroke-width="2"/>')
+            ty = (min(yy, y(p99)) if p99 is not None else yy) - 4
+            o.append(f'<text x="{x + bw / 2:.1f}" y="{ty:.1f}" text-anchor="middle" font-size="10">{fmt(med)}</text>')
+        o.append(f'<text x="{L + gi * gw + gw / 2:.1f}" y="{T + ph + 18}" text-anchor="middle">{html.escape(glab)}</text>')
+    o.append(f'<line x1="{L}" x2="{W - R}" y1="{T + ph}" y2="{T + ph}" stroke="black"/>')
+    o.append(f'<line x1="{L}" x2="{L}" y1="{T}" y2="{T + ph}" stroke="black"/>')
+    o.append("</svg>")
+    return "\n".join(o) + "\n"
+
+
+def write_charts(out, rows_out, label):
+    by = {r["id"]: r for r in rows_out}
+
+    def val(rid, s, p99id=None):
+        c = by[rid]["systems"].get(s)
+        if c is None:
+            return None
+        p99 = by[p99id]["systems"][s]["median"] if p99id and by[p99id]["systems"].get(s) else None
+        return (c["median"], p99, c["failed"])
+
+    series = [("tcp", "kernel TCP"), ("shim", label), ("rsocket", "rsocket"), ("device", "device (perftest)")]
+    lat_groups = []
+    for size, sz in (("64", "64 B"), ("4096", "4 KiB")):
+        for tool, tn in (("sockperf", "sockperf"), ("pingpong", "send/recv")):
+            lat_groups.append((f"{tn} {sz}", {s: val(f"{tool}_{size}_p50", s, f"{tool}_{size}_p99")
+                                              for s, _ in series}))
+    charts = {}
+    with open(os.path.join(out, "latency.svg"), "w") as f:
+        f.write(svg_bars("One-way latency: median (bar) and p99 (marker)", "microseconds", lat_groups, series, True,
+                         "ping-pong round trip / 2; device = ib_write_lat -R t_typical / 99%"))
+    charts["latency"] = "latency.svg"
+    tp_groups = [("iperf3, 1 stream", {s: val("iperf3_P1", s) for s, _ in series}),
+                 ("iperf3, 4 streams", {s: val("iperf3_P4", s) for s, _ in series}),
+                 ("send/recv stream", {s: val("stream", s) for s, _ in series})]
+    with open(os.path.join(out, "throughput.svg"), "w") as f:
+        f.write(svg_bars("Throughput", "Gbit/s", tp_groups, series, False,
+                         "device = ib_write_bw -R -s 65536"))
+    charts["throughput"] = "throughput.svg"
+    app_groups = [(f"{op} -P {p}", {s: val(f"redis_{op}_P{p}", s) for s, _ in series[:3]})
+                  for p in ("1", "16") for op in ("SET", "GET")]
+    with open(os.path.join(out, "app.svg"), "w") as f:
+        f.write(svg_bars("redis-benchmark requests per second", "requests/s", app_groups, series[:3], False))
+    charts["app"] = "app.svg"
+    return charts
+
+
+# ---- markdown ---------------------------------------------------------------------------------
+
+def write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_text, charts, tot):
+    md = []
+    md.append("# rdmashim benchmark results")
+    md.append("")
+    md.append("Generated by `scripts/bench --publish` (the measurements run inside the soft-RoCE VM "
+              "when the host has no RDMA device). Do not edit by hand.")
+    md.append("")
+    md.append(f"- **Date:** {meta.get('date')}")
+    where = "inside the soft-RoCE VM (`scripts/rdma-vm`, qemu " + meta.get("accel", "tcg").upper() + ")" \
+        if meta.get("in_vm") == "1" else "on the host"
+    md.append(f"- **Machine:** {meta.get('nproc')} CPUs, {meta.get('cpu')}, {where}"
+              + (f"; host: {meta['host']}" if meta.get("host") else ""))
+    md.append(f"- **Kernel:** {meta.get('kernel')}")
+    md.append(f"- **Device:** {meta.get('device')}")
+    md.append(f"- **rdma-core:** {meta.get('rdma_core')} (rsocket: `{meta.get('rsocket_lib')}`)")
+    md.append(f"- **Tools:** {meta.get('tools')}")
+    md.append(f"- **Runs:** {meta.get('runs')} per figure{' (--quick)' if meta.get('quick') == '1' else ''}; "
+              f"{meta.get('durations')}; measurements took {meta.get('seconds')} s")
+    md.append(f"- **CPU placement:** {meta.get('pinning')} (under TCG a wake-up across vCPUs often waits "
+              "for the next 4 ms timer tick; perftest busy-polls and needs a CPU per end)")
+    md.append("")
+    if mode == "pass-through":
+        md.append(f"> **The rdmashim column is the pass-through shim, not RDMA.** {label}: the shim's "
+                  "stats files show that every connection stayed on kernel TCP "
+                  f"(reasons: {', '.join(f'`{k}` x{n}' for k, n in sorted(tot['reasons'].items())) or 'none'}). "
+                  "The RDMA upgrade is not built yet; until it is, this column measures the cost of the "
+                  "interposition layer on TCP.")
+        md.append("")
+    md.append("| figure | unit | kernel TCP | " + label + " | rsocket | device | rdmashim ÷ TCP | rdmashim ÷ rsocket | rdmashim ÷ device |")
+    md.append("|---|---|--:|--:|--:|--:|--:|--:|--:|")
+    for rw in rows_out:
+        md.append("| " + " | ".join([rw["label"], rw["unit"]]
+                                    + [cell_text(rw["systems"][s], short=False).replace("|", "\\|") for s in SYSTEMS]
+                                    + [ratio_text(rw, o) for o in ("tcp", "rsocket", "device")]) + " |")
+    md.append("")
+    md.append("Each figure is the median of its runs. The systems are measured back to back in each "
+              "run (round), and each ratio is the median of the per-run ratios. Latencies are one-way "
+              "(round trip / 2) in microseconds; `send/recv` is `scripts/bench-tools/sockbench.c` "
+              "(plain blocking calls, because sockperf and qperf do not run under rsocket's preload). "
+              "Device column: " + "; ".join(f"`{v}`" for v in DEVICE_TOOL.values()) +
+              ". A `*` marks a figure where some runs failed. The connection rate is "
+              "`sockbench.c conn` (connect, 64 B echo, close); in the fallback row the "
+              "server runs without any preload and the TCP column is plain client → plain server.")
+    md.append("")
+    md.append(note)
+    md.append("")
+    if failures:
+        md.append("## Failures")
+        md.append("")
+        md.append("A tool that hangs or fails is killed by its timeout, recorded, and not retried in later runs.")
+        md.append("")
+        for s, t, e, rr in failures:
+            md.append(f"- {NAMES[s]} / {', '.join(f'`{x}`' for x in t)} (run {', '.join(map(str, rr))}): {e}")
+        md.append("")
+    md.append("## Plots")
+    md.append("")
+    md.append(f"![latency]({charts['latency']})")
+    md.append("")
+    md.append(f"![throughput]({charts['throughput']})")
+    md.append("")
+    md.append(f"![redis]({charts['app']})")
+    md.append("")
+    md.append("## What these figures mean")
+    md.append("")
+    md.append("Soft-RoCE (`rdma_rxe`) is RDMA implemented in the kernel on top of an ordinary netdev; "
+              "here it runs inside a VM whose CPU is emulated (qemu TCG) on a small shared host. In this "
+              "setting RDMA is *slower* than kernel TCP: every RDMA operation is a software packet "
+              "through the emulated kernel, with no NIC offload. The absolute figures and the "
+              "ratios against kernel TCP therefore say nothing about hardware. What transfers to a "
+              "real RDMA NIC are the ratios against the device limit (how much of what the device "
+              "can do an unmodified application gets through the shim) and against rsocket (the "
+              "same idea, same device, same applications). TCG timings are noisy (timer-tick "
+              "outliers): compare medians, and read p99 values as indicative only.")
+    md.append("")
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write("\n".join(md))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])

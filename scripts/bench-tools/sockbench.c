@@ -1,0 +1,191 @@
+/* sockbench.c -- a tiny TCP ping-pong, stream and connection-rate tool for scripts/bench.
+ *
+ *   sockbench server IP PORT
+ *       serves connections one at a time until SIGTERM/SIGINT (then exits normally, so a
+ *       preload's exit handlers run). The client's first 5 bytes select the mode and size.
+ *   sockbench client IP PORT pp SIZE SECONDS
+ *       ping-pong of SIZE-byte messages for SECONDS; prints one JSON line with the median and
+ *       99th percentile of the one-way latency (round trip / 2, as sockperf and ib_write_lat
+ *       report it), in microseconds: {"p50_us":..,"p99_us":..,"samples":..}
+ *   sockbench client IP PORT stream SIZE SECONDS
+ *       sends SIZE-byte writes for SECONDS, then shuts down its sending side and waits for
+ *       the server's byte count: {"gbit_s":..,"bytes":..,"seconds":..}
+ *   sockbench client IP PORT conn SIZE SECONDS
+ *       short connections for SECONDS: connect, send SIZE bytes, receive the SIZE-byte echo,
+ *       close: {"conn_s":..,"connections":..,"seconds":..}
+ *
+ * Only blocking socket(), connect(), accept(), send(), recv(), shutdown() and close(): the
+ * calls every socket preload (rdmashim, rsocket's librspreload) intercepts. sockperf (sendto
+ * with an address on a connected socket) and qperf (fcntl F_SETOWN) fail under rsocket's
+ * preload, so scripts/bench uses this to get rsocket figures at all. Any error: a message on
+ * stderr and exit status 1.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop;
+static void on_signal(int s) { (void)s; stop = 1; }
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static int full(int fd, void *buf, size_t n, int rx) {
+    char *p = buf;
+    while (n) {
+        ssize_t r = rx ? recv(fd, p, n, 0) : send(fd, p, n, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "sockbench: %s: %s\n", what, errno ? strerror(errno) : "connection closed");
+    exit(1);
+}
+
+static struct sockaddr_in addr(const char *ip, const char *port) {
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)atoi(port));
+    if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) { errno = EINVAL; die("address"); }
+    return a;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void serve(int c) {
+    unsigned char hdr[5];
+    if (full(c, hdr, 5, 1)) return;
+    uint32_t size;
+    memcpy(&size, hdr + 1, 4);
+    if (size == 0 || size > (1u << 24)) return;
+    char *buf = malloc(size);
+    if (!buf) return;
+    if (hdr[0] == 'C') {
+        if (!full(c, buf, size, 1)) full(c, buf, size, 0);
+    } else if (hdr[0] == 'P') {
+        while (!full(c, buf, size, 1) && !full(c, buf, size, 0)) {}
+    } else {
+        uint64_t total = 0;
+        ssize_t r;
+        while ((r = recv(c, buf, size, 0)) > 0 || (r < 0 && errno == EINTR))
+            if (r > 0) total += (uint64_t)r;
+        full(c, &total, 8, 0);
+    }
+    free(buf);
+}
+
+int main(int argc, char **argv) {
+    int one = 1;
+    if (argc == 4 && !strcmp(argv[1], "server")) {
+        struct sigaction sa = {0};
+        sa.sa_handler = on_signal; /* no SA_RESTART: accept() returns EINTR */
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+        struct sockaddr_in a = addr(argv[2], argv[3]);
+        int l = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (l < 0 || bind(l, (void *)&a, sizeof a) || listen(l, 16)) die("listen");
+        while (!stop) {
+            int c = accept(l, NULL, NULL);
+            if (c < 0) {
+                if (errno == EINTR) continue;
+                die("accept");
+            }
+            setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            serve(c);
+            close(c);
+        }
+        close(l);
+        return 0;
+    }
+    if (argc != 7 || strcmp(argv[1], "client") ||
+        (strcmp(argv[4], "pp") && strcmp(argv[4], "stream") && strcmp(argv[4], "conn"))) {
+        fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn SIZE SECONDS\n");
+        return 2;
+    }
+    int pp = !strcmp(argv[4], "pp");
+    uint32_t size = (uint32_t)atoi(argv[5]);
+    double secs = atof(argv[6]);
+    if (size == 0 || size > (1u << 24)) { errno = EINVAL; die("size"); }
+    struct sockaddr_in a = addr(argv[2], argv[3]);
+    if (!strcmp(argv[4], "conn")) {
+        char *msg = calloc(1, size + 5);
+        if (!msg) die("malloc");
+        msg[0] = 'C';
+        memcpy(msg + 1, &size, 4);
+        long n = 0;
+        double t0 = now(), end = t0 + secs;
+        while (now() < end) {
+            int c = socket(AF_INET, SOCK_STREAM, 0);
+            if (c < 0 || connect(c, (void *)&a, sizeof a)) die("connect");
+            setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            if (full(c, msg, size + 5, 0)) die("send");
+            if (full(c, msg + 5, size, 1)) die("recv");
+            if (close(c)) die("close");
+            n++;
+        }
+        double t = now() - t0;
+        printf("{\"conn_s\": %.1f, \"connections\": %ld, \"seconds\": %.3f}\n", n / t, n, t);
+        return 0;
+    }
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0 || connect(c, (void *)&a, sizeof a)) die("connect");
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    unsigned char hdr[5] = {pp ? 'P' : 'S'};
+    memcpy(hdr + 1, &size, 4);
+    if (full(c, hdr, 5, 0)) die("send");
+    char *buf = calloc(1, size);
+    if (!buf) die("malloc");
+    if (pp) {
+        size_t cap = 1 << 16, n = 0;
+        double *rtt = malloc(cap * sizeof *rtt), t0 = now(), end = t0 + secs;
+        long warm = 100;
+        for (;;) {
+            double t = now();
+            if (t >= end) break;
+            if (full(c, buf, size, 0)) die("send");
+            if (full(c, buf, size, 1)) die("recv");
+            if (warm > 0) { warm--; continue; }
+            if (n == cap) rtt = realloc(rtt, (cap *= 2) * sizeof *rtt);
+            if (!rtt) die("realloc");
+            rtt[n++] = now() - t;
+        }
+        if (n == 0) { errno = 0; fprintf(stderr, "sockbench: no sample after warm-up\n"); return 1; }
+        qsort(rtt, n, sizeof *rtt, cmp);
+        printf("{\"p50_us\": %.3f, \"p99_us\": %.3f, \"samples\": %zu}\n",
+               rtt[n / 2] / 2 * 1e6, rtt[(size_t)(n * 0.99)] / 2 * 1e6, n);
+    } else {
+        double t0 = now(), end = t0 + secs;
+        while (now() < end)
+            if (full(c, buf, size, 0)) die("send");
+        if (shutdown(c, SHUT_WR)) die("shutdown");
+        uint64_t total;
+        if (full(c, &total, 8, 1)) die("recv of the server's count");
+        double t = now() - t0;
+        printf("{\"gbit_s\": %.4f, \"bytes\": %llu, \"seconds\": %.3f}\n",
+               total * 8 / t / 1e9, (unsigned long long)total, t);
+    }
+    close(c);
+    return 0;
+}
