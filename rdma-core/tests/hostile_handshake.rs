@@ -8,8 +8,7 @@ use std::net::SocketAddr;
 use std::thread;
 use std::time::Duration;
 
-use rdmashim_core::cm::{event_type as ev, CmId, ConnParam, EventChannel, QpCaps};
-use rdmashim_core::verbs::{Cq, Pd};
+use rdmashim_core::cm::{event_type as ev, ConnParam};
 use rdmashim_core::{Listener, Stream};
 use rdmashim_proto::handshake::CONNECT_REQUEST_LEN;
 use rdmashim_proto::{ConnectRequest, Flags, Reject, RejectReason, RingDesc, RingSize};
@@ -35,18 +34,7 @@ fn good_request() -> [u8; CONNECT_REQUEST_LEN] {
 /// Connects with raw rdma_cm carrying `private_data`; returns what came back:
 /// `Ok(reject)` for a rejection, `Err(event name)` otherwise.
 fn raw_connect(addr: SocketAddr, private_data: &[u8]) -> Result<Option<Reject>, String> {
-    let ch = EventChannel::new().unwrap();
-    let mut id = CmId::new(&ch).unwrap();
-    id.resolve_addr(None, addr, Duration::from_secs(5)).unwrap();
-    ch.expect(ev::RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED", T)
-        .unwrap();
-    id.resolve_route(Duration::from_secs(5)).unwrap();
-    ch.expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED", T)
-        .unwrap();
-    let ctx = id.context().unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 8, None).unwrap();
-    id.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+    let support::RawClient { ch, id, .. } = support::raw_client(addr);
     id.connect(&ConnParam {
         private_data,
         ..Default::default()

@@ -201,20 +201,7 @@ fn cm_connect_carries_private_data_and_rdma_write_lands() {
     });
 
     ready_rx.recv_timeout(T).expect("server listening");
-    let ch = EventChannel::new().unwrap();
-    let mut id = CmId::new(&ch).unwrap();
-    id.resolve_addr(None, addr, Duration::from_secs(5))
-        .expect("rdma_resolve_addr");
-    ch.expect(ev::RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED", T)
-        .unwrap();
-    id.resolve_route(Duration::from_secs(5))
-        .expect("rdma_resolve_route");
-    ch.expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED", T)
-        .unwrap();
-    let ctx = id.context().unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 64, None).unwrap();
-    id.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+    let support::RawClient { ch, id, pd, cq } = support::raw_client(addr);
     id.connect(&ConnParam {
         private_data: &request,
         ..Default::default()
@@ -269,19 +256,7 @@ fn cm_connect_carries_private_data_and_rdma_write_lands() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn cm_connect_to_a_closed_port_is_rejected() {
-    let ch = EventChannel::new().unwrap();
-    let mut id = CmId::new(&ch).unwrap();
-    id.resolve_addr(None, support::addr(2), Duration::from_secs(5))
-        .unwrap();
-    ch.expect(ev::RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED", T)
-        .unwrap();
-    id.resolve_route(Duration::from_secs(5)).unwrap();
-    ch.expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED", T)
-        .unwrap();
-    let ctx = id.context().unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 8, None).unwrap();
-    id.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+    let support::RawClient { ch, id, .. } = support::raw_client(support::addr(2));
     let t0 = std::time::Instant::now();
     id.connect(&ConnParam {
         private_data: b"nobody home",

@@ -43,3 +43,40 @@ pub fn port(n: u16) -> u16 {
 pub fn addr(n: u16) -> SocketAddr {
     SocketAddr::new(ip(), port(n))
 }
+
+/// A raw rdma_cm client just before `rdma_connect`: address and route resolved to `addr`, an RC
+/// QP created on a fresh PD with one CQ (no completion channel).
+pub struct RawClient {
+    /// The id's event channel.
+    pub ch: std::sync::Arc<rdmashim_core::cm::EventChannel>,
+    /// The id, with its QP.
+    pub id: rdmashim_core::cm::CmId,
+    /// The QP's protection domain.
+    pub pd: std::sync::Arc<rdmashim_core::verbs::Pd>,
+    /// The QP's send and receive CQ.
+    pub cq: std::sync::Arc<rdmashim_core::verbs::Cq>,
+}
+
+/// See [`RawClient`].
+pub fn raw_client(addr: SocketAddr) -> RawClient {
+    use rdmashim_core::cm::{event_type as ev, CmId, EventChannel, QpCaps};
+    use rdmashim_core::verbs::{Cq, Pd};
+    use std::time::Duration;
+    const T: Duration = Duration::from_secs(20);
+    let ch = EventChannel::new().expect("rdma_create_event_channel");
+    let mut id = CmId::new(&ch).expect("rdma_create_id");
+    id.resolve_addr(None, addr, Duration::from_secs(5))
+        .expect("rdma_resolve_addr");
+    ch.expect(ev::RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED", T)
+        .expect("address resolved");
+    id.resolve_route(Duration::from_secs(5))
+        .expect("rdma_resolve_route");
+    ch.expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED", T)
+        .expect("route resolved");
+    let ctx = id.context().expect("the id's device");
+    let pd = Pd::new(&ctx).expect("ibv_alloc_pd");
+    let cq = Cq::new(&ctx, 64, None).expect("ibv_create_cq");
+    id.create_qp(&pd, &cq, &cq, QpCaps::default())
+        .expect("rdma_create_qp");
+    RawClient { ch, id, pd, cq }
+}
