@@ -107,6 +107,24 @@ pub(crate) fn on_io(cx: crate::guard::Cx, fd: c_int, e: FdEntry, n: isize, dir: 
     }
 }
 
+/// The slow path of a data call on `fd` that moves bytes in direction `dir`: passes through
+/// unless `fd` is a TCP stream; otherwise makes the call and accounts its result ([`on_io`]).
+#[inline]
+pub(crate) fn tcp_io(
+    cx: crate::guard::Cx,
+    fd: c_int,
+    dir: Bytes,
+    call: impl FnOnce() -> isize,
+) -> crate::outcome::Outcome<isize> {
+    let e = TABLE.get(fd);
+    if !e.is_tcp_stream() {
+        return crate::outcome::Outcome::PassThrough;
+    }
+    let n = call();
+    on_io(cx, fd, e, n, dir);
+    crate::outcome::Outcome::Handled(n)
+}
+
 /// The fd is about to be closed (close, dup2 target, close_range): resolve a pending connect,
 /// then clear its entry. Not in a foreign child (see `in_foreign_child`).
 pub(crate) fn forget(fd: c_int, e: FdEntry) {

@@ -6,8 +6,7 @@
 
 use super::conn;
 use super::hook;
-use crate::fdtable::TABLE;
-use crate::outcome::Outcome::{Handled, PassThrough};
+use crate::outcome::Outcome::PassThrough;
 use crate::stats::Bytes;
 use core::ffi::{c_int, c_long, c_void};
 use libc::{
@@ -35,14 +34,8 @@ hook! {
     pre: check(nbytes, buflen);
     fast: io(fd, TcpRx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, nbytes, buflen) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, nbytes, buflen) })
     }
 }
 
@@ -78,14 +71,8 @@ hook! {
     pre: check(len, buflen);
     fast: io(fd, TcpRx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, len, buflen, fl) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, buflen, fl) })
     }
 }
 
@@ -97,14 +84,8 @@ hook! {
     pre: check(len, buflen);
     fast: io(fd, TcpRx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, len, buflen, fl, addr, alen) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, buflen, fl, addr, alen) })
     }
 }
 

@@ -19,14 +19,8 @@ hook! {
     fallback: syscall(SYS_read; fd, buf, count);
     fast: io(fd, TcpRx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, count) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, count) })
     }
 }
 
@@ -37,14 +31,8 @@ hook! {
     fallback: syscall(SYS_write; fd, buf, count);
     fast: io(fd, TcpTx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, count) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, count) })
     }
 }
 
@@ -55,14 +43,8 @@ hook! {
     fallback: syscall(SYS_readv; fd, iov, cnt);
     fast: io(fd, TcpRx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, iov, cnt) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, iov, cnt) })
     }
 }
 
@@ -73,14 +55,8 @@ hook! {
     fallback: syscall(SYS_writev; fd, iov, cnt);
     fast: io(fd, TcpTx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, iov, cnt) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, iov, cnt) })
     }
 }
 
@@ -127,14 +103,8 @@ hook! {
     fallback: syscall(SYS_recvfrom; fd, buf, len, fl, core::ptr::null_mut::<sockaddr>(), core::ptr::null_mut::<socklen_t>());
     fast: io(fd, TcpRx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, len, fl) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, fl) })
     }
 }
 
@@ -145,14 +115,8 @@ hook! {
     fallback: syscall(SYS_recvfrom; fd, buf, len, fl, addr, alen);
     fast: io(fd, TcpRx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, len, fl, addr, alen) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, fl, addr, alen) })
     }
 }
 
@@ -163,14 +127,8 @@ hook! {
     fallback: syscall(SYS_recvmsg; fd, msg, fl);
     fast: io(fd, TcpRx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, msg, fl) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpRx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, msg, fl) })
     }
 }
 
@@ -181,14 +139,8 @@ hook! {
     fallback: syscall(SYS_sendto; fd, buf, len, fl, core::ptr::null::<sockaddr>(), 0 as socklen_t);
     fast: io(fd, TcpTx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, len, fl) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, len, fl) })
     }
 }
 
@@ -199,14 +151,8 @@ hook! {
     fallback: syscall(SYS_sendto; fd, buf, len, fl, addr, alen);
     fast: io(fd, TcpTx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, buf, len, fl, addr, alen) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, len, fl, addr, alen) })
     }
 }
 
@@ -217,14 +163,8 @@ hook! {
     fallback: syscall(SYS_sendmsg; fd, msg, fl);
     fast: io(fd, TcpTx);
     |real, cx| {
-        let e = TABLE.get(fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(fd, msg, fl) };
-        conn::on_io(cx, fd, e, n, Bytes::TcpTx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, msg, fl) })
     }
 }
 
@@ -290,14 +230,8 @@ hook! {
     fallback: syscall(SYS_sendfile; out_fd, in_fd, off, count);
     fast: io(out_fd, TcpTx);
     |real, cx| {
-        let e = TABLE.get(out_fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(out_fd, in_fd, off, count) };
-        conn::on_io(cx, out_fd, e, n, Bytes::TcpTx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, out_fd, Bytes::TcpTx, || unsafe { real(out_fd, in_fd, off, count) })
     }
 }
 
@@ -308,14 +242,8 @@ hook! {
     fallback: syscall(SYS_sendfile; out_fd, in_fd, off, count);
     fast: io(out_fd, TcpTx);
     |real, cx| {
-        let e = TABLE.get(out_fd);
-        if !e.is_tcp_stream() {
-            return PassThrough;
-        }
-        // SAFETY: the caller's arguments.
-        let n = unsafe { real(out_fd, in_fd, off, count) };
-        conn::on_io(cx, out_fd, e, n, Bytes::TcpTx);
-        Handled(n)
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        conn::tcp_io(cx, out_fd, Bytes::TcpTx, || unsafe { real(out_fd, in_fd, off, count) })
     }
 }
 
