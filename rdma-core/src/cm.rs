@@ -147,6 +147,16 @@ impl EventChannel {
     /// id it carries, owned (on this channel). The safe way for a listener to take requests.
     pub fn next_event_owned(self: &Arc<Self>, timeout: Duration) -> Result<(Event, Option<CmId>)> {
         let ev = self.next_event(timeout)?;
+        self.own(ev)
+    }
+
+    /// [`Self::next_event_owned`] without blocking: `None` when no event is pending.
+    pub fn try_event_owned(self: &Arc<Self>) -> Result<Option<(Event, Option<CmId>)>> {
+        self.try_event()?.map(|ev| self.own(ev)).transpose()
+    }
+
+    /// Wraps the new id of a `CONNECT_REQUEST` just read from this channel.
+    fn own(self: &Arc<Self>, ev: Event) -> Result<(Event, Option<CmId>)> {
         if ev.kind != ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST || ev.id.is_null() {
             return Ok((ev, None));
         }

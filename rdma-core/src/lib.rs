@@ -9,8 +9,11 @@
 //! - [`ring`]: the double-mapped ("magic") receive ring.
 //! - [`probe`]: what this host can do, in one call.
 //! - `endpoint` (private): one connection's verbs resources and work requests.
-//! - [`stream`]: the ring-buffer byte stream and the native API ([`Listener`], [`Stream`],
-//!   [`barrier`]).
+//! - [`link`]: one ring connection driven by its owner without blocking ([`Link`]), and its
+//!   non-blocking set-up ([`Dialer`], [`UpgradeListener`], [`Incoming`]): what the preload shim
+//!   drives from its event loop.
+//! - [`stream`]: the blocking ring-buffer byte stream on top of a link, and the native API
+//!   ([`Listener`], [`Stream`], [`barrier`]).
 //!
 //! The protocol logic (handshake codec, cursors, credits, stream state) is the sans-IO crate
 //! `rdmashim-proto`.
@@ -20,6 +23,7 @@
 pub mod cm;
 mod endpoint;
 pub mod error;
+pub mod link;
 pub mod probe;
 pub mod ring;
 pub mod stream;
@@ -27,4 +31,5 @@ pub mod sys;
 pub mod verbs;
 
 pub use error::{Error, Result, Unavailable};
-pub use stream::{barrier, Handle, Listener, RecvHandle, SendHandle, Stream, StreamConfig};
+pub use link::{DialError, DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
+pub use stream::{barrier, Handle, Listener, RecvHandle, SendHandle, Stream};

@@ -1,20 +1,10 @@
-//! Ring-buffer byte streams over RC queue pairs: the driver of one connection, and the native
-//! Rust API ([`Listener`], [`Stream`], [`barrier`]).
+//! Ring-buffer byte streams over RC queue pairs: the blocking native Rust API ([`Listener`],
+//! [`Stream`], [`barrier`]) on top of the non-blocking [`Link`].
 //!
-//! A [`Stream`] is the sans-IO [`Connection`] of `rdmashim-proto` plus the verbs resources of
-//! [`crate::endpoint`]. Every call drives it with the same loop (the obligations are those of
-//! `rdmashim_proto::conn`):
-//!
-//! 1. poll the CQ dry, in order: send completions retire send-queue entries; each receive
-//!    completion goes to [`Connection::handle_completion`] and its receive is re-posted at
-//!    once, before any action is performed;
-//! 2. read the connection's own rdma_cm event channel (after polling the CQ dry again):
-//!    DISCONNECTED and other errors become [`Connection::handle_transport_error`];
-//! 3. move queued [`Stream::isend`]/[`Stream::irecv`] bytes;
-//! 4. perform the core's actions in order while the send queue has room (an action that could
-//!    not be posted stays in the core);
-//! 5. after `Teardown`: wait until the posted work requests completed (bounded by
-//!    [`StreamConfig::close_timeout`]), then `rdma_disconnect`.
+//! A [`Stream`] is a [`Link`] (the sans-IO [`Connection`] of `rdmashim-proto` plus the verbs
+//! resources of one connection, see [`crate::link`]) with queues of [`Stream::isend`]/
+//! [`Stream::irecv`] operations. Every call drives it with the link's loop, moving queued bytes
+//! between the link's inputs (completions, rdma_cm events) and its actions.
 //!
 //! Blocking calls spin on the CQ for [`StreamConfig::spin`], then arm the CQ, poll it once more
 //! and sleep in `poll(2)` on the completion channel and the rdma_cm channel: an idle stream
@@ -23,115 +13,20 @@
 //! A native stream has no TCP connection behind it: both sides commit their sending direction
 //! to the ring right after the handshake (`commit_switch(0)`).
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmashim_proto::{
-    Action, Completion, Config, ConnectRequest, Connection, ErrorReason, Recv, Reject,
-    RejectReason, RingSize, SendError, Stats, StreamState,
+use rdmashim_proto::{Connection, Recv, SendError, Stats, StreamState};
+
+pub use crate::link::StreamConfig;
+use crate::link::{
+    check_available, err, poll_ms, DialError, DialStatus, Dialer, Incoming, Link, Refused,
+    UpgradeListener,
 };
-
-use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel};
-use crate::endpoint::{Endpoint, EndpointSizes, SEND_TAG};
-use crate::error::{Error, Unavailable};
-use crate::ring::RegisteredRing;
-use crate::sys::{self, ffi};
-use crate::verbs::{self, empty_wc, wc_imm_data};
-
-/// Tunables of a stream. `Default` gives sensible values for a LAN.
-#[derive(Debug, Clone, Copy)]
-pub struct StreamConfig {
-    /// Receive ring size in bytes: a power of two from 4 KiB to 8 MiB (default 1 MiB).
-    pub ring_size: usize,
-    /// Receives posted per connection (≥ 4; default 64).
-    pub recv_slots: u16,
-    /// Send queue depth (≥ 8; default 128).
-    pub sq_depth: u32,
-    /// Inline size to ask the device for (default 64; control messages fit in 16).
-    pub max_inline: u32,
-    /// How long a blocking call busy-polls the CQ before it sleeps (default 30 µs).
-    pub spin: Duration,
-    /// Deadline of address/route resolution and of the handshake (default 5 s).
-    pub connect_timeout: Duration,
-    /// How long a close waits for queued data and outstanding work requests (default 3 s).
-    pub close_timeout: Duration,
-    /// Protocol tunables (credit thresholds, largest write, …).
-    pub protocol: Config,
-}
-
-impl Default for StreamConfig {
-    fn default() -> Self {
-        Self {
-            ring_size: 1 << 20,
-            recv_slots: 64,
-            sq_depth: 128,
-            max_inline: 64,
-            spin: Duration::from_micros(30),
-            connect_timeout: Duration::from_secs(5),
-            close_timeout: Duration::from_secs(3),
-            protocol: Config::default(),
-        }
-    }
-}
-
-impl StreamConfig {
-    fn sizes(&self) -> io::Result<EndpointSizes> {
-        if RingSize::new(self.ring_size as u64).is_err() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "ring size {} is not a power of two from 4 KiB to 8 MiB",
-                    self.ring_size
-                ),
-            ));
-        }
-        if self.recv_slots < rdmashim_proto::MIN_RECV_SLOTS || self.sq_depth < 8 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "recv_slots must be at least 4 and sq_depth at least 8",
-            ));
-        }
-        Ok(EndpointSizes {
-            ring_size: self.ring_size,
-            recv_slots: self.recv_slots,
-            sq_depth: self.sq_depth,
-            max_inline: self.max_inline,
-        })
-    }
-}
-
-/// Fails cleanly (an [`Unavailable`] error, kind `Unsupported`) on a host without rdma-core or
-/// without an RDMA device. A positive answer is remembered.
-fn check_available() -> Result<(), Error> {
-    static AVAILABLE: AtomicBool = AtomicBool::new(false);
-    if AVAILABLE.load(Ordering::Relaxed) {
-        return Ok(());
-    }
-    sys::lib().map_err(|e| Unavailable::LibrariesMissing(e.clone()))?;
-    if verbs::device_names()?.is_empty() {
-        return Err(Unavailable::NoDevice.into());
-    }
-    AVAILABLE.store(true, Ordering::Relaxed);
-    Ok(())
-}
-
-fn nonce() -> u64 {
-    // RandomState is seeded from the OS's random source (and varied per instance).
-    let mut h = RandomState::new().build_hasher();
-    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
-    h.finish()
-}
-
-fn err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
-    io::Error::new(kind, msg.into())
-}
+use crate::verbs;
 
 /// A failure kept for handles that complete with an error (`io::Error` is not `Clone`).
 #[derive(Debug, Clone)]
@@ -147,17 +42,6 @@ impl From<Failure> for io::Error {
     fn from(f: Failure) -> Self {
         io::Error::new(f.0, f.1)
     }
-}
-
-/// Where the connection's teardown stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Td {
-    /// Before the core's `Teardown`.
-    Running,
-    /// `Teardown` came out: waiting for the posted work requests.
-    Draining { since: Instant, fenced: bool },
-    /// `rdma_disconnect` was called (or the connection is dead).
-    Disconnected,
 }
 
 struct PendingSend {
@@ -225,17 +109,8 @@ impl Handle for RecvHandle {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub struct Listener {
-    id: CmId,
-    ch: Arc<EventChannel>,
+    inner: UpgradeListener,
     cfg: StreamConfig,
-}
-
-/// Why one incoming handshake failed.
-enum Refused {
-    /// This side's fault (resources): reported to the caller of `accept`.
-    Local(io::Error),
-    /// The client's (it left, or timed out): the listener goes on with the next request.
-    Peer,
 }
 
 impl Listener {
@@ -248,98 +123,53 @@ impl Listener {
     pub fn bind_with(addr: SocketAddr, cfg: StreamConfig) -> io::Result<Listener> {
         check_available()?;
         cfg.sizes()?;
-        let ch = EventChannel::new()?;
-        let id = CmId::new(&ch)?;
-        id.bind(addr)?;
-        id.listen(1024)?;
-        Ok(Listener { id, ch, cfg })
+        let inner = UpgradeListener::bind(addr)?;
+        Ok(Listener { inner, cfg })
     }
 
     /// The address listened on.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.id.local_addr()
+        self.inner.local_addr()
     }
 
     /// Waits for the next client and completes its handshake.
     ///
     /// A request whose private data does not decode as a `ConnectRequest` of a version spoken
-    /// here is rejected with a [`Reject`] stating the reason (`Malformed`,
-    /// `UnsupportedVersion`), and the listener goes on waiting; so does a client that vanishes
-    /// during the handshake. Only local failures (e.g. no memory for the rings; the client is
-    /// then rejected with `Resources`) are returned as errors, and the listener stays usable.
+    /// here is rejected with a [`Reject`](rdmashim_proto::Reject) stating the reason
+    /// (`Malformed`, `UnsupportedVersion`), and the listener goes on waiting; so does a client
+    /// that vanishes during the handshake. Only local failures (e.g. no memory for the rings;
+    /// the client is then rejected with `Resources`) are returned as errors, and the listener
+    /// stays usable.
     pub fn accept(&self) -> io::Result<Stream> {
         loop {
-            let (ev, id) = match self.ch.next_event_owned(Duration::from_secs(3600)) {
-                Err(Error::Timeout(_)) => continue,
-                r => r?,
+            let Some(incoming) = self.inner.next()? else {
+                verbs::poll_readable(self.inner.fd(), -1, "poll(rdma event channel)")?;
+                continue;
             };
-            let Some(id) = id else { continue };
-            let req = match ConnectRequest::decode(&ev.private_data) {
-                Ok(r) => r,
-                Err(e) => {
-                    let reject = Reject::new(RejectReason::for_decode_error(&e)).encode();
-                    let _ = id.reject(&reject);
-                    continue;
-                }
-            };
-            match self.handshake(id, &req) {
+            match self.handshake(incoming) {
                 Ok(s) => return Ok(s),
                 Err(Refused::Local(e)) => return Err(e),
-                Err(Refused::Peer) => continue,
+                Err(Refused::Peer(_)) => continue,
             }
         }
     }
 
-    fn handshake(&self, mut id: CmId, req: &ConnectRequest) -> Result<Stream, Refused> {
-        let resources = Reject::new(RejectReason::Resources).encode();
-        let sizes = self.cfg.sizes().map_err(Refused::Local)?;
-        // The connection's events (ESTABLISHED, DISCONNECTED) go to its own channel.
-        let ch = match EventChannel::new().and_then(|ch| id.migrate(&ch).map(|()| ch)) {
-            Ok(ch) => ch,
-            Err(e) => {
-                let _ = id.reject(&resources);
-                return Err(Refused::Local(e.into()));
-            }
-        };
-        let mut ep = match Endpoint::new(id, ch, sizes) {
-            Ok(ep) => ep,
-            Err(failed) => {
-                let (e, id) = *failed;
-                let _ = id.reject(&resources);
-                return Err(Refused::Local(e.into()));
-            }
-        };
-        if let Err(e) = ep.set_peer_ring(req.ring.size) {
-            let _ = ep.id.reject(&resources);
-            return Err(Refused::Local(e.into()));
-        }
-        let now = Instant::now();
-        let (conn, reply) = Connection::accept(self.cfg.protocol, ep.local_params(), req, 0, now)
-            .map_err(|e| {
-            let _ = ep.id.reject(&resources);
-            Refused::Local(err(io::ErrorKind::InvalidInput, e.to_string()))
-        })?;
-        let param = ConnParam {
-            private_data: &reply.encode(),
-            ..Default::default()
-        };
-        if ep.id.accept(&param).is_err() {
-            return Err(Refused::Peer);
-        }
-        let mut s = Stream::new(conn, ep, self.cfg);
-        let deadline = now + self.cfg.connect_timeout;
+    fn handshake(&self, incoming: Incoming) -> Result<Stream, Refused> {
+        let deadline = Instant::now() + self.cfg.connect_timeout;
+        let mut s = Stream::new(incoming.answer(&self.cfg, 0)?, self.cfg);
+        let gone = || Refused::Peer(err(io::ErrorKind::ConnectionAborted, "the client left"));
         let ok = s
             .block(Some(deadline), |s| {
-                s.conn.state() != StreamState::Handshaking || s.conn.error().is_some()
+                s.conn().state() != StreamState::Handshaking || s.conn().error().is_some()
             })
             .unwrap_or(false);
-        if !ok || s.conn.error().is_some() {
-            return Err(Refused::Peer);
+        if !ok || s.conn().error().is_some() {
+            return Err(gone());
         }
-        if s.conn.commit_switch(0).is_err() {
-            return Err(Refused::Peer);
+        if s.link.conn_mut().commit_switch(0).is_err() {
+            return Err(gone());
         }
-        s.perform();
+        s.link.perform();
         Ok(s)
     }
 }
@@ -369,32 +199,22 @@ impl Listener {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub struct Stream {
-    conn: Connection,
-    ep: Endpoint,
+    link: Link,
     cfg: StreamConfig,
-    teardown: Td,
-    /// What the transport reported when the connection failed (the failing call and status).
-    failure: Option<String>,
     sends: VecDeque<PendingSend>,
     recvs: VecDeque<PendingRecv>,
     finished_sends: HashMap<u64, Result<(), Failure>>,
     finished_recvs: HashMap<u64, Result<Vec<u8>, Failure>>,
     next_handle: u64,
     close_called: bool,
-    /// Next time `progress` reads the rdma_cm channel without being told to (each read is a
-    /// system call; a sleeping wait watches the channel's fd anyway).
-    next_cm_check: Instant,
 }
-
-/// How often a busy stream looks at its rdma_cm channel.
-const CM_CHECK_EVERY: Duration = Duration::from_millis(1);
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stream")
-            .field("state", &self.conn.state())
-            .field("local", &self.ep.local_addr())
-            .field("peer", &self.ep.peer_addr())
+            .field("state", &self.conn().state())
+            .field("local", &self.link.local_addr())
+            .field("peer", &self.link.peer_addr())
             .finish()
     }
 }
@@ -408,275 +228,55 @@ impl Stream {
     /// Connects to a [`Listener`] at `addr` with `cfg`. A rejection is `ConnectionRefused`
     /// (naming the reason the server gave); no RDMA on this host is `Unsupported`.
     pub fn connect_with(addr: SocketAddr, cfg: StreamConfig) -> io::Result<Stream> {
-        check_available()?;
-        let sizes = cfg.sizes()?;
-        let t = cfg.connect_timeout;
-        let ch = EventChannel::new()?;
-        let id = CmId::new(&ch)?;
-        id.resolve_addr(None, addr, t)?;
-        ch.expect(
-            et::RDMA_CM_EVENT_ADDR_RESOLVED,
-            "RDMA_CM_EVENT_ADDR_RESOLVED",
-            t,
-        )?;
-        id.resolve_route(t)?;
-        ch.expect(
-            et::RDMA_CM_EVENT_ROUTE_RESOLVED,
-            "RDMA_CM_EVENT_ROUTE_RESOLVED",
-            t,
-        )?;
-        let mut ep = Endpoint::new(id, ch.clone(), sizes).map_err(|f| f.0)?;
-        let local_port = ep.local_addr().map_or(0, |a| a.port());
-        let (mut conn, req) = Connection::connect(
-            cfg.protocol,
-            ep.local_params(),
-            local_port,
-            addr.port(),
-            nonce(),
-            0,
-            Instant::now(),
-        )
-        .map_err(|e| err(io::ErrorKind::InvalidInput, e.to_string()))?;
-        ep.id.connect(&ConnParam {
-            private_data: &req.encode(),
-            ..Default::default()
-        })?;
-        let ev = ch.next_event(t)?;
-        match ev.kind {
-            et::RDMA_CM_EVENT_ESTABLISHED => {
-                conn.handle_accept(&ev.private_data)
-                    .map_err(|r| err(r.io_kind(), format!("rdma_connect to {addr}: {r}")))?;
-            }
-            et::RDMA_CM_EVENT_REJECTED => {
-                conn.handle_reject(&ev.private_data);
-                let why = conn
-                    .error()
-                    .map_or_else(|| "rejected".to_owned(), |r| r.to_string());
-                return Err(err(
-                    io::ErrorKind::ConnectionRefused,
-                    format!("rdma_connect to {addr}: {why}"),
-                ));
-            }
-            _ => {
-                return Err(Error::UnexpectedEvent {
-                    expected: "RDMA_CM_EVENT_ESTABLISHED",
-                    got: ev.name(),
-                    status: ev.status,
-                    private_data: ev.private_data,
+        // The request carries the rdma_cm source port: no TCP connection behind it.
+        let mut dial = Dialer::begin(None, addr, None, &cfg)?;
+        let link = loop {
+            match dial.poll(0) {
+                DialStatus::Pending => {
+                    let left = dial.deadline().saturating_duration_since(Instant::now());
+                    verbs::poll_readable(dial.fd(), poll_ms(left), "poll(rdma event channel)")?;
                 }
-                .into())
+                DialStatus::Connected(link) => break link,
+                DialStatus::Failed(DialError::Local(e)) => return Err(e),
+                DialStatus::Failed(e) => {
+                    return Err(err(e.io_kind(), format!("rdma_connect to {addr}: {e}")))
+                }
             }
-        }
-        let peer = conn
-            .peer_ring()
-            .ok_or_else(|| err(io::ErrorKind::InvalidData, "no peer ring after the reply"))?;
-        ep.set_peer_ring(peer.size)?;
-        conn.commit_switch(0)
+        };
+        let mut s = Stream::new(link, cfg);
+        s.link
+            .conn_mut()
+            .commit_switch(0)
             .map_err(|e| err(io::ErrorKind::InvalidData, e.to_string()))?;
-        let mut s = Stream::new(conn, ep, cfg);
         s.progress();
         Ok(s)
     }
 
-    fn new(conn: Connection, ep: Endpoint, cfg: StreamConfig) -> Stream {
+    fn new(link: Link, cfg: StreamConfig) -> Stream {
         Stream {
-            conn,
-            ep,
+            link,
             cfg,
-            teardown: Td::Running,
-            failure: None,
             sends: VecDeque::new(),
             recvs: VecDeque::new(),
             finished_sends: HashMap::new(),
             finished_recvs: HashMap::new(),
             next_handle: 1,
             close_called: false,
-            next_cm_check: Instant::now(),
         }
+    }
+
+    fn conn(&self) -> &Connection {
+        self.link.conn()
     }
 
     // ----- the driver ------------------------------------------------------------------------
 
-    /// One pass of the driving loop (see the module docs). Never blocks.
+    /// One pass of the link's driving loop, with queued bytes moved between its inputs and its
+    /// actions. Never blocks.
     fn progress(&mut self) {
-        self.poll_cq();
-        let now = Instant::now();
-        if now >= self.next_cm_check {
-            self.next_cm_check = now + CM_CHECK_EVERY;
-            self.poll_cm();
-        }
-        if self.conn.poll_timeout().is_some() {
-            self.conn.handle_timeout(now);
-        }
+        self.link.take_inputs(false);
         self.pump();
-        self.perform();
-        self.drive_teardown();
-    }
-
-    /// Polls the CQ dry; returns whether anything completed.
-    fn poll_cq(&mut self) -> bool {
-        let mut wcs = [empty_wc(); 16];
-        let mut any = false;
-        loop {
-            let n = match self.ep.cq.poll(&mut wcs) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.transport_failed(e.to_string());
-                    return any;
-                }
-            };
-            for wc in &wcs[..n] {
-                self.on_completion(wc);
-            }
-            any |= n > 0;
-            if n < wcs.len() {
-                return any;
-            }
-        }
-    }
-
-    fn on_completion(&mut self, wc: &ffi::ibv_wc) {
-        let ok = wc.status == ffi::ibv_wc_status::IBV_WC_SUCCESS;
-        if wc.wr_id & SEND_TAG != 0 {
-            self.ep.on_send_completion(wc.wr_id);
-            if !ok {
-                let msg = self.wc_error("send", wc);
-                self.transport_failed(msg);
-            }
-            return;
-        }
-        let Some(slot) = self.ep.recv_slot(wc.wr_id) else {
-            return;
-        };
-        if !ok {
-            let msg = self.wc_error("receive", wc);
-            self.transport_failed(msg);
-            return;
-        }
-        if Endpoint::is_write_imm(wc) {
-            let Some(raw) = wc_imm_data(wc) else {
-                self.transport_failed(
-                    "ibv_poll_cq: RECV_RDMA_WITH_IMM without an immediate".into(),
-                );
-                return;
-            };
-            // The ring bytes of a DATA are visible once its completion was polled; see
-            // "Memory ordering" in docs/protocol.md.
-            let _ = self.conn.handle_completion(Completion::WriteImm {
-                imm: u32::from_be(raw),
-                byte_len: Some(wc.byte_len),
-            });
-        } else if wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV {
-            let payload = self.ep.recv_payload(slot, wc.byte_len);
-            let _ = self.conn.handle_completion(Completion::Recv { payload });
-        }
-        // Re-post right after the core saw the completion, before its actions are performed.
-        if self.teardown != Td::Disconnected && self.conn.error().is_none() {
-            if let Err(e) = self.ep.repost_recv(slot) {
-                self.transport_failed(e.to_string());
-            }
-        }
-    }
-
-    fn wc_error(&self, what: &str, wc: &ffi::ibv_wc) -> String {
-        let status = sys::lib()
-            .map(|l| sys::wc_status_str(l, wc.status))
-            .unwrap_or_else(|_| format!("status {}", wc.status));
-        format!(
-            "ibv_poll_cq: {what} completed with error: {status} (vendor error {:#x})",
-            wc.vendor_err
-        )
-    }
-
-    /// Reads the connection's rdma_cm events; the CQ is polled dry before each is handled.
-    fn poll_cm(&mut self) {
-        loop {
-            match self.ep.ch.try_event() {
-                Ok(None) => return,
-                Ok(Some(ev)) => {
-                    self.poll_cq();
-                    self.on_cm_event(ev);
-                }
-                Err(e) => {
-                    self.transport_failed(e.to_string());
-                    return;
-                }
-            }
-        }
-    }
-
-    fn on_cm_event(&mut self, ev: Event) {
-        match ev.kind {
-            et::RDMA_CM_EVENT_ESTABLISHED => self.conn.handle_established(),
-            et::RDMA_CM_EVENT_TIMEWAIT_EXIT | et::RDMA_CM_EVENT_ADDR_CHANGE => {}
-            _ => {
-                // DISCONNECTED, DEVICE_REMOVAL, …: fatal unless the wire is already done.
-                let msg = format!("rdma_get_cm_event: {} (status {})", ev.name(), ev.status);
-                self.transport_failed(msg);
-            }
-        }
-    }
-
-    /// The QP or the CM failed: the core decides whether that matters (not after a clean end).
-    fn transport_failed(&mut self, msg: String) {
-        let before = self.conn.error().is_some();
-        self.conn.handle_transport_error();
-        if !before && self.conn.error().is_some() && self.failure.is_none() {
-            self.failure = Some(msg);
-        }
-    }
-
-    /// Performs the core's actions while the send queue has room.
-    fn perform(&mut self) {
-        if self.teardown != Td::Running {
-            return;
-        }
-        while self.ep.sq_room() > 0 {
-            let Some(a) = self.conn.poll_action() else {
-                return;
-            };
-            if a == Action::Teardown {
-                self.teardown = Td::Draining {
-                    since: Instant::now(),
-                    fenced: false,
-                };
-                self.drive_teardown();
-                return;
-            }
-            let rkey = self.conn.peer_ring().map_or(0, |r| r.rkey);
-            if let Err(e) = self.ep.post(&a, rkey) {
-                self.transport_failed(e.to_string());
-            }
-        }
-    }
-
-    /// After `Teardown`: disconnect once the posted work requests completed (a signaled fence
-    /// behind unsignaled ones makes that observable), at once after a failure, or when the
-    /// close timeout passed.
-    fn drive_teardown(&mut self) {
-        let Td::Draining { since, fenced } = self.teardown else {
-            return;
-        };
-        let done = self.ep.outstanding() == 0
-            || self.conn.error().is_some()
-            || since.elapsed() >= self.cfg.close_timeout;
-        if !done && !fenced && !self.ep.last_signaled() {
-            let posted = self
-                .conn
-                .peer_ring()
-                .map(|r| self.ep.post_fence(&r).is_ok());
-            if posted == Some(true) {
-                self.teardown = Td::Draining {
-                    since,
-                    fenced: true,
-                };
-                return;
-            }
-        } else if !done {
-            return;
-        }
-        let _ = self.ep.id.disconnect();
-        self.teardown = Td::Disconnected;
+        self.link.act();
     }
 
     /// Moves queued isend/irecv bytes between the application and the rings.
@@ -686,23 +286,15 @@ impl Stream {
             let outcome = if want == 0 {
                 Some(Ok(()))
             } else {
-                match self.conn.send(want) {
+                match self.link.conn_mut().send(want) {
                     Ok(g) => {
-                        stage(
-                            self.ep.tx.as_mut(),
-                            g.cursor,
-                            &p.data[p.done..p.done + g.len],
-                        );
+                        self.link.stage(g.cursor, &p.data[p.done..p.done + g.len]);
                         p.done += g.len;
                         (p.done == p.data.len()).then_some(Ok(()))
                     }
                     Err(SendError::WouldBlock) => None,
-                    Err(SendError::ViaTcp) if self.conn.error().is_none() => None,
-                    Err(e) => Some(Err(Failure::from(&send_error(
-                        &self.conn,
-                        &self.failure,
-                        e,
-                    )))),
+                    Err(SendError::ViaTcp) if self.link.conn().error().is_none() => None,
+                    Err(e) => Some(Err(Failure::from(&self.link.send_error(e)))),
                 }
             };
             match outcome {
@@ -718,20 +310,21 @@ impl Stream {
             let outcome = if p.buf.len() == p.want {
                 Some(Ok(()))
             } else {
-                match self.conn.recv() {
+                match self.link.conn().recv() {
                     Recv::Ring { offset, len } => {
                         let n = len.min(p.want - p.buf.len());
-                        p.buf.extend_from_slice(self.ep.rx.ring().slice(offset, n));
-                        let _ = self.conn.consume(n);
+                        p.buf.extend_from_slice(self.link.ring(offset, n));
+                        let _ = self.link.conn_mut().consume(n);
                         (p.buf.len() == p.want).then_some(Ok(()))
                     }
                     Recv::Eof => Some(Ok(())),
-                    Recv::Error(r) => Some(Err(Failure::from(&reason_error(&self.failure, r)))),
+                    Recv::Error(r) => Some(Err(Failure::from(&self.link.error_for(r)))),
                     Recv::WouldBlock => None,
                     Recv::Tcp { .. } => self
-                        .conn
+                        .link
+                        .conn()
                         .error()
-                        .map(|r| Err(Failure::from(&reason_error(&self.failure, r)))),
+                        .map(|r| Err(Failure::from(&self.link.error_for(r)))),
                 }
             };
             match outcome {
@@ -753,14 +346,6 @@ impl Stream {
         block_many(std::slice::from_mut(self), deadline, |ss| done(&mut ss[0]))
     }
 
-    fn reason_error(&self, r: ErrorReason) -> io::Error {
-        reason_error(&self.failure, r)
-    }
-
-    fn send_error(&self, e: SendError) -> io::Error {
-        send_error(&self.conn, &self.failure, e)
-    }
-
     // ----- blocking API ----------------------------------------------------------------------
 
     /// Sends some of `buf`, blocking until at least one byte is accepted (like a blocking
@@ -776,21 +361,21 @@ impl Stream {
             if !s.sends.is_empty() {
                 return false;
             }
-            match s.conn.send(buf.len()) {
+            match s.link.conn_mut().send(buf.len()) {
                 Ok(g) => {
-                    stage(s.ep.tx.as_mut(), g.cursor, &buf[..g.len]);
+                    s.link.stage(g.cursor, &buf[..g.len]);
                     out = Some(Ok(g.len));
                     true
                 }
                 Err(SendError::WouldBlock) => false,
-                Err(SendError::ViaTcp) if s.conn.error().is_none() => false,
+                Err(SendError::ViaTcp) if s.conn().error().is_none() => false,
                 Err(e) => {
-                    out = Some(Err(s.send_error(e)));
+                    out = Some(Err(s.link.send_error(e)));
                     true
                 }
             }
         })?;
-        self.perform();
+        self.link.perform();
         out.unwrap_or_else(|| Err(err(io::ErrorKind::Other, "send ended without a result")))
     }
 
@@ -814,12 +399,13 @@ impl Stream {
             if !s.recvs.is_empty() {
                 return false;
             }
-            match s.conn.recv() {
+            match s.conn().recv() {
                 Recv::Ring { offset, len } => {
                     let n = len.min(buf.len());
-                    buf[..n].copy_from_slice(s.ep.rx.ring().slice(offset, n));
+                    buf[..n].copy_from_slice(s.link.ring(offset, n));
                     out = Some(
-                        s.conn
+                        s.link
+                            .conn_mut()
                             .consume(n)
                             .map(|()| n)
                             .map_err(|e| err(io::ErrorKind::InvalidData, e.to_string())),
@@ -831,22 +417,22 @@ impl Stream {
                     true
                 }
                 Recv::Error(r) => {
-                    out = Some(Err(s.reason_error(r)));
+                    out = Some(Err(s.link.error_for(r)));
                     true
                 }
                 Recv::WouldBlock => false,
                 // No TCP behind a native stream: the peer's SwitchOver is still on its way,
                 // unless the connection failed before it came.
-                Recv::Tcp { .. } => match s.conn.error() {
+                Recv::Tcp { .. } => match s.conn().error() {
                     Some(r) => {
-                        out = Some(Err(s.reason_error(r)));
+                        out = Some(Err(s.link.error_for(r)));
                         true
                     }
                     None => false,
                 },
             }
         })?;
-        self.perform();
+        self.link.perform();
         out.unwrap_or_else(|| Err(err(io::ErrorKind::Other, "recv ended without a result")))
     }
 
@@ -854,11 +440,11 @@ impl Stream {
     pub fn flush_ring(&mut self) -> io::Result<()> {
         let mut res = Ok(());
         self.block(None, |s| {
-            if let Some(r) = s.conn.error() {
-                res = Err(s.reason_error(r));
+            if let Some(r) = s.conn().error() {
+                res = Err(s.link.error_for(r));
                 return true;
             }
-            s.sends.is_empty() && s.conn.tx_cursors().is_none_or(|t| t.unposted() == 0)
+            s.sends.is_empty() && s.conn().tx_cursors().is_none_or(|t| t.unposted() == 0)
         })?;
         res
     }
@@ -871,15 +457,16 @@ impl Stream {
             if !self.sends.is_empty() {
                 self.block(None, |s| s.sends.is_empty())?;
             }
-            if let Some(r) = self.conn.error() {
-                return Err(self.reason_error(r));
+            if let Some(r) = self.conn().error() {
+                return Err(self.link.error_for(r));
             }
-            self.conn
+            self.link
+                .conn_mut()
                 .shutdown_write()
                 .map_err(|e| err(io::ErrorKind::NotConnected, e.to_string()))?;
         }
         if matches!(how, Shutdown::Read | Shutdown::Both) {
-            self.conn.shutdown_read();
+            self.link.conn_mut().shutdown_read();
         }
         self.progress();
         Ok(())
@@ -895,25 +482,24 @@ impl Stream {
     }
 
     fn close_inner(&mut self) -> io::Result<()> {
-        if self.teardown == Td::Disconnected {
+        if self.link.is_disconnected() {
             return Ok(());
         }
         let deadline = Instant::now() + self.cfg.close_timeout;
         if !self.sends.is_empty() {
             let _ = self.block(Some(deadline), |s| {
-                s.sends.is_empty() || s.conn.error().is_some()
+                s.sends.is_empty() || s.conn().error().is_some()
             });
         }
         if !self.close_called {
             self.close_called = true;
-            self.conn.close();
+            self.link.conn_mut().close();
         }
         let done = self
-            .block(Some(deadline), |s| s.teardown == Td::Disconnected)
+            .block(Some(deadline), |s| s.link.is_disconnected())
             .unwrap_or(false);
         if !done {
-            let _ = self.ep.id.disconnect();
-            self.teardown = Td::Disconnected;
+            self.link.disconnect();
             return Err(err(
                 io::ErrorKind::TimedOut,
                 "close: the peer did not take the queued data in time",
@@ -990,22 +576,22 @@ impl Stream {
 
     /// The local address.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.ep.local_addr()
+        self.link.local_addr()
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.ep.peer_addr()
+        self.link.peer_addr()
     }
 
     /// The connection's state as the protocol core sees it.
     pub fn state(&self) -> StreamState {
-        self.conn.state()
+        self.conn().state()
     }
 
     /// Protocol counters (writes, credits, messages).
     pub fn stats(&self) -> Stats {
-        self.conn.stats()
+        self.conn().stats()
     }
 
     /// The configuration in force.
@@ -1022,38 +608,7 @@ impl Stream {
     /// loops. They are non-blocking; after they become readable, call [`test`](Self::test) or
     /// any other call to drive the stream.
     pub fn wait_fds(&self) -> [RawFd; 2] {
-        [self.ep.comp.fd(), self.ep.ch.fd()]
-    }
-}
-
-/// Copies `bytes` into the staging ring at stream cursor `cursor` (contiguous thanks to the
-/// double mapping: the core grants at most the ring's size).
-fn stage(tx: Option<&mut RegisteredRing>, cursor: u64, bytes: &[u8]) {
-    if let Some(tx) = tx {
-        let off = (cursor % tx.size() as u64) as usize;
-        tx.ring_mut()
-            .slice_mut(off, bytes.len())
-            .copy_from_slice(bytes);
-    }
-}
-
-fn reason_error(failure: &Option<String>, r: ErrorReason) -> io::Error {
-    match (r, failure) {
-        (ErrorReason::Transport, Some(m)) => err(r.io_kind(), format!("{r}: {m}")),
-        _ => err(r.io_kind(), r.to_string()),
-    }
-}
-
-fn send_error(conn: &Connection, failure: &Option<String>, e: SendError) -> io::Error {
-    match e {
-        SendError::Failed(r) => reason_error(failure, r),
-        SendError::Shutdown => err(io::ErrorKind::BrokenPipe, "send after shutdown(Write)"),
-        SendError::PeerClosed => err(io::ErrorKind::BrokenPipe, "the peer closed the stream"),
-        SendError::WouldBlock => err(io::ErrorKind::WouldBlock, "no ring space"),
-        SendError::ViaTcp => match conn.error() {
-            Some(r) => reason_error(failure, r),
-            None => err(io::ErrorKind::NotConnected, "the stream is not on the ring"),
-        },
+        [self.link.comp_fd(), self.link.cm_fd()]
     }
 }
 
@@ -1076,11 +631,10 @@ fn block_many(
         while Instant::now() < spin_end {
             let mut any = false;
             for s in ss.iter_mut() {
-                if s.poll_cq() {
+                if s.link.poll_cq() {
                     any = true;
                     s.pump();
-                    s.perform();
-                    s.drive_teardown();
+                    s.link.act();
                 }
             }
             if any && done(ss) {
@@ -1091,9 +645,7 @@ fn block_many(
         // Arm, then look once more: a completion between the last poll and the arm raised no
         // event.
         for s in ss.iter_mut() {
-            if let Err(e) = s.ep.cq.arm() {
-                s.transport_failed(e.to_string());
-            }
+            s.link.arm();
             s.progress();
         }
         if done(ss) {
@@ -1105,34 +657,20 @@ fn block_many(
             return Ok(false);
         }
         for s in ss.iter() {
-            let wake = match s.teardown {
-                Td::Draining { .. } => Some(Duration::from_millis(10)),
-                _ => s
-                    .conn
-                    .poll_timeout()
-                    .map(|t| t.saturating_duration_since(now)),
-            };
-            if let Some(w) = wake {
+            if let Some(w) = s
+                .link
+                .next_timer()
+                .map(|t| t.saturating_duration_since(now))
+            {
                 timeout = Some(timeout.map_or(w, |t| t.min(w)));
             }
         }
-        let ms = timeout.map_or(-1, |t| {
-            (t.as_micros().div_ceil(1000)).clamp(1, i32::MAX as u128) as i32
-        });
+        let ms = timeout.map_or(-1, poll_ms);
         let fds: Vec<RawFd> = ss.iter().flat_map(|s| s.wait_fds()).collect();
         verbs::poll_fds(&fds, ms)?;
         for s in ss.iter_mut() {
-            s.next_cm_check = Instant::now();
-            loop {
-                match s.ep.comp.take_event() {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => break,
-                    Err(e) => {
-                        s.transport_failed(e.to_string());
-                        break;
-                    }
-                }
-            }
+            s.link.cm_due();
+            s.link.take_events();
         }
     }
 }
@@ -1158,23 +696,27 @@ pub fn barrier(streams: &mut [Stream]) -> io::Result<()> {
     let mut epochs = Vec::with_capacity(streams.len());
     for s in streams.iter_mut() {
         if !s.sends.is_empty() {
-            s.block(None, |s| s.sends.is_empty() || s.conn.error().is_some())?;
+            s.block(None, |s| s.sends.is_empty() || s.conn().error().is_some())?;
         }
-        let e = s.conn.barrier().map_err(|e| s.send_error(e))?;
+        let e = s
+            .link
+            .conn_mut()
+            .barrier()
+            .map_err(|e| s.link.send_error(e))?;
         epochs.push(e);
-        s.perform();
+        s.link.perform();
     }
     let mut failed = None;
     block_many(streams, None, |ss| {
         for (s, &e) in ss.iter().zip(&epochs) {
-            if s.conn.barriers_received() >= e {
+            if s.conn().barriers_received() >= e {
                 continue;
             }
-            if let Some(r) = s.conn.error() {
-                failed = Some(s.reason_error(r));
+            if let Some(r) = s.conn().error() {
+                failed = Some(s.link.error_for(r));
                 return true;
             }
-            if s.conn.rdhup() {
+            if s.conn().rdhup() {
                 failed = Some(err(
                     io::ErrorKind::UnexpectedEof,
                     "a peer ended its stream before reaching the barrier",

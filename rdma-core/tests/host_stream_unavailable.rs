@@ -1,10 +1,10 @@
-//! Host tier: without RDMA the native API fails with a clean `Unsupported` error naming why
-//! (no panic, no hang).
+//! Host tier: without RDMA the native API and the link set-up fail with a clean `Unsupported`
+//! error naming why (no panic, no hang).
 
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use rdmashim_core::{Listener, Stream, StreamConfig};
+use rdmashim_core::{Dialer, Listener, Stream, StreamConfig, UpgradeListener};
 
 fn host_has_rdma() -> bool {
     std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
@@ -38,6 +38,25 @@ fn connect_and_bind_report_unavailable_without_rdma() {
         .err()
         .expect("bind fails");
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+}
+
+#[test]
+fn link_setup_reports_unavailable_without_rdma() {
+    if host_has_rdma() {
+        return;
+    }
+    let e = UpgradeListener::bind("0.0.0.0:7471".parse().unwrap()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    let cfg = StreamConfig::default();
+    let e = Dialer::start(None, "127.0.0.1:7471".parse().unwrap(), 40000, &cfg).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    let src = Some("127.0.0.1:0".parse().unwrap());
+    let e = Dialer::start(src, "127.0.0.1:7471".parse().unwrap(), 40000, &cfg).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(
+        e.to_string().contains("no RDMA device") || e.to_string().contains("RDMA libraries"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -1,0 +1,1034 @@
+//! One ring connection driven by its owner, without blocking ([`Link`]), and the non-blocking
+//! rdma_cm set-up that makes one: [`Dialer`] on the client, [`UpgradeListener`] and
+//! [`Incoming`] on the server.
+//!
+//! A [`Link`] is the sans-IO [`Connection`] of `rdmashim-proto` plus the verbs resources of
+//! `endpoint` (private). It never blocks and never waits: its owner drives it, either the preload
+//! shim (its event loop, and application threads holding the connection's lock) or a
+//! [`Stream`](crate::Stream), which is a `Link` plus blocking calls. The obligations are those
+//! of `rdmashim_proto::conn`, split like this:
+//!
+//! - **The owner talks to the core.** It sends with `conn_mut().send(n)` and copies the granted
+//!   bytes in with [`Link::stage`]; it reads what `conn().recv()` points at with [`Link::ring`]
+//!   and reports it with `conn_mut().consume(n)`; it calls `commit_switch`, `note_tcp_read`,
+//!   `shutdown_write`, `close`, … on [`Link::conn_mut`] itself. After any of these, it calls
+//!   [`Link::progress`] so that the resulting actions are posted.
+//! - **[`Link::progress`] is the driving loop**, one non-blocking pass:
+//!   1. poll the CQ dry, in order: send completions retire send-queue entries; each receive
+//!      completion goes to [`Connection::handle_completion`] and its receive is re-posted at
+//!      once, before any action is performed;
+//!   2. read the link's own rdma_cm event channel (at most once per millisecond unless told
+//!      to; the CQ is polled dry again before each event): ESTABLISHED completes a server's
+//!      handshake, DISCONNECTED and other errors become
+//!      [`Connection::handle_transport_error`];
+//!   3. expire the handshake deadline;
+//!   4. perform the core's actions in order while the send queue has room (an action that could
+//!      not be posted stays in the core);
+//!   5. after `Teardown`: wait until the posted work requests completed (a signaled fence makes
+//!      that observable; bounded by [`StreamConfig::close_timeout`]), then `rdma_disconnect`.
+//! - **Sleeping is the owner's.** Before it sleeps it calls [`Link::arm`], then
+//!   [`Link::progress`] once more (a completion between the last poll and the arm raises no
+//!   event); if that saw nothing, it waits for [`Link::comp_fd`] or [`Link::cm_fd`] to become
+//!   readable or [`Link::next_timer`] to pass. After waking it calls [`Link::take_events`] and
+//!   [`Link::progress`] (with `force_cm` when the rdma_cm fd was readable).
+//! - **Resources go when the wire is done.** Once [`Link::is_disconnected`], dropping the link
+//!   frees the queue pair and both rings. Dropping it earlier destroys the queue pair at once:
+//!   the peer sees its connection fail. A close that cannot finish (the peer takes no data) is
+//!   cut short with [`Link::disconnect`].
+//!
+//! A link is `Send` but not shared: every call takes `&mut self` or runs under the owner's lock.
+//!
+//! Set-up: the client's [`Dialer`] resolves the address and route, builds the endpoint and
+//! sends the `ConnectRequest` with `rdma_connect`, all on events of its own channel, and turns
+//! into an established [`Link`] on that same channel. The server's [`UpgradeListener`] hands out
+//! each decodable request as an [`Incoming`], which the caller matches (to a TCP connection,
+//! for the shim) and then accepts or rejects.
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdmashim_proto::{
+    Action, Completion, Config, ConnectRequest, Connection, ErrorReason, Reject, RejectReason,
+    RingSize, SendError,
+};
+
+use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel};
+use crate::endpoint::{Endpoint, EndpointSizes, SEND_TAG};
+use crate::error::{Error, Unavailable};
+use crate::sys::{self, ffi};
+use crate::verbs::{self, empty_wc, wc_imm_data};
+
+/// Tunables of a ring connection. `Default` gives sensible values for a LAN.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamConfig {
+    /// Receive ring size in bytes: a power of two from 4 KiB to 8 MiB (default 1 MiB).
+    pub ring_size: usize,
+    /// Receives posted per connection (≥ 4; default 64).
+    pub recv_slots: u16,
+    /// Send queue depth (≥ 8; default 128).
+    pub sq_depth: u32,
+    /// Inline size to ask the device for (default 64; control messages fit in 16).
+    pub max_inline: u32,
+    /// How long a blocking call busy-polls the CQ before it sleeps (default 30 µs).
+    pub spin: Duration,
+    /// Deadline of address/route resolution and of the handshake (default 5 s).
+    pub connect_timeout: Duration,
+    /// How long a close waits for queued data and outstanding work requests (default 3 s).
+    pub close_timeout: Duration,
+    /// Protocol tunables (credit thresholds, largest write, …).
+    pub protocol: Config,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            ring_size: 1 << 20,
+            recv_slots: 64,
+            sq_depth: 128,
+            max_inline: 64,
+            spin: Duration::from_micros(30),
+            connect_timeout: Duration::from_secs(5),
+            close_timeout: Duration::from_secs(3),
+            protocol: Config::default(),
+        }
+    }
+}
+
+impl StreamConfig {
+    pub(crate) fn sizes(&self) -> io::Result<EndpointSizes> {
+        if RingSize::new(self.ring_size as u64).is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "ring size {} is not a power of two from 4 KiB to 8 MiB",
+                    self.ring_size
+                ),
+            ));
+        }
+        if self.recv_slots < rdmashim_proto::MIN_RECV_SLOTS || self.sq_depth < 8 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "recv_slots must be at least 4 and sq_depth at least 8",
+            ));
+        }
+        Ok(EndpointSizes {
+            ring_size: self.ring_size,
+            recv_slots: self.recv_slots,
+            sq_depth: self.sq_depth,
+            max_inline: self.max_inline,
+        })
+    }
+}
+
+/// Fails cleanly (an [`Unavailable`] error, kind `Unsupported`) on a host without rdma-core or
+/// without an RDMA device. A positive answer is remembered.
+pub(crate) fn check_available() -> Result<(), Error> {
+    static AVAILABLE: AtomicBool = AtomicBool::new(false);
+    if AVAILABLE.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    sys::lib().map_err(|e| Unavailable::LibrariesMissing(e.clone()))?;
+    if verbs::device_names()?.is_empty() {
+        return Err(Unavailable::NoDevice.into());
+    }
+    AVAILABLE.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+fn nonce() -> u64 {
+    // RandomState is seeded from the OS's random source (and varied per instance).
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
+    h.finish()
+}
+
+pub(crate) fn err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
+    io::Error::new(kind, msg.into())
+}
+
+/// A `poll(2)` timeout in whole milliseconds, rounded up (at least 1).
+pub(crate) fn poll_ms(t: Duration) -> i32 {
+    t.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128) as i32
+}
+
+/// How often a busy link looks at its rdma_cm channel unprompted.
+const CM_CHECK_EVERY: Duration = Duration::from_millis(1);
+/// How often a draining teardown re-checks its send queue (and the close timeout) when no
+/// completion wakes it.
+const DRAIN_RECHECK: Duration = Duration::from_millis(10);
+
+/// Where the connection's teardown stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Td {
+    /// Before the core's `Teardown`.
+    Running,
+    /// `Teardown` came out: waiting for the posted work requests.
+    Draining { since: Instant, fenced: bool },
+    /// `rdma_disconnect` was called (or the connection is dead).
+    Disconnected,
+}
+
+/// One ring connection driven by its owner, without blocking (see the module docs).
+pub struct Link {
+    conn: Connection,
+    ep: Endpoint,
+    teardown: Td,
+    /// What the transport reported when the connection failed (the failing call and status).
+    failure: Option<String>,
+    /// Next time `progress` reads the rdma_cm channel without being told to (each read is a
+    /// system call; a sleeping owner watches the channel's fd anyway).
+    next_cm_check: Instant,
+    close_timeout: Duration,
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Link")
+            .field("state", &self.conn.state())
+            .field("local", &self.ep.local_addr())
+            .field("peer", &self.ep.peer_addr())
+            .finish()
+    }
+}
+
+// The shim keeps links under per-connection locks, dials and requests in its event loop, and
+// listeners in maps shared by every thread.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<Link>();
+    send::<Dialer>();
+    send::<Incoming>();
+    sync::<UpgradeListener>();
+};
+
+impl Link {
+    fn new(conn: Connection, ep: Endpoint, close_timeout: Duration) -> Link {
+        Link {
+            conn,
+            ep,
+            teardown: Td::Running,
+            failure: None,
+            next_cm_check: Instant::now(),
+            close_timeout,
+        }
+    }
+
+    /// The protocol core (state, readiness, `recv()`, counters).
+    pub fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The protocol core, for the application-facing calls (`send`, `consume`,
+    /// `commit_switch`, `note_tcp_read`, `shutdown_write`, `close`, …). Call
+    /// [`progress`](Self::progress) afterwards so that their actions are posted.
+    pub fn conn_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
+    /// One non-blocking pass of the driving loop (see the module docs): poll the CQ dry (each
+    /// completion to the core, receives re-posted), read the link's rdma_cm channel (at most
+    /// every millisecond unless `force_cm`), expire the handshake deadline, perform the core's
+    /// actions while the send queue has room, drive the teardown. Returns whether any
+    /// completion or rdma_cm event was seen.
+    pub fn progress(&mut self, force_cm: bool) -> bool {
+        let any = self.take_inputs(force_cm);
+        self.act();
+        any
+    }
+
+    /// Copies `bytes` into the send staging ring at stream cursor `cursor`: the grant of the
+    /// `conn_mut().send(..)` that accepted them (contiguous thanks to the double mapping; the
+    /// core grants at most the ring's size).
+    pub fn stage(&mut self, cursor: u64, bytes: &[u8]) {
+        if let Some(tx) = self.ep.tx.as_mut() {
+            let off = (cursor % tx.size() as u64) as usize;
+            tx.ring_mut()
+                .slice_mut(off, bytes.len())
+                .copy_from_slice(bytes);
+        }
+    }
+
+    /// The readable ring bytes at `offset`, after `conn().recv()` returned
+    /// `Recv::Ring { offset, len }` (`len` ≤ the ring size; panics beyond it).
+    pub fn ring(&self, offset: usize, len: usize) -> &[u8] {
+        self.ep.rx.ring().slice(offset, len)
+    }
+
+    /// Arms the CQ: the completion channel fd becomes readable at the next completion. Call
+    /// [`progress`](Self::progress) once more after arming: a completion between the last poll
+    /// and the arm raises no event.
+    pub fn arm(&mut self) {
+        if let Err(e) = self.ep.cq.arm() {
+            self.transport_failed(e.to_string());
+        }
+    }
+
+    /// Reads and acknowledges every pending completion-channel event (non-blocking); call it
+    /// when [`comp_fd`](Self::comp_fd) is readable.
+    pub fn take_events(&mut self) {
+        loop {
+            match self.ep.comp.take_event() {
+                Ok(Some(_)) => continue,
+                Ok(None) => return,
+                Err(e) => {
+                    self.transport_failed(e.to_string());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The completion channel's fd (non-blocking; readable after [`arm`](Self::arm) and a
+    /// completion).
+    pub fn comp_fd(&self) -> RawFd {
+        self.ep.comp.fd()
+    }
+
+    /// The link's own rdma_cm event channel fd (non-blocking; readable when an event is
+    /// pending: then call `progress(true)`).
+    pub fn cm_fd(&self) -> RawFd {
+        self.ep.ch.fd()
+    }
+
+    /// When [`progress`](Self::progress) must run again even without events, if ever: the
+    /// handshake deadline, or the next re-check of a draining teardown (every 10 ms).
+    pub fn next_timer(&self) -> Option<Instant> {
+        match self.teardown {
+            Td::Draining { .. } => Some(Instant::now() + DRAIN_RECHECK),
+            _ => self.conn.poll_timeout(),
+        }
+    }
+
+    /// The teardown has finished (`rdma_disconnect` was called, or the connection died): the
+    /// link can be dropped.
+    pub fn is_disconnected(&self) -> bool {
+        self.teardown == Td::Disconnected
+    }
+
+    /// What the transport reported when the connection failed (the failing call and status),
+    /// if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// The `io::Error` a failed connection surfaces for reason `r` (a transport failure names
+    /// what the transport reported).
+    pub fn error_for(&self, r: ErrorReason) -> io::Error {
+        match (r, &self.failure) {
+            (ErrorReason::Transport, Some(m)) => err(r.io_kind(), format!("{r}: {m}")),
+            _ => err(r.io_kind(), r.to_string()),
+        }
+    }
+
+    /// Abandons the connection now: `rdma_disconnect`, whatever is still queued or in flight
+    /// (for a close that ran out of time; the peer sees its connection fail unless it had
+    /// finished).
+    pub fn disconnect(&mut self) {
+        if self.teardown != Td::Disconnected {
+            let _ = self.ep.id.disconnect();
+            self.teardown = Td::Disconnected;
+        }
+    }
+
+    /// The local address of the connection.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.ep.local_addr()
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.ep.peer_addr()
+    }
+
+    // ----- the driver, in pieces (a Stream moves its queued bytes between them) --------------
+
+    /// Steps 1–3 of the driving loop: completions, rdma_cm events, handshake deadline.
+    pub(crate) fn take_inputs(&mut self, force_cm: bool) -> bool {
+        let mut any = self.poll_cq();
+        let now = Instant::now();
+        if force_cm || now >= self.next_cm_check {
+            self.next_cm_check = now + CM_CHECK_EVERY;
+            any |= self.poll_cm();
+        }
+        if self.conn.poll_timeout().is_some() {
+            self.conn.handle_timeout(now);
+        }
+        any
+    }
+
+    /// Steps 4–5: perform the core's actions, drive the teardown.
+    pub(crate) fn act(&mut self) {
+        self.perform();
+        self.drive_teardown();
+    }
+
+    /// Makes the next [`Self::take_inputs`] read the rdma_cm channel (after a sleep on its fd).
+    pub(crate) fn cm_due(&mut self) {
+        self.next_cm_check = Instant::now();
+    }
+
+    /// Polls the CQ dry; returns whether anything completed.
+    pub(crate) fn poll_cq(&mut self) -> bool {
+        let mut wcs = [empty_wc(); 16];
+        let mut any = false;
+        loop {
+            let n = match self.ep.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.transport_failed(e.to_string());
+                    return any;
+                }
+            };
+            for wc in &wcs[..n] {
+                self.on_completion(wc);
+            }
+            any |= n > 0;
+            if n < wcs.len() {
+                return any;
+            }
+        }
+    }
+
+    fn on_completion(&mut self, wc: &ffi::ibv_wc) {
+        let ok = wc.status == ffi::ibv_wc_status::IBV_WC_SUCCESS;
+        if wc.wr_id & SEND_TAG != 0 {
+            self.ep.on_send_completion(wc.wr_id);
+            if !ok {
+                let msg = self.wc_error("send", wc);
+                self.transport_failed(msg);
+            }
+            return;
+        }
+        let Some(slot) = self.ep.recv_slot(wc.wr_id) else {
+            return;
+        };
+        if !ok {
+            let msg = self.wc_error("receive", wc);
+            self.transport_failed(msg);
+            return;
+        }
+        if Endpoint::is_write_imm(wc) {
+            let Some(raw) = wc_imm_data(wc) else {
+                self.transport_failed(
+                    "ibv_poll_cq: RECV_RDMA_WITH_IMM without an immediate".into(),
+                );
+                return;
+            };
+            // The ring bytes of a DATA are visible once its completion was polled; see
+            // "Memory ordering" in docs/protocol.md.
+            let _ = self.conn.handle_completion(Completion::WriteImm {
+                imm: u32::from_be(raw),
+                byte_len: Some(wc.byte_len),
+            });
+        } else if wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV {
+            let payload = self.ep.recv_payload(slot, wc.byte_len);
+            let _ = self.conn.handle_completion(Completion::Recv { payload });
+        }
+        // Re-post right after the core saw the completion, before its actions are performed.
+        if self.teardown != Td::Disconnected && self.conn.error().is_none() {
+            if let Err(e) = self.ep.repost_recv(slot) {
+                self.transport_failed(e.to_string());
+            }
+        }
+    }
+
+    fn wc_error(&self, what: &str, wc: &ffi::ibv_wc) -> String {
+        let status = sys::lib()
+            .map(|l| sys::wc_status_str(l, wc.status))
+            .unwrap_or_else(|_| format!("status {}", wc.status));
+        format!(
+            "ibv_poll_cq: {what} completed with error: {status} (vendor error {:#x})",
+            wc.vendor_err
+        )
+    }
+
+    /// Reads the connection's rdma_cm events; the CQ is polled dry before each is handled.
+    /// Returns whether there was any.
+    fn poll_cm(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            match self.ep.ch.try_event() {
+                Ok(None) => return any,
+                Ok(Some(ev)) => {
+                    any = true;
+                    self.poll_cq();
+                    self.on_cm_event(ev);
+                }
+                Err(e) => {
+                    self.transport_failed(e.to_string());
+                    return any;
+                }
+            }
+        }
+    }
+
+    fn on_cm_event(&mut self, ev: Event) {
+        match ev.kind {
+            et::RDMA_CM_EVENT_ESTABLISHED => self.conn.handle_established(),
+            et::RDMA_CM_EVENT_TIMEWAIT_EXIT | et::RDMA_CM_EVENT_ADDR_CHANGE => {}
+            _ => {
+                // DISCONNECTED, DEVICE_REMOVAL, …: fatal unless the wire is already done.
+                let msg = format!("rdma_get_cm_event: {} (status {})", ev.name(), ev.status);
+                self.transport_failed(msg);
+            }
+        }
+    }
+
+    /// The QP or the CM failed: the core decides whether that matters (not after a clean end).
+    fn transport_failed(&mut self, msg: String) {
+        let before = self.conn.error().is_some();
+        self.conn.handle_transport_error();
+        if !before && self.conn.error().is_some() && self.failure.is_none() {
+            self.failure = Some(msg);
+        }
+    }
+
+    /// Performs the core's actions while the send queue has room.
+    pub(crate) fn perform(&mut self) {
+        if self.teardown != Td::Running {
+            return;
+        }
+        while self.ep.sq_room() > 0 {
+            let Some(a) = self.conn.poll_action() else {
+                return;
+            };
+            if a == Action::Teardown {
+                self.teardown = Td::Draining {
+                    since: Instant::now(),
+                    fenced: false,
+                };
+                self.drive_teardown();
+                return;
+            }
+            let rkey = self.conn.peer_ring().map_or(0, |r| r.rkey);
+            if let Err(e) = self.ep.post(&a, rkey) {
+                self.transport_failed(e.to_string());
+            }
+        }
+    }
+
+    /// After `Teardown`: disconnect once the posted work requests completed (a signaled fence
+    /// behind unsignaled ones makes that observable), at once after a failure, or when the
+    /// close timeout passed.
+    fn drive_teardown(&mut self) {
+        let Td::Draining { since, fenced } = self.teardown else {
+            return;
+        };
+        let done = self.ep.outstanding() == 0
+            || self.conn.error().is_some()
+            || since.elapsed() >= self.close_timeout;
+        if !done && !fenced && !self.ep.last_signaled() {
+            let posted = self
+                .conn
+                .peer_ring()
+                .map(|r| self.ep.post_fence(&r).is_ok());
+            if posted == Some(true) {
+                self.teardown = Td::Draining {
+                    since,
+                    fenced: true,
+                };
+                return;
+            }
+        } else if !done {
+            return;
+        }
+        self.disconnect();
+    }
+
+    /// The `io::Error` for a send the core refused.
+    pub(crate) fn send_error(&self, e: SendError) -> io::Error {
+        match e {
+            SendError::Failed(r) => self.error_for(r),
+            SendError::Shutdown => err(io::ErrorKind::BrokenPipe, "send after shutdown(Write)"),
+            SendError::PeerClosed => err(io::ErrorKind::BrokenPipe, "the peer closed the stream"),
+            SendError::WouldBlock => err(io::ErrorKind::WouldBlock, "no ring space"),
+            SendError::ViaTcp => match self.conn.error() {
+                Some(r) => self.error_for(r),
+                None => err(io::ErrorKind::NotConnected, "the stream is not on the ring"),
+            },
+        }
+    }
+}
+
+// ----- server side ---------------------------------------------------------------------------
+
+/// Server side: an rdma_cm listener whose connect requests the caller matches itself (the
+/// shim, to an accepted TCP connection; [`Listener`](crate::Listener), to nothing).
+pub struct UpgradeListener {
+    id: CmId,
+    ch: Arc<EventChannel>,
+}
+
+impl fmt::Debug for UpgradeListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpgradeListener")
+            .field("local", &self.local_addr())
+            .finish()
+    }
+}
+
+impl UpgradeListener {
+    /// `rdma_bind_addr` and `rdma_listen` (backlog 1024) on `addr`, which may be a wildcard
+    /// (`0.0.0.0:port`, `[::]:port`), with a non-blocking event channel. Fails cleanly (kind
+    /// `Unsupported`) on a host without rdma-core or without an RDMA device.
+    pub fn bind(addr: SocketAddr) -> io::Result<UpgradeListener> {
+        check_available()?;
+        let ch = EventChannel::new()?;
+        let id = CmId::new(&ch)?;
+        id.bind(addr)?;
+        id.listen(1024)?;
+        Ok(UpgradeListener { id, ch })
+    }
+
+    /// The event channel's fd: readable when events are pending (then call
+    /// [`next`](Self::next) until it returns `None`).
+    pub fn fd(&self) -> RawFd {
+        self.ch.fd()
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
+    }
+
+    /// The next connect request, without blocking (`Ok(None)` when none is pending).
+    ///
+    /// A request whose private data does not decode as a `ConnectRequest` of a version spoken
+    /// here is rejected at once with a [`Reject`] stating the reason (`Malformed`,
+    /// `UnsupportedVersion`) and skipped; other events on the listener's channel are ignored.
+    pub fn next(&self) -> io::Result<Option<Incoming>> {
+        loop {
+            let Some((ev, id)) = self.ch.try_event_owned()? else {
+                return Ok(None);
+            };
+            let Some(id) = id else { continue };
+            match ConnectRequest::decode(&ev.private_data) {
+                Ok(request) => {
+                    return Ok(Some(Incoming {
+                        id: Some(id),
+                        request,
+                    }))
+                }
+                Err(e) => {
+                    let _ = id.reject(&Reject::new(RejectReason::for_decode_error(&e)).encode());
+                }
+            }
+        }
+    }
+}
+
+/// Why answering one connect request failed.
+pub(crate) enum Refused {
+    /// This side's fault (resources); the request was rejected with `Resources`.
+    Local(io::Error),
+    /// The client's: `rdma_accept` failed (it is gone, or going), or it left during the
+    /// handshake.
+    Peer(io::Error),
+}
+
+impl From<Refused> for io::Error {
+    fn from(r: Refused) -> Self {
+        match r {
+            Refused::Local(e) | Refused::Peer(e) => e,
+        }
+    }
+}
+
+/// A decoded connect request not answered yet. Dropping it rejects it (`Resources`).
+pub struct Incoming {
+    /// `None` once answered.
+    id: Option<CmId>,
+    request: ConnectRequest,
+}
+
+impl fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Incoming")
+            .field("request", &self.request)
+            .field("source", &self.source())
+            .finish()
+    }
+}
+
+impl Incoming {
+    /// The decoded request (its `client_port`/`server_port` name the TCP connection).
+    pub fn request(&self) -> &ConnectRequest {
+        &self.request
+    }
+
+    /// The requester's address as rdma_cm reports it (its IP is the client's; the port is the
+    /// rdma_cm one, not the TCP one).
+    pub fn source(&self) -> Option<SocketAddr> {
+        self.id.as_ref().and_then(|id| id.peer_addr())
+    }
+
+    /// Rejects the request with `reason` (the client's dial fails with `Rejected(reason)`).
+    pub fn reject(mut self, reason: RejectReason) {
+        self.refuse(reason);
+    }
+
+    fn refuse(&mut self, reason: RejectReason) {
+        if let Some(id) = self.id.take() {
+            let _ = id.reject(&Reject::new(reason).encode());
+        }
+    }
+
+    /// Accepts the request: moves its id to an event channel of its own, builds the endpoint
+    /// with `cfg`'s sizes, sets the peer's ring, starts the core with
+    /// `Connection::accept(cfg.protocol, .., tcp_received, now)` and calls `rdma_accept` with
+    /// the reply. Does not wait: the link is in the handshake (`StreamState::Handshaking`) until
+    /// [`Link::progress`] sees ESTABLISHED (or the first completion). On a local failure the
+    /// request is rejected with `Resources` and the error returned.
+    pub fn accept(self, cfg: &StreamConfig, tcp_received: u64) -> io::Result<Link> {
+        self.answer(cfg, tcp_received).map_err(io::Error::from)
+    }
+
+    /// [`Self::accept`], telling this side's failures from the client's.
+    pub(crate) fn answer(mut self, cfg: &StreamConfig, tcp_received: u64) -> Result<Link, Refused> {
+        let mut id = self.id.take().expect("an unanswered request has its id");
+        let refuse = |id: &CmId, e: io::Error| {
+            let _ = id.reject(&Reject::new(RejectReason::Resources).encode());
+            Refused::Local(e)
+        };
+        let sizes = cfg.sizes().map_err(|e| refuse(&id, e))?;
+        // The connection's events (ESTABLISHED, DISCONNECTED) go to its own channel.
+        let ch = match EventChannel::new().and_then(|ch| id.migrate(&ch).map(|()| ch)) {
+            Ok(ch) => ch,
+            Err(e) => return Err(refuse(&id, e.into())),
+        };
+        let mut ep = match Endpoint::new(id, ch, sizes) {
+            Ok(ep) => ep,
+            Err(failed) => {
+                let (e, id) = *failed;
+                return Err(refuse(&id, e.into()));
+            }
+        };
+        if let Err(e) = ep.set_peer_ring(self.request.ring.size) {
+            return Err(refuse(&ep.id, e.into()));
+        }
+        let (conn, reply) = Connection::accept(
+            cfg.protocol,
+            ep.local_params(),
+            &self.request,
+            tcp_received,
+            Instant::now(),
+        )
+        .map_err(|e| refuse(&ep.id, err(io::ErrorKind::InvalidInput, e.to_string())))?;
+        let param = ConnParam {
+            private_data: &reply.encode(),
+            ..Default::default()
+        };
+        ep.id.accept(&param).map_err(|e| Refused::Peer(e.into()))?;
+        Ok(Link::new(conn, ep, cfg.close_timeout))
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.refuse(RejectReason::Resources);
+    }
+}
+
+// ----- client side ---------------------------------------------------------------------------
+
+/// Client side: a non-blocking rdma_cm connect whose request carries the TCP ports.
+pub struct Dialer {
+    state: Dial,
+    ch: Arc<EventChannel>,
+    dst: SocketAddr,
+    /// The `client_port` of the request; `None`: the rdma_cm source port (native streams).
+    client_port: Option<u16>,
+    sizes: EndpointSizes,
+    protocol: Config,
+    close_timeout: Duration,
+    deadline: Instant,
+}
+
+/// Where a dial stands; each state waits for one rdma_cm event.
+enum Dial {
+    /// `rdma_resolve_addr` issued.
+    Address(CmId),
+    /// `rdma_resolve_route` issued.
+    Route(CmId),
+    /// `rdma_connect` issued with the request.
+    Connect(Box<(Connection, Endpoint)>),
+    /// The outcome was returned.
+    Ended,
+}
+
+impl Dial {
+    fn waiting_for(&self) -> &'static str {
+        match self {
+            Dial::Address(_) => "RDMA_CM_EVENT_ADDR_RESOLVED",
+            Dial::Route(_) => "RDMA_CM_EVENT_ROUTE_RESOLVED",
+            Dial::Connect(_) => "RDMA_CM_EVENT_ESTABLISHED",
+            Dial::Ended => "nothing (the dial has ended)",
+        }
+    }
+}
+
+/// What [`Dialer::poll`] found.
+#[derive(Debug)]
+// Returned once per dial and moved straight into its owner: boxing the link buys nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum DialStatus {
+    /// Still under way: poll again when [`Dialer::fd`] is readable or at [`Dialer::deadline`].
+    Pending,
+    /// The server accepted: the link's core is established and neither direction is
+    /// committed (the caller commits the switch itself).
+    Connected(Link),
+    /// The dial failed; the dialer is spent.
+    Failed(DialError),
+}
+
+/// Why a dial failed.
+#[derive(Debug)]
+pub enum DialError {
+    /// The server rejected the request, with the reason its `Reject` named (`None`: no or a
+    /// foreign message, typically no rdma_cm listener on that port).
+    Rejected(Option<RejectReason>),
+    /// rdma_cm could not reach the server (address, route or connection error), as reported.
+    Unreachable(String),
+    /// The dial did not finish before its deadline.
+    Timeout,
+    /// This side failed (resources, a verbs call), or the server's reply was unusable.
+    Local(io::Error),
+}
+
+impl DialError {
+    /// The `io::ErrorKind` a connect failing this way reports.
+    pub fn io_kind(&self) -> io::ErrorKind {
+        match self {
+            DialError::Rejected(_) => io::ErrorKind::ConnectionRefused,
+            DialError::Unreachable(_) => io::ErrorKind::HostUnreachable,
+            DialError::Timeout => io::ErrorKind::TimedOut,
+            DialError::Local(e) => e.kind(),
+        }
+    }
+}
+
+impl fmt::Display for DialError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DialError::Rejected(r) => ErrorReason::Rejected(*r).fmt(f),
+            DialError::Unreachable(m) => write!(f, "unreachable: {m}"),
+            DialError::Timeout => f.write_str("timed out"),
+            DialError::Local(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DialError {}
+
+impl From<DialError> for io::Error {
+    fn from(e: DialError) -> Self {
+        match e {
+            DialError::Local(e) => e,
+            e => io::Error::new(e.io_kind(), e),
+        }
+    }
+}
+
+impl fmt::Debug for Dialer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dialer")
+            .field("dst", &self.dst)
+            .field("waiting_for", &self.state.waiting_for())
+            .finish()
+    }
+}
+
+impl Dialer {
+    /// Starts `rdma_resolve_addr` from `src` (the TCP socket's local IP with port 0; `None`:
+    /// any) to `dst` (the TCP peer's IP and the server's port). `client_port` is the TCP
+    /// source port the request carries (not the rdma_cm one). The whole dial must finish by
+    /// now + `cfg.connect_timeout`. Fails cleanly (kind `Unsupported`) without RDMA.
+    pub fn start(
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        client_port: u16,
+        cfg: &StreamConfig,
+    ) -> io::Result<Dialer> {
+        Self::begin(src, dst, Some(client_port), cfg)
+    }
+
+    /// [`Self::start`]; `client_port` `None` puts the rdma_cm source port in the request.
+    pub(crate) fn begin(
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        client_port: Option<u16>,
+        cfg: &StreamConfig,
+    ) -> io::Result<Dialer> {
+        check_available()?;
+        let sizes = cfg.sizes()?;
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let ch = EventChannel::new()?;
+        let id = CmId::new(&ch)?;
+        id.resolve_addr(src, dst, cfg.connect_timeout)?;
+        Ok(Dialer {
+            state: Dial::Address(id),
+            ch,
+            dst,
+            client_port,
+            sizes,
+            protocol: cfg.protocol,
+            close_timeout: cfg.close_timeout,
+            deadline,
+        })
+    }
+
+    /// The event channel's fd (non-blocking): poll again when it is readable.
+    pub fn fd(&self) -> RawFd {
+        self.ch.fd()
+    }
+
+    /// When the dial times out.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Advances on the pending rdma_cm events, without blocking: ADDR_RESOLVED starts route
+    /// resolution; ROUTE_RESOLVED builds the endpoint and the core
+    /// (`Connection::connect(.., client_port, dst.port(), nonce, tcp_received, now)`) and calls
+    /// `rdma_connect` with the request; ESTABLISHED hands the reply to the core and returns the
+    /// [`Link`] (on this dialer's event channel); REJECTED, address/route/connect errors and
+    /// the deadline fail it. `tcp_received` (bytes the application has read from the TCP
+    /// socket so far) is used only when the request is built. Once it returned `Connected` or
+    /// `Failed` the dialer is spent: it fails at once and never reads the channel again (a
+    /// connected link owns it).
+    pub fn poll(&mut self, tcp_received: u64) -> DialStatus {
+        if matches!(self.state, Dial::Ended) {
+            // The channel is the link's now: its events are not ours to take.
+            return DialStatus::Failed(DialError::Local(err(
+                io::ErrorKind::InvalidInput,
+                "the dial has ended",
+            )));
+        }
+        loop {
+            let ev = match self.ch.try_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) if Instant::now() >= self.deadline => return self.end(DialError::Timeout),
+                Ok(None) => return DialStatus::Pending,
+                Err(e) => return self.end(DialError::Local(e.into())),
+            };
+            if let Some(done) = self.on_event(ev, tcp_received) {
+                return done;
+            }
+        }
+    }
+
+    fn end(&mut self, e: DialError) -> DialStatus {
+        self.state = Dial::Ended;
+        DialStatus::Failed(e)
+    }
+
+    /// One event; `Some` when the dial is over.
+    fn on_event(&mut self, ev: Event, tcp_received: u64) -> Option<DialStatus> {
+        let expected = self.state.waiting_for();
+        let state = std::mem::replace(&mut self.state, Dial::Ended);
+        let failed = match (state, ev.kind) {
+            (state, et::RDMA_CM_EVENT_ADDR_CHANGE | et::RDMA_CM_EVENT_TIMEWAIT_EXIT) => {
+                self.state = state;
+                return None;
+            }
+            (Dial::Address(id), et::RDMA_CM_EVENT_ADDR_RESOLVED) => {
+                let left = self.deadline.saturating_duration_since(Instant::now());
+                match id.resolve_route(left.max(Duration::from_millis(1))) {
+                    Ok(()) => {
+                        self.state = Dial::Route(id);
+                        return None;
+                    }
+                    Err(e) => DialError::Local(e.into()),
+                }
+            }
+            (Dial::Route(id), et::RDMA_CM_EVENT_ROUTE_RESOLVED) => {
+                match self.request(id, tcp_received) {
+                    Ok(state) => {
+                        self.state = state;
+                        return None;
+                    }
+                    Err(e) => DialError::Local(e),
+                }
+            }
+            (Dial::Connect(c), et::RDMA_CM_EVENT_ESTABLISHED) => {
+                let (conn, ep) = *c;
+                return Some(match self.established(conn, ep, &ev.private_data) {
+                    Ok(link) => DialStatus::Connected(link),
+                    Err(e) => DialStatus::Failed(DialError::Local(e)),
+                });
+            }
+            (_, et::RDMA_CM_EVENT_REJECTED) => {
+                DialError::Rejected(Reject::decode(&ev.private_data).ok().map(|r| r.reason))
+            }
+            (
+                _,
+                et::RDMA_CM_EVENT_ADDR_ERROR
+                | et::RDMA_CM_EVENT_ROUTE_ERROR
+                | et::RDMA_CM_EVENT_UNREACHABLE
+                | et::RDMA_CM_EVENT_CONNECT_ERROR,
+            ) => DialError::Unreachable(format!(
+                "{} (status {}) connecting to {}",
+                ev.name(),
+                ev.status,
+                self.dst
+            )),
+            _ => DialError::Local(
+                Error::UnexpectedEvent {
+                    expected,
+                    got: ev.name(),
+                    status: ev.status,
+                    private_data: ev.private_data,
+                }
+                .into(),
+            ),
+        };
+        Some(DialStatus::Failed(failed))
+    }
+
+    /// Route resolved: endpoint, core, `rdma_connect` with the request.
+    fn request(&self, id: CmId, tcp_received: u64) -> io::Result<Dial> {
+        let ep = Endpoint::new(id, self.ch.clone(), self.sizes).map_err(|f| f.0)?;
+        let client_port = self
+            .client_port
+            .unwrap_or_else(|| ep.local_addr().map_or(0, |a| a.port()));
+        let (conn, req) = Connection::connect(
+            self.protocol,
+            ep.local_params(),
+            client_port,
+            self.dst.port(),
+            nonce(),
+            tcp_received,
+            Instant::now(),
+        )
+        .map_err(|e| err(io::ErrorKind::InvalidInput, e.to_string()))?;
+        ep.id.connect(&ConnParam {
+            private_data: &req.encode(),
+            ..Default::default()
+        })?;
+        Ok(Dial::Connect(Box::new((conn, ep))))
+    }
+
+    /// ESTABLISHED: the server's reply goes to the core, the staging ring gets the peer's size.
+    fn established(
+        &self,
+        mut conn: Connection,
+        mut ep: Endpoint,
+        reply: &[u8],
+    ) -> io::Result<Link> {
+        conn.handle_accept(reply)
+            .map_err(|r| err(r.io_kind(), format!("rdma_connect to {}: {r}", self.dst)))?;
+        let peer = conn
+            .peer_ring()
+            .ok_or_else(|| err(io::ErrorKind::InvalidData, "no peer ring after the reply"))?;
+        ep.set_peer_ring(peer.size)?;
+        Ok(Link::new(conn, ep, self.close_timeout))
+    }
+}
