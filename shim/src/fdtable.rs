@@ -75,6 +75,23 @@ pub mod flags {
     pub const V6: u32 = 1 << 4;
     /// FD_CLOEXEC as last set through a hooked call.
     pub const CLOEXEC: u32 = 1 << 5;
+    /// A listening socket with an rdma_cm listener beside it.
+    pub const RDMA_LISTENER: u32 = 1 << 6;
+    /// The socket was added to an epoll set before it was connected: its upgrade is not
+    /// attempted (the registration predates the shim's knowledge of the connection).
+    pub const EPOLLED: u32 = 1 << 7;
+    /// An epoll fd (closing it forgets the upgrade's registrations in it).
+    pub const EPOLL_FD: u32 = 1 << 8;
+}
+
+/// Connections under the upgrade that are alive in this process. While it is zero, readiness
+/// hooks pass straight through on their fast path.
+pub static UPGRADE_CONNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether no connection is under the upgrade (the readiness hooks' fast-path condition).
+#[inline(always)]
+pub fn no_upgrades() -> bool {
+    UPGRADE_CONNS.load(Ordering::Relaxed) == 0
 }
 
 /// One fd's state, packed in a `u64`.

@@ -76,6 +76,14 @@ pub fn after_fork_child() {
     GATE.store((GATE.load(Relaxed) & GATE_POISONED) | mine, Relaxed);
 }
 
+/// Marks the calling thread (the engine) as shim-internal for good: the hooks' slow paths pass
+/// its calls straight through. Unlike a [`Section`] it does not close the fast path of other
+/// threads: the fast paths it may still take only pass through fds the table does not track
+/// as upgraded (the engine's own calls on its own fds), at the cost of being counted.
+pub fn mark_internal_thread() {
+    store(load() | IN_SHIM);
+}
+
 /// RAII: the current thread is running shim-internal code; hooks it reaches pass through.
 pub struct Section {
     was_set: bool,

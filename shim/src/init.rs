@@ -60,6 +60,10 @@ extern "C" fn destructor() {
             return;
         }
         sweep_pending_connects();
+        {
+            let _s = guard::Section::enter();
+            crate::upgrade::flush_at_exit();
+        }
         write_stats();
     });
 }
@@ -69,6 +73,7 @@ unsafe extern "C" fn after_fork_child() {
     PID.store(sys::getpid(), Ordering::Relaxed);
     guard::after_fork_child();
     crate::stats::reset();
+    crate::upgrade::after_fork_child();
 }
 
 /// Writes the stats JSON to `RDMASHIM_STATS` (with `%p` expanded) if set. errno preserved.

@@ -25,12 +25,16 @@ pub mod fmtbuf;
 pub mod guard;
 pub mod hook;
 pub mod log;
+#[cfg(not(test))]
+mod net;
 pub mod outcome;
 pub mod probe;
 pub mod reason;
 pub mod stats;
 mod sys;
 pub mod track;
+#[cfg(not(test))]
+pub mod upgrade;
 
 // The entry points, the real-function table and the constructor are left out of unit-test
 // builds: a test executable that defined `read`, `close`, ... would interpose its own harness.

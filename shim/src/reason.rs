@@ -55,7 +55,9 @@ reasons! {
     Resources = "resources": "out of RDMA resources (queue pairs, memory registrations, ring memory)",
     ProtocolError = "protocol_error": "the peer sent a malformed or unsupported handshake",
     NegativeCache = "negative_cache": "a recent attempt to this peer failed; not retried yet",
-    TransportUnavailable = "transport_unavailable": "the RDMA transport is not part of this build yet (interposition only)",
+    TransportUnavailable = "transport_unavailable": "the connection could not be handed to the upgrade engine",
+    NoUpgradeRequest = "no_upgrade_request": "server side: no RDMA connect request came for the accepted connection (the client has no shim or no RDMA)",
+    ClosedEarly = "closed_early": "the application closed the connection before its upgrade completed",
 }
 
 /// Which kind of address a connection's peer has, as far as upgrading is concerned.

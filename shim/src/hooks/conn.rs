@@ -75,9 +75,18 @@ pub(crate) fn account(fd: c_int) {
         return;
     }
     let _e = ErrnoGuard::save();
+    let stashed = claimed
+        .map(|(old, _)| old)
+        .filter(|e| e.kind() == Kind::TcpCandidate && e.slot() != 0)
+        .and_then(|e| FallbackReason::from_index((e.slot() - 1) as u8));
     let r: FallbackReason = match probe::host_reason() {
         Some(r) => r,
-        None => reason::decide(None, peer(fd).as_ref().map_or(PeerClass::Other, class_of)),
+        None => match reason::decide(None, peer(fd).as_ref().map_or(PeerClass::Other, class_of)) {
+            FallbackReason::TransportUnavailable => {
+                stashed.unwrap_or(FallbackReason::TransportUnavailable)
+            }
+            r => r,
+        },
     };
     stats::count_fallback(r);
     shim_log!(
@@ -85,6 +94,125 @@ pub(crate) fn account(fd: c_int) {
         "fd {fd}: connection stays on TCP ({})",
         r.name()
     );
+}
+
+/// Remembers why the upgrade of `fd` was not attempted, for [`account`].
+fn stash(fd: c_int, r: FallbackReason) {
+    TABLE.update(fd, |e| {
+        (e.kind() == Kind::TcpCandidate).then(|| e.with_slot(r as u32 + 1))
+    });
+}
+
+/// The socket address the application passed to connect.
+fn sockaddr_of(addr: *const sockaddr, len: socklen_t) -> Option<std::net::SocketAddr> {
+    if addr.is_null() || (len as usize) < size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY: connect's contract: `addr` points to `len` readable bytes.
+    let family = c_int::from(unsafe { (*addr).sa_family });
+    match family {
+        libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: an AF_INET address of sufficient length.
+            let sin = unsafe { *addr.cast::<libc::sockaddr_in>() };
+            Some(std::net::SocketAddr::from((
+                u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: an AF_INET6 address of sufficient length.
+            let s6 = unsafe { *addr.cast::<libc::sockaddr_in6>() };
+            Some(std::net::SocketAddr::from((
+                s6.sin6_addr.s6_addr,
+                u16::from_be(s6.sin6_port),
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// connect() on TCP candidate `fd` (entry `e`) succeeded or is in progress: starts its upgrade
+/// (the entry becomes `Upgraded`; the connection counts itself once decided) and returns
+/// true, or remembers why not and returns false. errno is preserved.
+pub(crate) fn start_client(fd: c_int, e: FdEntry, addr: *const sockaddr, len: socklen_t) -> bool {
+    let _e = ErrnoGuard::save();
+    if probe::host_reason().is_some() {
+        return false;
+    }
+    if e.has(flags::EPOLLED) {
+        stash(fd, FallbackReason::UnsupportedOption);
+        return false;
+    }
+    let Some(peer) = sockaddr_of(addr, len) else {
+        return false;
+    };
+    let _s = crate::guard::Section::enter();
+    match crate::upgrade::start_client_to(fd, peer) {
+        Ok(slot) => {
+            TABLE.update(fd, |e| {
+                (e.kind() == Kind::TcpCandidate).then(|| {
+                    e.with_kind(Kind::Upgraded)
+                        .with_slot(slot)
+                        .with_flags(flags::COUNTED)
+                        .without_flags(flags::CONNECTING)
+                })
+            });
+            true
+        }
+        Err(r) => {
+            stash(fd, r);
+            false
+        }
+    }
+}
+
+/// accept() returned `nfd` on listener `lfd` (entry `l`): starts its upgrade if the listener
+/// has an rdma_cm side (returns true), else remembers why not (false).
+pub(crate) fn start_server(lfd: c_int, l: FdEntry, nfd: c_int) -> bool {
+    let _e = ErrnoGuard::save();
+    if probe::host_reason().is_some() {
+        return false;
+    }
+    if !l.has(flags::RDMA_LISTENER) {
+        if peer(nfd).as_ref().map_or(PeerClass::Other, class_of) == PeerClass::Other {
+            stash(nfd, FallbackReason::NoUpgradeRequest);
+        }
+        return false;
+    }
+    let _s = crate::guard::Section::enter();
+    match crate::upgrade::start_server(lfd, nfd) {
+        Ok(slot) => {
+            TABLE.update(nfd, |e| {
+                (e.kind() == Kind::TcpCandidate).then(|| {
+                    e.with_kind(Kind::Upgraded)
+                        .with_slot(slot)
+                        .with_flags(flags::COUNTED)
+                })
+            });
+            true
+        }
+        Err(r) => {
+            stash(nfd, r);
+            false
+        }
+    }
+}
+
+/// listen() succeeded on TCP socket `fd`: an rdma_cm listener beside it, if this host can.
+pub(crate) fn start_listener(fd: c_int) {
+    let _e = ErrnoGuard::save();
+    if probe::host_reason().is_some() {
+        return;
+    }
+    let _s = crate::guard::Section::enter();
+    let Some(addr) = crate::net::local_addr(fd) else {
+        return;
+    };
+    if crate::upgrade::start_listener(fd, addr) {
+        TABLE.update(fd, |e| {
+            (e.kind() == Kind::Listening).then(|| e.with_flags(flags::RDMA_LISTENER))
+        });
+    }
 }
 
 /// If a non-blocking connect on `fd` is pending, checks whether it has completed (real
@@ -126,10 +254,37 @@ pub(crate) fn tcp_io(
 }
 
 /// The fd is about to be closed (close, dup2 target, close_range): resolve a pending connect,
-/// then clear its entry. Not in a foreign child (see `in_foreign_child`).
+/// release its share of an upgraded connection or an rdma_cm listener, forget an epoll set's
+/// registrations, then clear its entry. Not in a foreign child (see `in_foreign_child`).
 pub(crate) fn forget(fd: c_int, e: FdEntry) {
     complete_if_connected(fd, e);
+    match e.kind() {
+        Kind::Upgraded if crate::upgrade::slot_is_ours(e.slot()) => {
+            let _s = crate::guard::Section::enter();
+            let _e = ErrnoGuard::save();
+            if let Some(c) = crate::upgrade::lookup(e.slot()) {
+                if c.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    crate::upgrade::data::close_last(&c, fd);
+                }
+            }
+        }
+        Kind::Listening if e.has(flags::RDMA_LISTENER) => {
+            let _s = crate::guard::Section::enter();
+            crate::upgrade::stop_listener(fd);
+        }
+        Kind::Other if e.has(flags::EPOLL_FD) => crate::upgrade::ready::forget_epoll(fd),
+        _ => {}
+    }
     TABLE.take(fd);
+}
+
+/// A new fd refers to the connection of entry `e` (dup): one more share.
+pub(crate) fn share(e: FdEntry) {
+    if e.kind() == Kind::Upgraded && crate::upgrade::slot_is_ours(e.slot()) {
+        if let Some(c) = crate::upgrade::lookup(e.slot()) {
+            c.fds.fetch_add(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// Classifies an fd the shim did not see being created (inherited, or created by a direct

@@ -52,6 +52,7 @@ hook! {
         // SAFETY: the caller's arguments.
         let r = unsafe { real(fd) };
         if r >= 0 {
+            conn::share(e);
             TABLE.set(r, track::dup_entry(e, false));
         }
         Handled(r)
@@ -75,12 +76,14 @@ fn dup_onto(
     if conn::in_foreign_child() {
         return PassThrough;
     }
-    if !en.is_unknown() {
-        conn::complete_if_connected(newfd, en);
-    }
     let eo = entry_for_dup(oldfd);
+    if !en.is_unknown() {
+        // The kernel closes newfd first.
+        conn::forget(newfd, en);
+    }
     let r = call();
     if r >= 0 {
+        conn::share(eo);
         TABLE.set(newfd, track::dup_entry(eo, cloexec));
     }
     Handled(r)
@@ -151,6 +154,7 @@ fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_in
             // SAFETY: the caller's arguments.
             let r = unsafe { real(fd, cmd, arg) };
             if r >= 0 {
+                conn::share(e);
                 TABLE.set(r, track::dup_entry(e, cmd == libc::F_DUPFD_CLOEXEC));
             }
             Handled(r)
@@ -211,9 +215,23 @@ pub unsafe extern "C" fn rdmashim_fcntl(fd: c_int, cmd: c_int, arg: usize, which
 }
 
 fn ioctl_logic(real: IoctlFn, fd: c_int, req: c_ulong, arg: usize) -> Outcome<c_int> {
+    if req == libc::FIONREAD {
+        let super::up::Up::Conn(c) = super::up::of_fd(fd) else {
+            return PassThrough;
+        };
+        if arg == 0 {
+            return Outcome::Fail(crate::outcome::Errno(libc::EFAULT));
+        }
+        return match crate::upgrade::data::fionread(&c, fd) {
+            Ok(n) => {
+                // SAFETY: FIONREAD's argument points to an int (the application's).
+                unsafe { (arg as *mut c_int).write_unaligned(n) };
+                Handled(0)
+            }
+            Err(e) => Outcome::Fail(e),
+        };
+    }
     if req != libc::FIONBIO || TABLE.get(fd).is_unknown() {
-        // FIONREAD and everything else: pass-through (the upgrade will answer FIONREAD for
-        // upgraded fds from the ring).
         return PassThrough;
     }
     // SAFETY: the caller's arguments.

@@ -6,7 +6,8 @@
 
 use super::conn;
 use super::hook;
-use crate::outcome::Outcome::PassThrough;
+use super::up;
+use crate::outcome::Outcome::{Fail, PassThrough};
 use crate::stats::Bytes;
 use core::ffi::{c_int, c_long, c_void};
 use libc::{
@@ -34,6 +35,12 @@ hook! {
     pre: check(nbytes, buflen);
     fast: io(fd, TcpRx);
     |real, cx| {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::recv_flat(&c, fd, buf, nbytes, 0),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, nbytes, buflen) })
     }
@@ -72,6 +79,12 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::recv_flat(&c, fd, buf, len, fl),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
+        // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, buflen, fl) })
     }
 }
@@ -85,6 +98,18 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => {
+                if !alen.is_null() {
+                    // SAFETY: the caller's address-length out-parameter: TCP reports no address.
+                    unsafe { *alen = 0 };
+                }
+                return up::recv_flat(&c, fd, buf, len, fl);
+            }
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
+        // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, buflen, fl, addr, alen) })
     }
 }
@@ -96,9 +121,12 @@ hook! {
     id: PollChk;
     fallback: syscall(SYS_poll; fds, nfds, timeout);
     pre: check((nfds as usize).saturating_mul(core::mem::size_of::<pollfd>()), fdslen);
-    fast: always(crate::stats::ptr_shard(fds as usize));
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::ptr_shard(fds as usize));
     |_real, _cx| {
-        PassThrough
+        match up::poll_conns(fds, nfds as usize) {
+            Some(conns) => up::poll(fds, nfds as usize, &conns, crate::upgrade::ready::Timeout::Ms(timeout)),
+            None => PassThrough,
+        }
     }
 }
 
@@ -108,9 +136,16 @@ hook! {
     id: PpollChk;
     fallback: syscall(SYS_ppoll; fds, nfds, tmo, ss, 8usize);
     pre: check((nfds as usize).saturating_mul(core::mem::size_of::<pollfd>()), fdslen);
-    fast: always(crate::stats::ptr_shard(fds as usize));
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::ptr_shard(fds as usize));
     |_real, _cx| {
-        PassThrough
+        match up::poll_conns(fds, nfds as usize) {
+            Some(conns) => {
+                // SAFETY: the caller's timeout pointer (null or a valid timespec).
+                let t = if tmo.is_null() { None } else { Some(unsafe { *tmo }) };
+                up::poll(fds, nfds as usize, &conns, crate::upgrade::ready::Timeout::Ts(t, ss))
+            }
+            None => PassThrough,
+        }
     }
 }
 

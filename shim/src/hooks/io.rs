@@ -4,8 +4,10 @@
 
 use super::conn;
 use super::hook;
+use super::up;
 use crate::fdtable::TABLE;
-use crate::outcome::Outcome::{Handled, PassThrough};
+use crate::outcome::Errno;
+use crate::outcome::Outcome::{Fail, Handled, PassThrough};
 use crate::stats::Bytes;
 use core::ffi::{c_int, c_uint, c_void};
 use libc::{
@@ -20,6 +22,12 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::recv_flat(&c, fd, buf, count, 0),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
+        // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, count) })
     }
 }
@@ -31,6 +39,12 @@ hook! {
     fallback: syscall(SYS_write; fd, buf, count);
     fast: io(fd, TcpTx);
     |real, cx| {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::send_flat(&c, fd, buf, count, 0),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, count) })
     }
@@ -44,6 +58,12 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::recv_iov(&c, fd, iov, cnt, 0),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
+        // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, iov, cnt) })
     }
 }
@@ -55,6 +75,12 @@ hook! {
     fallback: syscall(SYS_writev; fd, iov, cnt);
     fast: io(fd, TcpTx);
     |real, cx| {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::send_iov(&c, fd, iov, cnt, 0),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, iov, cnt) })
     }
@@ -104,6 +130,12 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::recv_flat(&c, fd, buf, len, fl),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
+        // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, fl) })
     }
 }
@@ -115,6 +147,18 @@ hook! {
     fallback: syscall(SYS_recvfrom; fd, buf, len, fl, addr, alen);
     fast: io(fd, TcpRx);
     |real, cx| {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => {
+                if !alen.is_null() {
+                    // SAFETY: the caller's address-length out-parameter: TCP reports no address.
+                    unsafe { *alen = 0 };
+                }
+                return up::recv_flat(&c, fd, buf, len, fl);
+            }
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, fl, addr, alen) })
     }
@@ -128,6 +172,12 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::recv_msg(&c, fd, msg, fl),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
+        // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, msg, fl) })
     }
 }
@@ -139,6 +189,12 @@ hook! {
     fallback: syscall(SYS_sendto; fd, buf, len, fl, core::ptr::null::<sockaddr>(), 0 as socklen_t);
     fast: io(fd, TcpTx);
     |real, cx| {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::send_flat(&c, fd, buf, len, fl),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, len, fl) })
     }
@@ -152,6 +208,12 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::send_flat(&c, fd, buf, len, fl),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
+        // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, len, fl, addr, alen) })
     }
 }
@@ -163,6 +225,12 @@ hook! {
     fallback: syscall(SYS_sendmsg; fd, msg, fl);
     fast: io(fd, TcpTx);
     |real, cx| {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(fd) {
+            up::Up::Conn(c) => return up::send_msg(&c, fd, msg, fl),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, msg, fl) })
     }
@@ -194,6 +262,10 @@ hook! {
         if !e.is_tcp_stream() {
             return PassThrough;
         }
+        if let up::Up::Conn(_) | up::Up::Fail(_) = up::of(e) {
+            // Message vectors on a stream socket: not carried over the ring.
+            return Fail(Errno(libc::EOPNOTSUPP));
+        }
         // SAFETY: the caller's arguments.
         let n = unsafe { real(fd, v, vlen, fl, tmo) };
         // SAFETY: on success the first n entries of the caller's vector were filled.
@@ -214,6 +286,9 @@ hook! {
         if !e.is_tcp_stream() {
             return PassThrough;
         }
+        if let up::Up::Conn(_) | up::Up::Fail(_) = up::of(e) {
+            return Fail(Errno(libc::EOPNOTSUPP));
+        }
         // SAFETY: the caller's arguments.
         let n = unsafe { real(fd, v, vlen, fl) };
         // SAFETY: on success msg_len of the first n entries was set.
@@ -231,6 +306,12 @@ hook! {
     fast: io(out_fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(out_fd) {
+            up::Up::Conn(c) => return up::send_file(&c, out_fd, in_fd, off.cast::<i64>(), count),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
+        // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, out_fd, Bytes::TcpTx, || unsafe { real(out_fd, in_fd, off, count) })
     }
 }
@@ -242,6 +323,12 @@ hook! {
     fallback: syscall(SYS_sendfile; out_fd, in_fd, off, count);
     fast: io(out_fd, TcpTx);
     |real, cx| {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        match up::of_fd(out_fd) {
+            up::Up::Conn(c) => return up::send_file(&c, out_fd, in_fd, off.cast::<i64>(), count),
+            up::Up::Fail(e) => return Fail(e),
+            up::Up::Tcp => {}
+        }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, out_fd, Bytes::TcpTx, || unsafe { real(out_fd, in_fd, off, count) })
     }
@@ -256,6 +343,10 @@ hook! {
         let (ei, eo) = (TABLE.get(fd_in), TABLE.get(fd_out));
         if !ei.is_tcp_stream() && !eo.is_tcp_stream() {
             return PassThrough;
+        }
+        if !matches!(up::of(ei), up::Up::Tcp) || !matches!(up::of(eo), up::Up::Tcp) {
+            // splice moves pages between kernel buffers; the ring is not one.
+            return Fail(Errno(libc::EINVAL));
         }
         // SAFETY: the caller's arguments.
         let n = unsafe { real(fd_in, off_in, fd_out, off_out, len, fl) };

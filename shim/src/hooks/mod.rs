@@ -24,6 +24,7 @@ mod io;
 mod poll;
 mod process;
 mod socket;
+mod up;
 
 pub(crate) use conn::{sweep_pending_connects, PID};
 
@@ -79,6 +80,8 @@ fn unreachable_void<T>() -> T {
 /// [`guard::fast_ok`](crate::guard::fast_ok), i.e. no thread inside the shim's own code and not
 /// poisoned; otherwise the slow path decides):
 /// - `always(shard)`: the logic is pure pass-through: count the call, tail-call the real function.
+/// - `when(cond, shard)`: pure pass-through while `cond` holds (the readiness hooks: while no
+///   connection is under the upgrade).
 /// - `unknown(fd)`: pass-through when the fd table knows nothing about `fd`.
 /// - `not_tcp(fd)`: pass-through when `fd` is not a TCP stream (what the logic would do).
 /// - `io(fd, Bytes)`: as `not_tcp`, and on a settled TCP candidate (no pending connect) the real
@@ -133,6 +136,16 @@ macro_rules! hook {
         // SAFETY: `Real` is this symbol's C prototype.
         if let Some(real) = unsafe { crate::real::get_resolved::<Real>(crate::hook::Hook::$id) } {
             if crate::guard::fast_ok() {
+                crate::stats::count_call_at($shard, crate::hook::Hook::$id);
+                // SAFETY: the caller's arguments, unchanged, to the real function.
+                return unsafe { real($($arg),*) };
+            }
+        }
+    };
+    (@fast when, $id:ident, $ret:ty, ($($arg:ident : $ty:ty),*), $cond:expr, $shard:expr) => {
+        // SAFETY: `Real` is this symbol's C prototype.
+        if let Some(real) = unsafe { crate::real::get_resolved::<Real>(crate::hook::Hook::$id) } {
+            if crate::guard::fast_ok() && $cond {
                 crate::stats::count_call_at($shard, crate::hook::Hook::$id);
                 // SAFETY: the caller's arguments, unchanged, to the real function.
                 return unsafe { real($($arg),*) };

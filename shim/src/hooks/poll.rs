@@ -1,11 +1,13 @@
-//! Readiness: poll, ppoll, select, pselect, epoll_*. Pass-through for now: no fd is upgraded, so
-//! the kernel's answer is exact. This is where the upgrade translates readiness of upgraded fds
-//! (docs/shim.md, "Where the upgrade plugs in").
+//! Readiness: poll, ppoll, select, pselect, epoll_*. While no connection of the process is
+//! under the upgrade, every call passes straight through (the fast path's condition). Otherwise
+//! calls that involve such a connection are translated (`crate::upgrade::ready`): the kernel's
+//! answer for the rest is exact and kept as is.
 
 use super::hook;
-use crate::fdtable::FdEntry;
-use crate::fdtable::TABLE;
+use super::up;
+use crate::fdtable::{flags, FdEntry, Kind, TABLE};
 use crate::outcome::Outcome::{Handled, PassThrough};
+use crate::upgrade::ready::{self, Timeout};
 use core::ffi::c_int;
 use libc::{epoll_event, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
 
@@ -14,8 +16,13 @@ hook! {
     fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int;
     id: Poll;
     fallback: syscall(SYS_poll; fds, nfds, timeout);
-    fast: always(crate::stats::ptr_shard(fds as usize));
-    |_real, _cx| { PassThrough }
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::ptr_shard(fds as usize));
+    |_real, _cx| {
+        match up::poll_conns(fds, nfds as usize) {
+            Some(conns) => up::poll(fds, nfds as usize, &conns, Timeout::Ms(timeout)),
+            None => PassThrough,
+        }
+    }
 }
 
 hook! {
@@ -23,8 +30,27 @@ hook! {
     fn ppoll(fds: *mut pollfd, nfds: nfds_t, tmo: *const timespec, ss: *const sigset_t) -> c_int;
     id: Ppoll;
     fallback: syscall(SYS_ppoll; fds, nfds, tmo, ss, 8usize);
-    fast: always(crate::stats::ptr_shard(fds as usize));
-    |_real, _cx| { PassThrough }
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::ptr_shard(fds as usize));
+    |_real, _cx| {
+        match up::poll_conns(fds, nfds as usize) {
+            Some(conns) => {
+                // SAFETY: the caller's timeout pointer (null or a valid timespec).
+                let t = if tmo.is_null() { None } else { Some(unsafe { *tmo }) };
+                up::poll(fds, nfds as usize, &conns, Timeout::Ts(t, ss))
+            }
+            None => PassThrough,
+        }
+    }
+}
+
+fn tv_ms(tv: *mut timeval) -> c_int {
+    if tv.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller's timeval (select's contract).
+    let t = unsafe { *tv };
+    let ms = t.tv_sec.saturating_mul(1000) + t.tv_usec.div_euclid(1000);
+    ms.clamp(0, i32::MAX as i64) as c_int
 }
 
 hook! {
@@ -32,8 +58,13 @@ hook! {
     fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, x: *mut fd_set, tv: *mut timeval) -> c_int;
     id: Select;
     fallback: syscall(SYS_select; n, r, w, x, tv);
-    fast: always(crate::stats::ptr_shard(r as usize ^ w as usize ^ x as usize));
-    |_real, _cx| { PassThrough }
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::ptr_shard(r as usize ^ w as usize ^ x as usize));
+    |_real, _cx| {
+        match up::select(n, r, w, x, || Timeout::Ms(tv_ms(tv))) {
+            Some(o) => o,
+            None => PassThrough,
+        }
+    }
 }
 
 hook! {
@@ -41,21 +72,33 @@ hook! {
     fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, x: *mut fd_set, tmo: *const timespec, ss: *const sigset_t) -> c_int;
     id: Pselect;
     fallback: enosys;
-    fast: always(crate::stats::ptr_shard(r as usize ^ w as usize ^ x as usize));
-    |_real, _cx| { PassThrough }
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::ptr_shard(r as usize ^ w as usize ^ x as usize));
+    |_real, _cx| {
+        // SAFETY: the caller's timeout pointer (null or a valid timespec).
+        let t = if tmo.is_null() { None } else { Some(unsafe { *tmo }) };
+        match up::select(n, r, w, x, || Timeout::Ts(t, ss)) {
+            Some(o) => o,
+            None => PassThrough,
+        }
+    }
+}
+
+/// A new epoll fd: recorded so that its close forgets the upgrade's registrations in it.
+fn new_epoll_fd(fd: c_int) {
+    if fd >= 0 {
+        TABLE.set(fd, FdEntry::new(Kind::Other, flags::EPOLL_FD, 0));
+    }
 }
 
 hook! {
-    /// epoll_create(2): the new fd number clears any stale table entry.
+    /// epoll_create(2).
     fn epoll_create(size: c_int) -> c_int;
     id: EpollCreate;
     fallback: syscall(SYS_epoll_create; size);
     |real, cx| {
         // SAFETY: the caller's arguments.
         let fd = unsafe { real(size) };
-        if fd >= 0 {
-            TABLE.set(fd, FdEntry::UNKNOWN);
-        }
+        new_epoll_fd(fd);
         Handled(fd)
     }
 }
@@ -68,29 +111,43 @@ hook! {
     |real, cx| {
         // SAFETY: the caller's arguments.
         let fd = unsafe { real(fl) };
-        if fd >= 0 {
-            TABLE.set(fd, FdEntry::UNKNOWN);
-        }
+        new_epoll_fd(fd);
         Handled(fd)
     }
 }
 
 hook! {
-    /// epoll_ctl(2): where the upgrade will register an upgraded fd's own wake-up source.
+    /// epoll_ctl(2): an fd under the upgrade is registered with its eventfds (tagged); a TCP
+    /// socket added before it is connected is marked (its upgrade is not attempted).
     fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
     id: EpollCtl;
     fallback: syscall(SYS_epoll_ctl; epfd, op, fd, ev);
-    fast: always(crate::stats::fd_shard(epfd));
-    |_real, _cx| { PassThrough }
+    fast: not_tcp(fd);
+    |_real, _cx| {
+        let e = TABLE.get(fd);
+        if e.kind() == Kind::TcpCandidate && op == libc::EPOLL_CTL_ADD && !e.has(flags::COUNTED) {
+            TABLE.update(fd, |e| (e.kind() == Kind::TcpCandidate).then(|| e.with_flags(flags::EPOLLED)));
+        }
+        match up::epoll_ctl(epfd, op, fd, ev) {
+            Some(o) => o,
+            None => PassThrough,
+        }
+    }
 }
+
+type EpollPwaitFn =
+    unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const sigset_t) -> c_int;
 
 hook! {
     /// epoll_wait(2).
     fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
     id: EpollWait;
     fallback: syscall(SYS_epoll_wait; epfd, ev, max, timeout);
-    fast: always(crate::stats::fd_shard(epfd));
-    |_real, _cx| { PassThrough }
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::fd_shard(epfd));
+    |real, _cx| {
+        // SAFETY: the caller's arguments with a possibly shorter timeout.
+        up::epoll_wait(epfd, ev, max, timeout, |e, m, t| unsafe { real(epfd, e, m, t) })
+    }
 }
 
 hook! {
@@ -98,8 +155,12 @@ hook! {
     fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, ss: *const sigset_t) -> c_int;
     id: EpollPwait;
     fallback: syscall(SYS_epoll_pwait; epfd, ev, max, timeout, ss, 8usize);
-    fast: always(crate::stats::fd_shard(epfd));
-    |_real, _cx| { PassThrough }
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::fd_shard(epfd));
+    |real, _cx| {
+        let real: EpollPwaitFn = real;
+        // SAFETY: the caller's arguments with a possibly shorter timeout.
+        up::epoll_wait(epfd, ev, max, timeout, |e, m, t| unsafe { real(epfd, e, m, t, ss) })
+    }
 }
 
 hook! {
@@ -107,6 +168,23 @@ hook! {
     fn epoll_pwait2(epfd: c_int, ev: *mut epoll_event, max: c_int, tmo: *const timespec, ss: *const sigset_t) -> c_int;
     id: EpollPwait2;
     fallback: syscall(SYS_epoll_pwait2; epfd, ev, max, tmo, ss, 8usize);
-    fast: always(crate::stats::fd_shard(epfd));
-    |_real, _cx| { PassThrough }
+    fast: when(crate::fdtable::no_upgrades(), crate::stats::fd_shard(epfd));
+    |real, _cx| {
+        if !ready::has_registrations() {
+            return PassThrough;
+        }
+        let ms = if tmo.is_null() {
+            -1
+        } else {
+            // SAFETY: the caller's timespec.
+            let t = unsafe { *tmo };
+            (t.tv_sec.saturating_mul(1000) + t.tv_nsec / 1_000_000).clamp(0, i32::MAX as i64) as c_int
+        };
+        up::epoll_wait(epfd, ev, max, ms, |e, m, t| {
+            let ts = timespec { tv_sec: (t / 1000) as libc::time_t, tv_nsec: ((t % 1000) as libc::c_long) * 1_000_000 };
+            let p = if t < 0 { core::ptr::null() } else { &ts as *const timespec };
+            // SAFETY: the caller's arguments with a possibly shorter timeout.
+            unsafe { real(epfd, e, m, p, ss) }
+        })
+    }
 }

@@ -32,6 +32,15 @@ hook! {
     fallback: syscall(SYS_execve; path, argv, envp);
     |_real, _cx| {
         if !conn::in_foreign_child() {
+            let _s = crate::guard::Section::enter();
+            let _e = crate::sys::ErrnoGuard::save();
+            crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
+                if e.kind() == crate::fdtable::Kind::Upgraded && crate::upgrade::slot_is_ours(e.slot()) {
+                    if let Some(c) = crate::upgrade::lookup(e.slot()) {
+                        crate::upgrade::data::abort_for_exec(&c, fd);
+                    }
+                }
+            });
             crate::init::write_stats();
         }
         PassThrough

@@ -66,6 +66,7 @@ hook! {
             let e = conn::entry_or_classify(fd);
             if e.kind() == Kind::TcpCandidate {
                 TABLE.update(fd, |e| (e.kind() == Kind::TcpCandidate).then(|| e.with_kind(Kind::Listening)));
+                conn::start_listener(fd);
             }
         }
         Handled(r)
@@ -77,7 +78,7 @@ fn accepted(lfd: c_int, nfd: c_int, accept_flags: c_int) {
     let l = conn::entry_or_classify(lfd);
     let e = track::accepted_entry(l, accept_flags);
     TABLE.set(nfd, e);
-    if e.kind() == Kind::TcpCandidate {
+    if e.kind() == Kind::TcpCandidate && !conn::start_server(lfd, l, nfd) {
         conn::account(nfd);
     }
 }
@@ -126,6 +127,10 @@ hook! {
         }
         // SAFETY: the caller's arguments.
         let r = unsafe { real(fd, addr, len) };
+        let started = matches!(crate::sys::errno().0, libc::EINPROGRESS | libc::EINTR);
+        if (r == 0 || started) && !e.has(flags::COUNTED) && conn::start_client(fd, e, addr, len) {
+            return Handled(r);
+        }
         if r == 0 {
             conn::account(fd);
         } else {
@@ -204,10 +209,18 @@ hook! {
 }
 
 hook! {
-    /// shutdown(2): pass-through (the upgrade maps it to ring control messages).
+    /// shutdown(2): on an upgraded connection, ShutdownWrite/local read shut on the ring.
     fn shutdown(fd: c_int, how: c_int) -> c_int;
     id: Shutdown;
     fallback: syscall(SYS_shutdown; fd, how);
-    fast: always(crate::stats::fd_shard(fd));
-    |_real, _cx| { PassThrough }
+    fast: not_tcp(fd);
+    |_real, _cx| {
+        match super::up::of_fd(fd) {
+            super::up::Up::Conn(c) => match crate::upgrade::data::shutdown(&c, fd, how) {
+                Ok(()) => Handled(0),
+                Err(e) => crate::outcome::Outcome::Fail(e),
+            },
+            _ => PassThrough,
+        }
+    }
 }

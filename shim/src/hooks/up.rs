@@ -1,0 +1,408 @@
+//! The hooks' side of the upgrade: finding the connection of an fd, and turning the
+//! application's raw buffers (pointers, iovecs, msghdrs, fd_sets) into the safe views
+//! `crate::upgrade` works on.
+
+use crate::fdtable::{FdEntry, Kind, TABLE};
+use crate::outcome::{Errno, Outcome};
+use crate::upgrade::data::{self, FileSrc, Flat, FlatSrc, Gather, Scatter};
+use crate::upgrade::{self, ready, Conn};
+use core::ffi::{c_int, c_void};
+use libc::{iovec, msghdr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// What a data call on an fd should do about the upgrade.
+pub(crate) enum Up {
+    /// Not under the upgrade (or fell back): the TCP path.
+    Tcp,
+    /// The upgrade handles it.
+    Conn(Arc<Conn>),
+    /// An upgraded connection inherited from the parent process: unusable here.
+    Fail(Errno),
+}
+
+/// The upgrade state of `fd` with entry `e`.
+pub(crate) fn of(e: FdEntry) -> Up {
+    if e.kind() != Kind::Upgraded {
+        return Up::Tcp;
+    }
+    let slot = e.slot();
+    if !upgrade::slot_is_ours(slot) {
+        // A fork child's copy of its parent's connection: plain TCP still works if the parent
+        // had settled on TCP; otherwise the bytes are on a ring this process cannot reach.
+        return if upgrade::inherited_fell_back(slot) {
+            Up::Tcp
+        } else {
+            Up::Fail(Errno(libc::EIO))
+        };
+    }
+    match upgrade::lookup(slot) {
+        Some(c) if !c.fell_back.load(Ordering::Acquire) => Up::Conn(c),
+        _ => Up::Tcp,
+    }
+}
+
+/// The upgrade state of `fd`.
+pub(crate) fn of_fd(fd: c_int) -> Up {
+    of(TABLE.get(fd))
+}
+
+fn ret(r: Result<usize, Errno>) -> Outcome<isize> {
+    match r {
+        Ok(n) => Outcome::Handled(n as isize),
+        Err(e) => Outcome::Fail(e),
+    }
+}
+
+/// recv/read into one buffer.
+pub(crate) fn recv_flat(
+    c: &Conn,
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+) -> Outcome<isize> {
+    if len > 0 && buf.is_null() {
+        return Outcome::Fail(Errno(libc::EFAULT));
+    }
+    let slice: &mut [u8] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: the application passed a writable buffer of `len` bytes (as read(2) requires).
+        unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
+    };
+    ret(data::recv(c, fd, &mut Flat(slice), flags))
+}
+
+/// The application's iovec array as slices.
+///
+/// # Safety
+/// `iov` must point to `cnt` iovecs whose buffers are valid for their lengths (readv/writev's
+/// contract).
+unsafe fn iov_slices<'a>(iov: *const iovec, cnt: c_int) -> Result<Vec<&'a mut [u8]>, Errno> {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return Err(Errno(libc::EINVAL));
+    }
+    if cnt > 0 && iov.is_null() {
+        return Err(Errno(libc::EFAULT));
+    }
+    let mut v = Vec::with_capacity(cnt as usize);
+    for i in 0..cnt as usize {
+        // SAFETY: i < cnt, within the caller's array.
+        let e = unsafe { *iov.add(i) };
+        if e.iov_len == 0 {
+            continue;
+        }
+        if e.iov_base.is_null() {
+            return Err(Errno(libc::EFAULT));
+        }
+        // SAFETY: the caller's buffer of iov_len bytes.
+        v.push(unsafe { core::slice::from_raw_parts_mut(e.iov_base.cast::<u8>(), e.iov_len) });
+    }
+    Ok(v)
+}
+
+/// readv.
+pub(crate) fn recv_iov(
+    c: &Conn,
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    flags: c_int,
+) -> Outcome<isize> {
+    // SAFETY: readv's contract on the application's arguments.
+    match unsafe { iov_slices(iov, cnt) } {
+        Ok(v) => ret(data::recv(c, fd, &mut Scatter(v), flags)),
+        Err(e) => Outcome::Fail(e),
+    }
+}
+
+/// recvmsg: the scatter list; no address, no ancillary data (TCP has none to give).
+pub(crate) fn recv_msg(c: &Conn, fd: c_int, msg: *mut msghdr, flags: c_int) -> Outcome<isize> {
+    if msg.is_null() {
+        return Outcome::Fail(Errno(libc::EFAULT));
+    }
+    // SAFETY: the application's msghdr (recvmsg's contract).
+    let m = unsafe { &mut *msg };
+    // SAFETY: msg_iov/msg_iovlen describe the application's buffers.
+    let v = match unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) } {
+        Ok(v) => v,
+        Err(e) => return Outcome::Fail(e),
+    };
+    let r = data::recv(c, fd, &mut Scatter(v), flags);
+    if r.is_ok() {
+        m.msg_namelen = 0;
+        m.msg_controllen = 0;
+        m.msg_flags = 0;
+    }
+    ret(r)
+}
+
+/// send/write of one buffer.
+pub(crate) fn send_flat(
+    c: &Conn,
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+) -> Outcome<isize> {
+    if len > 0 && buf.is_null() {
+        return Outcome::Fail(Errno(libc::EFAULT));
+    }
+    let slice: &[u8] = if len == 0 {
+        &[]
+    } else {
+        // SAFETY: the application passed a readable buffer of `len` bytes.
+        unsafe { core::slice::from_raw_parts(buf.cast::<u8>(), len) }
+    };
+    ret(data::send(c, fd, &mut FlatSrc(slice), flags))
+}
+
+/// writev.
+pub(crate) fn send_iov(
+    c: &Conn,
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    flags: c_int,
+) -> Outcome<isize> {
+    // SAFETY: writev's contract on the application's arguments.
+    match unsafe { iov_slices(iov, cnt) } {
+        Ok(v) => ret(data::send(
+            c,
+            fd,
+            &mut Gather(v.into_iter().map(|s| &*s).collect()),
+            flags,
+        )),
+        Err(e) => Outcome::Fail(e),
+    }
+}
+
+/// sendmsg (a destination address on a connected TCP socket is ignored, as by the kernel;
+/// ancillary data is not supported on TCP).
+pub(crate) fn send_msg(c: &Conn, fd: c_int, msg: *const msghdr, flags: c_int) -> Outcome<isize> {
+    if msg.is_null() {
+        return Outcome::Fail(Errno(libc::EFAULT));
+    }
+    // SAFETY: the application's msghdr (sendmsg's contract).
+    let m = unsafe { &*msg };
+    send_iov(c, fd, m.msg_iov, m.msg_iovlen as c_int, flags)
+}
+
+/// sendfile from `in_fd` to the upgraded socket `fd`.
+pub(crate) fn send_file(
+    c: &Conn,
+    fd: c_int,
+    in_fd: c_int,
+    off: *mut i64,
+    count: usize,
+) -> Outcome<isize> {
+    let (offset, own_pos) = if off.is_null() {
+        // SAFETY: lseek with no pointers.
+        let pos =
+            unsafe { libc::syscall(libc::SYS_lseek, in_fd, 0 as libc::off_t, libc::SEEK_CUR) };
+        if pos < 0 {
+            return Outcome::Fail(crate::sys::errno());
+        }
+        (pos, true)
+    } else {
+        // SAFETY: the application's offset pointer (sendfile's contract).
+        (unsafe { *off }, false)
+    };
+    let mut src = FileSrc {
+        fd: in_fd,
+        offset,
+        count,
+    };
+    let r = data::send(c, fd, &mut src, 0);
+    if let Ok(n) = r {
+        if own_pos {
+            // SAFETY: lseek with no pointers.
+            unsafe { libc::syscall(libc::SYS_lseek, in_fd, offset + n as i64, libc::SEEK_SET) };
+        } else {
+            // SAFETY: as above: the application's offset pointer.
+            unsafe { *off = offset + n as i64 };
+        }
+    }
+    ret(r)
+}
+
+/// The connections of a pollfd array's fds, or `None` if none is under the upgrade (the
+/// call then passes through untouched).
+pub(crate) fn poll_conns(fds: *const libc::pollfd, n: usize) -> Option<Vec<Option<Arc<Conn>>>> {
+    if fds.is_null() || n == 0 {
+        return None;
+    }
+    // SAFETY: poll's contract: `fds` points to `n` pollfds.
+    let arr = unsafe { core::slice::from_raw_parts(fds, n) };
+    if !arr.iter().any(|p| TABLE.get(p.fd).kind() == Kind::Upgraded) {
+        return None;
+    }
+    let v: Vec<Option<Arc<Conn>>> = arr
+        .iter()
+        .map(|p| match of_fd(p.fd) {
+            Up::Conn(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    v.iter().any(Option::is_some).then_some(v)
+}
+
+/// poll/ppoll over the application's array with connections under the upgrade.
+pub(crate) fn poll(
+    fds: *mut libc::pollfd,
+    n: usize,
+    conns: &[Option<Arc<Conn>>],
+    t: ready::Timeout,
+) -> Outcome<c_int> {
+    // SAFETY: poll's contract: `fds` points to `n` writable pollfds.
+    let arr = unsafe { core::slice::from_raw_parts_mut(fds, n) };
+    match ready::poll(arr, conns, t) {
+        Ok(k) => Outcome::Handled(k as c_int),
+        Err(e) => Outcome::Fail(e),
+    }
+}
+
+fn fd_isset(set: *const libc::fd_set, fd: c_int) -> bool {
+    // SAFETY: `set` is a valid fd_set of the application and fd < FD_SETSIZE (caller).
+    !set.is_null() && unsafe { libc::FD_ISSET(fd, set) }
+}
+
+/// select/pselect when an fd in the sets is under the upgrade: rebuilt as a poll. `None`: no
+/// such fd (pass through).
+pub(crate) fn select(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    t: impl FnOnce() -> ready::Timeout,
+) -> Option<Outcome<c_int>> {
+    let n = n.clamp(0, libc::FD_SETSIZE as c_int);
+    let mut any = false;
+    for fd in 0..n {
+        if (fd_isset(r, fd) || fd_isset(w, fd) || fd_isset(x, fd))
+            && TABLE.get(fd).kind() == Kind::Upgraded
+        {
+            any = true;
+            break;
+        }
+    }
+    if !any {
+        return None;
+    }
+    let mut pfds = Vec::new();
+    for fd in 0..n {
+        let mut ev = 0i16;
+        if fd_isset(r, fd) {
+            ev |= libc::POLLIN;
+        }
+        if fd_isset(w, fd) {
+            ev |= libc::POLLOUT;
+        }
+        if fd_isset(x, fd) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            pfds.push(libc::pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            });
+        }
+    }
+    let conns: Vec<Option<Arc<Conn>>> = pfds
+        .iter()
+        .map(|p| match of_fd(p.fd) {
+            Up::Conn(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    if let Err(e) = ready::poll(&mut pfds, &conns, t()) {
+        return Some(Outcome::Fail(e));
+    }
+    for p in &pfds {
+        if p.revents & libc::POLLNVAL != 0 {
+            return Some(Outcome::Fail(Errno(libc::EBADF)));
+        }
+    }
+    let mut count = 0;
+    for set in [r, w, x] {
+        if !set.is_null() {
+            // SAFETY: the application's fd_set.
+            unsafe { libc::FD_ZERO(set) };
+        }
+    }
+    for p in &pfds {
+        let rd = p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) != 0;
+        let wr = p.revents & (libc::POLLOUT | libc::POLLERR) != 0;
+        let ex = p.revents & libc::POLLPRI != 0;
+        for (want, set, hit) in [
+            (libc::POLLIN, r, rd),
+            (libc::POLLOUT, w, wr),
+            (libc::POLLPRI, x, ex),
+        ] {
+            if p.events & want != 0 && hit && !set.is_null() {
+                // SAFETY: the application's fd_set and fd < n <= FD_SETSIZE.
+                unsafe { libc::FD_SET(p.fd, set) };
+                count += 1;
+            }
+        }
+    }
+    Some(Outcome::Handled(count))
+}
+
+/// epoll_ctl for an fd under the upgrade (`Some`), or `None` to pass through.
+pub(crate) fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> Option<Outcome<c_int>> {
+    let Up::Conn(c) = of_fd(fd) else {
+        return None;
+    };
+    let e = if ev.is_null() {
+        None
+    } else {
+        // SAFETY: the application's epoll_event (epoll_ctl's contract).
+        let v = unsafe { *ev };
+        Some((v.events, v.u64))
+    };
+    Some(match ready::epoll_ctl(&c, epfd, op, fd, e) {
+        Ok(()) => Outcome::Handled(0),
+        Err(e) => Outcome::Fail(e),
+    })
+}
+
+/// epoll_wait-family: the real wait, then the translation of tagged events, waiting again
+/// (for the rest of the timeout) if none is left. `wait(events, max, timeout_ms)` is the real
+/// call.
+pub(crate) fn epoll_wait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout_ms: c_int,
+    wait: impl Fn(*mut libc::epoll_event, c_int, c_int) -> c_int,
+) -> Outcome<c_int> {
+    let start = std::time::Instant::now();
+    loop {
+        let n = wait(ev, max, timeout_ms);
+        if n <= 0 {
+            return Outcome::Handled(n);
+        }
+        // SAFETY: the kernel filled `n` events of the application's array.
+        let arr = unsafe { core::slice::from_raw_parts_mut(ev, n as usize) };
+        let k = ready::translate_epoll(epfd, arr, n as usize);
+        if k > 0 {
+            return Outcome::Handled(k as c_int);
+        }
+        if timeout_ms >= 0 {
+            let el = start.elapsed().as_millis() as c_int;
+            if el >= timeout_ms {
+                return Outcome::Handled(0);
+            }
+            // (the remaining time is passed on the next round by the caller's closure)
+            return epoll_wait(epfd, ev, max, timeout_ms - el, wait);
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! The upgrade's own system calls on sockets, eventfds and epoll sets: raw `syscall(2)` so that
+//! they never reach the library's own hooks (a call from inside the library to `recv` would bind
+//! to the library's `recv`). Every function here is a thin, safe wrapper; errors come back as
+//! [`Errno`] and errno is left as the call left it (callers that return to the application
+//! restore or set it themselves).
+#![allow(unsafe_code)]
+
+use crate::outcome::Errno;
+use core::ffi::{c_int, c_long, c_void};
+use core::mem::{size_of, MaybeUninit};
+use libc::{sockaddr_storage, socklen_t};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+fn check(r: c_long) -> Result<usize, Errno> {
+    if r < 0 {
+        Err(crate::sys::errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// recvfrom(2) into `buf` with `flags`.
+pub fn recv(fd: c_int, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
+    // SAFETY: buf is a writable slice of its length; no address is asked for.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            flags,
+            core::ptr::null_mut::<c_void>(),
+            core::ptr::null_mut::<socklen_t>(),
+        )
+    };
+    check(r)
+}
+
+/// sendto(2) of `buf` with `flags`.
+pub fn send(fd: c_int, buf: &[u8], flags: c_int) -> Result<usize, Errno> {
+    // SAFETY: buf is a readable slice of its length; no address is given.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sendto,
+            fd,
+            buf.as_ptr(),
+            buf.len(),
+            flags,
+            core::ptr::null::<c_void>(),
+            0 as socklen_t,
+        )
+    };
+    check(r)
+}
+
+/// pread(2) at `off` (sendfile with an offset pointer).
+pub fn pread(fd: c_int, buf: &mut [u8], off: i64) -> Result<usize, Errno> {
+    // SAFETY: buf is a writable slice of its length.
+    check(unsafe { libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), off) })
+}
+
+/// close(2).
+pub fn close(fd: c_int) {
+    // SAFETY: the caller owns fd.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+}
+
+/// shutdown(2).
+pub fn shutdown(fd: c_int, how: c_int) -> Result<(), Errno> {
+    // SAFETY: no pointers.
+    check(unsafe { libc::syscall(libc::SYS_shutdown, fd, how) }).map(|_| ())
+}
+
+/// fcntl(fd, F_DUPFD_CLOEXEC, min): a private duplicate at or above `min` (falls back to any
+/// number if `min` is beyond the fd limit).
+pub fn dup_private(fd: c_int, min: c_int) -> Result<c_int, Errno> {
+    // SAFETY: no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, min) };
+    match check(r) {
+        Ok(n) => Ok(n as c_int),
+        Err(e) if e.0 == libc::EINVAL || e.0 == libc::EMFILE => {
+            // SAFETY: no pointers.
+            let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 0) };
+            check(r).map(|n| n as c_int)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// fcntl(fd, F_GETFL) has O_NONBLOCK (the open file description's, shared by dups).
+pub fn is_nonblocking(fd: c_int) -> bool {
+    // SAFETY: no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
+    r >= 0 && (r as c_int) & libc::O_NONBLOCK != 0
+}
+
+/// fcntl(fd, F_GETFD) has FD_CLOEXEC.
+pub fn is_cloexec(fd: c_int) -> bool {
+    // SAFETY: no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFD) };
+    r >= 0 && (r as c_int) & libc::FD_CLOEXEC != 0
+}
+
+/// A non-blocking, close-on-exec eventfd, moved to a number at or above `min` so that it does
+/// not take the low numbers applications use with select(2).
+pub fn eventfd(min: c_int) -> Result<c_int, Errno> {
+    // SAFETY: no pointers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_eventfd2,
+            0,
+            libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
+        )
+    };
+    let fd = check(r)? as c_int;
+    if fd >= min {
+        return Ok(fd);
+    }
+    match dup_private(fd, min) {
+        Ok(high) => {
+            close(fd);
+            Ok(high)
+        }
+        Err(_) => Ok(fd),
+    }
+}
+
+/// Adds one to an eventfd (it becomes readable; a new edge for edge-triggered waiters).
+pub fn eventfd_signal(fd: c_int) {
+    let one: u64 = 1;
+    // SAFETY: writes the 8 bytes of `one`.
+    unsafe { libc::syscall(libc::SYS_write, fd, &one as *const u64, 8usize) };
+}
+
+/// Resets an eventfd to zero (not readable).
+pub fn eventfd_clear(fd: c_int) {
+    let mut v: u64 = 0;
+    // SAFETY: reads at most 8 bytes into `v`.
+    unsafe { libc::syscall(libc::SYS_read, fd, &mut v as *mut u64, 8usize) };
+}
+
+/// poll(2) through ppoll with a millisecond timeout (-1: forever). Returns the number of ready
+/// entries.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> Result<usize, Errno> {
+    let ts;
+    let tsp = if timeout_ms < 0 {
+        core::ptr::null()
+    } else {
+        ts = libc::timespec {
+            tv_sec: (timeout_ms / 1000) as libc::time_t,
+            tv_nsec: ((timeout_ms % 1000) as libc::c_long) * 1_000_000,
+        };
+        &ts as *const libc::timespec
+    };
+    // SAFETY: fds is a valid array of its length; tsp is null or points to `ts`, alive here.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            tsp,
+            core::ptr::null::<c_void>(),
+            0usize,
+        )
+    };
+    check(r)
+}
+
+/// ppoll(2) with the caller's timeout and signal mask pointers (passed through unchanged).
+///
+/// The pointers come from the application's own ppoll call; `sigmask` may be null.
+pub fn ppoll_raw(
+    fds: &mut [libc::pollfd],
+    tmo: Option<&libc::timespec>,
+    sigmask: *const libc::sigset_t,
+) -> Result<usize, Errno> {
+    let tsp = tmo.map_or(core::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: fds is valid for its length; tsp is null or a live reference; the signal mask
+    // pointer is the application's (null or a valid sigset_t, as its ppoll call requires).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            tsp,
+            sigmask,
+            8usize,
+        )
+    };
+    check(r)
+}
+
+/// epoll_create1(EPOLL_CLOEXEC).
+pub fn epoll_create() -> Result<c_int, Errno> {
+    // SAFETY: no pointers.
+    check(unsafe { libc::syscall(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) })
+        .map(|v| v as c_int)
+}
+
+/// epoll_ctl(2).
+pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> Result<(), Errno> {
+    let mut ev = libc::epoll_event { events, u64: data };
+    // SAFETY: ev is a valid epoll_event for the duration of the call.
+    check(unsafe { libc::syscall(libc::SYS_epoll_ctl, epfd, op, fd, &mut ev as *mut _) })
+        .map(|_| ())
+}
+
+/// epoll_pwait(2) without a signal mask.
+pub fn epoll_wait(
+    epfd: c_int,
+    out: &mut [libc::epoll_event],
+    timeout_ms: c_int,
+) -> Result<usize, Errno> {
+    // SAFETY: out is a writable array of its length.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_epoll_pwait,
+            epfd,
+            out.as_mut_ptr(),
+            out.len() as c_int,
+            timeout_ms,
+            core::ptr::null::<c_void>(),
+            8usize,
+        )
+    };
+    check(r)
+}
+
+/// SO_RCVTIMEO / SO_SNDTIMEO as milliseconds (None: no timeout).
+pub fn sock_timeout_ms(fd: c_int, name: c_int) -> Option<c_int> {
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: tv/len are valid out-parameters for a timeval option.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            &mut tv as *mut libc::timeval,
+            &mut len as *mut socklen_t,
+        )
+    };
+    if r < 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
+        return None;
+    }
+    let ms = tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000;
+    Some(ms.clamp(1, i32::MAX as i64) as c_int)
+}
+
+/// FIONREAD of a socket.
+pub fn fionread(fd: c_int) -> Result<c_int, Errno> {
+    let mut v: c_int = 0;
+    // SAFETY: FIONREAD writes an int to the pointer.
+    check(unsafe { libc::syscall(libc::SYS_ioctl, fd, libc::FIONREAD, &mut v as *mut c_int) })
+        .map(|_| v)
+}
+
+fn to_addr(ss: &sockaddr_storage) -> Option<SocketAddr> {
+    match c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: family AF_INET means the storage holds a sockaddr_in.
+            let sin = unsafe { &*(ss as *const sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: family AF_INET6 means the storage holds a sockaddr_in6.
+            let s6 = unsafe { &*(ss as *const sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(s6.sin6_addr.s6_addr),
+                u16::from_be(s6.sin6_port),
+                s6.sin6_flowinfo,
+                s6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+fn name_of(fd: c_int, nr: c_long) -> Option<SocketAddr> {
+    let mut ss = MaybeUninit::<sockaddr_storage>::zeroed();
+    let mut len = size_of::<sockaddr_storage>() as socklen_t;
+    // SAFETY: ss/len are valid out-parameters of the declared size.
+    let r = unsafe { libc::syscall(nr, fd, ss.as_mut_ptr(), &mut len as *mut socklen_t) };
+    if r < 0 {
+        return None;
+    }
+    // SAFETY: zero-initialised, and the kernel filled at most `len` bytes of it.
+    to_addr(unsafe { &ss.assume_init() })
+}
+
+/// The peer address of a connected socket.
+pub fn peer_addr(fd: c_int) -> Option<SocketAddr> {
+    name_of(fd, libc::SYS_getpeername)
+}
+
+/// The local address of a socket.
+pub fn local_addr(fd: c_int) -> Option<SocketAddr> {
+    name_of(fd, libc::SYS_getsockname)
+}
+
+/// A v4-mapped IPv6 address as the IPv4 address it maps (rdma_cm and TCP may report the same
+/// peer either way).
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Raises SIGPIPE in the calling thread (what a failed write without MSG_NOSIGNAL does).
+pub fn raise_sigpipe() {
+    // SAFETY: tgkill to our own thread with a valid signal number.
+    unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            libc::getpid(),
+            libc::syscall(libc::SYS_gettid),
+            libc::SIGPIPE,
+        )
+    };
+}
+
+/// A socket's O_NONBLOCK-independent readiness right now (`poll` with a zero timeout).
+pub fn poll_now(fd: c_int, events: i16) -> i16 {
+    let mut p = [libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }];
+    match poll(&mut p, 0) {
+        Ok(_) => p[0].revents,
+        Err(_) => 0,
+    }
+}

@@ -1,0 +1,680 @@
+//! Socket calls on a connection under the upgrade: receive and send (every read/write family
+//! member maps onto [`recv`] and [`send`] through the [`RecvBuf`]/[`SendBuf`] views the hooks
+//! build of the application's buffers), shutdown, the last close, FIONREAD.
+//!
+//! Rules (docs/upgrade.md §5):
+//! - the connection's lock is never held across a wait: TCP calls made under it are
+//!   non-blocking (`MSG_DONTWAIT`), and a call that must block releases the lock, busy-polls the
+//!   link for [`super::spin`], then sleeps in poll(2) on the socket (while that direction is on
+//!   TCP) and the direction's eventfd (which the engine sets on a completion);
+//! - bytes moved on TCP before the switch are counted exactly (`tcp_sent`, `note_tcp_read`),
+//!   so the switch-over offset is exact whichever side writes first;
+//! - the kernel's semantics are kept: partial reads, MSG_PEEK, MSG_WAITALL, EAGAIN for
+//!   non-blocking sockets and MSG_DONTWAIT, SO_RCVTIMEO/SO_SNDTIMEO (EAGAIN at expiry), EINTR
+//!   when a signal interrupts a wait, EPIPE + SIGPIPE (unless MSG_NOSIGNAL), ECONNRESET.
+
+use super::{Conn, Inner, Phase};
+use crate::net;
+use crate::outcome::Errno;
+use crate::stats::{self, Bytes};
+use core::ffi::c_int;
+use rdmashim_proto::{ErrorReason, Recv, SendError};
+use std::io::ErrorKind;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The application's receive buffer(s).
+pub trait RecvBuf {
+    /// Total bytes the call can take.
+    fn total(&self) -> usize;
+    /// Receives from socket `fd` into the buffer from byte `at`, at most `max` bytes.
+    fn recv_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno>;
+    /// Copies `data` into the buffer at byte `at`.
+    fn fill(&mut self, at: usize, data: &[u8]);
+}
+
+/// The application's bytes to send.
+pub trait SendBuf {
+    /// Total bytes of the call.
+    fn total(&self) -> usize;
+    /// Sends bytes `[at, at + max)` on socket `fd`.
+    fn send_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno>;
+    /// Copies bytes `[at, at + out.len())` into `out`.
+    fn gather(&mut self, at: usize, out: &mut [u8]) -> Result<(), Errno>;
+}
+
+/// One flat receive buffer.
+pub struct Flat<'a>(pub &'a mut [u8]);
+
+impl RecvBuf for Flat<'_> {
+    fn total(&self) -> usize {
+        self.0.len()
+    }
+    fn recv_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
+        let end = (at + max).min(self.0.len());
+        net::recv(fd, &mut self.0[at..end], flags)
+    }
+    fn fill(&mut self, at: usize, data: &[u8]) {
+        self.0[at..at + data.len()].copy_from_slice(data);
+    }
+}
+
+/// Scatter buffers (readv, recvmsg).
+pub struct Scatter<'a>(pub Vec<&'a mut [u8]>);
+
+impl Scatter<'_> {
+    /// (segment, offset in it) of byte `at`.
+    fn locate(&self, mut at: usize) -> Option<(usize, usize)> {
+        for (i, s) in self.0.iter().enumerate() {
+            if at < s.len() {
+                return Some((i, at));
+            }
+            at -= s.len();
+        }
+        None
+    }
+}
+
+impl RecvBuf for Scatter<'_> {
+    fn total(&self) -> usize {
+        self.0.iter().map(|s| s.len()).sum()
+    }
+    fn recv_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
+        // One segment at a time: a short read is always allowed.
+        let Some((i, off)) = self.locate(at) else {
+            return Ok(0);
+        };
+        let seg = &mut self.0[i];
+        let end = (off + max).min(seg.len());
+        net::recv(fd, &mut seg[off..end], flags)
+    }
+    fn fill(&mut self, mut at: usize, mut data: &[u8]) {
+        for s in self.0.iter_mut() {
+            if data.is_empty() {
+                return;
+            }
+            if at >= s.len() {
+                at -= s.len();
+                continue;
+            }
+            let n = (s.len() - at).min(data.len());
+            s[at..at + n].copy_from_slice(&data[..n]);
+            data = &data[n..];
+            at = 0;
+        }
+    }
+}
+
+/// One flat send buffer.
+pub struct FlatSrc<'a>(pub &'a [u8]);
+
+impl SendBuf for FlatSrc<'_> {
+    fn total(&self) -> usize {
+        self.0.len()
+    }
+    fn send_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
+        let end = (at + max).min(self.0.len());
+        net::send(fd, &self.0[at..end], flags)
+    }
+    fn gather(&mut self, at: usize, out: &mut [u8]) -> Result<(), Errno> {
+        out.copy_from_slice(&self.0[at..at + out.len()]);
+        Ok(())
+    }
+}
+
+/// Gather buffers (writev, sendmsg).
+pub struct Gather<'a>(pub Vec<&'a [u8]>);
+
+impl SendBuf for Gather<'_> {
+    fn total(&self) -> usize {
+        self.0.iter().map(|s| s.len()).sum()
+    }
+    fn send_tcp(
+        &mut self,
+        fd: c_int,
+        mut at: usize,
+        max: usize,
+        flags: c_int,
+    ) -> Result<usize, Errno> {
+        for s in &self.0 {
+            if at < s.len() {
+                let end = (at + max).min(s.len());
+                return net::send(fd, &s[at..end], flags);
+            }
+            at -= s.len();
+        }
+        Ok(0)
+    }
+    fn gather(&mut self, mut at: usize, mut out: &mut [u8]) -> Result<(), Errno> {
+        for s in &self.0 {
+            if out.is_empty() {
+                break;
+            }
+            if at >= s.len() {
+                at -= s.len();
+                continue;
+            }
+            let n = (s.len() - at).min(out.len());
+            out[..n].copy_from_slice(&s[at..at + n]);
+            out = &mut out[n..];
+            at = 0;
+        }
+        Ok(())
+    }
+}
+
+/// A file region (sendfile): read with pread at `offset + at`.
+pub struct FileSrc {
+    pub fd: c_int,
+    pub offset: i64,
+    pub count: usize,
+}
+
+impl SendBuf for FileSrc {
+    fn total(&self) -> usize {
+        self.count
+    }
+    fn send_tcp(
+        &mut self,
+        sock: c_int,
+        at: usize,
+        max: usize,
+        flags: c_int,
+    ) -> Result<usize, Errno> {
+        let mut tmp = vec![0u8; max.min(256 << 10)];
+        let n = net::pread(self.fd, &mut tmp, self.offset + at as i64)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        net::send(sock, &tmp[..n], flags)
+    }
+    fn gather(&mut self, at: usize, out: &mut [u8]) -> Result<(), Errno> {
+        let mut done = 0;
+        while done < out.len() {
+            let n = net::pread(self.fd, &mut out[done..], self.offset + (at + done) as i64)?;
+            if n == 0 {
+                return Err(Errno(libc::EIO));
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// The errno a call fails with when the connection failed for `r`.
+pub fn errno_of(r: ErrorReason) -> Errno {
+    Errno(match r.io_kind() {
+        ErrorKind::ConnectionRefused => libc::ECONNREFUSED,
+        ErrorKind::TimedOut => libc::ETIMEDOUT,
+        ErrorKind::BrokenPipe => libc::EPIPE,
+        _ => libc::ECONNRESET,
+    })
+}
+
+enum Src {
+    Tcp(Option<u64>),
+    Ring(usize, usize),
+    WouldBlock,
+    Eof,
+    Error(ErrorReason),
+}
+
+fn source(g: &Inner) -> Src {
+    match &g.phase {
+        Phase::Linked(l) => match l.conn().recv() {
+            Recv::Tcp { limit } => Src::Tcp(limit),
+            Recv::Ring { offset, len } => Src::Ring(offset, len),
+            Recv::WouldBlock => Src::WouldBlock,
+            Recv::Eof => Src::Eof,
+            Recv::Error(r) => Src::Error(r),
+        },
+        _ => Src::Tcp(None),
+    }
+}
+
+/// How a blocked call waits.
+struct Waiter {
+    deadline: Option<Option<Instant>>,
+    opt: c_int,
+}
+
+impl Waiter {
+    fn new(opt: c_int) -> Self {
+        Waiter {
+            deadline: None,
+            opt,
+        }
+    }
+
+    /// Busy-polls the connection for the spin time; returns true as soon as `ready` holds.
+    fn spin(&self, c: &Conn, mut ready: impl FnMut(&Inner) -> bool) -> bool {
+        let spin = super::spin();
+        if spin.is_zero() {
+            return false;
+        }
+        let end = Instant::now() + spin;
+        while Instant::now() < end {
+            let mut g = c.lock();
+            if let Phase::Linked(l) = &mut g.phase {
+                if l.progress(false) {
+                    c.settle(&mut g);
+                }
+            } else {
+                return false;
+            }
+            if ready(&g) {
+                return true;
+            }
+            drop(g);
+            std::hint::spin_loop();
+        }
+        false
+    }
+
+    /// Sleeps on `sock` (for `sock_events`, if any) and `efd` until one is ready, the socket
+    /// timeout passes (EAGAIN) or a signal arrives (EINTR).
+    fn sleep(&mut self, fd: c_int, sock_events: i16, efd: c_int) -> Result<(), Errno> {
+        let deadline = *self.deadline.get_or_insert_with(|| {
+            net::sock_timeout_ms(fd, self.opt)
+                .map(|ms| Instant::now() + Duration::from_millis(ms as u64))
+        });
+        let timeout = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Errno(libc::EAGAIN));
+                }
+                left.as_millis().clamp(1, i32::MAX as u128) as c_int
+            }
+        };
+        let mut p = [
+            libc::pollfd {
+                fd: efd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd,
+                events: sock_events,
+                revents: 0,
+            },
+        ];
+        let n = if sock_events != 0 { 2 } else { 1 };
+        match net::poll(&mut p[..n], timeout) {
+            Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => Err(Errno(libc::EAGAIN)),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn nonblocking(fd: c_int, flags: c_int) -> bool {
+    flags & libc::MSG_DONTWAIT != 0 || net::is_nonblocking(fd)
+}
+
+/// recv/read/readv/recvmsg on a connection under the upgrade. `flags` are the application's
+/// MSG_* flags.
+pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<usize, Errno> {
+    let total = buf.total();
+    let peek = flags & libc::MSG_PEEK != 0;
+    let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    let tcp_flags = (flags & !libc::MSG_WAITALL) | libc::MSG_DONTWAIT;
+    let shard = stats::fd_shard(fd);
+    let mut got = 0usize;
+    let mut waiter = Waiter::new(libc::SO_RCVTIMEO);
+    if total == 0 {
+        return Ok(0);
+    }
+    loop {
+        let mut g = c.lock();
+        c.drive(&mut g, false);
+        let src = source(&g);
+        let sock_events: i16;
+        match src {
+            Src::Tcp(limit) => {
+                let max = (total - got).min(limit.map_or(usize::MAX, |l| l as usize));
+                match buf.recv_tcp(fd, got, max, tcp_flags) {
+                    Ok(0) => {
+                        if peek {
+                            return Ok(got);
+                        }
+                        // TCP's end: the peer's EOF, or (after its SwitchOver) a vanished peer.
+                        let Phase::Linked(l) = &mut g.phase else {
+                            return Ok(got);
+                        };
+                        l.progress(true);
+                        let _ = l.conn_mut().handle_tcp_eof();
+                        c.settle(&mut g);
+                        if matches!(source(&g), Src::Tcp(_)) {
+                            return Ok(got);
+                        }
+                        continue;
+                    }
+                    Ok(n) => {
+                        if !peek {
+                            match &mut g.phase {
+                                Phase::Linked(l) => {
+                                    let _ = l.conn_mut().note_tcp_read(n as u64);
+                                }
+                                _ => g.tcp_received += n as u64,
+                            }
+                        }
+                        stats::add_bytes_at(shard, Bytes::TcpRx, n as u64);
+                        got += n;
+                        if !waitall || got == total {
+                            c.settle(&mut g);
+                            return Ok(got);
+                        }
+                        continue;
+                    }
+                    Err(e) if e.0 == libc::EAGAIN => {
+                        sock_events = libc::POLLIN | libc::POLLRDHUP;
+                    }
+                    Err(e) => {
+                        if e.0 == libc::ECONNRESET {
+                            if let Phase::Linked(l) = &mut g.phase {
+                                l.conn_mut().handle_tcp_reset();
+                            }
+                            c.settle(&mut g);
+                        }
+                        return if got > 0 { Ok(got) } else { Err(e) };
+                    }
+                }
+            }
+            Src::Ring(off, len) => {
+                let Phase::Linked(l) = &mut g.phase else {
+                    return Ok(got);
+                };
+                let n = len.min(total - got);
+                buf.fill(got, l.ring(off, n));
+                got += n;
+                if peek {
+                    return Ok(got);
+                }
+                let _ = l.conn_mut().consume(n);
+                l.progress(false);
+                stats::add_bytes_at(shard, Bytes::RingRx, n as u64);
+                c.settle(&mut g);
+                if !waitall || got == total {
+                    return Ok(got);
+                }
+                continue;
+            }
+            Src::Eof => return Ok(got),
+            Src::Error(r) => return if got > 0 { Ok(got) } else { Err(errno_of(r)) },
+            Src::WouldBlock => sock_events = 0,
+        }
+        drop(g);
+        if super::trace() {
+            crate::shim_log!(
+                crate::config::Level::Debug,
+                "trace: recv fd={fd} would block (tcp={}) got={got}",
+                sock_events != 0
+            );
+        }
+        if got > 0 && !waitall {
+            return Ok(got);
+        }
+        if nonblocking(fd, flags) {
+            return if got > 0 {
+                Ok(got)
+            } else {
+                Err(Errno(libc::EAGAIN))
+            };
+        }
+        let tcp = sock_events != 0;
+        if waiter.spin(c, |g| match source(g) {
+            Src::Tcp(_) => !tcp,
+            Src::WouldBlock => false,
+            _ => true,
+        }) {
+            continue;
+        }
+        if let Err(e) = waiter.sleep(fd, sock_events, c.rd_efd) {
+            return if got > 0 { Ok(got) } else { Err(e) };
+        }
+    }
+}
+
+/// send/write/writev/sendmsg/sendfile on a connection under the upgrade.
+pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<usize, Errno> {
+    let total = buf.total();
+    let tcp_flags = flags | libc::MSG_DONTWAIT;
+    let shard = stats::fd_shard(fd);
+    let mut sent = 0usize;
+    let mut waiter = Waiter::new(libc::SO_SNDTIMEO);
+    let mut scratch: Vec<u8> = Vec::new();
+    if total == 0 {
+        return net::send(fd, &[], flags);
+    }
+    loop {
+        let mut g = c.lock();
+        c.drive(&mut g, false);
+        let want = total - sent;
+        let grant = match &mut g.phase {
+            Phase::Linked(l) => l.conn_mut().send(want),
+            _ => Err(SendError::ViaTcp),
+        };
+        let sock_events: i16;
+        match grant {
+            Err(SendError::ViaTcp) => match buf.send_tcp(fd, sent, want, tcp_flags) {
+                Ok(n) => {
+                    g.tcp_sent += n as u64;
+                    stats::add_bytes_at(shard, Bytes::TcpTx, n as u64);
+                    sent += n;
+                    if sent == total {
+                        return Ok(sent);
+                    }
+                    continue;
+                }
+                Err(e) if e.0 == libc::EAGAIN => sock_events = libc::POLLOUT,
+                Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
+            },
+            Ok(gr) => {
+                let Phase::Linked(l) = &mut g.phase else {
+                    return Ok(sent);
+                };
+                scratch.resize(gr.len, 0);
+                if let Err(e) = buf.gather(sent, &mut scratch[..gr.len]) {
+                    // The bytes were granted; the stream must not have a hole: abort it.
+                    l.conn_mut().abort();
+                    l.progress(false);
+                    c.settle(&mut g);
+                    return if sent > 0 { Ok(sent) } else { Err(e) };
+                }
+                l.stage(gr.cursor, &scratch[..gr.len]);
+                l.progress(false);
+                stats::add_bytes_at(shard, Bytes::RingTx, gr.len as u64);
+                sent += gr.len;
+                c.settle(&mut g);
+                if sent == total {
+                    return Ok(sent);
+                }
+                continue;
+            }
+            Err(SendError::WouldBlock) => sock_events = 0,
+            Err(SendError::Shutdown) | Err(SendError::PeerClosed) => {
+                if sent > 0 {
+                    return Ok(sent);
+                }
+                if flags & libc::MSG_NOSIGNAL == 0 {
+                    net::raise_sigpipe();
+                }
+                return Err(Errno(libc::EPIPE));
+            }
+            Err(SendError::Failed(r)) => {
+                if sent > 0 {
+                    return Ok(sent);
+                }
+                let e = errno_of(r);
+                if e.0 == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                    net::raise_sigpipe();
+                }
+                return Err(e);
+            }
+        }
+        drop(g);
+        if nonblocking(fd, flags) {
+            return if sent > 0 {
+                Ok(sent)
+            } else {
+                Err(Errno(libc::EAGAIN))
+            };
+        }
+        let tcp = sock_events != 0;
+        if !tcp
+            && waiter.spin(c, |g| match &g.phase {
+                Phase::Linked(l) => l.conn().readiness().writable,
+                _ => true,
+            })
+        {
+            continue;
+        }
+        if let Err(e) = waiter.sleep(fd, sock_events, c.wr_efd) {
+            return if sent > 0 { Ok(sent) } else { Err(e) };
+        }
+    }
+}
+
+/// shutdown(2) on a connection under the upgrade.
+pub fn shutdown(c: &Conn, fd: c_int, how: c_int) -> Result<(), Errno> {
+    let mut g = c.lock();
+    c.drive(&mut g, false);
+    let wr = how == libc::SHUT_WR || how == libc::SHUT_RDWR;
+    let rd = how == libc::SHUT_RD || how == libc::SHUT_RDWR;
+    if how != libc::SHUT_WR && how != libc::SHUT_RD && how != libc::SHUT_RDWR {
+        return Err(Errno(libc::EINVAL));
+    }
+    let committed = g.committed;
+    match &mut g.phase {
+        Phase::Linked(l) if committed => {
+            if wr {
+                let _ = l.conn_mut().shutdown_write();
+            }
+            if rd {
+                l.conn_mut().shutdown_read();
+            }
+            l.progress(false);
+        }
+        Phase::Linked(l) => {
+            // Still in the handshake: TCP carries this side's bytes and its FIN; a link that
+            // establishes later commits and shuts its ring side at once.
+            net::shutdown(fd, how)?;
+            if rd {
+                l.conn_mut().shutdown_read();
+            }
+            if wr {
+                g.tcp_wr_shut = true;
+            }
+        }
+        _ => {
+            net::shutdown(fd, how)?;
+            if wr {
+                g.tcp_wr_shut = true;
+            }
+        }
+    }
+    c.settle(&mut g);
+    super::ready::after_change(c, &mut g);
+    Ok(())
+}
+
+/// The application closed the last fd of `c` (called before the real close): the ring gets
+/// its Close after the queued bytes; the socket stays open (privately) until the ring is torn
+/// down, so the peer sees the TCP FIN only after the ring's end.
+pub fn close_last(c: &Arc<Conn>, fd: c_int) {
+    let mut g = c.lock();
+    g.closed = true;
+    let drain = match &mut g.phase {
+        Phase::Linked(l) => {
+            l.conn_mut().close();
+            l.progress(false);
+            !l.is_disconnected()
+        }
+        _ => false,
+    };
+    c.settle(&mut g);
+    drop(g);
+    super::ready::forget_conn(c);
+    let sock = if drain {
+        net::dup_private(fd, super::PRIVATE_FD_MIN).ok()
+    } else {
+        None
+    };
+    match super::world_if_created().and_then(|w| w.engine_if_started()) {
+        Some(e) => e.closed(c.clone(), sock),
+        None => {
+            if let Some(s) = sock {
+                net::close(s);
+            }
+        }
+    }
+}
+
+/// FIONREAD: bytes a read would return now.
+pub fn fionread(c: &Conn, fd: c_int) -> Result<c_int, Errno> {
+    let mut g = c.lock();
+    c.drive(&mut g, false);
+    match source(&g) {
+        Src::Tcp(limit) => {
+            let n = net::fionread(fd)?;
+            Ok(limit.map_or(n, |l| (n as u64).min(l) as c_int))
+        }
+        Src::Ring(_, len) => Ok(len.min(i32::MAX as usize) as c_int),
+        _ => Ok(0),
+    }
+}
+
+/// At exit: close the ring side of a connection the application left open, and wait (until
+/// `deadline`) for its teardown, so the bytes it accepted reach the peer before the process's
+/// queue pairs are destroyed (the kernel then closes the socket, as it would have anyway).
+pub fn flush_before_exit(c: &Conn, deadline: Instant) {
+    {
+        let mut g = c.lock();
+        let closed = g.closed;
+        if let Phase::Linked(l) = &mut g.phase {
+            if !closed {
+                l.conn_mut().close();
+            }
+        } else {
+            return;
+        }
+    }
+    loop {
+        let mut g = c.lock();
+        let done = match &mut g.phase {
+            Phase::Linked(l) => {
+                l.progress(true);
+                l.is_disconnected()
+            }
+            _ => true,
+        };
+        drop(g);
+        if done || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// Before execve: an fd of a connection whose bytes are on the ring cannot be handed to a new
+/// program image (it has no shim state, and the connection cannot go back to TCP). Unless the
+/// fd is close-on-exec, the ring is reset (the peer sees ECONNRESET) and the socket shut down
+/// (the new image reads EOF and gets EPIPE) instead of a silently truncated stream.
+pub fn abort_for_exec(c: &Conn, fd: c_int) {
+    if net::is_cloexec(fd) {
+        return;
+    }
+    let mut g = c.lock();
+    if let Phase::Linked(l) = &mut g.phase {
+        l.conn_mut().abort();
+        l.progress(false);
+        drop(g);
+        let _ = net::shutdown(fd, libc::SHUT_RDWR);
+        crate::shim_log!(
+            crate::config::Level::Warn,
+            "execve: fd {fd} was on RDMA and is not close-on-exec; reset"
+        );
+    }
+}

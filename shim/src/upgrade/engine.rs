@@ -1,0 +1,702 @@
+//! The engine: one thread per process (started by the first upgradable connection or
+//! listener) that runs everything asynchronous about upgrades, so that the application never
+//! waits for one:
+//!
+//! - client dials (rdma_cm address/route resolution, connect, the server's reply or reject);
+//! - rdma_cm listeners beside listening sockets, and the rendezvous of their connect requests
+//!   with the TCP connections the application accepts ([`Matcher`]);
+//! - every link's completion channel and rdma_cm channel: on an event it drives the link
+//!   (under the connection's lock) and re-arms the CQ, which sets the eventfds sleepers wait on;
+//! - timers (dial and handshake deadlines, matcher expiry, teardown drains);
+//! - connections the application closed: the ring is drained and torn down, then the private
+//!   duplicate of the TCP socket is closed (the TCP FIN goes out only after the ring's Close),
+//!   while that socket is watched for the peer's FIN/RST.
+//!
+//! The engine thread marks itself as shim-internal: the hooks it reaches pass straight through.
+
+use super::{fallback_reason, link_config, Conn, Inner, Phase};
+use crate::config::Level;
+use crate::net;
+use crate::reason::FallbackReason;
+use crate::shim_log;
+use core::ffi::c_int;
+use rdmashim_core::link::{DialError, DialStatus, Dialer, Incoming, UpgradeListener};
+use rdmashim_proto::upgrade::{
+    Expired, Matcher, MatcherConfig, NegativeCache, NegativeCacheConfig, PeerFailure,
+    RequestOutcome, TupleKey,
+};
+use rdmashim_proto::RejectReason;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Token kinds of the engine's epoll set (kind << 32 | value).
+const WAKE: u64 = 0;
+const LISTENER: u64 = 1;
+const DIAL: u64 = 2;
+const COMP: u64 = 3;
+const CM: u64 = 4;
+const SOCK: u64 = 5;
+
+fn token(kind: u64, value: u32) -> u64 {
+    (kind << 32) | u64::from(value)
+}
+
+enum Cmd {
+    Dial(Arc<Conn>),
+    Accepted(Arc<Conn>),
+    /// The application closed the last fd of the connection; the private duplicate of its
+    /// socket (if the ring needs a teardown first) comes along.
+    Closed(Arc<Conn>, Option<c_int>),
+    /// A data call linked nothing new but wants the engine to watch the link (unused now).
+    Unlisten,
+}
+
+/// The engine's handle (shared with application threads).
+pub struct Engine {
+    epfd: c_int,
+    wake: c_int,
+    cmds: Mutex<Vec<Cmd>>,
+    listeners: Mutex<HashMap<c_int, Arc<UpgradeListener>>>,
+    negative: Mutex<NegativeCache>,
+}
+
+/// Whether `ip` is in the negative cache of this process's engine.
+pub fn negative_cached(ip: IpAddr) -> bool {
+    let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) else {
+        return false;
+    };
+    let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
+    n.check(ip, Instant::now()).is_some()
+}
+
+/// In a fork child: close the parent's private socket duplicates (the child must not keep
+/// the parent's connections alive), without touching any lock the parent may have held.
+pub fn close_private_fds_in_child(_old: &super::World) {
+    // The duplicates live only in the engine thread's state, which did not survive the fork;
+    // they are close-on-exec, and a child that never execs keeps at most the sockets of
+    // connections its parent was closing at the moment of the fork.
+}
+
+impl Engine {
+    /// Starts the engine thread. `None` if it cannot (no epoll/eventfd/thread).
+    pub fn start() -> Option<Engine> {
+        let epfd = net::epoll_create().ok()?;
+        let wake = match net::eventfd(super::PRIVATE_FD_MIN) {
+            Ok(fd) => fd,
+            Err(_) => {
+                net::close(epfd);
+                return None;
+            }
+        };
+        if net::epoll_ctl(
+            epfd,
+            libc::EPOLL_CTL_ADD,
+            wake,
+            libc::EPOLLIN as u32,
+            token(WAKE, 0),
+        )
+        .is_err()
+        {
+            net::close(epfd);
+            net::close(wake);
+            return None;
+        }
+        let cfg = NegativeCacheConfig::with_override(
+            std::env::var("RDMASHIM_NEGATIVE_CACHE_SECS")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+        );
+        let e = Engine {
+            epfd,
+            wake,
+            cmds: Mutex::new(Vec::new()),
+            listeners: Mutex::new(HashMap::new()),
+            negative: Mutex::new(NegativeCache::new(cfg)),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("rdmashim-engine".into())
+            .stack_size(256 << 10)
+            .spawn(move || {
+                crate::guard::mark_internal_thread();
+                let _ = std::panic::catch_unwind(|| run(epfd, wake));
+            });
+        if spawned.is_err() {
+            net::close(epfd);
+            net::close(wake);
+            return None;
+        }
+        Some(e)
+    }
+
+    fn push(&self, c: Cmd) {
+        self.cmds.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+        net::eventfd_signal(self.wake);
+    }
+
+    /// Queues the dial of a client connection.
+    pub fn dial(&self, c: Arc<Conn>) {
+        self.push(Cmd::Dial(c));
+    }
+
+    /// Hands an accepted connection to the matcher.
+    pub fn accepted(&self, c: Arc<Conn>) {
+        self.push(Cmd::Accepted(c));
+    }
+
+    /// The last fd of `c` was closed (see [`Cmd::Closed`]).
+    pub fn closed(&self, c: Arc<Conn>, sock: Option<c_int>) {
+        self.push(Cmd::Closed(c, sock));
+    }
+
+    /// Binds an rdma_cm listener beside listening socket `fd` (synchronously, so that a client
+    /// that connects right after `listen()` returns finds it). Returns whether it exists.
+    pub fn listen(&self, fd: c_int, addr: SocketAddr) -> bool {
+        let l = match UpgradeListener::bind(addr) {
+            Ok(l) => Arc::new(l),
+            Err(e) => {
+                shim_log!(
+                    Level::Info,
+                    "listener {addr}: no rdma_cm listener beside it ({e}); its connections stay on TCP"
+                );
+                return false;
+            }
+        };
+        if net::epoll_ctl(
+            self.epfd,
+            libc::EPOLL_CTL_ADD,
+            l.fd(),
+            libc::EPOLLIN as u32,
+            token(LISTENER, fd as u32),
+        )
+        .is_err()
+        {
+            return false;
+        }
+        self.listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fd, l);
+        shim_log!(Level::Debug, "listener {addr}: rdma_cm listener beside it");
+        true
+    }
+
+    /// Whether listening socket `fd` has an rdma_cm listener.
+    pub fn has_listener(&self, fd: c_int) -> bool {
+        self.listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&fd)
+    }
+
+    /// Drops the rdma_cm listener of `fd` (closing its channel removes it from the epoll set).
+    pub fn unlisten(&self, fd: c_int) {
+        let l = self
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&fd);
+        if l.is_some() {
+            self.push(Cmd::Unlisten);
+        }
+    }
+
+    fn record_failure(&self, ip: IpAddr, f: PeerFailure) {
+        let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
+        n.record(ip, f, Instant::now());
+    }
+}
+
+/// A connection the engine looks after.
+struct Tracked {
+    conn: Arc<Conn>,
+    /// Fds of the link registered in the epoll set.
+    comp: Option<c_int>,
+    /// After the application closed it: the private socket duplicate and the give-up time.
+    closing: Option<(Option<c_int>, Instant)>,
+    key: Option<TupleKey>,
+}
+
+struct State {
+    epfd: c_int,
+    conns: HashMap<u32, Tracked>,
+    matcher: Matcher<Incoming, Arc<Conn>>,
+}
+
+fn engine() -> Option<&'static Engine> {
+    super::world_if_created().and_then(|w| w.engine_if_started())
+}
+
+fn run(epfd: c_int, wake: c_int) {
+    let mut st = State {
+        epfd,
+        conns: HashMap::new(),
+        matcher: Matcher::new(MatcherConfig::default()),
+    };
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
+    loop {
+        let timeout = st.timeout_ms();
+        let n = net::epoll_wait(epfd, &mut evs, timeout).unwrap_or_default();
+        for ev in &evs[..n] {
+            let t = ev.u64;
+            let (kind, value) = (t >> 32, t as u32);
+            match kind {
+                WAKE => {
+                    net::eventfd_clear(wake);
+                    st.commands();
+                }
+                LISTENER => st.requests(value as c_int),
+                DIAL => st.dial_event(value),
+                COMP => st.comp_event(value),
+                CM => st.cm_event(value),
+                SOCK => st.sock_event(value),
+                _ => {}
+            }
+        }
+        st.timers();
+        st.reap();
+    }
+}
+
+fn key_of(c: &Conn) -> TupleKey {
+    TupleKey {
+        peer_ip: net::canonical_ip(c.peer.ip()),
+        peer_port: c.peer.port(),
+        local_port: c.local.port(),
+    }
+}
+
+impl State {
+    fn timeout_ms(&self) -> c_int {
+        let now = Instant::now();
+        let mut next: Option<Instant> = self.matcher.poll_timeout();
+        for t in self.conns.values() {
+            let g = t.conn.lock();
+            let d = match &g.phase {
+                Phase::Dialing(d) => Some(d.deadline()),
+                Phase::Linked(l) => l.next_timer(),
+                _ => None,
+            };
+            let d = match (d, t.closing) {
+                (Some(a), Some((_, b))) => Some(a.min(b)),
+                (a, Some((_, b))) => Some(a.map_or(b, |a| a.min(b))),
+                (a, None) => a,
+            };
+            if let Some(d) = d {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        match next {
+            None => -1,
+            Some(t) => {
+                let ms = t.saturating_duration_since(now).as_micros().div_ceil(1000);
+                ms.min(60_000) as c_int
+            }
+        }
+    }
+
+    fn commands(&mut self) {
+        let Some(e) = engine() else { return };
+        let cmds = std::mem::take(&mut *e.cmds.lock().unwrap_or_else(|p| p.into_inner()));
+        for c in cmds {
+            match c {
+                Cmd::Dial(c) => self.start_dial(c),
+                Cmd::Accepted(c) => {
+                    let key = key_of(&c);
+                    self.conns.insert(
+                        c.slot,
+                        Tracked {
+                            conn: c.clone(),
+                            comp: None,
+                            closing: None,
+                            key: Some(key),
+                        },
+                    );
+                    if let Some((inc, c)) = self.matcher.on_accepted(key, c, Instant::now()) {
+                        self.accept(inc, c);
+                    }
+                }
+                Cmd::Closed(c, sock) => self.on_closed(c, sock),
+                Cmd::Unlisten => {}
+            }
+        }
+    }
+
+    fn start_dial(&mut self, c: Arc<Conn>) {
+        self.conns.insert(
+            c.slot,
+            Tracked {
+                conn: c.clone(),
+                comp: None,
+                closing: None,
+                key: None,
+            },
+        );
+        let mut g = c.lock();
+        if g.closed {
+            c.fall_back(&mut g, FallbackReason::ClosedEarly);
+            return;
+        }
+        let src = SocketAddr::new(c.local.ip(), 0);
+        match Dialer::start(Some(src), c.peer, c.local.port(), link_config()) {
+            Ok(d) => {
+                let ok = net::epoll_ctl(
+                    self.epfd,
+                    libc::EPOLL_CTL_ADD,
+                    d.fd(),
+                    libc::EPOLLIN as u32,
+                    token(DIAL, c.slot),
+                )
+                .is_ok();
+                g.phase = Phase::Dialing(d);
+                if !ok {
+                    c.fall_back(&mut g, FallbackReason::Resources);
+                    return;
+                }
+                // Events may already be pending.
+                drop(g);
+                self.dial_event(c.slot);
+            }
+            Err(e) => {
+                let r = if e.kind() == std::io::ErrorKind::Unsupported {
+                    FallbackReason::NoDevice
+                } else {
+                    FallbackReason::PeerUnreachable
+                };
+                shim_log!(Level::Info, "dial {}: {e}", c.peer);
+                c.fall_back(&mut g, r);
+            }
+        }
+    }
+
+    fn dial_event(&mut self, slot: u32) {
+        let Some(t) = self.conns.get_mut(&slot) else {
+            return;
+        };
+        let c = t.conn.clone();
+        let mut g = c.lock();
+        let tcp_received = g.tcp_received;
+        let Phase::Dialing(d) = &mut g.phase else {
+            return;
+        };
+        match d.poll(tcp_received) {
+            DialStatus::Pending => {}
+            DialStatus::Connected(mut link) => {
+                // The request counted the TCP bytes read when it was built; the application
+                // may have read more since.
+                if let rdmashim_proto::RxState::Tcp { received } = link.conn().rx_state() {
+                    if tcp_received > received {
+                        let _ = link.conn_mut().note_tcp_read(tcp_received - received);
+                    }
+                }
+                let cm = link.cm_fd();
+                let comp = link.comp_fd();
+                g.phase = Phase::Linked(Box::new(link));
+                let _ = net::epoll_ctl(
+                    self.epfd,
+                    libc::EPOLL_CTL_MOD,
+                    cm,
+                    libc::EPOLLIN as u32,
+                    token(CM, slot),
+                );
+                self.watch(&c, &mut g, comp);
+                if let Some(t) = self.conns.get_mut(&slot) {
+                    t.comp = Some(comp);
+                }
+            }
+            DialStatus::Failed(e) => {
+                let ip = net::canonical_ip(c.peer.ip());
+                let (reason, failure) = match &e {
+                    DialError::Rejected(_) => {
+                        (FallbackReason::PeerRejected, Some(PeerFailure::Rejected))
+                    }
+                    DialError::Unreachable(_) => (
+                        FallbackReason::PeerUnreachable,
+                        Some(PeerFailure::Unreachable),
+                    ),
+                    DialError::Timeout => (
+                        FallbackReason::UpgradeTimeout,
+                        Some(PeerFailure::Unreachable),
+                    ),
+                    DialError::Local(_) => (FallbackReason::Resources, None),
+                };
+                shim_log!(Level::Debug, "dial {}: {e:?}", c.peer);
+                if let (Some(f), Some(e)) = (failure, engine()) {
+                    e.record_failure(ip, f);
+                }
+                c.fall_back(&mut g, reason);
+            }
+        }
+    }
+
+    /// Registers a new link's completion channel and arms its CQ.
+    fn watch(&self, c: &Conn, g: &mut Inner, comp: c_int) {
+        let _ = net::epoll_ctl(
+            self.epfd,
+            libc::EPOLL_CTL_ADD,
+            comp,
+            libc::EPOLLIN as u32,
+            token(COMP, c.slot),
+        );
+        if let Phase::Linked(l) = &mut g.phase {
+            l.arm();
+        }
+        c.drive(g, true);
+        super::ready::after_change(c, g);
+    }
+
+    fn requests(&mut self, lfd: c_int) {
+        let Some(e) = engine() else { return };
+        let l = e
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&lfd)
+            .cloned();
+        let Some(l) = l else { return };
+        loop {
+            let inc = match l.next() {
+                Ok(Some(i)) => i,
+                Ok(None) | Err(_) => return,
+            };
+            let Some(src) = inc.source() else {
+                inc.reject(RejectReason::NoMatchingTcp);
+                continue;
+            };
+            let key = TupleKey {
+                peer_ip: net::canonical_ip(src.ip()),
+                peer_port: inc.request().client_port,
+                local_port: inc.request().server_port,
+            };
+            match self.matcher.on_request(key, inc, Instant::now()) {
+                RequestOutcome::Matched { req, conn } => self.accept(req, conn),
+                RequestOutcome::Pending => {}
+                RequestOutcome::Duplicate(i) => i.reject(RejectReason::Duplicate),
+                RequestOutcome::Full(i) => i.reject(RejectReason::Resources),
+            }
+        }
+    }
+
+    fn accept(&mut self, inc: Incoming, c: Arc<Conn>) {
+        let mut g = c.lock();
+        if g.closed || !matches!(g.phase, Phase::Awaiting) {
+            inc.reject(RejectReason::NoMatchingTcp);
+            return;
+        }
+        match inc.accept(link_config(), g.tcp_received) {
+            Ok(link) => {
+                let cm = link.cm_fd();
+                let comp = link.comp_fd();
+                g.phase = Phase::Linked(Box::new(link));
+                let _ = net::epoll_ctl(
+                    self.epfd,
+                    libc::EPOLL_CTL_ADD,
+                    cm,
+                    libc::EPOLLIN as u32,
+                    token(CM, c.slot),
+                );
+                self.watch(&c, &mut g, comp);
+                if let Some(t) = self.conns.get_mut(&c.slot) {
+                    t.comp = Some(comp);
+                }
+            }
+            Err(e) => {
+                shim_log!(Level::Info, "accept upgrade from {}: {e}", c.peer);
+                c.fall_back(&mut g, FallbackReason::Resources);
+            }
+        }
+    }
+
+    fn comp_event(&mut self, slot: u32) {
+        let Some(t) = self.conns.get(&slot) else {
+            return;
+        };
+        let c = t.conn.clone();
+        let mut g = c.lock();
+        if let Phase::Linked(l) = &mut g.phase {
+            l.take_events();
+            l.progress(false);
+            l.arm();
+        }
+        c.drive(&mut g, false);
+        super::ready::after_change(&c, &mut g);
+    }
+
+    fn cm_event(&mut self, slot: u32) {
+        let Some(t) = self.conns.get(&slot) else {
+            return;
+        };
+        let c = t.conn.clone();
+        let mut g = c.lock();
+        c.drive(&mut g, true);
+        super::ready::after_change(&c, &mut g);
+    }
+
+    /// The peer's FIN or RST on the socket of a connection the application closed.
+    fn sock_event(&mut self, slot: u32) {
+        let Some(t) = self.conns.get(&slot) else {
+            return;
+        };
+        let Some((Some(fd), _)) = t.closing else {
+            return;
+        };
+        let c = t.conn.clone();
+        let rev = net::poll_now(fd, libc::POLLIN | libc::POLLRDHUP);
+        let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+        let mut g = c.lock();
+        if let Phase::Linked(l) = &mut g.phase {
+            l.progress(true);
+            if rev & libc::POLLERR != 0 {
+                l.conn_mut().handle_tcp_reset();
+            } else {
+                let _ = l.conn_mut().handle_tcp_eof();
+            }
+        }
+        c.drive(&mut g, false);
+    }
+
+    fn on_closed(&mut self, c: Arc<Conn>, sock: Option<c_int>) {
+        let deadline = Instant::now() + link_config().close_timeout + Duration::from_secs(1);
+        let t = self.conns.entry(c.slot).or_insert_with(|| Tracked {
+            conn: c.clone(),
+            comp: None,
+            closing: None,
+            key: None,
+        });
+        t.closing = Some((sock, deadline));
+        if let Some(fd) = sock {
+            let _ = net::epoll_ctl(
+                self.epfd,
+                libc::EPOLL_CTL_ADD,
+                fd,
+                (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32,
+                token(SOCK, c.slot),
+            );
+        }
+        if let Some(key) = t.key {
+            if let Some(conn) = self.matcher.forget_accepted(&key) {
+                let mut g = conn.lock();
+                if matches!(g.phase, Phase::Awaiting) {
+                    conn.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
+                }
+            }
+        }
+    }
+
+    fn timers(&mut self) {
+        let now = Instant::now();
+        for ex in self.matcher.expire(now) {
+            match ex {
+                Expired::Request(_, inc) => inc.reject(RejectReason::NoMatchingTcp),
+                Expired::Accepted(_, c) => {
+                    let mut g = c.lock();
+                    if matches!(g.phase, Phase::Awaiting) {
+                        c.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
+                    }
+                }
+            }
+        }
+        let due: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, t)| {
+                let g = t.conn.lock();
+                let d = match &g.phase {
+                    Phase::Dialing(d) => Some(d.deadline()),
+                    Phase::Linked(l) => l.next_timer(),
+                    _ => None,
+                };
+                d.is_some_and(|d| d <= now)
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        for slot in due {
+            let Some(t) = self.conns.get(&slot) else {
+                continue;
+            };
+            let c = t.conn.clone();
+            let dialing = matches!(c.lock().phase, Phase::Dialing(_));
+            if dialing {
+                self.dial_event(slot);
+            } else {
+                let mut g = c.lock();
+                c.drive(&mut g, true);
+                super::ready::after_change(&c, &mut g);
+            }
+        }
+    }
+
+    /// Forgets connections that are done: closed by the application and either never linked
+    /// or torn down (or past their close deadline).
+    fn reap(&mut self) {
+        let now = Instant::now();
+        let done: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, t)| {
+                let g = t.conn.lock();
+                let linked_live = match &g.phase {
+                    Phase::Linked(l) => !l.is_disconnected(),
+                    Phase::Dialing(_) | Phase::Queued => g.closed,
+                    _ => false,
+                };
+                match t.closing {
+                    Some((_, deadline)) => !linked_live || now >= deadline,
+                    None => false,
+                }
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        for slot in done {
+            if let Some(t) = self.conns.remove(&slot) {
+                self.forget(t);
+            }
+        }
+        // Connections that fell back and are still open need no engine: drop their tracking
+        // (closing them later needs nothing from the engine either).
+        let fallen: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, t)| t.closing.is_none() && matches!(t.conn.lock().phase, Phase::Fallen))
+            .map(|(s, _)| *s)
+            .collect();
+        for slot in fallen {
+            self.conns.remove(&slot);
+        }
+    }
+
+    fn forget(&mut self, t: Tracked) {
+        let c = t.conn;
+        {
+            let mut g = c.lock();
+            if let Phase::Dialing(_) | Phase::Queued = g.phase {
+                c.fall_back(
+                    &mut g,
+                    fallback_reason(rdmashim_proto::ErrorReason::TcpClosed),
+                );
+            }
+            if let Phase::Linked(l) = &g.phase {
+                if !l.is_disconnected() {
+                    shim_log!(
+                        Level::Info,
+                        "{} -> {}: ring not drained within the close timeout; torn down",
+                        c.local,
+                        c.peer
+                    );
+                }
+                // Dropping the link destroys the QP and closes its channels (which leaves
+                // the epoll set with them).
+                g.phase = Phase::Fallen;
+            }
+        }
+        if let Some((Some(fd), _)) = t.closing {
+            let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+            net::close(fd);
+        }
+        let _ = t.comp;
+        if let Some(w) = super::world_if_created() {
+            w.remove(c.slot);
+        }
+    }
+}

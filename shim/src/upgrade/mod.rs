@@ -1,0 +1,579 @@
+//! The upgrade: moving live TCP connections onto RDMA rings (design: docs/upgrade.md).
+//!
+//! - [`Conn`]: one TCP connection the shim tries to upgrade (or has upgraded), shared by every
+//!   fd that refers to its socket (dup); found from the fd table's slot through the process's
+//!   [`World`] (a slab of connections, the epoll registrations, the engine).
+//! - `engine`: the thread that runs rdma_cm (dials, listeners, the request/accept rendezvous),
+//!   watches completion channels and wakes sleepers; started by the first upgradable
+//!   connection, never in a process that has none.
+//! - `data`: socket calls on an upgraded fd (read/write families, shutdown, close, FIONREAD).
+//! - `ready`: poll/select/epoll for upgraded fds, through one eventfd per direction.
+//!
+//! Everything here is safe code: system calls go through `crate::net` (raw syscalls that never
+//! reach our own hooks) and verbs through `rdmashim-core`.
+#![forbid(unsafe_code)]
+
+pub mod data;
+mod engine;
+pub mod ready;
+
+use crate::config::Level;
+use crate::net;
+use crate::reason::FallbackReason;
+use crate::shim_log;
+use crate::stats;
+use core::ffi::c_int;
+use rdmashim_core::link::{Dialer, Link};
+use rdmashim_core::StreamConfig;
+use rdmashim_proto::{ErrorReason, RejectReason, Side, StreamState};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::Instant;
+
+pub use engine::Engine;
+
+/// Lowest fd number for the shim's own eventfds and private socket duplicates.
+const PRIVATE_FD_MIN: c_int = 1000;
+
+/// Where one connection's upgrade stands.
+pub(crate) enum Phase {
+    /// Client: rdma_cm connect under way (the dialer is driven by the engine).
+    Dialing(Dialer),
+    /// Client: waiting for the engine to start the dial.
+    Queued,
+    /// Server: waiting for the client's connect request (in the engine's matcher).
+    Awaiting,
+    /// The ring connection (in its handshake, established, or ended).
+    Linked(Box<Link>),
+    /// Stays TCP for good.
+    Fallen,
+}
+
+/// The state behind a connection's lock.
+pub(crate) struct Inner {
+    pub phase: Phase,
+    /// Bytes the application wrote to the socket (through us) before this side committed.
+    pub tcp_sent: u64,
+    /// Bytes the application read from the socket before the link existed (the link's core
+    /// counts after that).
+    pub tcp_received: u64,
+    /// This side's sending direction moved to the ring.
+    pub committed: bool,
+    /// The application shut down its write side on TCP before the switch.
+    pub tcp_wr_shut: bool,
+    /// Every fd referring to the connection was closed.
+    pub closed: bool,
+    /// The eventfds' levels as last set.
+    pub rd_set: bool,
+    pub wr_set: bool,
+    /// `messages_received` at the last read signal (a new arrival re-signals for edge-triggered
+    /// waiters).
+    pub rd_mark: u64,
+}
+
+/// One TCP connection under the upgrade.
+pub struct Conn {
+    /// The fd table slot that refers to this connection.
+    pub slot: u32,
+    pub side: Side,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    /// Readable when ring data, EOF or an error is there for the reader.
+    pub rd_efd: c_int,
+    /// Readable when the ring has room for the writer (or writing would fail at once).
+    pub wr_efd: c_int,
+    /// Open fds of the application that refer to this connection.
+    pub fds: AtomicU32,
+    /// The decision is final and it is TCP: data calls go straight to the socket.
+    pub fell_back: AtomicBool,
+    /// Epoll registrations of the socket have EPOLLOUT removed (the write side is on the ring).
+    pub out_masked: AtomicBool,
+    counted: AtomicBool,
+    inner: Mutex<Inner>,
+}
+
+impl Conn {
+    fn new(
+        slot: u32,
+        side: Side,
+        peer: SocketAddr,
+        local: SocketAddr,
+        phase: Phase,
+    ) -> Option<Conn> {
+        let rd_efd = net::eventfd(PRIVATE_FD_MIN).ok()?;
+        let wr_efd = match net::eventfd(PRIVATE_FD_MIN) {
+            Ok(fd) => fd,
+            Err(_) => {
+                net::close(rd_efd);
+                return None;
+            }
+        };
+        crate::fdtable::UPGRADE_CONNS.fetch_add(1, Ordering::Relaxed);
+        Some(Conn {
+            slot,
+            side,
+            peer,
+            local,
+            rd_efd,
+            wr_efd,
+            fds: AtomicU32::new(1),
+            fell_back: AtomicBool::new(false),
+            out_masked: AtomicBool::new(false),
+            counted: AtomicBool::new(false),
+            inner: Mutex::new(Inner {
+                phase,
+                tcp_sent: 0,
+                tcp_received: 0,
+                committed: false,
+                tcp_wr_shut: false,
+                closed: false,
+                rd_set: false,
+                wr_set: false,
+                rd_mark: 0,
+            }),
+        })
+    }
+
+    /// The connection's lock (a poisoned lock is still usable: the state is kept consistent
+    /// by each call before it can panic).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts the connection as upgraded (once).
+    fn count_upgraded(&self) {
+        if !self.counted.swap(true, Ordering::AcqRel) {
+            stats::count_upgraded();
+            shim_log!(
+                Level::Debug,
+                "{} {} -> {}: upgraded to RDMA",
+                side_name(self.side),
+                self.local,
+                self.peer
+            );
+        }
+    }
+
+    /// Counts the connection as staying on TCP (once) and makes data calls direct.
+    pub(crate) fn fall_back(&self, g: &mut Inner, reason: FallbackReason) {
+        g.phase = Phase::Fallen;
+        self.fell_back.store(true, Ordering::Release);
+        self.clear_efds(g);
+        if !self.counted.swap(true, Ordering::AcqRel) {
+            stats::count_fallback(reason);
+            shim_log!(
+                Level::Debug,
+                "{} {} -> {}: stays on TCP ({})",
+                side_name(self.side),
+                self.local,
+                self.peer,
+                reason.name()
+            );
+        }
+    }
+
+    fn clear_efds(&self, g: &mut Inner) {
+        if g.rd_set {
+            net::eventfd_clear(self.rd_efd);
+            g.rd_set = false;
+        }
+        if g.wr_set {
+            net::eventfd_clear(self.wr_efd);
+            g.wr_set = false;
+        }
+    }
+
+    /// Drives the link once (if there is one) and applies what follows: the commit of this
+    /// side's sending direction once the link is established, fallback if the handshake
+    /// failed, and the eventfds' levels. Call with the lock held, after every change.
+    pub(crate) fn drive(&self, g: &mut Inner, force_cm: bool) {
+        if let Phase::Linked(link) = &mut g.phase {
+            link.progress(force_cm);
+        }
+        self.settle(g);
+    }
+
+    /// The consequences of the link's state (see [`drive`](Self::drive)).
+    pub(crate) fn settle(&self, g: &mut Inner) {
+        let Phase::Linked(link) = &mut g.phase else {
+            return;
+        };
+        let c = link.conn();
+        if let Some(r) = c.error() {
+            if c.can_fall_back() && !g.committed {
+                let reason = fallback_reason(r);
+                self.fall_back(g, reason);
+                return;
+            }
+        } else if !g.committed
+            && c.state() != StreamState::Handshaking
+            && link.conn_mut().commit_switch(g.tcp_sent).is_ok()
+        {
+            g.committed = true;
+            if g.tcp_wr_shut {
+                let _ = link.conn_mut().shutdown_write();
+            }
+            link.progress(false);
+            self.count_upgraded();
+        }
+        self.sync_efds(g);
+    }
+
+    /// Sets the eventfds' levels from the ring side's readiness.
+    pub(crate) fn sync_efds(&self, g: &mut Inner) {
+        let Phase::Linked(link) = &g.phase else {
+            return;
+        };
+        let c = link.conn();
+        let r = c.readiness();
+        let rd = !r.read_via_tcp && (r.readable || r.hup || r.error || r.rdhup);
+        let wr = !r.write_via_tcp && (r.writable || r.error);
+        let mark = c.stats().messages_received;
+        if trace() {
+            crate::shim_log!(
+                Level::Debug,
+                "trace: sync {} rd={rd} wr={wr} mark={mark} r={:?} st={:?} fail={:?} stats={:?}",
+                self.local,
+                r,
+                c.state(),
+                link.failure(),
+                c.stats()
+            );
+        }
+        if rd {
+            if !g.rd_set || mark != g.rd_mark {
+                net::eventfd_signal(self.rd_efd);
+                g.rd_set = true;
+                g.rd_mark = mark;
+            }
+        } else if g.rd_set {
+            net::eventfd_clear(self.rd_efd);
+            g.rd_set = false;
+        }
+        if wr {
+            if !g.wr_set {
+                net::eventfd_signal(self.wr_efd);
+                g.wr_set = true;
+            }
+        } else if g.wr_set {
+            net::eventfd_clear(self.wr_efd);
+            g.wr_set = false;
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        crate::fdtable::UPGRADE_CONNS.fetch_sub(1, Ordering::Relaxed);
+        net::close(self.rd_efd);
+        net::close(self.wr_efd);
+    }
+}
+
+fn side_name(s: Side) -> &'static str {
+    match s {
+        Side::Client => "client",
+        Side::Server => "server",
+    }
+}
+
+/// The stats reason for a handshake that failed before anything was committed.
+pub(crate) fn fallback_reason(r: ErrorReason) -> FallbackReason {
+    match r {
+        ErrorReason::Rejected(Some(RejectReason::Resources)) => FallbackReason::Resources,
+        ErrorReason::Rejected(Some(RejectReason::Disabled)) => FallbackReason::Disabled,
+        ErrorReason::Rejected(_) => FallbackReason::PeerRejected,
+        ErrorReason::HandshakeTimeout => FallbackReason::UpgradeTimeout,
+        ErrorReason::Handshake(_) | ErrorReason::Protocol(_) => FallbackReason::ProtocolError,
+        ErrorReason::TcpClosed => FallbackReason::ClosedEarly,
+        ErrorReason::Transport | ErrorReason::Reset | ErrorReason::PeerVanished => {
+            FallbackReason::PeerUnreachable
+        }
+    }
+}
+
+// ----- the process's upgrade state ---------------------------------------------------------
+
+struct Slab {
+    conns: Vec<Option<Arc<Conn>>>,
+    free: Vec<u32>,
+}
+
+/// Everything the upgrade keeps per process. A forked child starts a new one (the parent's
+/// locks may have been held at the fork; its connections are the parent's).
+pub struct World {
+    slab: RwLock<Slab>,
+    pub(crate) regs: Mutex<ready::Registry>,
+    engine: OnceLock<Option<Engine>>,
+}
+
+/// One world per process generation (a fork child moves to the next one). A generation's
+/// world is created on first use; the parent's stays untouched in the child's memory.
+static WORLDS: [OnceLock<World>; 256] = [const { OnceLock::new() }; 256];
+/// Generation of this process: bumped in every fork child (saturating at [`LAST_GENERATION`],
+/// where upgrades stop). The slot of a connection carries it, so a child recognises its
+/// parent's connections without touching them.
+static GENERATION: AtomicU32 = AtomicU32::new(1);
+const LAST_GENERATION: u32 = 255;
+
+const INDEX_BITS: u32 = 24;
+const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+
+fn generation() -> u32 {
+    GENERATION.load(Ordering::Relaxed)
+}
+
+/// The process's world (created on first use); `None` past the last generation.
+pub fn world() -> Option<&'static World> {
+    let g = generation();
+    if g >= LAST_GENERATION {
+        return None;
+    }
+    Some(WORLDS[g as usize].get_or_init(|| World {
+        slab: RwLock::new(Slab {
+            conns: Vec::new(),
+            free: Vec::new(),
+        }),
+        regs: Mutex::new(ready::Registry::default()),
+        engine: OnceLock::new(),
+    }))
+}
+
+/// The world if it was created (never creates one).
+pub fn world_if_created() -> Option<&'static World> {
+    WORLDS.get(generation() as usize).and_then(|w| w.get())
+}
+
+impl World {
+    /// The engine, started on first use; `None` if it cannot run here (no RDMA, no thread).
+    pub fn engine(&self) -> Option<&Engine> {
+        self.engine.get_or_init(Engine::start).as_ref()
+    }
+
+    /// The engine if it was started.
+    pub fn engine_if_started(&self) -> Option<&Engine> {
+        self.engine.get().and_then(|e| e.as_ref())
+    }
+
+    fn insert(&self, make: impl FnOnce(u32) -> Option<Conn>) -> Option<Arc<Conn>> {
+        let mut s = self.slab.write().unwrap_or_else(|p| p.into_inner());
+        let index = match s.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = s.conns.len() as u32;
+                if i + 1 >= INDEX_MASK {
+                    return None;
+                }
+                s.conns.push(None);
+                i
+            }
+        };
+        let slot = (generation() << INDEX_BITS) | (index + 1);
+        match make(slot) {
+            Some(c) => {
+                let c = Arc::new(c);
+                s.conns[index as usize] = Some(c.clone());
+                Some(c)
+            }
+            None => {
+                s.free.push(index);
+                None
+            }
+        }
+    }
+
+    /// The connection of fd-table slot `slot`, if it belongs to this process generation.
+    pub fn get(&self, slot: u32) -> Option<Arc<Conn>> {
+        if !slot_is_ours(slot) {
+            return None;
+        }
+        let i = ((slot & INDEX_MASK) - 1) as usize;
+        let s = self.slab.read().unwrap_or_else(|p| p.into_inner());
+        s.conns.get(i).and_then(|c| c.clone())
+    }
+
+    /// Removes the connection of `slot` (its last fd was closed and the engine is done with it).
+    fn remove(&self, slot: u32) {
+        if !slot_is_ours(slot) {
+            return;
+        }
+        let i = (slot & INDEX_MASK) - 1;
+        let mut s = self.slab.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = s.conns.get_mut(i as usize) {
+            if c.take().is_some() {
+                s.free.push(i);
+            }
+        }
+    }
+
+    /// Every live connection (for the exit flush).
+    fn all(&self) -> Vec<Arc<Conn>> {
+        let s = self.slab.read().unwrap_or_else(|p| p.into_inner());
+        s.conns.iter().flatten().cloned().collect()
+    }
+}
+
+/// The connection of `slot` in this process, if any.
+pub fn lookup(slot: u32) -> Option<Arc<Conn>> {
+    world_if_created()?.get(slot)
+}
+
+/// In a fork child: whether the parent's connection of `slot` had settled on TCP (then the
+/// child can use the socket as plain TCP). Never waits on a lock the parent may have held.
+pub fn inherited_fell_back(slot: u32) -> bool {
+    let g = slot >> INDEX_BITS;
+    let Some(w) = WORLDS.get(g as usize).and_then(|w| w.get()) else {
+        return false;
+    };
+    let Ok(s) = w.slab.try_read() else {
+        return false;
+    };
+    let i = ((slot & INDEX_MASK).wrapping_sub(1)) as usize;
+    s.conns
+        .get(i)
+        .and_then(|c| c.as_ref())
+        .is_some_and(|c| c.fell_back.load(Ordering::Acquire))
+}
+
+/// Whether `slot` names a connection of this process (not one inherited from a parent).
+pub fn slot_is_ours(slot: u32) -> bool {
+    slot & INDEX_MASK != 0 && slot >> INDEX_BITS == generation()
+}
+
+/// In a fork child: the next generation's world (created lazily); the parent's connections
+/// are inherited fds the child can only close (or use while they are plain TCP).
+pub fn after_fork_child() {
+    let old = world_if_created();
+    let g = generation();
+    GENERATION.store((g + 1).min(LAST_GENERATION), Ordering::Relaxed);
+    if let Some(old) = old {
+        // The parent's private socket duplicates are not the child's to keep open.
+        engine::close_private_fds_in_child(old);
+    }
+}
+
+pub(crate) fn trace() -> bool {
+    static T: OnceLock<bool> = OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("RDMASHIM_TRACE").is_some())
+}
+
+// ----- configuration -------------------------------------------------------------------------
+
+/// Tunables of the shim's links (environment, read once).
+pub(crate) fn link_config() -> &'static StreamConfig {
+    static CFG: OnceLock<StreamConfig> = OnceLock::new();
+    CFG.get_or_init(|| {
+        let mut c = StreamConfig::default();
+        let kib = std::env::var("RDMASHIM_RING_KIB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(512);
+        let bytes = (kib.clamp(4, 8192) * 1024).next_power_of_two();
+        c.ring_size = bytes.min(8 << 20);
+        c.connect_timeout = std::time::Duration::from_secs(3);
+        c
+    })
+}
+
+/// How long a blocked data call busy-polls before it sleeps (`RDMASHIM_SPIN_US`, default 20).
+pub(crate) fn spin() -> std::time::Duration {
+    static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("RDMASHIM_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(20);
+        std::time::Duration::from_micros(us.min(10_000))
+    })
+}
+
+// ----- entry points for the hooks -----------------------------------------------------------
+
+/// Whether a connection to/from `peer` is worth an upgrade attempt at all (address class and
+/// the negative cache); `Err` is the reason it stays on TCP.
+pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
+    let ip = net::canonical_ip(peer.ip());
+    if rdmashim_proto::upgrade::upgradable(ip).is_err() {
+        return Err(FallbackReason::NotUpgradableAddress);
+    }
+    if engine::negative_cached(ip) {
+        return Err(FallbackReason::NegativeCache);
+    }
+    Ok(())
+}
+
+/// Client: `fd` was connected (or its non-blocking connect started) to an upgradable peer.
+/// Creates the connection and queues its dial. Returns the fd-table slot, or the reason it
+/// stays on TCP.
+pub fn start_client(fd: c_int) -> Result<u32, FallbackReason> {
+    let peer = net::peer_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
+    start_client_to(fd, peer)
+}
+
+/// Client with a non-blocking connect still in progress: the peer address is the one the
+/// application gave to connect.
+pub fn start_client_to(fd: c_int, peer: SocketAddr) -> Result<u32, FallbackReason> {
+    let local = net::local_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
+    peer_verdict(peer)?;
+    let w = world().ok_or(FallbackReason::Resources)?;
+    let engine = w.engine().ok_or(FallbackReason::Resources)?;
+    let conn = w
+        .insert(|slot| Conn::new(slot, Side::Client, peer, local, Phase::Queued))
+        .ok_or(FallbackReason::Resources)?;
+    engine.dial(conn.clone());
+    Ok(conn.slot)
+}
+
+/// Server: `nfd` was accepted on listener `lfd` that has an rdma_cm side. Creates the
+/// connection and hands it to the matcher. Returns the slot, or why it stays on TCP.
+pub fn start_server(lfd: c_int, nfd: c_int) -> Result<u32, FallbackReason> {
+    let w = world().ok_or(FallbackReason::Resources)?;
+    let engine = w
+        .engine_if_started()
+        .ok_or(FallbackReason::NoUpgradeRequest)?;
+    if !engine.has_listener(lfd) {
+        return Err(FallbackReason::NoUpgradeRequest);
+    }
+    let peer = net::peer_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
+    let local = net::local_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
+    if rdmashim_proto::upgrade::upgradable(net::canonical_ip(peer.ip())).is_err() {
+        return Err(FallbackReason::NotUpgradableAddress);
+    }
+    let conn = w
+        .insert(|slot| Conn::new(slot, Side::Server, peer, local, Phase::Awaiting))
+        .ok_or(FallbackReason::Resources)?;
+    engine.accepted(conn.clone());
+    Ok(conn.slot)
+}
+
+/// `listen()` succeeded on `fd`, bound to `addr`: add an rdma_cm listener beside it. Returns
+/// whether it has one.
+pub fn start_listener(fd: c_int, addr: SocketAddr) -> bool {
+    let ip = net::canonical_ip(addr.ip());
+    if ip.is_loopback() {
+        return false;
+    }
+    match world().and_then(|w| w.engine()) {
+        Some(e) => e.listen(fd, addr),
+        None => false,
+    }
+}
+
+/// The listening socket `fd` is being closed: drop its rdma_cm listener.
+pub fn stop_listener(fd: c_int) {
+    if let Some(e) = world_if_created().and_then(|w| w.engine_if_started()) {
+        e.unlisten(fd);
+    }
+}
+
+/// At exit: give upgraded connections a bounded time to deliver what they accepted.
+pub fn flush_at_exit() {
+    let Some(w) = world_if_created() else {
+        return;
+    };
+    let deadline = Instant::now() + std::time::Duration::from_secs(2);
+    for c in w.all() {
+        data::flush_before_exit(&c, deadline);
+    }
+}

@@ -1,0 +1,547 @@
+//! Readiness of connections under the upgrade: poll/ppoll/select/pselect and epoll.
+//!
+//! Each connection has two eventfds (`Conn::rd_efd`, `Conn::wr_efd`) whose level is kept equal
+//! to the ring side's readiness (readable/EOF/error; room to write/error) by whoever changes
+//! it (`Conn::sync_efds`), and which get a fresh write on every new arrival (a new edge for
+//! edge-triggered waiters).
+//!
+//! - poll/select: the call is rebuilt: the socket keeps the events of the directions still on
+//!   TCP, the eventfds stand for the directions on the ring; the answer is recomputed from the
+//!   connection after the wait.
+//! - epoll: `epoll_ctl` on an fd under the upgrade registers the socket *and* the eventfds the
+//!   interest needs, all with a tagged `data` (magic, source, fd), and remembers the
+//!   application's events and data ([`Registry`]). `epoll_wait` turns tagged events back into
+//!   the application's data with the connection's real readiness, merges the sources of one fd,
+//!   drops sources that report nothing the application asked for, honours EPOLLONESHOT, and
+//!   waits again if nothing was left. When this side's writing moves to the ring, EPOLLOUT is
+//!   taken off the socket's registrations (a socket that sends nothing is always writable).
+//!
+//! Lock order: a connection's lock, then the registry's. Never the reverse: `epoll_wait`
+//! copies what it needs out of the registry before it looks at a connection.
+
+use super::{Conn, Inner, Phase};
+use crate::net;
+use crate::outcome::Errno;
+use core::ffi::c_int;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TAG_MAGIC: u64 = 0x5d4d;
+const SRC_SOCK: u64 = 0;
+const SRC_RD: u64 = 1;
+const SRC_WR: u64 = 2;
+
+fn tag(src: u64, fd: c_int) -> u64 {
+    (TAG_MAGIC << 48) | (src << 40) | u64::from(fd as u32)
+}
+
+fn untag(data: u64) -> Option<(u64, c_int)> {
+    (data >> 48 == TAG_MAGIC).then_some(((data >> 40) & 0xff, data as u32 as c_int))
+}
+
+const EV_IN: u32 = libc::EPOLLIN as u32;
+const EV_OUT: u32 = libc::EPOLLOUT as u32;
+const EV_RDHUP: u32 = libc::EPOLLRDHUP as u32;
+const EV_PRI: u32 = libc::EPOLLPRI as u32;
+const EV_ERR: u32 = libc::EPOLLERR as u32;
+const EV_HUP: u32 = libc::EPOLLHUP as u32;
+const EV_ET: u32 = libc::EPOLLET as u32;
+const EV_ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+
+/// One registration of an fd under the upgrade in an epoll set.
+struct Reg {
+    conn: Arc<Conn>,
+    /// The application's events (with its flags) and data.
+    events: u32,
+    data: u64,
+    /// EPOLLONESHOT fired: nothing more until EPOLL_CTL_MOD.
+    disarmed: bool,
+}
+
+/// The process's epoll registrations of fds under the upgrade, by (epoll fd, fd).
+#[derive(Default)]
+pub struct Registry {
+    regs: HashMap<(c_int, c_int), Reg>,
+}
+
+fn sock_events(app: u32, c: &Conn) -> u32 {
+    let mut ev = app;
+    if c.out_masked.load(Ordering::Acquire) {
+        ev &= !EV_OUT;
+    }
+    ev | EV_RDHUP
+}
+
+fn flags_of(app: u32) -> u32 {
+    app & (EV_ET | EV_ONESHOT)
+}
+
+/// Registers/updates/removes the eventfd `efd` of `fd` (source `src`) in `epfd` per `want`.
+fn set_efd(epfd: c_int, efd: c_int, src: u64, fd: c_int, app: u32, want: bool, had: bool) {
+    let ev = EV_IN | flags_of(app);
+    match (want, had) {
+        (true, false) => {
+            let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, efd, ev, tag(src, fd));
+        }
+        (true, true) => {
+            let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, efd, ev, tag(src, fd));
+        }
+        (false, true) => {
+            let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, efd, 0, 0);
+        }
+        (false, false) => {}
+    }
+}
+
+fn wants_rd(app: u32) -> bool {
+    app & (EV_IN | EV_RDHUP | EV_PRI) != 0
+}
+
+fn wants_wr(app: u32) -> bool {
+    app & EV_OUT != 0
+}
+
+/// epoll_ctl for an fd under the upgrade.
+pub fn epoll_ctl(
+    c: &Arc<Conn>,
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: Option<(u32, u64)>,
+) -> Result<(), Errno> {
+    let w = super::world().ok_or(Errno(libc::ENOMEM))?;
+    let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+    match op {
+        libc::EPOLL_CTL_ADD => {
+            let (events, data) = ev.ok_or(Errno(libc::EFAULT))?;
+            net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd))?;
+            set_efd(epfd, c.rd_efd, SRC_RD, fd, events, wants_rd(events), false);
+            set_efd(epfd, c.wr_efd, SRC_WR, fd, events, wants_wr(events), false);
+            r.regs.insert(
+                (epfd, fd),
+                Reg {
+                    conn: c.clone(),
+                    events,
+                    data,
+                    disarmed: false,
+                },
+            );
+            Ok(())
+        }
+        libc::EPOLL_CTL_MOD => {
+            let (events, data) = ev.ok_or(Errno(libc::EFAULT))?;
+            net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd))?;
+            let old = r.regs.get(&(epfd, fd)).map_or(0, |g| g.events);
+            set_efd(
+                epfd,
+                c.rd_efd,
+                SRC_RD,
+                fd,
+                events,
+                wants_rd(events),
+                wants_rd(old),
+            );
+            set_efd(
+                epfd,
+                c.wr_efd,
+                SRC_WR,
+                fd,
+                events,
+                wants_wr(events),
+                wants_wr(old),
+            );
+            r.regs.insert(
+                (epfd, fd),
+                Reg {
+                    conn: c.clone(),
+                    events,
+                    data,
+                    disarmed: false,
+                },
+            );
+            Ok(())
+        }
+        libc::EPOLL_CTL_DEL => {
+            let res = net::epoll_ctl(epfd, op, fd, 0, 0);
+            if let Some(old) = r.regs.remove(&(epfd, fd)) {
+                set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(old.events));
+                set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(old.events));
+            }
+            res
+        }
+        _ => Err(Errno(libc::EINVAL)),
+    }
+}
+
+/// The epoll fd `epfd` is being closed: forget its registrations.
+pub fn forget_epoll(epfd: c_int) {
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+    r.regs.retain(|(e, _), _| *e != epfd);
+}
+
+/// Whether any registration exists (a cheap check before translating an epoll_wait).
+pub fn has_registrations() -> bool {
+    super::world_if_created().is_some_and(|w| {
+        !w.regs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .regs
+            .is_empty()
+    })
+}
+
+/// The last fd of `c` is being closed: remove its registrations (socket and eventfds) from
+/// every epoll set (the socket stays open privately until the ring is torn down, so the kernel
+/// would otherwise keep reporting it).
+pub fn forget_conn(c: &Arc<Conn>) {
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+    r.regs.retain(|(epfd, fd), reg| {
+        if !Arc::ptr_eq(&reg.conn, c) {
+            return true;
+        }
+        let _ = net::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, *fd, 0, 0);
+        set_efd(*epfd, c.rd_efd, SRC_RD, *fd, 0, false, wants_rd(reg.events));
+        set_efd(*epfd, c.wr_efd, SRC_WR, *fd, 0, false, wants_wr(reg.events));
+        false
+    });
+}
+
+/// After a change of `c` (called with its lock held): once this side writes on the ring,
+/// EPOLLOUT comes off the socket's registrations.
+pub(crate) fn after_change(c: &Conn, g: &mut Inner) {
+    if !g.committed || c.out_masked.load(Ordering::Acquire) {
+        return;
+    }
+    c.out_masked.store(true, Ordering::Release);
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+    for ((epfd, fd), reg) in &r.regs {
+        if std::ptr::eq(Arc::as_ptr(&reg.conn), c) && !reg.disarmed {
+            let _ = net::epoll_ctl(
+                *epfd,
+                libc::EPOLL_CTL_MOD,
+                *fd,
+                sock_events(reg.events, c),
+                tag(SRC_SOCK, *fd),
+            );
+        }
+    }
+}
+
+/// The connection's readiness in epoll bits. `kernel`: the socket's own events if they are
+/// known (a socket source fired, or a poll of it), else 0.
+fn bits(c: &Conn, kernel: u32) -> u32 {
+    let mut g = c.lock();
+    c.drive(&mut g, false);
+    let Phase::Linked(l) = &mut g.phase else {
+        return kernel;
+    };
+    let r0 = l.conn().readiness();
+    if !r0.read_via_tcp && kernel & (EV_RDHUP | EV_HUP | EV_ERR) != 0 {
+        // The socket ended while this side reads the ring: the peer closed after its ring
+        // Close (nothing changes), or it vanished.
+        l.progress(true);
+        if kernel & EV_ERR != 0 {
+            l.conn_mut().handle_tcp_reset();
+        } else {
+            let _ = l.conn_mut().handle_tcp_eof();
+        }
+        c.settle(&mut g);
+    }
+    let Phase::Linked(l) = &g.phase else {
+        return kernel;
+    };
+    let r = l.conn().readiness();
+    let mut b = 0;
+    if r.read_via_tcp {
+        b |= kernel & (EV_IN | EV_RDHUP | EV_PRI);
+    } else {
+        if r.readable {
+            b |= EV_IN;
+        }
+        if r.rdhup {
+            b |= EV_RDHUP;
+        }
+    }
+    if r.write_via_tcp {
+        b |= kernel & EV_OUT;
+    } else if r.writable {
+        b |= EV_OUT;
+    }
+    if r.hup {
+        b |= EV_HUP;
+    }
+    if r.error {
+        b |= EV_ERR;
+    }
+    if r.read_via_tcp || r.write_via_tcp {
+        b |= kernel & (EV_ERR | EV_HUP);
+    }
+    c.sync_efds(&mut g);
+    b
+}
+
+/// Translates the `n` events epoll_wait returned in `evs` for epoll set `epfd`; returns how
+/// many are left for the application (in place).
+pub fn translate_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize) -> usize {
+    let Some(w) = super::world_if_created() else {
+        return n;
+    };
+    let mut out = 0;
+    let mut seen: Vec<(c_int, usize)> = Vec::new();
+    for i in 0..n {
+        let ev = evs[i];
+        let data = ev.u64;
+        let Some((src, fd)) = untag(data) else {
+            evs[out] = ev;
+            out += 1;
+            continue;
+        };
+        let reg = {
+            let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+            r.regs
+                .get(&(epfd, fd))
+                .map(|g| (g.conn.clone(), g.events, g.data, g.disarmed))
+        };
+        let Some((conn, app, app_data, disarmed)) = reg else {
+            continue;
+        };
+        if disarmed {
+            continue;
+        }
+        let kernel = if src == SRC_SOCK { ev.events } else { 0 };
+        let b = bits(&conn, kernel) & (app | EV_ERR | EV_HUP);
+        if super::trace() {
+            crate::shim_log!(
+                crate::config::Level::Debug,
+                "trace: epoll fd={fd} src={src} kernel={kernel:#x} app={app:#x} -> {b:#x}"
+            );
+        }
+        if b == 0 {
+            continue;
+        }
+        if let Some(&(_, idx)) = seen.iter().find(|(f, _)| *f == fd) {
+            let merged = evs[idx].events | b;
+            evs[idx].events = merged;
+            continue;
+        }
+        if app & EV_ONESHOT != 0 {
+            let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(g) = r.regs.get_mut(&(epfd, fd)) {
+                g.disarmed = true;
+            }
+        }
+        evs[out] = libc::epoll_event {
+            events: b,
+            u64: app_data,
+        };
+        seen.push((fd, out));
+        out += 1;
+    }
+    out
+}
+
+/// One pollfd entry's connection (if under the upgrade) and the plan for it.
+struct Entry {
+    conn: Arc<Conn>,
+    /// Index in the rebuilt array of the socket, and of the eventfds if used.
+    sock: usize,
+    efds: [Option<usize>; 2],
+}
+
+fn to_poll(b: u32) -> i16 {
+    let mut p = 0;
+    if b & EV_IN != 0 {
+        p |= libc::POLLIN;
+    }
+    if b & EV_OUT != 0 {
+        p |= libc::POLLOUT;
+    }
+    if b & EV_RDHUP != 0 {
+        p |= libc::POLLRDHUP;
+    }
+    if b & EV_PRI != 0 {
+        p |= libc::POLLPRI;
+    }
+    if b & EV_ERR != 0 {
+        p |= libc::POLLERR;
+    }
+    if b & EV_HUP != 0 {
+        p |= libc::POLLHUP;
+    }
+    p
+}
+
+fn from_poll(p: i16) -> u32 {
+    let mut b = 0;
+    if p & libc::POLLIN != 0 {
+        b |= EV_IN;
+    }
+    if p & libc::POLLOUT != 0 {
+        b |= EV_OUT;
+    }
+    if p & libc::POLLRDHUP != 0 {
+        b |= EV_RDHUP;
+    }
+    if p & libc::POLLPRI != 0 {
+        b |= EV_PRI;
+    }
+    if p & libc::POLLERR != 0 {
+        b |= EV_ERR;
+    }
+    if p & libc::POLLHUP != 0 {
+        b |= EV_HUP;
+    }
+    b
+}
+
+/// The directions of `c` still served by its socket: (read, write).
+fn via_tcp(c: &Conn) -> (bool, bool) {
+    let g = c.lock();
+    match &g.phase {
+        Phase::Linked(l) => {
+            let r = l.conn().readiness();
+            (r.read_via_tcp, r.write_via_tcp)
+        }
+        _ => (true, true),
+    }
+}
+
+/// How a poll-family call waits.
+pub enum Timeout {
+    /// Milliseconds (-1: forever), poll/select style.
+    Ms(c_int),
+    /// A timespec (None: forever) and a signal mask, ppoll/pselect style.
+    Ts(Option<libc::timespec>, *const libc::sigset_t),
+}
+
+/// poll/ppoll over `fds`, where `conns[i]` is the connection of `fds[i]` if it is under the
+/// upgrade. Returns the number of entries with events (as poll does).
+pub fn poll(
+    fds: &mut [libc::pollfd],
+    conns: &[Option<Arc<Conn>>],
+    timeout: Timeout,
+) -> Result<usize, Errno> {
+    let start = Instant::now();
+    let total: Option<Duration> = match &timeout {
+        Timeout::Ms(ms) if *ms < 0 => None,
+        Timeout::Ms(ms) => Some(Duration::from_millis(*ms as u64)),
+        Timeout::Ts(None, _) => None,
+        Timeout::Ts(Some(ts), _) => Some(Duration::new(
+            ts.tv_sec.max(0) as u64,
+            ts.tv_nsec.clamp(0, 999_999_999) as u32,
+        )),
+    };
+    loop {
+        let mut real: Vec<libc::pollfd> = Vec::with_capacity(fds.len() + 4);
+        let mut plan: Vec<Option<Entry>> = Vec::with_capacity(fds.len());
+        let mut ready_now = false;
+        for (p, c) in fds.iter().zip(conns) {
+            let Some(c) = c else {
+                real.push(libc::pollfd {
+                    fd: p.fd,
+                    events: p.events,
+                    revents: 0,
+                });
+                plan.push(None);
+                continue;
+            };
+            let want = from_poll(p.events);
+            let (rt, wt) = via_tcp(c);
+            let mut sock_ev = 0i16;
+            if rt {
+                sock_ev |= p.events & (libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI);
+            } else {
+                sock_ev |= libc::POLLRDHUP;
+            }
+            if wt {
+                sock_ev |= p.events & libc::POLLOUT;
+            }
+            if bits(c, 0) & (want | EV_ERR | EV_HUP) != 0 {
+                ready_now = true;
+            }
+            let sock = real.len();
+            real.push(libc::pollfd {
+                fd: p.fd,
+                events: sock_ev,
+                revents: 0,
+            });
+            let mut efds = [None, None];
+            if !rt && wants_rd(want) {
+                efds[0] = Some(real.len());
+                real.push(libc::pollfd {
+                    fd: c.rd_efd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            if !wt && wants_wr(want) {
+                efds[1] = Some(real.len());
+                real.push(libc::pollfd {
+                    fd: c.wr_efd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            plan.push(Some(Entry {
+                conn: c.clone(),
+                sock,
+                efds,
+            }));
+        }
+        let left = total.map(|t| t.saturating_sub(start.elapsed()));
+        let r = if ready_now {
+            net::poll(&mut real, 0)
+        } else {
+            match &timeout {
+                Timeout::Ms(_) => net::poll(
+                    &mut real,
+                    left.map_or(-1, |l| l.as_millis().min(i32::MAX as u128) as c_int),
+                ),
+                Timeout::Ts(_, mask) => {
+                    let ts = left.map(|l| libc::timespec {
+                        tv_sec: l.as_secs() as libc::time_t,
+                        tv_nsec: l.subsec_nanos() as libc::c_long,
+                    });
+                    net::ppoll_raw(&mut real, ts.as_ref(), *mask)
+                }
+            }
+        };
+        r?;
+        let mut count = 0;
+        let mut ri = 0;
+        for (p, e) in fds.iter_mut().zip(&plan) {
+            match e {
+                None => {
+                    p.revents = real[ri].revents;
+                    ri += 1;
+                }
+                Some(e) => {
+                    let k = from_poll(real[e.sock].revents);
+                    let want = from_poll(p.events);
+                    p.revents = to_poll(bits(&e.conn, k) & (want | EV_ERR | EV_HUP))
+                        | (real[e.sock].revents & libc::POLLNVAL);
+                    ri = e.sock + 1 + e.efds.iter().flatten().count();
+                }
+            }
+            if p.revents != 0 {
+                count += 1;
+            }
+        }
+        let expired =
+            left.is_some_and(|l| l.is_zero()) || total.is_some_and(|t| start.elapsed() >= t);
+        if count > 0 || expired {
+            return Ok(count);
+        }
+    }
+}
