@@ -7,7 +7,7 @@
 use super::conn;
 use super::hook;
 use super::up;
-use crate::outcome::Outcome::{Fail, PassThrough};
+use crate::outcome::Outcome::PassThrough;
 use crate::stats::Bytes;
 use core::ffi::{c_int, c_long, c_void};
 use libc::{
@@ -36,10 +36,8 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::recv_flat(&c, fd, buf, nbytes, 0),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::recv_flat(c, fd, buf, nbytes, 0)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, nbytes, buflen) })
@@ -79,10 +77,8 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::recv_flat(&c, fd, buf, len, fl),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::recv_flat(c, fd, buf, len, fl)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, buflen, fl) })
@@ -98,16 +94,14 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => {
-                if !alen.is_null() {
-                    // SAFETY: the caller's address-length out-parameter: TCP reports no address.
-                    unsafe { *alen = 0 };
-                }
-                return up::recv_flat(&c, fd, buf, len, fl);
+        if let Some(o) = up::route(fd, |c| {
+            if !alen.is_null() {
+                // SAFETY: the caller's address-length out-parameter: TCP reports no address.
+                unsafe { *alen = 0 };
             }
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+            up::recv_flat(c, fd, buf, len, fl)
+        }) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, buflen, fl, addr, alen) })

@@ -22,10 +22,8 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::recv_flat(&c, fd, buf, count, 0),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::recv_flat(c, fd, buf, count, 0)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, count) })
@@ -40,10 +38,8 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::send_flat(&c, fd, buf, count, 0),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::send_flat(c, fd, buf, count, 0)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, count) })
@@ -58,10 +54,8 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::recv_iov(&c, fd, iov, cnt, 0),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::recv_iov(c, fd, iov, cnt, 0)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, iov, cnt) })
@@ -76,10 +70,8 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::send_iov(&c, fd, iov, cnt, 0),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::send_iov(c, fd, iov, cnt, 0)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, iov, cnt) })
@@ -130,10 +122,8 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::recv_flat(&c, fd, buf, len, fl),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::recv_flat(c, fd, buf, len, fl)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, fl) })
@@ -148,16 +138,14 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => {
-                if !alen.is_null() {
-                    // SAFETY: the caller's address-length out-parameter: TCP reports no address.
-                    unsafe { *alen = 0 };
-                }
-                return up::recv_flat(&c, fd, buf, len, fl);
+        if let Some(o) = up::route(fd, |c| {
+            if !alen.is_null() {
+                // SAFETY: the caller's address-length out-parameter: TCP reports no address.
+                unsafe { *alen = 0 };
             }
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+            up::recv_flat(c, fd, buf, len, fl)
+        }) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, buf, len, fl, addr, alen) })
@@ -172,10 +160,8 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::recv_msg(&c, fd, msg, fl),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::recv_msg(c, fd, msg, fl)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, msg, fl) })
@@ -190,10 +176,8 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::send_flat(&c, fd, buf, len, fl),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::send_flat(c, fd, buf, len, fl)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, len, fl) })
@@ -208,10 +192,8 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::send_flat(&c, fd, buf, len, fl),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::send_flat(c, fd, buf, len, fl)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, buf, len, fl, addr, alen) })
@@ -226,10 +208,8 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(fd) {
-            up::Up::Conn(c) => return up::send_msg(&c, fd, msg, fl),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(fd, |c| up::send_msg(c, fd, msg, fl)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpTx, || unsafe { real(fd, msg, fl) })
@@ -262,7 +242,7 @@ hook! {
         if !e.is_tcp_stream() {
             return PassThrough;
         }
-        if let up::Up::Conn(_) | up::Up::Fail(_) = up::of(e) {
+        if !matches!(up::of(e), up::Up::Tcp) {
             // Message vectors on a stream socket: not carried over the ring.
             return Fail(Errno(libc::EOPNOTSUPP));
         }
@@ -286,7 +266,7 @@ hook! {
         if !e.is_tcp_stream() {
             return PassThrough;
         }
-        if let up::Up::Conn(_) | up::Up::Fail(_) = up::of(e) {
+        if !matches!(up::of(e), up::Up::Tcp) {
             return Fail(Errno(libc::EOPNOTSUPP));
         }
         // SAFETY: the caller's arguments.
@@ -306,10 +286,8 @@ hook! {
     fast: io(out_fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(out_fd) {
-            up::Up::Conn(c) => return up::send_file(&c, out_fd, in_fd, off.cast::<i64>(), count),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(out_fd, |c| up::send_file(c, out_fd, in_fd, off.cast::<i64>(), count)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, out_fd, Bytes::TcpTx, || unsafe { real(out_fd, in_fd, off, count) })
@@ -324,10 +302,8 @@ hook! {
     fast: io(out_fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        match up::of_fd(out_fd) {
-            up::Up::Conn(c) => return up::send_file(&c, out_fd, in_fd, off.cast::<i64>(), count),
-            up::Up::Fail(e) => return Fail(e),
-            up::Up::Tcp => {}
+        if let Some(o) = up::route(out_fd, |c| up::send_file(c, out_fd, in_fd, off.cast::<i64>(), count)) {
+            return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, out_fd, Bytes::TcpTx, || unsafe { real(out_fd, in_fd, off, count) })

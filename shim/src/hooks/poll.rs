@@ -7,7 +7,7 @@ use super::hook;
 use super::up;
 use crate::fdtable::{flags, FdEntry, Kind, TABLE};
 use crate::outcome::Outcome::{Handled, PassThrough};
-use crate::upgrade::ready::{self, Timeout};
+use crate::upgrade::ready::Timeout;
 use core::ffi::c_int;
 use libc::{epoll_event, fd_set, nfds_t, pollfd, sigset_t, timespec, timeval};
 
@@ -170,9 +170,6 @@ hook! {
     fallback: syscall(SYS_epoll_pwait2; epfd, ev, max, tmo, ss, 8usize);
     fast: when(crate::fdtable::no_upgrades(), crate::stats::fd_shard(epfd));
     |real, _cx| {
-        if !ready::has_registrations() {
-            return PassThrough;
-        }
         let ms = if tmo.is_null() {
             -1
         } else {

@@ -47,10 +47,47 @@ pub(crate) fn of_fd(fd: c_int) -> Up {
     of(TABLE.get(fd))
 }
 
+/// For a data hook on `fd`: `Some` when the upgrade decides the call (`f` handles it on the
+/// connection, or it fails on a connection inherited from the parent), `None` to go on with
+/// the TCP path.
+pub(crate) fn route(fd: c_int, f: impl FnOnce(&Conn) -> Outcome<isize>) -> Option<Outcome<isize>> {
+    match of_fd(fd) {
+        Up::Conn(c) => Some(f(&c)),
+        Up::Fail(e) => Some(Outcome::Fail(e)),
+        Up::Tcp => None,
+    }
+}
+
 fn ret(r: Result<usize, Errno>) -> Outcome<isize> {
     match r {
         Ok(n) => Outcome::Handled(n as isize),
         Err(e) => Outcome::Fail(e),
+    }
+}
+
+/// The application's writable buffer of `len` bytes at `p` (EFAULT if null and not empty).
+///
+/// # Safety
+/// `p` must be valid for writes of `len` bytes for `'a` (read(2)'s contract on its buffer).
+unsafe fn app_buf_mut<'a>(p: *mut c_void, len: usize) -> Result<&'a mut [u8], Errno> {
+    match (len, p.is_null()) {
+        (0, _) => Ok(&mut []),
+        (_, true) => Err(Errno(libc::EFAULT)),
+        // SAFETY: per the contract.
+        _ => Ok(unsafe { core::slice::from_raw_parts_mut(p.cast::<u8>(), len) }),
+    }
+}
+
+/// The application's readable buffer of `len` bytes at `p` (EFAULT if null and not empty).
+///
+/// # Safety
+/// `p` must be valid for reads of `len` bytes for `'a` (write(2)'s contract on its buffer).
+unsafe fn app_buf<'a>(p: *const c_void, len: usize) -> Result<&'a [u8], Errno> {
+    match (len, p.is_null()) {
+        (0, _) => Ok(&[]),
+        (_, true) => Err(Errno(libc::EFAULT)),
+        // SAFETY: per the contract.
+        _ => Ok(unsafe { core::slice::from_raw_parts(p.cast::<u8>(), len) }),
     }
 }
 
@@ -62,44 +99,51 @@ pub(crate) fn recv_flat(
     len: usize,
     flags: c_int,
 ) -> Outcome<isize> {
-    if len > 0 && buf.is_null() {
-        return Outcome::Fail(Errno(libc::EFAULT));
+    // SAFETY: the application passed a writable buffer of `len` bytes (as read(2) requires).
+    match unsafe { app_buf_mut(buf, len) } {
+        Ok(slice) => ret(data::recv(c, fd, &mut Flat(slice), flags)),
+        Err(e) => Outcome::Fail(e),
     }
-    let slice: &mut [u8] = if len == 0 {
-        &mut []
-    } else {
-        // SAFETY: the application passed a writable buffer of `len` bytes (as read(2) requires).
-        unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
-    };
-    ret(data::recv(c, fd, &mut Flat(slice), flags))
 }
 
-/// The application's iovec array as slices.
+/// The application's iovec array (EINVAL for a bad count, EFAULT for a null array).
 ///
 /// # Safety
-/// `iov` must point to `cnt` iovecs whose buffers are valid for their lengths (readv/writev's
-/// contract).
-unsafe fn iov_slices<'a>(iov: *const iovec, cnt: c_int) -> Result<Vec<&'a mut [u8]>, Errno> {
+/// `iov` must point to `cnt` iovecs (readv/writev's contract).
+unsafe fn iovs<'a>(iov: *const iovec, cnt: c_int) -> Result<&'a [iovec], Errno> {
     if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         return Err(Errno(libc::EINVAL));
     }
-    if cnt > 0 && iov.is_null() {
-        return Err(Errno(libc::EFAULT));
+    match (cnt, iov.is_null()) {
+        (0, _) => Ok(&[]),
+        (_, true) => Err(Errno(libc::EFAULT)),
+        // SAFETY: per the contract.
+        _ => Ok(unsafe { core::slice::from_raw_parts(iov, cnt as usize) }),
     }
-    let mut v = Vec::with_capacity(cnt as usize);
-    for i in 0..cnt as usize {
-        // SAFETY: i < cnt, within the caller's array.
-        let e = unsafe { *iov.add(i) };
-        if e.iov_len == 0 {
-            continue;
-        }
-        if e.iov_base.is_null() {
-            return Err(Errno(libc::EFAULT));
-        }
-        // SAFETY: the caller's buffer of iov_len bytes.
-        v.push(unsafe { core::slice::from_raw_parts_mut(e.iov_base.cast::<u8>(), e.iov_len) });
-    }
-    Ok(v)
+}
+
+/// The application's iovec array as writable slices (readv, recvmsg).
+///
+/// # Safety
+/// `iov` must point to `cnt` iovecs whose buffers are writable for their lengths.
+unsafe fn iov_slices_mut<'a>(iov: *const iovec, cnt: c_int) -> Result<Vec<&'a mut [u8]>, Errno> {
+    // SAFETY: per the contract, each iovec describes a writable buffer.
+    unsafe { iovs(iov, cnt)? }
+        .iter()
+        .map(|e| unsafe { app_buf_mut(e.iov_base, e.iov_len) })
+        .collect()
+}
+
+/// The application's iovec array as readable slices (writev, sendmsg).
+///
+/// # Safety
+/// `iov` must point to `cnt` iovecs whose buffers are readable for their lengths.
+unsafe fn iov_slices<'a>(iov: *const iovec, cnt: c_int) -> Result<Vec<&'a [u8]>, Errno> {
+    // SAFETY: per the contract, each iovec describes a readable buffer.
+    unsafe { iovs(iov, cnt)? }
+        .iter()
+        .map(|e| unsafe { app_buf(e.iov_base, e.iov_len) })
+        .collect()
 }
 
 /// readv.
@@ -111,7 +155,7 @@ pub(crate) fn recv_iov(
     flags: c_int,
 ) -> Outcome<isize> {
     // SAFETY: readv's contract on the application's arguments.
-    match unsafe { iov_slices(iov, cnt) } {
+    match unsafe { iov_slices_mut(iov, cnt) } {
         Ok(v) => ret(data::recv(c, fd, &mut Scatter(v), flags)),
         Err(e) => Outcome::Fail(e),
     }
@@ -125,7 +169,7 @@ pub(crate) fn recv_msg(c: &Conn, fd: c_int, msg: *mut msghdr, flags: c_int) -> O
     // SAFETY: the application's msghdr (recvmsg's contract).
     let m = unsafe { &mut *msg };
     // SAFETY: msg_iov/msg_iovlen describe the application's buffers.
-    let v = match unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) } {
+    let v = match unsafe { iov_slices_mut(m.msg_iov, m.msg_iovlen as c_int) } {
         Ok(v) => v,
         Err(e) => return Outcome::Fail(e),
     };
@@ -146,16 +190,11 @@ pub(crate) fn send_flat(
     len: usize,
     flags: c_int,
 ) -> Outcome<isize> {
-    if len > 0 && buf.is_null() {
-        return Outcome::Fail(Errno(libc::EFAULT));
+    // SAFETY: the application passed a readable buffer of `len` bytes (as write(2) requires).
+    match unsafe { app_buf(buf, len) } {
+        Ok(slice) => ret(data::send(c, fd, &mut FlatSrc(slice), flags)),
+        Err(e) => Outcome::Fail(e),
     }
-    let slice: &[u8] = if len == 0 {
-        &[]
-    } else {
-        // SAFETY: the application passed a readable buffer of `len` bytes.
-        unsafe { core::slice::from_raw_parts(buf.cast::<u8>(), len) }
-    };
-    ret(data::send(c, fd, &mut FlatSrc(slice), flags))
 }
 
 /// writev.
@@ -168,12 +207,7 @@ pub(crate) fn send_iov(
 ) -> Outcome<isize> {
     // SAFETY: writev's contract on the application's arguments.
     match unsafe { iov_slices(iov, cnt) } {
-        Ok(v) => ret(data::send(
-            c,
-            fd,
-            &mut Gather(v.into_iter().map(|s| &*s).collect()),
-            flags,
-        )),
+        Ok(v) => ret(data::send(c, fd, &mut Gather(v), flags)),
         Err(e) => Outcome::Fail(e),
     }
 }

@@ -20,7 +20,7 @@ use crate::net;
 use crate::reason::FallbackReason;
 use crate::shim_log;
 use core::ffi::c_int;
-use rdmashim_core::link::{DialError, DialStatus, Dialer, Incoming, UpgradeListener};
+use rdmashim_core::link::{DialError, DialStatus, Dialer, Incoming, Link, UpgradeListener};
 use rdmashim_proto::upgrade::{
     Expired, Matcher, MatcherConfig, NegativeCache, NegativeCacheConfig, PeerFailure,
     RequestOutcome, TupleKey,
@@ -49,8 +49,6 @@ enum Cmd {
     /// The application closed the last fd of the connection; the private duplicate of its
     /// socket (if the ring needs a teardown first) comes along.
     Closed(Arc<Conn>, Option<c_int>),
-    /// A data call linked nothing new but wants the engine to watch the link (unused now).
-    Unlisten,
 }
 
 /// The engine's handle (shared with application threads).
@@ -69,14 +67,6 @@ pub fn negative_cached(ip: IpAddr) -> bool {
     };
     let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
     n.check(ip, Instant::now()).is_some()
-}
-
-/// In a fork child: close the parent's private socket duplicates (the child must not keep
-/// the parent's connections alive), without touching any lock the parent may have held.
-pub fn close_private_fds_in_child(_old: &super::World) {
-    // The duplicates live only in the engine thread's state, which did not survive the fork;
-    // they are close-on-exec, and a child that never execs keeps at most the sockets of
-    // connections its parent was closing at the moment of the fork.
 }
 
 impl Engine {
@@ -192,14 +182,10 @@ impl Engine {
 
     /// Drops the rdma_cm listener of `fd` (closing its channel removes it from the epoll set).
     pub fn unlisten(&self, fd: c_int) {
-        let l = self
-            .listeners
+        self.listeners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&fd);
-        if l.is_some() {
-            self.push(Cmd::Unlisten);
-        }
     }
 
     fn record_failure(&self, ip: IpAddr, f: PeerFailure) {
@@ -211,8 +197,6 @@ impl Engine {
 /// A connection the engine looks after.
 struct Tracked {
     conn: Arc<Conn>,
-    /// Fds of the link registered in the epoll set.
-    comp: Option<c_int>,
     /// After the application closed it: the private socket duplicate and the give-up time.
     closing: Option<(Option<c_int>, Instant)>,
     key: Option<TupleKey>,
@@ -267,19 +251,22 @@ fn key_of(c: &Conn) -> TupleKey {
     }
 }
 
+/// When the connection's dial or link next needs the engine without an event.
+fn phase_timer(g: &Inner) -> Option<Instant> {
+    match &g.phase {
+        Phase::Dialing(d) => Some(d.deadline()),
+        Phase::Linked(l) => l.next_timer(),
+        _ => None,
+    }
+}
+
 impl State {
     fn timeout_ms(&self) -> c_int {
         let now = Instant::now();
         let mut next: Option<Instant> = self.matcher.poll_timeout();
         for t in self.conns.values() {
-            let g = t.conn.lock();
-            let d = match &g.phase {
-                Phase::Dialing(d) => Some(d.deadline()),
-                Phase::Linked(l) => l.next_timer(),
-                _ => None,
-            };
+            let d = phase_timer(&t.conn.lock());
             let d = match (d, t.closing) {
-                (Some(a), Some((_, b))) => Some(a.min(b)),
                 (a, Some((_, b))) => Some(a.map_or(b, |a| a.min(b))),
                 (a, None) => a,
             };
@@ -308,7 +295,6 @@ impl State {
                         c.slot,
                         Tracked {
                             conn: c.clone(),
-                            comp: None,
                             closing: None,
                             key: Some(key),
                         },
@@ -318,7 +304,6 @@ impl State {
                     }
                 }
                 Cmd::Closed(c, sock) => self.on_closed(c, sock),
-                Cmd::Unlisten => {}
             }
         }
     }
@@ -328,7 +313,6 @@ impl State {
             c.slot,
             Tracked {
                 conn: c.clone(),
-                comp: None,
                 closing: None,
                 key: None,
             },
@@ -390,20 +374,8 @@ impl State {
                         let _ = link.conn_mut().note_tcp_read(tcp_received - received);
                     }
                 }
-                let cm = link.cm_fd();
-                let comp = link.comp_fd();
-                g.phase = Phase::Linked(Box::new(link));
-                let _ = net::epoll_ctl(
-                    self.epfd,
-                    libc::EPOLL_CTL_MOD,
-                    cm,
-                    libc::EPOLLIN as u32,
-                    token(CM, slot),
-                );
-                self.watch(&c, &mut g, comp);
-                if let Some(t) = self.conns.get_mut(&slot) {
-                    t.comp = Some(comp);
-                }
+                // The dial's channel (registered as DIAL) is the link's rdma_cm channel now.
+                self.watch(&c, &mut g, link, libc::EPOLL_CTL_MOD);
             }
             DialStatus::Failed(e) => {
                 let ip = net::canonical_ip(c.peer.ip());
@@ -430,18 +402,19 @@ impl State {
         }
     }
 
-    /// Registers a new link's completion channel and arms its CQ.
-    fn watch(&self, c: &Conn, g: &mut Inner, comp: c_int) {
-        let _ = net::epoll_ctl(
-            self.epfd,
-            libc::EPOLL_CTL_ADD,
-            comp,
-            libc::EPOLLIN as u32,
-            token(COMP, c.slot),
-        );
-        if let Phase::Linked(l) = &mut g.phase {
-            l.arm();
+    /// Makes `link` the connection's, registers its rdma_cm channel (`cm_op`: ADD, or MOD for
+    /// a dial's channel already in the set) and its completion channel, arms its CQ and drives
+    /// it once.
+    fn watch(&self, c: &Conn, g: &mut Inner, link: Link, cm_op: c_int) {
+        for (op, fd, kind) in [
+            (cm_op, link.cm_fd(), CM),
+            (libc::EPOLL_CTL_ADD, link.comp_fd(), COMP),
+        ] {
+            let _ = net::epoll_ctl(self.epfd, op, fd, libc::EPOLLIN as u32, token(kind, c.slot));
         }
+        let mut link = Box::new(link);
+        link.arm();
+        g.phase = Phase::Linked(link);
         c.drive(g, true);
         super::ready::after_change(c, g);
     }
@@ -485,22 +458,7 @@ impl State {
             return;
         }
         match inc.accept(link_config(), g.tcp_received) {
-            Ok(link) => {
-                let cm = link.cm_fd();
-                let comp = link.comp_fd();
-                g.phase = Phase::Linked(Box::new(link));
-                let _ = net::epoll_ctl(
-                    self.epfd,
-                    libc::EPOLL_CTL_ADD,
-                    cm,
-                    libc::EPOLLIN as u32,
-                    token(CM, c.slot),
-                );
-                self.watch(&c, &mut g, comp);
-                if let Some(t) = self.conns.get_mut(&c.slot) {
-                    t.comp = Some(comp);
-                }
-            }
+            Ok(link) => self.watch(&c, &mut g, link, libc::EPOLL_CTL_ADD),
             Err(e) => {
                 shim_log!(Level::Info, "accept upgrade from {}: {e}", c.peer);
                 c.fall_back(&mut g, FallbackReason::Resources);
@@ -560,7 +518,6 @@ impl State {
         let deadline = Instant::now() + link_config().close_timeout + Duration::from_secs(1);
         let t = self.conns.entry(c.slot).or_insert_with(|| Tracked {
             conn: c.clone(),
-            comp: None,
             closing: None,
             key: None,
         });
@@ -600,15 +557,7 @@ impl State {
         let due: Vec<u32> = self
             .conns
             .iter()
-            .filter(|(_, t)| {
-                let g = t.conn.lock();
-                let d = match &g.phase {
-                    Phase::Dialing(d) => Some(d.deadline()),
-                    Phase::Linked(l) => l.next_timer(),
-                    _ => None,
-                };
-                d.is_some_and(|d| d <= now)
-            })
+            .filter(|(_, t)| phase_timer(&t.conn.lock()).is_some_and(|d| d <= now))
             .map(|(s, _)| *s)
             .collect();
         for slot in due {
@@ -631,38 +580,34 @@ impl State {
     /// or torn down (or past their close deadline).
     fn reap(&mut self) {
         let now = Instant::now();
-        let done: Vec<u32> = self
+        // (slot, whether to forget it entirely or only stop tracking it)
+        let ended: Vec<(u32, bool)> = self
             .conns
             .iter()
-            .filter(|(_, t)| {
+            .filter_map(|(slot, t)| {
                 let g = t.conn.lock();
-                let linked_live = match &g.phase {
-                    Phase::Linked(l) => !l.is_disconnected(),
-                    Phase::Dialing(_) | Phase::Queued => g.closed,
-                    _ => false,
-                };
                 match t.closing {
-                    Some((_, deadline)) => !linked_live || now >= deadline,
-                    None => false,
+                    // Closed by the application: done once torn down (or past its deadline).
+                    Some((_, deadline)) => {
+                        let live = match &g.phase {
+                            Phase::Linked(l) => !l.is_disconnected(),
+                            Phase::Dialing(_) | Phase::Queued => g.closed,
+                            _ => false,
+                        };
+                        (!live || now >= deadline).then_some((*slot, true))
+                    }
+                    // Fell back and still open: needs no engine (closing it later needs nothing
+                    // from the engine either).
+                    None => matches!(g.phase, Phase::Fallen).then_some((*slot, false)),
                 }
             })
-            .map(|(s, _)| *s)
             .collect();
-        for slot in done {
+        for (slot, forget) in ended {
             if let Some(t) = self.conns.remove(&slot) {
-                self.forget(t);
+                if forget {
+                    self.forget(t);
+                }
             }
-        }
-        // Connections that fell back and are still open need no engine: drop their tracking
-        // (closing them later needs nothing from the engine either).
-        let fallen: Vec<u32> = self
-            .conns
-            .iter()
-            .filter(|(_, t)| t.closing.is_none() && matches!(t.conn.lock().phase, Phase::Fallen))
-            .map(|(s, _)| *s)
-            .collect();
-        for slot in fallen {
-            self.conns.remove(&slot);
         }
     }
 
@@ -694,7 +639,6 @@ impl State {
             let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
             net::close(fd);
         }
-        let _ = t.comp;
         if let Some(w) = super::world_if_created() {
             w.remove(c.slot);
         }

@@ -444,13 +444,11 @@ pub fn slot_is_ours(slot: u32) -> bool {
 /// In a fork child: the next generation's world (created lazily); the parent's connections
 /// are inherited fds the child can only close (or use while they are plain TCP).
 pub fn after_fork_child() {
-    let old = world_if_created();
     let g = generation();
     GENERATION.store((g + 1).min(LAST_GENERATION), Ordering::Relaxed);
-    if let Some(old) = old {
-        // The parent's private socket duplicates are not the child's to keep open.
-        engine::close_private_fds_in_child(old);
-    }
+    // The parent's private socket duplicates (connections it was closing at the moment of the
+    // fork) stay open in the child until it execs (they are close-on-exec) or exits: their
+    // numbers live in the engine thread's state, which did not survive the fork.
 }
 
 pub(crate) fn trace() -> bool {
@@ -503,16 +501,9 @@ pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
     Ok(())
 }
 
-/// Client: `fd` was connected (or its non-blocking connect started) to an upgradable peer.
-/// Creates the connection and queues its dial. Returns the fd-table slot, or the reason it
-/// stays on TCP.
-pub fn start_client(fd: c_int) -> Result<u32, FallbackReason> {
-    let peer = net::peer_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
-    start_client_to(fd, peer)
-}
-
-/// Client with a non-blocking connect still in progress: the peer address is the one the
-/// application gave to connect.
+/// Client: `fd` was connected (or its non-blocking connect started) to `peer`, the address
+/// the application gave to connect. Creates the connection and queues its dial. Returns the
+/// fd-table slot, or the reason it stays on TCP.
 pub fn start_client_to(fd: c_int, peer: SocketAddr) -> Result<u32, FallbackReason> {
     let local = net::local_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
     peer_verdict(peer)?;

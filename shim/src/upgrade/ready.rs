@@ -114,26 +114,13 @@ pub fn epoll_ctl(
     let w = super::world().ok_or(Errno(libc::ENOMEM))?;
     let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
     match op {
-        libc::EPOLL_CTL_ADD => {
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
             let (events, data) = ev.ok_or(Errno(libc::EFAULT))?;
             net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd))?;
-            set_efd(epfd, c.rd_efd, SRC_RD, fd, events, wants_rd(events), false);
-            set_efd(epfd, c.wr_efd, SRC_WR, fd, events, wants_wr(events), false);
-            r.regs.insert(
-                (epfd, fd),
-                Reg {
-                    conn: c.clone(),
-                    events,
-                    data,
-                    disarmed: false,
-                },
-            );
-            Ok(())
-        }
-        libc::EPOLL_CTL_MOD => {
-            let (events, data) = ev.ok_or(Errno(libc::EFAULT))?;
-            net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd))?;
-            let old = r.regs.get(&(epfd, fd)).map_or(0, |g| g.events);
+            let old = match op {
+                libc::EPOLL_CTL_MOD => r.regs.get(&(epfd, fd)).map_or(0, |g| g.events),
+                _ => 0,
+            };
             set_efd(
                 epfd,
                 c.rd_efd,
@@ -182,17 +169,6 @@ pub fn forget_epoll(epfd: c_int) {
     };
     let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
     r.regs.retain(|(e, _), _| *e != epfd);
-}
-
-/// Whether any registration exists (a cheap check before translating an epoll_wait).
-pub fn has_registrations() -> bool {
-    super::world_if_created().is_some_and(|w| {
-        !w.regs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .regs
-            .is_empty()
-    })
 }
 
 /// The last fd of `c` is being closed: remove its registrations (socket and eventfds) from
