@@ -305,7 +305,7 @@ impl RxState {
     /// | Tcp{r}        | Tcp{r+n}                   | t<r ✗, t=r Ring, else Draining{t-r} | ✗ | ✗           | Finished{0,TcpFin} |
     /// | Draining{m}   | n>m ✗, n=m Ring, else Draining{m-n} | ✗                     | same  | Finished{m,f}   | ✗             |
     /// | Ring          | ✗                          | ✗                              | same  | Finished{0,f}   | ✗             |
-    /// | Finished{m,f} | n>m ✗, else Finished{m-n,f}| ✗                              | ✗     | ✗               | m=0: same; else ✗ |
+    /// | Finished{m,f} | n>m ✗, else Finished{m-n,f}| ✗                              | ✗     | Shutdown→Close: Finished{m,Close}; else ✗ | m=0: same; else ✗ |
     pub fn on(self, ev: RxEvent) -> Result<RxState, Violation> {
         use RxState::*;
         let next = match (self, ev) {
@@ -359,6 +359,18 @@ impl RxState {
                 }
             }
             (Finished { .. }, RxEvent::Data) => return Err(Violation::DataAfterFin),
+            // shutdown(SHUT_WR) then close(): the Close after the ShutdownWrite says the
+            // peer is gone for good (its reads are closed too).
+            (
+                Finished {
+                    tcp_remaining,
+                    fin: PeerFin::Shutdown,
+                },
+                RxEvent::Fin(PeerFin::Close),
+            ) => Finished {
+                tcp_remaining,
+                fin: PeerFin::Close,
+            },
             (Finished { .. }, RxEvent::Fin(_)) => return Err(Violation::DuplicateFin),
             (Finished { tcp_remaining, .. }, RxEvent::TcpEof) => {
                 if tcp_remaining > 0 {
@@ -544,9 +556,21 @@ mod tests {
         let f = f.on(RxEvent::TcpRead(3)).unwrap();
         assert_eq!(f.on(RxEvent::TcpEof), Ok(f));
         assert_eq!(
-            f.on(RxEvent::Fin(PeerFin::Close)),
+            f.on(RxEvent::Fin(PeerFin::Shutdown)),
             Err(Violation::DuplicateFin)
         );
+        // shutdown(SHUT_WR), then close(): the Close is legal and final.
+        let c = f.on(RxEvent::Fin(PeerFin::Close)).unwrap();
+        assert_eq!(
+            c,
+            Finished {
+                tcp_remaining: 0,
+                fin: PeerFin::Close
+            }
+        );
+        for again in [PeerFin::Close, PeerFin::Shutdown] {
+            assert_eq!(c.on(RxEvent::Fin(again)), Err(Violation::DuplicateFin));
+        }
         assert_eq!(
             Tcp { received: 9 }.on(RxEvent::TcpEof),
             Ok(Finished {

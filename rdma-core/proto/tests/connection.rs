@@ -661,6 +661,30 @@ fn half_close() {
 }
 
 #[test]
+fn shutdown_then_close_reads_data_then_eof() {
+    // The common client ending: shutdown(SHUT_WR), then close(). The peer gets ShutdownWrite,
+    // then Close: both legal, its reader sees every byte and then EOF (no error).
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.send(7).unwrap();
+    a.shutdown_write().unwrap();
+    let acts = flow(&mut a, &mut b).unwrap();
+    assert!(acts.contains(&Action::Send(ControlMsg::ShutdownWrite { ring_bytes: 7 })));
+    assert_eq!(b.state(), StreamState::PeerShut);
+    a.close();
+    let (acts, _) = settle(&mut a, &mut b);
+    assert!(acts.contains(&Action::Send(ControlMsg::Close {
+        ring_bytes: 7,
+        reset: false
+    })));
+    assert_eq!(b.error(), None);
+    assert_eq!(b.state(), StreamState::Closed);
+    assert_eq!(b.recv(), Recv::Ring { offset: 0, len: 7 });
+    b.consume(7).unwrap();
+    assert_eq!(b.recv(), Recv::Eof);
+    assert_eq!(b.send(1), Err(SendError::PeerClosed));
+}
+
+#[test]
 fn peer_close_makes_sends_fail() {
     let (mut a, mut b) = open(12, 4, Config::default());
     // b queues more than a's ring holds; part of it cannot even be posted.
