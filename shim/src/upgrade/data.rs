@@ -523,6 +523,12 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
             };
         }
         let tcp = sock_events != 0;
+        if super::trace() {
+            crate::shim_log!(
+                crate::config::Level::Debug,
+                "trace: send fd={fd} would block (tcp={tcp}) sent={sent}/{total}"
+            );
+        }
         if !tcp
             && waiter.spin(c, |g| match &g.phase {
                 Phase::Linked(l) => l.conn().readiness().writable,

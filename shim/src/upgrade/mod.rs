@@ -233,12 +233,19 @@ impl Conn {
         if trace() {
             crate::shim_log!(
                 Level::Debug,
-                "trace: sync {} rd={rd} wr={wr} mark={mark} r={:?} st={:?} fail={:?} stats={:?}",
+                "trace: sync {}->{} rd={rd} wr={wr} st={:?} via_tcp={}/{} r={}{}{} tx={:?} rx={:?} slots={:?} fail={:?}",
                 self.local,
-                r,
+                self.peer,
                 c.state(),
+                r.read_via_tcp,
+                r.write_via_tcp,
+                if r.readable { "R" } else { "-" },
+                if r.writable { "W" } else { "-" },
+                if r.rdhup { "H" } else { "-" },
+                c.tx_cursors(),
+                c.rx_cursors(),
+                c.peer_slots(),
                 link.failure(),
-                c.stats()
             );
         }
         if rd {

@@ -381,15 +381,17 @@ fn from_poll(p: i16) -> u32 {
     b
 }
 
-/// The directions of `c` still served by its socket: (read, write).
-fn via_tcp(c: &Conn) -> (bool, bool) {
+/// The directions of `c` still served by its socket (read, write), and whether the
+/// connection may still move a direction onto the ring (it is not settled on TCP for good).
+fn via_tcp(c: &Conn) -> (bool, bool, bool) {
     let g = c.lock();
     match &g.phase {
         Phase::Linked(l) => {
             let r = l.conn().readiness();
-            (r.read_via_tcp, r.write_via_tcp)
+            (r.read_via_tcp, r.write_via_tcp, true)
         }
-        _ => (true, true),
+        Phase::Fallen => (true, true, false),
+        _ => (true, true, true),
     }
 }
 
@@ -433,7 +435,7 @@ pub fn poll(
                 continue;
             };
             let want = from_poll(p.events);
-            let (rt, wt) = via_tcp(c);
+            let (rt, wt, may_switch) = via_tcp(c);
             let mut sock_ev = 0i16;
             if rt {
                 sock_ev |= p.events & (libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI);
@@ -453,7 +455,10 @@ pub fn poll(
                 revents: 0,
             });
             let mut efds = [None, None];
-            if !rt && wants_rd(want) {
+            // A direction still on TCP may move to the ring during the wait (the link comes
+            // up, the peer's SwitchOver arrives): its eventfd is watched too, or bytes that
+            // then arrive on the ring would not wake this wait.
+            if (!rt || may_switch) && wants_rd(want) {
                 efds[0] = Some(real.len());
                 real.push(libc::pollfd {
                     fd: c.rd_efd,
@@ -461,7 +466,7 @@ pub fn poll(
                     revents: 0,
                 });
             }
-            if !wt && wants_wr(want) {
+            if (!wt || may_switch) && wants_wr(want) {
                 efds[1] = Some(real.len());
                 real.push(libc::pollfd {
                     fd: c.wr_efd,
