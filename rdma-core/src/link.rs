@@ -478,6 +478,12 @@ impl Link {
                 // DISCONNECTED, DEVICE_REMOVAL, …: fatal unless the wire is already done.
                 let msg = format!("rdma_get_cm_event: {} (status {})", ev.name(), ev.status);
                 self.transport_failed(msg);
+                if ev.kind == et::RDMA_CM_EVENT_DISCONNECTED {
+                    // The peer is gone (after its Close, normally): what is still queued can
+                    // never complete but by a retry timeout. Disconnect now, which flushes it
+                    // (its completions were polled before this event was handled).
+                    self.disconnect();
+                }
             }
         }
     }

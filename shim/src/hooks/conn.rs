@@ -131,10 +131,16 @@ fn sockaddr_of(addr: *const sockaddr, len: socklen_t) -> Option<std::net::Socket
     }
 }
 
-/// connect() on TCP candidate `fd` (entry `e`) succeeded or is in progress: starts its upgrade
-/// (the entry becomes `Upgraded`; the connection counts itself once decided) and returns
-/// true, or remembers why not and returns false. errno is preserved.
-pub(crate) fn start_client(fd: c_int, e: FdEntry, addr: *const sockaddr, len: socklen_t) -> bool {
+/// connect() on TCP candidate `fd` (entry `e`) succeeded or is in progress (`pending`): starts
+/// its upgrade (the entry becomes `Upgraded`; the connection counts itself once decided) and
+/// returns true, or remembers why not and returns false. errno is preserved.
+pub(crate) fn start_client(
+    fd: c_int,
+    e: FdEntry,
+    addr: *const sockaddr,
+    len: socklen_t,
+    pending: bool,
+) -> bool {
     let _e = ErrnoGuard::save();
     if probe::host_reason().is_some() {
         return false;
@@ -147,7 +153,7 @@ pub(crate) fn start_client(fd: c_int, e: FdEntry, addr: *const sockaddr, len: so
         return false;
     };
     let _s = crate::guard::Section::enter();
-    match crate::upgrade::start_client_to(fd, peer) {
+    match crate::upgrade::start_client_to(fd, peer, pending) {
         Ok(slot) => {
             TABLE.update(fd, |e| {
                 (e.kind() == Kind::TcpCandidate).then(|| {
@@ -278,11 +284,12 @@ pub(crate) fn forget(fd: c_int, e: FdEntry) {
     TABLE.take(fd);
 }
 
-/// A new fd refers to the connection of entry `e` (dup): one more share.
-pub(crate) fn share(e: FdEntry) {
+/// A new fd `nfd` refers to the connection of entry `e` (dup): one more share.
+pub(crate) fn share(e: FdEntry, nfd: c_int) {
     if e.kind() == Kind::Upgraded && crate::upgrade::slot_is_ours(e.slot()) {
         if let Some(c) = crate::upgrade::lookup(e.slot()) {
             c.fds.fetch_add(1, Ordering::AcqRel);
+            c.fd_hint.store(nfd, Ordering::Relaxed);
         }
     }
 }

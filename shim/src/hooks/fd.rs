@@ -52,7 +52,7 @@ hook! {
         // SAFETY: the caller's arguments.
         let r = unsafe { real(fd) };
         if r >= 0 {
-            conn::share(e);
+            conn::share(e, r);
             TABLE.set(r, track::dup_entry(e, false));
         }
         Handled(r)
@@ -83,7 +83,7 @@ fn dup_onto(
     }
     let r = call();
     if r >= 0 {
-        conn::share(eo);
+        conn::share(eo, newfd);
         TABLE.set(newfd, track::dup_entry(eo, cloexec));
     }
     Handled(r)
@@ -154,7 +154,7 @@ fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_in
             // SAFETY: the caller's arguments.
             let r = unsafe { real(fd, cmd, arg) };
             if r >= 0 {
-                conn::share(e);
+                conn::share(e, r);
                 TABLE.set(r, track::dup_entry(e, cmd == libc::F_DUPFD_CLOEXEC));
             }
             Handled(r)

@@ -128,7 +128,10 @@ hook! {
         // SAFETY: the caller's arguments.
         let r = unsafe { real(fd, addr, len) };
         let started = matches!(crate::sys::errno().0, libc::EINPROGRESS | libc::EINTR);
-        if (r == 0 || started) && !e.has(flags::COUNTED) && conn::start_client(fd, e, addr, len) {
+        if (r == 0 || started)
+            && !e.has(flags::COUNTED)
+            && conn::start_client(fd, e, addr, len, r != 0)
+        {
             return Handled(r);
         }
         if r == 0 {

@@ -16,9 +16,10 @@
 use super::{Conn, Inner, Phase};
 use crate::net;
 use crate::outcome::Errno;
+use crate::reason::FallbackReason;
 use crate::stats::{self, Bytes};
 use core::ffi::c_int;
-use rdmashim_proto::{ErrorReason, Recv, SendError};
+use rdmashim_proto::{ErrorReason, Recv, SendError, StreamState};
 use std::io::ErrorKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -638,6 +639,25 @@ pub fn fionread(c: &Conn, fd: c_int) -> Result<c_int, Errno> {
 pub fn flush_before_exit(c: &Conn, deadline: Instant) {
     {
         let mut g = c.lock();
+        // Not decided yet: the process ends first. Counted once, like every connection (a
+        // connect that never completed is none).
+        if g.pending.is_some() && super::pending_outcome(&g) != Some(true) {
+            c.abandon(&mut g);
+            return;
+        }
+        let undecided = match &g.phase {
+            Phase::Awaiting => Some(FallbackReason::NoUpgradeRequest),
+            Phase::Queued | Phase::Dialing(_) => Some(FallbackReason::ClosedEarly),
+            Phase::Linked(l) if !g.committed && l.conn().state() == StreamState::Handshaking => {
+                Some(FallbackReason::ClosedEarly)
+            }
+            _ => None,
+        };
+        if let Some(r) = undecided {
+            c.fall_back(&mut g, r);
+            return;
+        }
+        c.decide(&mut g, true);
         let closed = g.closed;
         if let Phase::Linked(l) = &mut g.phase {
             if !closed {

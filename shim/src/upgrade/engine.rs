@@ -38,17 +38,41 @@ const DIAL: u64 = 2;
 const COMP: u64 = 3;
 const CM: u64 = 4;
 const SOCK: u64 = 5;
+const PEND: u64 = 6;
 
 fn token(kind: u64, value: u32) -> u64 {
     (kind << 32) | u64::from(value)
 }
 
 enum Cmd {
-    Dial(Arc<Conn>),
+    /// Dial a client connection; with a private duplicate of its socket if its TCP connect is
+    /// still in progress (the dial waits for it).
+    Dial(Arc<Conn>, Option<c_int>),
     Accepted(Arc<Conn>),
     /// The application closed the last fd of the connection; the private duplicate of its
     /// socket (if the ring needs a teardown first) comes along.
     Closed(Arc<Conn>, Option<c_int>),
+}
+
+/// One rdma_cm listener beside a listening socket.
+struct ListenerEntry {
+    l: Arc<UpgradeListener>,
+    addr: SocketAddr,
+    /// The listening socket it serves, or `None` once the application closed it: the rdma_cm
+    /// side then lives on for the matcher's accepted-connection wait, so the connections
+    /// accepted just before (a server that accepts once and closes its listener, `nc -l`)
+    /// still find it. A new listen() on the same address takes it over.
+    fd: Option<c_int>,
+    retire_at: Option<Instant>,
+}
+
+/// The rdma_cm listeners, by internal id (their epoll token); `by_fd` maps the application's
+/// listening sockets to them.
+#[derive(Default)]
+struct Listeners {
+    next_id: u32,
+    by_id: HashMap<u32, ListenerEntry>,
+    by_fd: HashMap<c_int, u32>,
 }
 
 /// The engine's handle (shared with application threads).
@@ -56,7 +80,7 @@ pub struct Engine {
     epfd: c_int,
     wake: c_int,
     cmds: Mutex<Vec<Cmd>>,
-    listeners: Mutex<HashMap<c_int, Arc<UpgradeListener>>>,
+    listeners: Mutex<Listeners>,
     negative: Mutex<NegativeCache>,
 }
 
@@ -102,7 +126,7 @@ impl Engine {
             epfd,
             wake,
             cmds: Mutex::new(Vec::new()),
-            listeners: Mutex::new(HashMap::new()),
+            listeners: Mutex::new(Listeners::default()),
             negative: Mutex::new(NegativeCache::new(cfg)),
         };
         let spawned = std::thread::Builder::new()
@@ -125,9 +149,9 @@ impl Engine {
         net::eventfd_signal(self.wake);
     }
 
-    /// Queues the dial of a client connection.
-    pub fn dial(&self, c: Arc<Conn>) {
-        self.push(Cmd::Dial(c));
+    /// Queues the dial of a client connection (`watch`: see [`Cmd::Dial`]).
+    pub fn dial(&self, c: Arc<Conn>, watch: Option<c_int>) {
+        self.push(Cmd::Dial(c, watch));
     }
 
     /// Hands an accepted connection to the matcher.
@@ -143,6 +167,23 @@ impl Engine {
     /// Binds an rdma_cm listener beside listening socket `fd` (synchronously, so that a client
     /// that connects right after `listen()` returns finds it). Returns whether it exists.
     pub fn listen(&self, fd: c_int, addr: SocketAddr) -> bool {
+        let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        // A listener of the same address still retiring (its socket was closed a moment ago):
+        // this socket takes it over.
+        let retiring = ls
+            .by_id
+            .iter()
+            .find(|(_, e)| e.fd.is_none() && e.addr == addr)
+            .map(|(id, _)| *id);
+        if let Some(id) = retiring {
+            if let Some(e) = ls.by_id.get_mut(&id) {
+                e.fd = Some(fd);
+                e.retire_at = None;
+            }
+            ls.by_fd.insert(fd, id);
+            shim_log!(Level::Debug, "listener {addr}: rdma_cm listener taken over");
+            return true;
+        }
         let l = match UpgradeListener::bind(addr) {
             Ok(l) => Arc::new(l),
             Err(e) => {
@@ -153,21 +194,29 @@ impl Engine {
                 return false;
             }
         };
+        let id = ls.next_id;
+        ls.next_id = ls.next_id.wrapping_add(1);
         if net::epoll_ctl(
             self.epfd,
             libc::EPOLL_CTL_ADD,
             l.fd(),
             libc::EPOLLIN as u32,
-            token(LISTENER, fd as u32),
+            token(LISTENER, id),
         )
         .is_err()
         {
             return false;
         }
-        self.listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(fd, l);
+        ls.by_id.insert(
+            id,
+            ListenerEntry {
+                l,
+                addr,
+                fd: Some(fd),
+                retire_at: None,
+            },
+        );
+        ls.by_fd.insert(fd, id);
         shim_log!(Level::Debug, "listener {addr}: rdma_cm listener beside it");
         true
     }
@@ -177,15 +226,30 @@ impl Engine {
         self.listeners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .by_fd
             .contains_key(&fd)
     }
 
-    /// Drops the rdma_cm listener of `fd` (closing its channel removes it from the epoll set).
+    /// The listening socket `fd` is being closed: its rdma_cm listener retires (see
+    /// [`ListenerEntry::fd`]); the engine drops it after the accepted-connection wait.
     pub fn unlisten(&self, fd: c_int) {
-        self.listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&fd);
+        let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(id) = ls.by_fd.remove(&fd) {
+            if let Some(e) = ls.by_id.get_mut(&id) {
+                e.fd = None;
+                e.retire_at = Some(Instant::now() + MatcherConfig::default().accepted_wait);
+            }
+        }
+        drop(ls);
+        net::eventfd_signal(self.wake);
+    }
+
+    /// Drops retired listeners whose time is up (closing a channel removes it from the epoll
+    /// set); returns when the next one is due.
+    fn retire_listeners(&self, now: Instant) -> Option<Instant> {
+        let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        ls.by_id.retain(|_, e| e.retire_at.is_none_or(|t| t > now));
+        ls.by_id.values().filter_map(|e| e.retire_at).min()
     }
 
     fn record_failure(&self, ip: IpAddr, f: PeerFailure) {
@@ -230,11 +294,12 @@ fn run(epfd: c_int, wake: c_int) {
                     net::eventfd_clear(wake);
                     st.commands();
                 }
-                LISTENER => st.requests(value as c_int),
+                LISTENER => st.requests(value),
                 DIAL => st.dial_event(value),
                 COMP => st.comp_event(value),
                 CM => st.cm_event(value),
                 SOCK => st.sock_event(value),
+                PEND => st.pend_event(value),
                 _ => {}
             }
         }
@@ -256,6 +321,7 @@ fn phase_timer(g: &Inner) -> Option<Instant> {
     match &g.phase {
         Phase::Dialing(d) => Some(d.deadline()),
         Phase::Linked(l) => l.next_timer(),
+        Phase::Fallen => g.unsure.map(|(_, at)| at),
         _ => None,
     }
 }
@@ -264,6 +330,9 @@ impl State {
     fn timeout_ms(&self) -> c_int {
         let now = Instant::now();
         let mut next: Option<Instant> = self.matcher.poll_timeout();
+        if let Some(t) = engine().and_then(|e| e.retire_listeners(now)) {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
         for t in self.conns.values() {
             let d = phase_timer(&t.conn.lock());
             let d = match (d, t.closing) {
@@ -288,7 +357,7 @@ impl State {
         let cmds = std::mem::take(&mut *e.cmds.lock().unwrap_or_else(|p| p.into_inner()));
         for c in cmds {
             match c {
-                Cmd::Dial(c) => self.start_dial(c),
+                Cmd::Dial(c, watch) => self.start_dial(c, watch),
                 Cmd::Accepted(c) => {
                     let key = key_of(&c);
                     self.conns.insert(
@@ -308,7 +377,7 @@ impl State {
         }
     }
 
-    fn start_dial(&mut self, c: Arc<Conn>) {
+    fn start_dial(&mut self, c: Arc<Conn>, watch: Option<c_int>) {
         self.conns.insert(
             c.slot,
             Tracked {
@@ -317,6 +386,55 @@ impl State {
                 key: None,
             },
         );
+        if let Some(fd) = watch {
+            let mut g = c.lock();
+            g.pending = Some(fd);
+            let ev = (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32;
+            if net::epoll_ctl(self.epfd, libc::EPOLL_CTL_ADD, fd, ev, token(PEND, c.slot)).is_err()
+            {
+                self.end_pending(&mut g);
+                c.fall_back(&mut g, FallbackReason::Resources);
+                return;
+            }
+            drop(g);
+            // It may have completed already.
+            self.pend_event(c.slot);
+            return;
+        }
+        self.begin_dial(&c);
+    }
+
+    /// Stops watching the pending connect of a connection (closes the private duplicate).
+    fn end_pending(&self, g: &mut Inner) {
+        if let Some(fd) = g.pending.take() {
+            let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+            net::close(fd);
+        }
+    }
+
+    /// The pending TCP connect of `slot` made progress: connected (dial now), failed (the
+    /// connection never existed), or not yet.
+    fn pend_event(&mut self, slot: u32) {
+        let Some(t) = self.conns.get(&slot) else {
+            return;
+        };
+        let c = t.conn.clone();
+        let mut g = c.lock();
+        match super::pending_outcome(&g) {
+            None => {}
+            Some(true) => {
+                self.end_pending(&mut g);
+                drop(g);
+                self.begin_dial(&c);
+            }
+            Some(false) => {
+                self.end_pending(&mut g);
+                c.abandon(&mut g);
+            }
+        }
+    }
+
+    fn begin_dial(&mut self, c: &Arc<Conn>) {
         let mut g = c.lock();
         if g.closed {
             c.fall_back(&mut g, FallbackReason::ClosedEarly);
@@ -374,15 +492,31 @@ impl State {
                         let _ = link.conn_mut().note_tcp_read(tcp_received - received);
                     }
                 }
+                if g.closed {
+                    // The application closed the connection while it was dialing (the dial
+                    // went on to learn about the peer): dropping the link disconnects it.
+                    c.fall_back(&mut g, FallbackReason::ClosedEarly);
+                    return;
+                }
                 // The dial's channel (registered as DIAL) is the link's rdma_cm channel now.
                 self.watch(&c, &mut g, link, libc::EPOLL_CTL_MOD);
             }
             DialStatus::Failed(e) => {
                 let ip = net::canonical_ip(c.peer.ip());
                 let (reason, failure) = match &e {
-                    DialError::Rejected(_) => {
-                        (FallbackReason::PeerRejected, Some(PeerFailure::Rejected))
-                    }
+                    // A shim that declined this one connection (no matching TCP connection yet,
+                    // a duplicate, short of resources) will take others: not cached.
+                    DialError::Rejected(r) => (
+                        fallback_reason(rdmashim_proto::ErrorReason::Rejected(*r)),
+                        match r {
+                            Some(
+                                RejectReason::NoMatchingTcp
+                                | RejectReason::Duplicate
+                                | RejectReason::Resources,
+                            ) => None,
+                            _ => Some(PeerFailure::Rejected),
+                        },
+                    ),
                     DialError::Unreachable(_) => (
                         FallbackReason::PeerUnreachable,
                         Some(PeerFailure::Unreachable),
@@ -419,14 +553,15 @@ impl State {
         super::ready::after_change(c, g);
     }
 
-    fn requests(&mut self, lfd: c_int) {
+    fn requests(&mut self, id: u32) {
         let Some(e) = engine() else { return };
         let l = e
             .listeners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&lfd)
-            .cloned();
+            .by_id
+            .get(&id)
+            .map(|e| e.l.clone());
         let Some(l) = l else { return };
         loop {
             let inc = match l.next() {
@@ -460,8 +595,11 @@ impl State {
         match inc.accept(link_config(), g.tcp_received) {
             Ok(link) => self.watch(&c, &mut g, link, libc::EPOLL_CTL_ADD),
             Err(e) => {
+                // The client may have given up already (its application closed the
+                // connection, which destroyed its rdma_cm id; the request is then gone:
+                // EINVAL): then the connection simply ended early.
                 shim_log!(Level::Info, "accept upgrade from {}: {e}", c.peer);
-                c.fall_back(&mut g, FallbackReason::Resources);
+                c.fall_back_unsure(&mut g, FallbackReason::Resources);
             }
         }
     }
@@ -522,6 +660,26 @@ impl State {
             key: None,
         });
         t.closing = Some((sock, deadline));
+        {
+            let mut g = c.lock();
+            if g.pending.is_some() {
+                // Closed while its TCP connect was in progress: a connection if the connect
+                // had succeeded (closed before its upgrade), else none.
+                let connected = super::pending_outcome(&g) == Some(true);
+                self.end_pending(&mut g);
+                if connected {
+                    c.fall_back(&mut g, FallbackReason::ClosedEarly);
+                } else {
+                    c.abandon(&mut g);
+                }
+            }
+            // (a dial under way goes on: its outcome is the connection's reason, and teaches
+            // the negative cache about the peer; see `dial_event`)
+            c.decide(&mut g, true);
+        }
+        let Some(t) = self.conns.get_mut(&c.slot) else {
+            return;
+        };
         if let Some(fd) = sock {
             let _ = net::epoll_ctl(
                 self.epfd,
@@ -566,7 +724,10 @@ impl State {
             };
             let c = t.conn.clone();
             let dialing = matches!(c.lock().phase, Phase::Dialing(_));
-            if dialing {
+            let unsure = c.lock().unsure.is_some();
+            if unsure {
+                c.decide(&mut c.lock(), false);
+            } else if dialing {
                 self.dial_event(slot);
             } else {
                 let mut g = c.lock();
@@ -591,6 +752,7 @@ impl State {
                     Some((_, deadline)) => {
                         let live = match &g.phase {
                             Phase::Linked(l) => !l.is_disconnected(),
+                            // (a dial goes on after close; it ends by its own deadline)
                             Phase::Dialing(_) | Phase::Queued => g.closed,
                             _ => false,
                         };
@@ -598,7 +760,8 @@ impl State {
                     }
                     // Fell back and still open: needs no engine (closing it later needs nothing
                     // from the engine either).
-                    None => matches!(g.phase, Phase::Fallen).then_some((*slot, false)),
+                    None => (matches!(g.phase, Phase::Fallen) && g.unsure.is_none())
+                        .then_some((*slot, false)),
                 }
             })
             .collect();
@@ -615,6 +778,7 @@ impl State {
         let c = t.conn;
         {
             let mut g = c.lock();
+            self.end_pending(&mut g);
             if let Phase::Dialing(_) | Phase::Queued = g.phase {
                 c.fall_back(
                     &mut g,

@@ -27,7 +27,7 @@ use rdmashim_core::link::{Dialer, Link};
 use rdmashim_core::StreamConfig;
 use rdmashim_proto::{ErrorReason, RejectReason, Side, StreamState};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
@@ -70,6 +70,13 @@ pub(crate) struct Inner {
     /// `messages_received` at the last read signal (a new arrival re-signals for edge-triggered
     /// waiters).
     pub rd_mark: u64,
+    /// Fell back because the peer went away during the handshake, reason not counted yet: if
+    /// the connection ends soon (the peer's TCP end, or our close), it simply ended before
+    /// its upgrade was decided (`closed_early`); else, at the given time, `reason` holds.
+    pub unsure: Option<(FallbackReason, Instant)>,
+    /// Client whose TCP connect is still in progress: a private duplicate of the socket that
+    /// the engine watches for its outcome (the dial starts once it succeeded).
+    pub pending: Option<c_int>,
 }
 
 /// One TCP connection under the upgrade.
@@ -85,6 +92,9 @@ pub struct Conn {
     pub wr_efd: c_int,
     /// Open fds of the application that refer to this connection.
     pub fds: AtomicU32,
+    /// An fd of the application that referred to this connection when last seen (checked
+    /// against the fd table before use: it may have been closed or reused since).
+    pub fd_hint: AtomicI32,
     /// The decision is final and it is TCP: data calls go straight to the socket.
     pub fell_back: AtomicBool,
     /// Epoll registrations of the socket have EPOLLOUT removed (the write side is on the ring).
@@ -96,6 +106,7 @@ pub struct Conn {
 impl Conn {
     fn new(
         slot: u32,
+        fd: c_int,
         side: Side,
         peer: SocketAddr,
         local: SocketAddr,
@@ -118,6 +129,7 @@ impl Conn {
             rd_efd,
             wr_efd,
             fds: AtomicU32::new(1),
+            fd_hint: AtomicI32::new(fd),
             fell_back: AtomicBool::new(false),
             out_masked: AtomicBool::new(false),
             counted: AtomicBool::new(false),
@@ -131,6 +143,8 @@ impl Conn {
                 rd_set: false,
                 wr_set: false,
                 rd_mark: 0,
+                unsure: None,
+                pending: None,
             }),
         })
     }
@@ -148,6 +162,73 @@ impl Conn {
             shim_log!(
                 Level::Debug,
                 "{} {} -> {}: upgraded to RDMA",
+                side_name(self.side),
+                self.local,
+                self.peer
+            );
+        }
+    }
+
+    /// Whether the peer's FIN or RST is already on the connection's socket (seen through an
+    /// fd of the application that still refers to it).
+    pub(crate) fn tcp_ended(&self) -> bool {
+        let fd = self.fd_hint.load(Ordering::Relaxed);
+        let e = crate::fdtable::TABLE.get(fd);
+        if e.kind() != crate::fdtable::Kind::Upgraded || e.slot() != self.slot {
+            return false;
+        }
+        let ended = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+        net::poll_now(fd, libc::POLLRDHUP) & ended != 0
+    }
+
+    /// How long a connection whose peer went away during the handshake waits for its TCP end
+    /// before its fallback reason is taken as given.
+    const UNSURE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+    /// Falls back at once (data calls go straight to the socket), but counts the reason only
+    /// when it is clear whether the connection simply ended early (see `Inner::unsure`).
+    pub(crate) fn fall_back_unsure(&self, g: &mut Inner, reason: FallbackReason) {
+        if g.closed || self.tcp_ended() {
+            self.fall_back(g, FallbackReason::ClosedEarly);
+            return;
+        }
+        g.phase = Phase::Fallen;
+        self.fell_back.store(true, Ordering::Release);
+        self.clear_efds(g);
+        if g.unsure.is_none() && !self.counted.load(Ordering::Acquire) {
+            g.unsure = Some((reason, Instant::now() + Self::UNSURE_WAIT));
+        }
+    }
+
+    /// Counts an unsure fallback (see `Inner::unsure`): now if `force` (close, exit) or its
+    /// time is up, or earlier if the TCP connection ended meanwhile.
+    pub(crate) fn decide(&self, g: &mut Inner, force: bool) {
+        let Some((reason, at)) = g.unsure else {
+            return;
+        };
+        let ended = g.closed || self.tcp_ended();
+        if !(ended || force || Instant::now() >= at) {
+            return;
+        }
+        g.unsure = None;
+        let r = if ended {
+            FallbackReason::ClosedEarly
+        } else {
+            reason
+        };
+        self.fall_back(g, r);
+    }
+
+    /// The connection turned out never to exist (its non-blocking connect failed): it stays
+    /// a plain socket and counts as nothing.
+    pub(crate) fn abandon(&self, g: &mut Inner) {
+        g.phase = Phase::Fallen;
+        self.fell_back.store(true, Ordering::Release);
+        self.clear_efds(g);
+        if !self.counted.swap(true, Ordering::AcqRel) {
+            shim_log!(
+                Level::Debug,
+                "{} {} -> {}: connect failed; not a connection",
                 side_name(self.side),
                 self.local,
                 self.peer
@@ -203,7 +284,13 @@ impl Conn {
         if let Some(r) = c.error() {
             if c.can_fall_back() && !g.committed {
                 let reason = fallback_reason(r);
-                self.fall_back(g, reason);
+                // The handshake broke because the peer went away: a client that closed at
+                // once, normally (see `Inner::unsure`).
+                if reason == FallbackReason::PeerUnreachable {
+                    self.fall_back_unsure(g, reason);
+                } else {
+                    self.fall_back(g, reason);
+                }
                 return;
             }
         } else if !g.committed
@@ -443,6 +530,20 @@ pub fn inherited_fell_back(slot: u32) -> bool {
         .is_some_and(|c| c.fell_back.load(Ordering::Acquire))
 }
 
+/// The outcome of a connection's pending TCP connect: `Some(true)` connected, `Some(false)`
+/// failed, `None` still in progress (or no connect pending). `getpeername`, not `SO_ERROR`:
+/// reading SO_ERROR would take the error from the application, which reads it itself.
+pub(crate) fn pending_outcome(g: &Inner) -> Option<bool> {
+    let fd = g.pending?;
+    if net::peer_addr(fd).is_some() {
+        Some(true)
+    } else if net::poll_now(fd, libc::POLLOUT) & (libc::POLLERR | libc::POLLHUP) != 0 {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 /// Whether `slot` names a connection of this process (not one inherited from a parent).
 pub fn slot_is_ours(slot: u32) -> bool {
     slot & INDEX_MASK != 0 && slot >> INDEX_BITS == generation()
@@ -511,15 +612,29 @@ pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
 /// Client: `fd` was connected (or its non-blocking connect started) to `peer`, the address
 /// the application gave to connect. Creates the connection and queues its dial. Returns the
 /// fd-table slot, or the reason it stays on TCP.
-pub fn start_client_to(fd: c_int, peer: SocketAddr) -> Result<u32, FallbackReason> {
+///
+/// `pending`: the connect is still in progress (EINPROGRESS/EINTR). The dial then waits for
+/// the TCP handshake to succeed (watched on a private duplicate of the socket): a refused or
+/// timed-out connect never touches rdma_cm, counts as no connection and leaves the negative
+/// cache alone.
+pub fn start_client_to(fd: c_int, peer: SocketAddr, pending: bool) -> Result<u32, FallbackReason> {
     let local = net::local_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
     peer_verdict(peer)?;
     let w = world().ok_or(FallbackReason::Resources)?;
     let engine = w.engine().ok_or(FallbackReason::Resources)?;
-    let conn = w
-        .insert(|slot| Conn::new(slot, Side::Client, peer, local, Phase::Queued))
-        .ok_or(FallbackReason::Resources)?;
-    engine.dial(conn.clone());
+    let watch = if pending {
+        Some(net::dup_private(fd, PRIVATE_FD_MIN).map_err(|_| FallbackReason::Resources)?)
+    } else {
+        None
+    };
+    let Some(conn) = w.insert(|slot| Conn::new(slot, fd, Side::Client, peer, local, Phase::Queued))
+    else {
+        if let Some(d) = watch {
+            net::close(d);
+        }
+        return Err(FallbackReason::Resources);
+    };
+    engine.dial(conn.clone(), watch);
     Ok(conn.slot)
 }
 
@@ -539,7 +654,7 @@ pub fn start_server(lfd: c_int, nfd: c_int) -> Result<u32, FallbackReason> {
         return Err(FallbackReason::NotUpgradableAddress);
     }
     let conn = w
-        .insert(|slot| Conn::new(slot, Side::Server, peer, local, Phase::Awaiting))
+        .insert(|slot| Conn::new(slot, nfd, Side::Server, peer, local, Phase::Awaiting))
         .ok_or(FallbackReason::Resources)?;
     engine.accepted(conn.clone());
     Ok(conn.slot)
