@@ -8,7 +8,21 @@
 //! build).
 //!
 //! Every spawned process has a deadline and every server is killed when its guard drops; ports
-//! are free ephemeral ports on 127.0.0.1.
+//! are free ephemeral ports on 127.0.0.1 (or, in the RDMA tier, on `RDMASHIM_TEST_IP`).
+//!
+//! **RDMA tier.** Tests marked `#[ignore]` run inside the soft-RoCE VM (`scripts/test`, which
+//! passes `--ignored`), where `RDMASHIM_TEST_IP` and `RDMASHIM_TEST_DEVICE` are set; [`test_ip`]
+//! and [`test_device`] read them and fail (never skip) when a test is selected without them.
+//! Such a test proves the upgrade happened three ways: the shim's own counters on both sides
+//! ([`Stats::assert_upgraded`]), the bytes that went through the rings (`bytes.ring_*`), and the
+//! device's packet counters ([`DeviceCounters`]) growing by at least that many bytes' worth of
+//! packets.
+//!
+//! **Asynchronous upgrade.** The application never waits for the upgrade: bytes written before
+//! a side switches over go by TCP. A test that wants a lower bound on ring bytes therefore sends
+//! that payload on a connection older than [`UPGRADE_DEADLINE`] (by then the upgrade is final:
+//! established, or fallen back), and only byte totals (ring + TCP) are asserted for payload
+//! sent at once after connecting.
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
@@ -157,6 +171,16 @@ impl Scratch {
         v
     }
 
+    /// The stats file of process `pid` labelled `label` (a server whose forked children may
+    /// write files of their own under the same label).
+    pub fn stats_of(&self, label: &str, pid: u32) -> Stats {
+        let all = self.stats(label);
+        let pids: Vec<u64> = all.iter().map(|s| s.pid).collect();
+        all.into_iter()
+            .find(|s| s.pid == u64::from(pid))
+            .unwrap_or_else(|| panic!("no stats file for {label} pid {pid} (pids: {pids:?})"))
+    }
+
     /// Exactly one stats file for `label`.
     pub fn one_stats(&self, label: &str) -> Stats {
         let mut v = self.stats(label);
@@ -227,8 +251,12 @@ pub fn under_shim(
 }
 
 /// Runs `cmd` to completion within `timeout` (killed after), capturing output.
-pub fn run(mut cmd: Command, timeout: Duration) -> Output {
-    cmd.stdin(Stdio::null())
+pub fn run(cmd: Command, timeout: Duration) -> Output {
+    run_stdin(cmd, Stdio::null(), timeout)
+}
+
+fn run_stdin(mut cmd: Command, stdin: Stdio, timeout: Duration) -> Output {
+    cmd.stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
@@ -248,10 +276,8 @@ pub fn run(mut cmd: Command, timeout: Duration) -> Output {
     }
 }
 
-/// Runs `cmd` and asserts it succeeded; returns stdout.
-pub fn run_ok(cmd: Command, timeout: Duration) -> String {
-    let desc = format!("{cmd:?}");
-    let out = run(cmd, timeout);
+/// Asserts `out` (of the command described by `desc`) succeeded; returns stdout.
+fn ok_stdout(desc: &str, out: Output) -> String {
     assert!(
         out.status.success(),
         "{desc} failed: {}\nstdout: {}\nstderr: {}",
@@ -260,6 +286,20 @@ pub fn run_ok(cmd: Command, timeout: Duration) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `cmd` and asserts it succeeded; returns stdout.
+pub fn run_ok(cmd: Command, timeout: Duration) -> String {
+    let desc = format!("{cmd:?}");
+    ok_stdout(&desc, run(cmd, timeout))
+}
+
+/// Like [`run_ok`], with stdin read from the file `input` (e.g. `redis-cli -x`, for arguments
+/// longer than the 128 KiB an argv string may have).
+pub fn run_ok_with_input(cmd: Command, input: &Path, timeout: Duration) -> String {
+    let desc = format!("{cmd:?} < {}", input.display());
+    let f = std::fs::File::open(input).unwrap_or_else(|e| panic!("{}: {e}", input.display()));
+    ok_stdout(&desc, run_stdin(cmd, f.into(), timeout))
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -333,22 +373,48 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-/// Waits until something listens on 127.0.0.1:`port`, reading /proc/net/tcp (no connection is
-/// made, so servers' connection counts are not disturbed).
-pub fn wait_listening(port: u16, server: &mut Server, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    let needle = format!(":{port:04X} ");
-    loop {
-        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+/// A currently free TCP port on `ip` (an address of this host).
+pub fn free_port_on(ip: &str) -> u16 {
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap_or_else(|e| panic!("bind {ip}:0: {e}"));
+    l.local_addr().unwrap().port()
+}
+
+/// `(local port, state)` of every TCP socket of this network namespace, from /proc/net/tcp{,6}
+/// (state as the kernel's hex code: `0A` listening, `01` established).
+fn tcp_sockets() -> Vec<(u16, String)> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .flat_map(|f| {
             std::fs::read_to_string(f)
                 .unwrap_or_default()
                 .lines()
                 .skip(1)
-                .any(|l| {
+                .filter_map(|l| {
                     let cols: Vec<&str> = l.split_whitespace().collect();
-                    cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
+                    let port = cols.get(1)?.rsplit(':').next()?;
+                    let port = u16::from_str_radix(port, 16).ok()?;
+                    Some((port, cols.get(3)?.to_string()))
                 })
-        });
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Number of established TCP connections whose local port is `port` (a server's accepted
+/// connections, including those still in its backlog), without making one.
+pub fn count_established(port: u16) -> usize {
+    tcp_sockets()
+        .iter()
+        .filter(|(p, st)| *p == port && st == "01")
+        .count()
+}
+
+/// Waits until something listens on port `port` (any address), reading /proc/net/tcp (no
+/// connection is made, so servers' connection counts are not disturbed).
+pub fn wait_listening(port: u16, server: &mut Server, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let listening = tcp_sockets().iter().any(|(p, st)| *p == port && st == "0A");
         if listening {
             return;
         }
@@ -371,6 +437,9 @@ pub struct Stats {
     pub reasons: BTreeMap<String, u64>,
     pub bytes: BTreeMap<String, u64>,
     pub raw: Value,
+    /// The label of the process (see [`Scratch::stats_pattern`]); empty if not loaded from a
+    /// file.
+    pub label: String,
 }
 
 impl Stats {
@@ -378,7 +447,11 @@ impl Stats {
         let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         let v: Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", p.display()));
-        Stats::from_value(v)
+        let mut s = Stats::from_value(v);
+        // "LABEL.PID.json", as Scratch::stats_pattern names them
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        s.label = name.split('.').next().unwrap_or_default().to_string();
+        s
     }
 
     /// Parses and checks the schema (every key of the documented shape present, numbers).
@@ -404,6 +477,7 @@ impl Stats {
             reasons: map(&conns["fallback_reasons"], "fallback_reasons"),
             bytes: map(&v["bytes"], "bytes"),
             raw: v.clone(),
+            label: String::new(),
         };
         for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx"] {
             assert!(s.bytes.contains_key(k), "bytes.{k} missing");
@@ -467,6 +541,93 @@ impl Stats {
     }
 }
 
+impl Stats {
+    /// Connections this process moved onto RDMA rings.
+    pub fn upgraded(&self) -> u64 {
+        self.upgraded
+    }
+
+    /// Connections counted with fallback reason `name` (0 for a reason this build of the shim
+    /// does not know).
+    pub fn reason(&self, name: &str) -> u64 {
+        self.reasons.get(name).copied().unwrap_or(0)
+    }
+
+    /// The fallback reasons that occurred, with their counts.
+    pub fn nonzero_reasons(&self) -> BTreeMap<&str, u64> {
+        self.reasons
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| (k.as_str(), *n))
+            .collect()
+    }
+
+    /// Bytes that went through the rings, both directions.
+    pub fn ring_bytes(&self) -> u64 {
+        self.bytes("ring_tx") + self.bytes("ring_rx")
+    }
+
+    /// One line for assertion messages: connections, reasons, bytes.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} pid {}: upgraded {}, fallback {} {:?}, ring_tx {}, ring_rx {}, tcp_tx {}, tcp_rx {}",
+            self.label,
+            self.pid,
+            self.upgraded,
+            self.fallback,
+            self.nonzero_reasons(),
+            self.bytes("ring_tx"),
+            self.bytes("ring_rx"),
+            self.bytes("tcp_tx"),
+            self.bytes("tcp_rx")
+        )
+    }
+
+    /// Asserts at least `min_conns` connections were upgraded and at least `min_ring_bytes`
+    /// bytes went through the rings (sent and received together).
+    pub fn assert_upgraded(&self, min_conns: u64, min_ring_bytes: u64) {
+        assert!(
+            self.upgraded >= min_conns,
+            "expected at least {min_conns} upgraded connections: {}",
+            self.summary()
+        );
+        assert!(
+            self.ring_bytes() >= min_ring_bytes,
+            "expected at least {min_ring_bytes} ring bytes: {}",
+            self.summary()
+        );
+    }
+
+    /// Asserts every connection of this process (at least one) was upgraded.
+    pub fn assert_all_upgraded(&self) {
+        assert!(
+            self.upgraded >= 1 && self.fallback == 0,
+            "expected every connection upgraded: {}",
+            self.summary()
+        );
+    }
+
+    /// Asserts at least `min_tx` bytes were sent and `min_rx` received through the rings.
+    pub fn assert_ring_at_least(&self, min_tx: u64, min_rx: u64) {
+        assert!(
+            self.bytes("ring_tx") >= min_tx && self.bytes("ring_rx") >= min_rx,
+            "expected ring_tx >= {min_tx} and ring_rx >= {min_rx}: {}",
+            self.summary()
+        );
+    }
+
+    /// Asserts nothing was upgraded and the fallback reasons are exactly `expected` (reason,
+    /// count); reasons not listed must not occur.
+    pub fn assert_fallback_reasons(&self, expected: &[(&str, u64)]) {
+        let want: BTreeMap<&str, u64> = expected.iter().filter(|(_, n)| *n > 0).copied().collect();
+        assert!(
+            self.upgraded == 0 && self.nonzero_reasons() == want,
+            "expected no upgrade and fallback reasons {want:?}: {}",
+            self.summary()
+        );
+    }
+}
+
 /// Sum of a bytes counter over several processes.
 pub fn sum_bytes(v: &[Stats], k: &str) -> u64 {
     v.iter().map(|s| s.bytes(k)).sum()
@@ -475,6 +636,111 @@ pub fn sum_bytes(v: &[Stats], k: &str) -> u64 {
 /// Sum of connections over several processes.
 pub fn sum_connections(v: &[Stats]) -> u64 {
     v.iter().map(Stats::connections).sum()
+}
+
+/// How long the shim gives an upgrade attempt (docs/upgrade.md §3.4, §4: connect request,
+/// reply, or the server's wait for a request): after that the connection is either upgraded
+/// or has fallen back for good.
+pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(3);
+
+/// A pause past [`UPGRADE_DEADLINE`]: bytes an application writes on a connection at least this
+/// old go through the ring if the connection was upgraded (never through TCP), so tests pause
+/// this long where they want a lower bound on ring bytes. (A pause the application makes; the
+/// tests never assert how long anything took.)
+pub const SETTLE: Duration = Duration::from_millis(3500);
+
+/// `RDMASHIM_TEST_IP`, the address of the RDMA device's netdev (10.99.0.1 in the VM). Panics
+/// when unset: an RDMA-tier test selected outside the VM fails with the reason, it never skips.
+pub fn test_ip() -> String {
+    let ip = std::env::var("RDMASHIM_TEST_IP").unwrap_or_default();
+    assert!(
+        !ip.is_empty(),
+        "RDMA test selected without RDMASHIM_TEST_IP: run it in the VM tier \
+         (scripts/test, or scripts/rdma-vm with RDMASHIM_TEST_LIB/RDMASHIM_TEST_LAUNCHER)"
+    );
+    ip.parse::<std::net::IpAddr>()
+        .unwrap_or_else(|e| panic!("RDMASHIM_TEST_IP={ip}: {e}"));
+    ip
+}
+
+/// `RDMASHIM_TEST_DEVICE` (rxe0 in the VM), checked to exist. Panics when unset or missing.
+pub fn test_device() -> String {
+    let dev = std::env::var("RDMASHIM_TEST_DEVICE").unwrap_or_default();
+    assert!(
+        !dev.is_empty(),
+        "RDMA test selected without RDMASHIM_TEST_DEVICE: run it in the VM tier \
+         (scripts/test, or scripts/rdma-vm)"
+    );
+    assert!(
+        Path::new("/sys/class/infiniband").join(&dev).exists(),
+        "RDMASHIM_TEST_DEVICE={dev} but /sys/class/infiniband/{dev} does not exist"
+    );
+    dev
+}
+
+/// The packet counters of an RDMA device's port 1
+/// (`/sys/class/infiniband/DEV/ports/1/hw_counters/{sent_pkts,rcvd_pkts}`, as rxe names
+/// them). Device-wide: other tests running at the same time can only make them larger.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceCounters {
+    pub dev: String,
+    pub sent_pkts: u64,
+    pub rcvd_pkts: u64,
+}
+
+impl DeviceCounters {
+    /// The counters now.
+    pub fn read(dev: &str) -> DeviceCounters {
+        let dir = Path::new("/sys/class/infiniband")
+            .join(dev)
+            .join("ports/1/hw_counters");
+        let get = |name: &str| -> u64 {
+            let p = dir.join(name);
+            let text = std::fs::read_to_string(&p)
+                .unwrap_or_else(|e| panic!("{}: {e} (is {dev} an rxe device?)", p.display()));
+            text.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{}: {e}: {text:?}", p.display()))
+        };
+        DeviceCounters {
+            dev: dev.to_string(),
+            sent_pkts: get("sent_pkts"),
+            rcvd_pkts: get("rcvd_pkts"),
+        }
+    }
+
+    /// How much the counters grew since `self` was read.
+    pub fn delta(&self) -> DeviceCounters {
+        let now = DeviceCounters::read(&self.dev);
+        DeviceCounters {
+            dev: self.dev.clone(),
+            sent_pkts: now.sent_pkts.saturating_sub(self.sent_pkts),
+            rcvd_pkts: now.rcvd_pkts.saturating_sub(self.rcvd_pkts),
+        }
+    }
+
+    /// The fewest packets that can carry `bytes` of payload: one per 4096 bytes, the largest
+    /// RoCE MTU (rxe0 in the VM runs at 1024, so the real count is at least 4 times that).
+    pub fn min_packets(bytes: u64) -> u64 {
+        bytes / 4096
+    }
+
+    /// On a delta: asserts the device sent and received at least the packets `ring_bytes` of
+    /// payload need. In the VM the peers share one device (rxe loops the traffic back), so
+    /// every packet is counted as sent and as received: pass the ring bytes of both directions
+    /// as one side counted them (its `ring_tx + ring_rx`).
+    pub fn assert_carried(&self, ring_bytes: u64) {
+        let min = Self::min_packets(ring_bytes);
+        assert!(
+            self.sent_pkts >= min && self.rcvd_pkts >= min,
+            "{}: {} ring bytes need at least {min} packets each way, the device counted {} sent \
+             and {} received",
+            self.dev,
+            ring_bytes,
+            self.sent_pkts,
+            self.rcvd_pkts
+        );
+    }
 }
 
 /// The fallback reason connections to 127.0.0.1 get on this host, from `rdmashim doctor`:
@@ -546,27 +812,62 @@ pub fn linked_lib(binary: &Path, soname_part: &str) -> Option<PathBuf> {
 /// Default per-command deadline.
 pub const T: Duration = Duration::from_secs(60);
 
+/// How one role of a `behave` run is started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Without the shim: a peer that knows nothing of RDMA.
+    Plain,
+    /// Under the shim, `via` the preload variable or the launcher.
+    Shim(Via),
+    /// Under the shim (`LD_PRELOAD`) with `RDMASHIM_DISABLE=1`.
+    Disabled,
+}
+
+/// The stats files of a `behave` run's roles: `None` for a role without the shim, and for one
+/// that wrote none (killed by a signal: `peer_death`'s server).
+#[derive(Debug)]
+pub struct RoleStats {
+    pub client: Option<Stats>,
+    pub server: Option<Stats>,
+}
+
 /// Runs one scenario of the `behave` program (src/bin/behave.rs): its server role on `ip`, then
-/// its client role against it, both under the shim `via` the given way, or both without it
-/// (`None`: the kernel's own behaviour, which the scenario asserts). Both roles must succeed
-/// (`peer_death`'s server must die of SIGKILL); under the shim each side's stats must account
-/// for exactly one connection, with the host's fallback reason.
-pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
+/// its client role against it, each started as its [`Side`] says. Both roles must succeed
+/// (`peer_death`'s server must die of SIGKILL). With `settle`, the server waits that long after
+/// accepting before it plays its part (`BEHAVE_SETTLE_MS`), so that the connection's upgrade is
+/// decided before the scenario's data moves (see [`SETTLE`]). Returns the roles' stats.
+pub fn behave_roles(
+    bin: &str,
+    scenario: &str,
+    client: Side,
+    server: Side,
+    ip: &str,
+    settle: Option<Duration>,
+) -> RoleStats {
     use std::io::BufRead;
     let s = Scratch::new(&format!("behave-{scenario}"));
-    let cmd = |role: &str| -> Command {
-        let mut c = match via {
-            Some(v) => under_shim(v, bin, &s, role),
-            None => {
+    let cmd = |role: &str, side: Side| -> Command {
+        let mut c = match side {
+            Side::Shim(v) => under_shim(v, bin, &s, role),
+            Side::Disabled => {
+                let mut c = under_shim(Via::Preload, bin, &s, role);
+                c.env("RDMASHIM_DISABLE", "1");
+                c
+            }
+            Side::Plain => {
                 let mut c = Command::new(bin);
                 c.env_remove("LD_PRELOAD");
                 c
             }
         };
-        c.args([scenario, role, ip]);
+        c.args([scenario, role, ip]).env_remove("BEHAVE_SETTLE_MS");
         c
     };
-    let mut srv = cmd("server");
+    let sides = format!("client {client:?}, server {server:?}, {ip}");
+    let mut srv = cmd("server", server);
+    if let Some(d) = settle {
+        srv.env("BEHAVE_SETTLE_MS", d.as_millis().to_string());
+    }
     srv.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -583,7 +884,7 @@ pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
             );
         }
     };
-    let mut cli = cmd("client");
+    let mut cli = cmd("client", client);
     cli.arg(&port);
     let client_out = run(cli, T);
     // the server's remaining output and status
@@ -596,13 +897,13 @@ pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
     });
     let (rest, out) = rx.recv_timeout(T).unwrap_or_else(|_| {
         signal(id, "KILL");
-        panic!("{scenario}: server did not finish");
+        panic!("{scenario}: server did not finish ({sides})");
     });
     let out = out.expect("wait server");
     let server_err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         client_out.status.success(),
-        "{scenario} client ({via:?}) failed: {}\nstdout: {}\nstderr: {}\nserver stderr: {server_err}",
+        "{scenario} client ({sides}) failed: {}\nstdout: {}\nstderr: {}\nserver stderr: {server_err}",
         client_out.status,
         String::from_utf8_lossy(&client_out.stdout),
         String::from_utf8_lossy(&client_out.stderr)
@@ -617,19 +918,130 @@ pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
     } else {
         assert!(
             out.status.success() && rest.iter().any(|l| l == &format!("ok {scenario} server")),
-            "{scenario} server ({via:?}) failed: {}\nstdout: {rest:?}\nstderr: {server_err}",
+            "{scenario} server ({sides}) failed: {}\nstdout: {rest:?}\nstderr: {server_err}",
             out.status
         );
     }
-    if via.is_some() {
-        let c = s.one_stats("client");
-        assert_eq!(c.connections(), 1, "{scenario} client: {:?}", c.raw);
-        c.assert_all_fallback(&expected_reason());
-        if scenario != "peer_death" {
-            // (a process killed by a signal writes no stats)
-            let sv = s.one_stats("server");
-            assert_eq!(sv.connections(), 1, "{scenario} server: {:?}", sv.raw);
-            sv.assert_all_fallback(&expected_reason());
+    let stats = |role: &str, side: Side| -> Option<Stats> {
+        if side == Side::Plain {
+            return None;
         }
+        let mut v = s.stats(role);
+        assert!(
+            v.len() <= 1,
+            "{scenario}: several {role} stats files: {v:#?}"
+        );
+        v.pop()
+    };
+    RoleStats {
+        client: stats("client", client),
+        server: stats("server", server),
     }
 }
+
+/// Runs one scenario of the `behave` program (src/bin/behave.rs): its server role on `ip`, then
+/// its client role against it, both under the shim `via` the given way, or both without it
+/// (`None`: the kernel's own behaviour, which the scenario asserts). Both roles must succeed
+/// (`peer_death`'s server must die of SIGKILL). Under the shim each side's stats must account
+/// for exactly one connection:
+/// - on `RDMASHIM_TEST_IP` (the RDMA tier), upgraded on both sides, with bytes through the
+///   rings (the server settles first, so that its part of the scenario runs on the upgraded
+///   connection; `peer_death`'s killed server writes no stats);
+/// - elsewhere, with the host's fallback reason.
+pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
+    let side = via.map_or(Side::Plain, Side::Shim);
+    let over_rdma =
+        via.is_some() && std::env::var("RDMASHIM_TEST_IP").is_ok_and(|t| !t.is_empty() && t == ip);
+    let device = over_rdma.then(|| DeviceCounters::read(&test_device()));
+    let r = behave_roles(bin, scenario, side, side, ip, over_rdma.then_some(SETTLE));
+    if via.is_none() {
+        return;
+    }
+    let check = |role: &str, st: &Stats| {
+        assert_eq!(
+            st.connections(),
+            1,
+            "{scenario} {role}: one connection: {}",
+            st.summary()
+        );
+        if over_rdma {
+            st.assert_all_upgraded();
+            // every scenario's server writes after the settle pause: over the ring
+            assert!(
+                st.ring_bytes() > 0,
+                "{scenario} {role}: no byte went through the rings: {}",
+                st.summary()
+            );
+        } else {
+            st.assert_all_fallback(&expected_reason());
+        }
+    };
+    check(
+        "client",
+        r.client.as_ref().expect("the client wrote no stats"),
+    );
+    match (&r.server, scenario) {
+        // (a process killed by a signal writes no stats)
+        (None, "peer_death") => {}
+        (Some(sv), _) => check("server", sv),
+        (None, _) => panic!("{scenario}: the server wrote no stats"),
+    }
+    if let (Some(before), Some(c)) = (device, &r.client) {
+        before.delta().assert_carried(c.ring_bytes());
+    }
+}
+
+/// `len` pseudo-random bytes from `seed` (xorshift64), each made by `byte` from the generator's
+/// next state: test payloads that are the same in every run and never compress.
+pub fn pattern_bytes(len: usize, seed: u64, byte: impl Fn(u64) -> u8) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            byte(x)
+        })
+        .collect()
+}
+
+/// `len` pseudo-random bytes (see [`pattern_bytes`]).
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    pattern_bytes(len, seed, |x| x as u8)
+}
+
+/// The SHA-256 of `d` in lowercase hex (as `sha256sum` and the test servers print it).
+pub fn sha256_hex(d: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(d)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A Python HTTP server for the curl tests (`python3 SCRIPT IP PORT DIR`): the stock
+/// `http.server` handler for GET of DIR, HTTP/1.1 (connections stay open), plus a POST that
+/// answers "LENGTH SHA256\n" of the body.
+pub const HTTP_SERVER_PY: &str = r#"
+import hashlib, sys
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+class H(SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        out = ("%d %s\n" % (len(body), hashlib.sha256(body).hexdigest())).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+    def log_message(self, *a):
+        pass
+
+srv = ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), partial(H, directory=sys.argv[3]))
+try:
+    srv.serve_forever()
+except KeyboardInterrupt:
+    pass
+"#;

@@ -1,4 +1,6 @@
-//! fork: a child closing its inherited copy leaves the parent's connection intact (redis BGSAVE); a child writing on it is heard.
+//! fork: a child closing its inherited copy leaves the parent's connection intact (redis
+//! BGSAVE); a child writing on it is heard on kernel TCP, or (the connection already on the
+//! ring) gets EIO and writes nothing, while the parent's connection goes on.
 //!
 //! The scenario (src/bin/behave.rs, `fork`) asserts what Linux TCP does; it runs without the
 //! shim (so the expectations are the kernel's own) and with the shim on both ends.
@@ -15,4 +17,12 @@ fn kernel_tcp() {
 #[test]
 fn under_the_shim() {
     behave(BIN, "fork", Some(Via::Preload), "127.0.0.1");
+}
+
+/// RDMA tier: the same scenario with both ends shimmed on `RDMASHIM_TEST_IP`, where the
+/// connection is upgraded: the kernel's behaviour must hold over the rings.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn over_rdma() {
+    behave(BIN, "fork", Some(Via::Preload), &test_ip());
 }

@@ -16,3 +16,11 @@ fn kernel_tcp() {
 fn under_the_shim() {
     behave(BIN, "select", Some(Via::Preload), "127.0.0.1");
 }
+
+/// RDMA tier: the same scenario with both ends shimmed on `RDMASHIM_TEST_IP`, where the
+/// connection is upgraded: the kernel's behaviour must hold over the rings.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn over_rdma() {
+    behave(BIN, "select", Some(Via::Preload), &test_ip());
+}

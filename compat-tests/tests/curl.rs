@@ -1,52 +1,9 @@
 //! curl against local HTTP servers, everything under the shim: `python3 -m http.server` (GET of
-//! a generated file with a sha256 check; keep-alive with several URLs in one curl) and a small
-//! POST server (the body's sha256 comes back).
+//! a generated file with a sha256 check; keep-alive with several URLs in one curl) and the
+//! test HTTP server of the library (`HTTP_SERVER_PY`) for a POST (the body's sha256 comes back).
 
 use rdmashim_compat_tests::*;
-use sha2::{Digest, Sha256};
 use std::time::Duration;
-
-const POST_SERVER: &str = r#"
-import hashlib, sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        out = ("%d %s\n" % (len(body), hashlib.sha256(body).hexdigest())).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-    def log_message(self, *a):
-        pass
-
-srv = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
-try:
-    srv.serve_forever()
-except KeyboardInterrupt:
-    pass
-"#;
-
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn hex(d: &[u8]) -> String {
-    Sha256::digest(d)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 #[test]
 fn curl_get_post_keepalive() {
@@ -55,7 +12,7 @@ fn curl_get_post_keepalive() {
     let s = Scratch::new("curl");
     let www = s.dir.join("www");
     std::fs::create_dir(&www).unwrap();
-    let big = data(3 << 20, 7);
+    let big = random_bytes(3 << 20, 7);
     std::fs::write(www.join("big.bin"), &big).unwrap();
     for i in 0..3 {
         std::fs::write(
@@ -83,9 +40,9 @@ fn curl_get_post_keepalive() {
     // POST server.
     let post_port = free_port().to_string();
     let script = s.dir.join("post_server.py");
-    std::fs::write(&script, POST_SERVER).unwrap();
+    std::fs::write(&script, HTTP_SERVER_PY).unwrap();
     let mut cmd = under_shim(Via::Launcher, &py, &s, "postd");
-    cmd.arg(&script).arg(&post_port);
+    cmd.arg(&script).args(["127.0.0.1", &post_port]).arg(&www);
     let mut postd = Server::start(cmd, "post server", "INT");
     wait_listening(
         http_port.parse().unwrap(),
@@ -106,7 +63,7 @@ fn curl_get_post_keepalive() {
         .arg(&got)
         .arg(format!("{base}/big.bin"));
     run_ok(c, T);
-    assert_eq!(hex(&std::fs::read(&got).unwrap()), hex(&big));
+    assert_eq!(sha256_hex(&std::fs::read(&got).unwrap()), sha256_hex(&big));
 
     // 2. Keep-alive: three URLs, one connection (curl reports 1 new connect, then 0, 0).
     let mut c = shimmed(&curl, &s, "curl-ka");
@@ -126,14 +83,17 @@ fn curl_get_post_keepalive() {
     assert_eq!(out, "200 1\n200 0\n200 0\n", "keep-alive");
 
     // 3. POST of 1 MiB; the server answers length and sha256 of what it received.
-    let body = data(1 << 20, 99);
+    let body = random_bytes(1 << 20, 99);
     let body_file = s.dir.join("body.bin");
     std::fs::write(&body_file, &body).unwrap();
     let mut c = under_shim(Via::Launcher, &curl, &s, "curl-post");
     c.args(["-sS", "--fail", "-H", "Expect:", "--data-binary"])
         .arg(format!("@{}", body_file.display()))
         .arg(format!("http://127.0.0.1:{post_port}/upload"));
-    assert_eq!(run_ok(c, T), format!("{} {}\n", body.len(), hex(&body)));
+    assert_eq!(
+        run_ok(c, T),
+        format!("{} {}\n", body.len(), sha256_hex(&body))
+    );
 
     assert!(httpd.stop().expect("httpd status").success(), "http.server");
     postd.stop();

@@ -7,6 +7,9 @@
 //! scenario without the shim too, so the expectations are the kernel's own) and prints
 //! "ok SCENARIO ROLE" on success; any deviation panics (exit code 101) with the details.
 //! Under the shim with RDMA, the same scenarios prove the upgraded connection behaves like TCP.
+//! With `BEHAVE_SETTLE_MS=N` set, the server waits N ms after accepting before it plays its
+//! part: the RDMA tier uses it so that the upgrade (asynchronous: the application never waits
+//! for it) is decided before the scenario's data moves.
 //!
 //! The calls are made through libc (so they pass through the shim's hooks), with the raw
 //! errno checked where the behaviour is an error.
@@ -508,21 +511,31 @@ mod fork {
         assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0);
         s.write_all(b"after-close").unwrap();
         assert_eq!(read_exact_fd(s.as_raw_fd(), 4), b"next");
-        // a child that uses the connection
+        // A child that uses the connection. Kernel TCP: its bytes are heard. Under the shim,
+        // once the connection moved to the ring the child (which has no ring: it is the
+        // parent's) gets EIO and nothing is written (docs/upgrade.md §7); the parent's
+        // connection goes on either way. The parent tells the client which it was.
         // SAFETY: the child only calls send and _exit.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let n = send_flags(s.as_raw_fd(), b"from-child", libc::MSG_NOSIGNAL);
+            let code = match (n, errno()) {
+                (10, _) => 0,
+                (-1, libc::EIO) => 2,
+                _ => 1,
+            };
             // SAFETY: async-signal-safe.
-            unsafe { libc::_exit(if n == 10 { 0 } else { 1 }) };
+            unsafe { libc::_exit(code) };
         }
         // SAFETY: our child.
         unsafe { libc::waitpid(pid, &mut st, 0) };
-        assert!(
-            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
-            "child send failed"
-        );
-        s.write_all(b"+parent").unwrap();
+        assert!(libc::WIFEXITED(st), "child died");
+        let verdict: &[u8] = match libc::WEXITSTATUS(st) {
+            0 => b"+parent:sent",
+            2 => b"+parent:eio",
+            c => panic!("child send failed (exit {c})"),
+        };
+        s.write_all(verdict).unwrap();
         s.shutdown(Shutdown::Write).unwrap();
         assert_eq!(read_to_eof(&mut s), b"");
     }
@@ -532,7 +545,14 @@ mod fork {
         s.write_all(b"before").unwrap();
         assert_eq!(read_exact_fd(s.as_raw_fd(), 11), b"after-close");
         s.write_all(b"next").unwrap();
-        assert_eq!(read_to_eof(&mut s), b"from-child+parent");
+        let rest = read_to_eof(&mut s);
+        // Either the child's bytes then the parent's, or (the child got EIO) the parent's only:
+        // never a partial or misplaced write.
+        assert!(
+            rest == b"from-child+parent:sent" || rest == b"+parent:eio",
+            "{:?}",
+            String::from_utf8_lossy(&rest)
+        );
         s.shutdown(Shutdown::Write).unwrap();
     }
 }
@@ -658,6 +678,40 @@ mod peer_death {
     }
 }
 
+/// The plainest exchange, both ways: the client sends 16 blocks of 64 KiB, the server echoes
+/// each back, then each side half-closes and sees the other's EOF.
+mod echo {
+    use super::*;
+
+    const BLOCK: usize = 64 * 1024;
+    const BLOCKS: usize = 16;
+
+    pub fn server(mut s: TcpStream) {
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut buf = vec![0u8; BLOCK];
+        for _ in 0..BLOCKS {
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+        }
+        assert_eq!(read_to_eof(&mut s), b"");
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut got = vec![0u8; BLOCK];
+        for i in 0..BLOCKS {
+            let block = pattern(BLOCK, i as u8);
+            s.write_all(&block).unwrap();
+            s.read_exact(&mut got).unwrap();
+            assert!(got == block, "block {i} came back different");
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -713,6 +767,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("dup2", dup2::server, dup2::client),
     ("sendfile", sendfile::server, sendfile::client),
     ("peer_death", peer_death::server, peer_death::client),
+    ("echo", echo::server, echo::client),
 ];
 
 fn main() {
@@ -736,9 +791,17 @@ fn main() {
             let l = TcpListener::bind(SocketAddr::new(ip, 0)).expect("bind");
             println!("port {}", l.local_addr().unwrap().port());
             std::io::stdout().flush().unwrap();
+            // The listener stays open while the scenario runs, as in most servers (the shim's
+            // RDMA side of a listening socket lives as long as the socket).
             let (s, _) = l.accept().expect("accept");
-            drop(l);
+            if let Some(ms) = std::env::var("BEHAVE_SETTLE_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                sleep_ms(ms);
+            }
             server(s);
+            drop(l);
         }
         "client" => {
             let port: u16 = args.get(4).expect(usage).parse().expect("PORT");

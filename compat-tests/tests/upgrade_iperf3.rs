@@ -1,0 +1,111 @@
+//! RDMA tier: iperf3 server and client, both under the shim, on `RDMASHIM_TEST_IP`: the control
+//! connection and every data stream are upgraded, and what iperf3 reports as sent and received
+//! went through the rings, direction by direction; the device's packet counters grew
+//! accordingly. Parallel streams, reverse and bidirectional; through `LD_PRELOAD` and through
+//! `rdmashim run`.
+//!
+//! The upgrade is asynchronous: a data stream's first bytes may go by TCP. iperf3's `-O` omits
+//! the first seconds from its report, so the reported bytes are those sent after every
+//! connection's upgrade was decided (`-O` ≥ the upgrade deadline): all of them must be ring
+//! bytes.
+
+use rdmashim_compat_tests::*;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via) {
+    let ip = test_ip();
+    let dev = test_device();
+    let Some(iperf) = require("iperf3") else {
+        return;
+    };
+    let s = Scratch::new(&format!("up-iperf3-{name}"));
+    let device = DeviceCounters::read(&dev);
+    let port = free_port_on(&ip).to_string();
+    // -1: serve one test and exit normally (writing its stats).
+    let mut cmd = under_shim(via, &iperf, &s, "server");
+    cmd.args(["-s", "-1", "-B", &ip, "-p", &port]);
+    let mut server = Server::start(cmd, "iperf3 -s", "TERM");
+    wait_listening(port.parse().unwrap(), &mut server, Duration::from_secs(30));
+
+    let omit = SETTLE.as_secs_f64().ceil().to_string();
+    let mut c = under_shim(via, &iperf, &s, "client");
+    c.args(["-c", &ip, "-p", &port, "-t", "3", "-O", &omit, "-J"])
+        .args(client_args);
+    let out = run_ok(c, Duration::from_secs(120));
+    let j: Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("iperf3 -J output: {e}: {out}"));
+    assert!(j.get("error").is_none(), "iperf3 error: {}", j["error"]);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.stats("server").is_empty() {
+        assert!(Instant::now() < deadline, "iperf3 server wrote no stats");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(server);
+
+    let srv = s.one_stats("server");
+    let cli = s.one_stats("client");
+    eprintln!("{name}: {}", srv.summary());
+    eprintln!("{name}: {}", cli.summary());
+    // iperf3's report (omitted seconds excluded), per direction: (sent, received).
+    let rep = |k: &str| -> u64 { j["end"][k]["bytes"].as_u64().unwrap_or(0) };
+    let reported = (rep("sum_sent"), rep("sum_received"));
+    let (up, down) = if client_args.contains(&"-R") {
+        ((0, 0), reported)
+    } else if client_args.contains(&"--bidir") {
+        let back = (
+            rep("sum_sent_bidir_reverse"),
+            rep("sum_received_bidir_reverse"),
+        );
+        (reported, back)
+    } else {
+        (reported, (0, 0))
+    };
+    eprintln!("{name}: iperf3 reports client->server {up:?}, server->client {down:?}");
+    assert!(
+        up.1 + down.1 > 1_000_000,
+        "{name}: iperf3 reports only {} bytes received",
+        up.1 + down.1
+    );
+
+    // One control connection plus the data streams on each side, all upgraded.
+    for (side, st) in [("client", &cli), ("server", &srv)] {
+        assert_eq!(
+            st.connections(),
+            1 + data_streams,
+            "{name} {side}: {}",
+            st.summary()
+        );
+        st.assert_all_upgraded();
+        st.assert_upgraded(1 + data_streams, 1);
+    }
+    // What iperf3 counted after the omitted seconds went through the rings.
+    cli.assert_ring_at_least(up.0, down.1);
+    srv.assert_ring_at_least(down.0, up.1);
+    // Nobody received more than the other side sent (ring and TCP together).
+    let total =
+        |st: &Stats, k: &str| st.bytes(&format!("ring_{k}")) + st.bytes(&format!("tcp_{k}"));
+    assert!(total(&srv, "rx") <= total(&cli, "tx"), "{name}");
+    assert!(total(&cli, "rx") <= total(&srv, "tx"), "{name}");
+    // The device carried at least those ring bytes.
+    device.delta().assert_carried(cli.ring_bytes());
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn parallel_4_over_rdma() {
+    case("p4", &["-P", "4"], 4, Via::Preload);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn reverse_over_rdma() {
+    case("reverse", &["-R"], 1, Via::Launcher);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn bidir_over_rdma() {
+    case("bidir", &["--bidir"], 2, Via::Launcher);
+}

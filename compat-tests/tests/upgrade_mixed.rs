@@ -1,0 +1,227 @@
+//! RDMA tier: the mixed matrix on `RDMASHIM_TEST_IP`. Whoever runs the shim and whoever does
+//! not, the application's results are the same; only the stats differ, with these reasons:
+//!
+//! | client                | server                 | client's stats                          | server's stats       |
+//! |-----------------------|------------------------|-----------------------------------------|----------------------|
+//! | shim                  | shim                   | upgraded                                | upgraded             |
+//! | shim                  | plain                  | `peer_rejected`, then `negative_cache`  | —                    |
+//! | plain                 | shim                   | —                                       | `no_upgrade_request` |
+//! | `RDMASHIM_DISABLE=1`  | shim                   | `disabled`                              | `no_upgrade_request` |
+//! | shim                  | `RDMASHIM_DISABLE=1`   | `peer_rejected`                         | `disabled`           |
+//!
+//! (`peer_rejected` for a process's first connection to a host; later ones within the negative
+//! cache's 60 s: `negative_cache`.) And loopback stays `not_upgradable_address`, as on any host.
+//!
+//! The `behave` program's `echo` scenario (and `nonblocking_connect`/`select`, whose server
+//! speaks first) plays each pair; curl and Python's http.server make several connections from
+//! one process for the negative cache. No test measures time: a shim client before a plain
+//! server must simply complete, as it would without the shim.
+
+use rdmashim_compat_tests::*;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+/// The `echo` scenario against the kernel and under the shim on loopback (host tier): the
+/// scenario the matrix below is built on holds for Linux TCP.
+#[test]
+fn echo_scenario_on_loopback() {
+    behave(BIN, "echo", None, "127.0.0.1");
+    behave(BIN, "echo", Some(Via::Preload), "127.0.0.1");
+}
+
+fn client_of(r: &RoleStats) -> &Stats {
+    let c = r.client.as_ref().expect("the client wrote no stats");
+    assert_eq!(c.connections(), 1, "client: {}", c.summary());
+    c
+}
+
+fn server_of(r: &RoleStats) -> &Stats {
+    let s = r.server.as_ref().expect("the server wrote no stats");
+    assert_eq!(s.connections(), 1, "server: {}", s.summary());
+    s
+}
+
+/// Both shimmed: the control case of the matrix.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn both_shimmed_upgrade() {
+    let ip = test_ip();
+    let device = DeviceCounters::read(&test_device());
+    let r = behave_roles(
+        BIN,
+        "echo",
+        Side::Shim(Via::Preload),
+        Side::Shim(Via::Launcher),
+        &ip,
+        Some(SETTLE),
+    );
+    let (c, s) = (client_of(&r), server_of(&r));
+    c.assert_all_upgraded();
+    s.assert_all_upgraded();
+    // The client's first 64 KiB block left at once (TCP, maybe); after the server's pause
+    // everything else went through the rings: 15 blocks up, all 16 back.
+    c.assert_ring_at_least(15 << 16, 16 << 16);
+    s.assert_ring_at_least(16 << 16, 15 << 16);
+    device.delta().assert_carried(c.ring_bytes());
+}
+
+/// A shim client, a plain server: the host rejects the connect request, the client stays on
+/// TCP without the application noticing. Also with a server that speaks first, and with a
+/// non-blocking connect: the client simply completes.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn shim_client_plain_server() {
+    let ip = test_ip();
+    for scenario in ["echo", "select", "nonblocking_connect"] {
+        let r = behave_roles(
+            BIN,
+            scenario,
+            Side::Shim(Via::Preload),
+            Side::Plain,
+            &ip,
+            None,
+        );
+        client_of(&r).assert_fallback_reasons(&[("peer_rejected", 1)]);
+    }
+}
+
+/// A plain client, a shim server: no connect request comes for the accepted connection.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn plain_client_shim_server() {
+    let ip = test_ip();
+    for scenario in ["echo", "select"] {
+        let r = behave_roles(
+            BIN,
+            scenario,
+            Side::Plain,
+            Side::Shim(Via::Preload),
+            &ip,
+            None,
+        );
+        server_of(&r).assert_fallback_reasons(&[("no_upgrade_request", 1)]);
+    }
+}
+
+/// Both shimmed, the client with `RDMASHIM_DISABLE=1`.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn disabled_client() {
+    let ip = test_ip();
+    let r = behave_roles(
+        BIN,
+        "echo",
+        Side::Disabled,
+        Side::Shim(Via::Preload),
+        &ip,
+        None,
+    );
+    client_of(&r).assert_fallback_reasons(&[("disabled", 1)]);
+    server_of(&r).assert_fallback_reasons(&[("no_upgrade_request", 1)]);
+}
+
+/// Both shimmed, the server with `RDMASHIM_DISABLE=1`: it does not listen for connect
+/// requests, so the client's is rejected.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn disabled_server() {
+    let ip = test_ip();
+    let r = behave_roles(
+        BIN,
+        "echo",
+        Side::Shim(Via::Preload),
+        Side::Disabled,
+        &ip,
+        None,
+    );
+    client_of(&r).assert_fallback_reasons(&[("peer_rejected", 1)]);
+    server_of(&r).assert_fallback_reasons(&[("disabled", 1)]);
+}
+
+/// Loopback is never upgraded, also where there is an RDMA device.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn loopback_stays_tcp() {
+    let _ = test_device();
+    let r = behave_roles(
+        BIN,
+        "echo",
+        Side::Shim(Via::Preload),
+        Side::Shim(Via::Preload),
+        "127.0.0.1",
+        None,
+    );
+    client_of(&r).assert_fallback_reasons(&[("not_upgradable_address", 1)]);
+    server_of(&r).assert_fallback_reasons(&[("not_upgradable_address", 1)]);
+}
+
+/// Files for http.server: three small ones, each with its own content.
+fn www(s: &Scratch) -> std::path::PathBuf {
+    let www = s.dir.join("www");
+    std::fs::create_dir(&www).unwrap();
+    for i in 0..3 {
+        std::fs::write(www.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    www
+}
+
+/// `python3 -m http.server` on `ip` (HTTP/1.0: one connection per request), plain or shimmed.
+fn http_server(s: &Scratch, ip: &str, shim: bool) -> (Server, String) {
+    let py = python();
+    let port = free_port_on(ip).to_string();
+    let mut cmd = if shim {
+        shimmed(&py, s, "httpd")
+    } else {
+        let mut c = std::process::Command::new(&py);
+        c.env_remove("LD_PRELOAD");
+        c
+    };
+    cmd.args(["-m", "http.server", "--bind", ip, "--directory"])
+        .arg(www(s))
+        .arg(&port);
+    let mut srv = Server::start(cmd, "http.server", "INT");
+    wait_listening(port.parse().unwrap(), &mut srv, Duration::from_secs(30));
+    (srv, format!("http://{ip}:{port}"))
+}
+
+/// One shim curl, three connections to a plain http.server, each started past the upgrade
+/// deadline after the one before (`--rate`): the first is rejected, the later ones skip the
+/// attempt (negative cache). The answers are right either way.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn negative_cache_after_a_plain_server() {
+    let ip = test_ip();
+    let Some(curl) = require("curl") else { return };
+    let s = Scratch::new("up-mixed-negcache");
+    let (mut srv, base) = http_server(&s, &ip, false);
+    let per_minute = (60.0 / SETTLE.as_secs_f64()).floor() as u32;
+    let mut c = shimmed(&curl, &s, "curl");
+    c.args(["-sS", "--fail", "--rate", &format!("{per_minute}/m")])
+        .args(["-w", "%{num_connects}\\n"])
+        .args((0..3).map(|i| format!("{base}/f{i}.txt")));
+    let out = run_ok(c, Duration::from_secs(120));
+    assert_eq!(out, "file 0\n1\nfile 1\n1\nfile 2\n1\n");
+    srv.stop();
+    s.one_stats("curl")
+        .assert_fallback_reasons(&[("peer_rejected", 1), ("negative_cache", 2)]);
+}
+
+/// A plain curl against a shim http.server: every accepted connection falls back with
+/// `no_upgrade_request`.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn plain_curl_shim_http_server() {
+    let ip = test_ip();
+    let Some(curl) = require("curl") else { return };
+    let s = Scratch::new("up-mixed-plaincurl");
+    let (mut srv, base) = http_server(&s, &ip, true);
+    let mut c = std::process::Command::new(curl);
+    c.env_remove("LD_PRELOAD")
+        .args(["-sS", "--fail", "-w", "%{num_connects}\\n"])
+        .args((0..2).map(|i| format!("{base}/f{i}.txt")));
+    assert_eq!(run_ok(c, T), "file 0\n1\nfile 1\n1\n");
+    assert!(srv.stop().expect("http.server status").success());
+    s.one_stats("httpd")
+        .assert_fallback_reasons(&[("no_upgrade_request", 2)]);
+}

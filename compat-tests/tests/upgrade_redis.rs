@@ -1,0 +1,353 @@
+//! RDMA tier: redis-server and its clients, all under the shim, on `RDMASHIM_TEST_IP`: their
+//! connections move onto RDMA rings. redis-benchmark and redis-cli must give the right answers,
+//! a BGSAVE (a fork whose child exits with copies of the upgraded connections) must leave the
+//! parent's connections working, and the traffic must show in the shim's ring counters and in
+//! the device's packet counters.
+//!
+//! The upgrade is asynchronous (the application never waits for it), so what a client sends at
+//! once after connecting may go by TCP. Lower bounds on ring bytes therefore come from traffic
+//! sent on connections older than the upgrade deadline (`SETTLE`): the second of two
+//! `redis-cli -r 2 -i 3.5` commands, and the benchmark traffic after a pause while a
+//! benchmark runs; the benchmark's own totals are asserted over ring and TCP together.
+
+use rdmashim_compat_tests::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Value size of the big SET/GET: a few hundred KiB (sent through stdin with `redis-cli -x`,
+/// since one argv string is limited to 128 KiB).
+const BIG: usize = 384 * 1024;
+
+struct Redis {
+    server: Server,
+    port: String,
+    ip: String,
+    bench: PathBuf,
+    cli: PathBuf,
+}
+
+/// redis-server on `ip`, under the shim `via` the given way, stats labelled "server".
+fn start(s: &Scratch, ip: &str, via: Via) -> Option<Redis> {
+    let (Some(server_bin), Some(bench), Some(cli)) = (
+        require("redis-server"),
+        require("redis-benchmark"),
+        require("redis-cli"),
+    ) else {
+        return None;
+    };
+    let port = free_port_on(ip).to_string();
+    let mut cmd = under_shim(via, &server_bin, s, "server");
+    // (a non-loopback bind refuses clients unless protected mode is off)
+    cmd.args(["--port", &port, "--bind", ip, "--protected-mode", "no"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no", "--logfile", "", "--dir"])
+        .arg(&s.dir);
+    let mut server = Server::start(cmd, "redis-server", "TERM");
+    wait_listening(port.parse().unwrap(), &mut server, Duration::from_secs(30));
+    Some(Redis {
+        server,
+        port,
+        ip: ip.to_string(),
+        bench,
+        cli,
+    })
+}
+
+impl Redis {
+    fn cli_cmd(&self, s: &Scratch, via: Via, label: &str, args: &[&str]) -> std::process::Command {
+        let mut c = under_shim(via, &self.cli, s, label);
+        c.args(["-h", &self.ip, "-p", &self.port]).args(args);
+        c
+    }
+
+    /// One redis-cli command (one connection), its trimmed output.
+    fn cli(&self, s: &Scratch, via: Via, label: &str, args: &[&str]) -> String {
+        run_ok(self.cli_cmd(s, via, label, args), T)
+            .trim_end()
+            .to_string()
+    }
+
+    /// A field of `INFO section`.
+    fn info(&self, s: &Scratch, via: Via, label: &str, section: &str, field: &str) -> String {
+        let out = self.cli(s, via, label, &["info", section]);
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .unwrap_or_else(|| panic!("INFO {section} has no {field}: {out}"))
+            .trim()
+            .to_string()
+    }
+
+    fn stop(&mut self, s: &Scratch) -> Stats {
+        let pid = self.server.pid();
+        let st = self.server.stop().expect("redis-server status");
+        assert!(st.success(), "redis-server exited with {st}");
+        s.stats_of("server", pid)
+    }
+}
+
+/// `len` printable bytes (redis-cli prints values raw when stdout is not a terminal).
+fn printable(len: usize, seed: u64) -> Vec<u8> {
+    pattern_bytes(len, seed, |x| b'!' + (x % 94) as u8)
+}
+
+fn write_file(dir: &Path, name: &str, data: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, data).unwrap();
+    p
+}
+
+/// redis-benchmark (SET, GET, LPUSH; pipelined, 50 connections) and redis-cli with values of a
+/// few hundred KiB, against a redis-server started through `rdmashim run`; the clients through
+/// LD_PRELOAD.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn benchmark_and_big_values_over_rdma() {
+    let ip = test_ip();
+    let dev = test_device();
+    let s = Scratch::new("up-redis");
+    let device = DeviceCounters::read(&dev);
+    let Some(mut r) = start(&s, &ip, Via::Launcher) else {
+        return;
+    };
+
+    // 1. The benchmark: 3 tests × 20,000 requests, 256-byte values, 50 connections per test.
+    const N: u64 = 20_000;
+    const D: u64 = 256;
+    let mut b = shimmed(&r.bench, &s, "bench");
+    b.args(["-h", &ip, "-p", &r.port, "-t", "set,get,lpush"])
+        .args(["-n", &N.to_string(), "-d", &D.to_string()])
+        .args(["-P", "16", "-c", "50", "-q"]);
+    let out = run_ok(b, Duration::from_secs(120));
+    for t in ["SET", "GET", "LPUSH"] {
+        assert!(
+            out.split(['\n', '\r'])
+                .any(|l| l.trim_start().starts_with(t) && l.contains("requests per second")),
+            "{t} missing from redis-benchmark output: {out}"
+        );
+    }
+
+    // 2. A big value, SET through stdin and read back whole.
+    let big = printable(BIG, 5);
+    let big_file = write_file(&s.dir, "big.txt", &big);
+    let c = r.cli_cmd(&s, Via::Preload, "cli", &["-x", "set", "rdmashim:big"]);
+    assert_eq!(run_ok_with_input(c, &big_file, T).trim_end(), "OK");
+    assert_eq!(
+        r.cli(&s, Via::Preload, "cli", &["strlen", "rdmashim:big"]),
+        BIG.to_string()
+    );
+    let got = r.cli(&s, Via::Preload, "cli", &["get", "rdmashim:big"]);
+    assert!(
+        got.as_bytes() == big.as_slice(),
+        "GET returned {} bytes, not the value SET",
+        got.len()
+    );
+
+    // 3. The same on connections past the upgrade deadline: each redis-cli sends its command
+    //    twice, 3.5 s apart; the second time the whole value goes through the rings.
+    let late = printable(BIG, 11);
+    let late_file = write_file(&s.dir, "late.txt", &late);
+    let interval = format!("{}", SETTLE.as_secs_f64());
+    let set = r.cli_cmd(
+        &s,
+        Via::Preload,
+        "cli-late-set",
+        &["-r", "2", "-i", &interval, "-x", "set", "rdmashim:late"],
+    );
+    let get = r.cli_cmd(
+        &s,
+        Via::Preload,
+        "cli-late-get",
+        &["-r", "2", "-i", &interval, "get", "rdmashim:big"],
+    );
+    let (set_out, get_out) = std::thread::scope(|sc| {
+        let set = sc.spawn(|| run_ok_with_input(set, &late_file, Duration::from_secs(60)));
+        let get = run_ok(get, Duration::from_secs(60));
+        (set.join().unwrap(), get)
+    });
+    assert_eq!(set_out.trim_end(), "OK\nOK");
+    let want = [big.as_slice(), b"\n", big.as_slice(), b"\n"].concat();
+    assert!(
+        get_out.as_bytes() == want.as_slice(),
+        "repeated GET: {} bytes, not the value twice",
+        get_out.len()
+    );
+    assert_eq!(
+        r.cli(&s, Via::Preload, "cli", &["strlen", "rdmashim:late"]),
+        BIG.to_string()
+    );
+
+    let srv = r.stop(&s);
+    let bench = s.one_stats("bench");
+    let late_set = s.one_stats("cli-late-set");
+    let late_get = s.one_stats("cli-late-get");
+    let clis = s.stats("cli");
+    eprintln!("{}", srv.summary());
+    eprintln!("{}", bench.summary());
+    eprintln!("{}", late_set.summary());
+    eprintln!("{}", late_get.summary());
+
+    // The benchmark: 50 connections per test, every one upgraded. Its CONFIG GET connection
+    // (made at start, closed at once) may end before its upgrade is decided.
+    bench.assert_upgraded(150, 1);
+    assert!(
+        bench.connections() <= 151 && bench.fallback <= 1,
+        "bench: {}",
+        bench.summary()
+    );
+    // Its payload, over ring and TCP together: SET and LPUSH carry N values each to the server,
+    // GET brings N values back.
+    let bench_tx = bench.bytes("ring_tx") + bench.bytes("tcp_tx");
+    let bench_rx = bench.bytes("ring_rx") + bench.bytes("tcp_rx");
+    assert!(bench_tx >= 2 * N * D, "bench sent {bench_tx}");
+    assert!(bench_rx >= N * D, "bench received {bench_rx}");
+    assert!(
+        bench.bytes("ring_tx") > 0 && bench.bytes("ring_rx") > 0,
+        "no benchmark byte went through the rings: {}",
+        bench.summary()
+    );
+
+    // The late clients: upgraded, and the second command's value went through the rings.
+    for c in [&late_set, &late_get] {
+        assert_eq!(c.connections(), 1, "{}", c.summary());
+        c.assert_all_upgraded();
+    }
+    late_set.assert_ring_at_least(BIG as u64, 0);
+    late_get.assert_ring_at_least(0, BIG as u64);
+
+    // The server: at least the benchmark's and the late clients' connections upgraded; the
+    // late values went through its rings. A short connection (redis-cli, the benchmark's
+    // CONFIG GET) may close before its connect request arrives (no_upgrade_request) or during
+    // its handshake (closed_early); nothing else may fall back.
+    srv.assert_upgraded(152, 0);
+    srv.assert_ring_at_least(BIG as u64, BIG as u64);
+    assert_eq!(
+        srv.reason("no_upgrade_request") + srv.reason("closed_early"),
+        srv.fallback,
+        "server: {}",
+        srv.summary()
+    );
+    // Every connection counted once on each side; every byte one side sent, the other received.
+    let all: Vec<Stats> = [bench.clone(), late_set.clone(), late_get.clone()]
+        .into_iter()
+        .chain(clis.iter().cloned())
+        .collect();
+    assert_eq!(srv.connections(), sum_connections(&all));
+    let total =
+        |st: &Stats, k: &str| st.bytes(&format!("ring_{k}")) + st.bytes(&format!("tcp_{k}"));
+    let sum = |k: &str| all.iter().map(|st| total(st, k)).sum::<u64>();
+    assert_eq!(
+        total(&srv, "rx"),
+        sum("tx"),
+        "server received != clients sent"
+    );
+    assert_eq!(
+        total(&srv, "tx"),
+        sum("rx"),
+        "server sent != clients received"
+    );
+
+    // The device carried at least the server's ring bytes.
+    device.delta().assert_carried(srv.ring_bytes());
+}
+
+/// BGSAVE while a benchmark (in a loop, 50 connections) runs over upgraded connections: the
+/// child forked with copies of them exits, and the parent's connections keep working. The
+/// server through LD_PRELOAD, the clients through `rdmashim run`.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn bgsave_during_benchmark_over_rdma() {
+    let ip = test_ip();
+    let dev = test_device();
+    let s = Scratch::new("up-redis-bgsave");
+    let device = DeviceCounters::read(&dev);
+    let Some(mut r) = start(&s, &ip, Via::Preload) else {
+        return;
+    };
+    let port: u16 = r.port.parse().unwrap();
+    let info = |r: &Redis, section: &str, field: &str| -> u64 {
+        r.info(&s, Via::Launcher, "cli", section, field)
+            .parse()
+            .unwrap()
+    };
+
+    const D: u64 = 256;
+    let mut b = under_shim(Via::Launcher, &r.bench, &s, "bench");
+    b.args(["-h", &ip, "-p", &r.port, "-t", "set", "-d", &D.to_string()])
+        .args(["-P", "16", "-c", "50", "-l", "-q"]);
+    let mut bench = Server::start(b, "redis-benchmark -l", "KILL");
+    // All 50 connections made (the server's side of them established) ...
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count_established(port) < 50 {
+        bench.assert_running();
+        assert!(Instant::now() < deadline, "the benchmark never connected");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // ... and older than the upgrade deadline: from here on they carry requests by RDMA.
+    std::thread::sleep(SETTLE);
+    let cmds0 = info(&r, "stats", "total_commands_processed");
+
+    assert_eq!(
+        r.cli(&s, Via::Launcher, "cli", &["bgsave"]),
+        "Background saving started"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while info(&r, "persistence", "rdb_bgsave_in_progress") != 0 {
+        assert!(Instant::now() < deadline, "BGSAVE did not finish");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let status = r.info(
+        &s,
+        Via::Launcher,
+        "cli",
+        "persistence",
+        "rdb_last_bgsave_status",
+    );
+    assert_eq!(status, "ok", "BGSAVE failed");
+    assert!(s.dir.join("dump.rdb").is_file(), "BGSAVE wrote no dump.rdb");
+
+    // After the child is gone, the benchmark still runs on all its connections and the server
+    // keeps answering it: at least 5,000 more commands.
+    let after = info(&r, "stats", "total_commands_processed");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let last = loop {
+        bench.assert_running();
+        let n = info(&r, "stats", "total_commands_processed");
+        if n >= after + 5_000 {
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the benchmark made no progress after BGSAVE ({after} -> {n} commands)"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let clients = info(&r, "clients", "connected_clients");
+    assert!(
+        clients > 50,
+        "connected_clients {clients} after BGSAVE: benchmark connections were lost"
+    );
+    bench.assert_running();
+    drop(bench); // SIGKILL: it writes no stats; the server sees its connections end
+
+    let srv = r.stop(&s);
+    eprintln!("{}", srv.summary());
+    // every INFO/BGSAVE above was one redis-cli process, one connection, one command
+    let cli_cmds = s.stats("cli").len() as u64;
+    srv.assert_upgraded(50, 0);
+    // The redis-cli connections are short: each closes before its connect request arrives
+    // (no_upgrade_request) or during its handshake (closed_early).
+    assert_eq!(
+        srv.reason("no_upgrade_request") + srv.reason("closed_early"),
+        srv.fallback,
+        "server: {}",
+        srv.summary()
+    );
+    // Commands processed after the pause came, but for the ≤ 16 pipelined requests each of the
+    // 50 connections may have had in flight when it switched and the redis-cli commands, from
+    // benchmark connections past the upgrade deadline: a SET with a 256-byte value each,
+    // through the rings, answered with "+OK\r\n" through the rings.
+    let late_sets = (last - cmds0).saturating_sub(50 * 16 + cli_cmds);
+    assert!(late_sets >= 1_000, "{late_sets} SETs after the pause");
+    srv.assert_ring_at_least(late_sets * 5, late_sets * D);
+    device.delta().assert_carried(srv.ring_bytes());
+}
