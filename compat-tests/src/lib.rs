@@ -641,13 +641,13 @@ pub fn sum_connections(v: &[Stats]) -> u64 {
 /// How long the shim gives an upgrade attempt (docs/upgrade.md §3.4, §4: connect request,
 /// reply, or the server's wait for a request): after that the connection is either upgraded
 /// or has fallen back for good.
-pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(3);
+pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A pause past [`UPGRADE_DEADLINE`]: bytes an application writes on a connection at least this
 /// old go through the ring if the connection was upgraded (never through TCP), so tests pause
 /// this long where they want a lower bound on ring bytes. (A pause the application makes; the
 /// tests never assert how long anything took.)
-pub const SETTLE: Duration = Duration::from_millis(3500);
+pub const SETTLE: Duration = Duration::from_millis(5500);
 
 /// `RDMASHIM_TEST_IP`, the address of the RDMA device's netdev (10.99.0.1 in the VM). Panics
 /// when unset: an RDMA-tier test selected outside the VM fails with the reason, it never skips.

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 /// Why an address is never upgraded.
@@ -108,13 +108,26 @@ struct NegEntry {
     failure: PeerFailure,
 }
 
+/// Where a failure applies: a reject speaks for one service (one port: the host may run
+/// another one under the shim), silence for the whole host (no RDMA there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum NegKey {
+    Port(IpAddr, u16),
+    Host(IpAddr),
+}
+
 /// Peers an upgrade recently failed with: no new attempt until the entry expires, so a host
 /// without the shim (or without RDMA) costs one attempt per expiry period, not one per
 /// connection.
+///
+/// A reject suppresses that peer's port; no answer or a timeout suppresses the whole host. A
+/// host this process upgraded a connection to within the silence period is *proven*: silence
+/// or a timeout from it is taken as transient (a busy peer) and not cached.
 #[derive(Debug)]
 pub struct NegativeCache {
     cfg: NegativeCacheConfig,
-    entries: HashMap<IpAddr, NegEntry>,
+    entries: HashMap<NegKey, NegEntry>,
+    proven: HashMap<IpAddr, Instant>,
 }
 
 impl NegativeCache {
@@ -123,39 +136,54 @@ impl NegativeCache {
         NegativeCache {
             cfg,
             entries: HashMap::new(),
+            proven: HashMap::new(),
         }
     }
 
-    /// `Some(failure)` if attempts to `peer` are suppressed at `now` (expired entries are
-    /// dropped on the way).
-    pub fn check(&mut self, peer: IpAddr, now: Instant) -> Option<PeerFailure> {
-        match self.entries.get(&peer) {
+    fn live(&mut self, k: NegKey, now: Instant) -> Option<PeerFailure> {
+        match self.entries.get(&k) {
             Some(e) if now < e.until => Some(e.failure),
             Some(_) => {
-                self.entries.remove(&peer);
+                self.entries.remove(&k);
                 None
             }
             None => None,
         }
     }
 
+    /// `Some(failure)` if attempts to `peer` are suppressed at `now` (expired entries are
+    /// dropped on the way).
+    pub fn check(&mut self, peer: SocketAddr, now: Instant) -> Option<PeerFailure> {
+        self.live(NegKey::Host(peer.ip()), now)
+            .or_else(|| self.live(NegKey::Port(peer.ip(), peer.port()), now))
+    }
+
     /// Records a failed attempt to `peer` at `now`.
-    pub fn record(&mut self, peer: IpAddr, failure: PeerFailure, now: Instant) {
-        let ttl = match failure {
-            PeerFailure::Rejected => self.cfg.after_reject,
-            PeerFailure::Unreachable | PeerFailure::Timeout => self.cfg.after_silence,
+    pub fn record(&mut self, peer: SocketAddr, failure: PeerFailure, now: Instant) {
+        let (key, ttl) = match failure {
+            PeerFailure::Rejected => (NegKey::Port(peer.ip(), peer.port()), self.cfg.after_reject),
+            PeerFailure::Unreachable | PeerFailure::Timeout => {
+                if self
+                    .proven
+                    .get(&peer.ip())
+                    .is_some_and(|t| now < *t + self.cfg.after_silence)
+                {
+                    return;
+                }
+                (NegKey::Host(peer.ip()), self.cfg.after_silence)
+            }
         };
         if ttl.is_zero() || self.cfg.capacity == 0 {
             return;
         }
-        if !self.entries.contains_key(&peer) && self.entries.len() >= self.cfg.capacity {
+        if !self.entries.contains_key(&key) && self.entries.len() >= self.cfg.capacity {
             self.entries.retain(|_, e| now < e.until);
             if self.entries.len() >= self.cfg.capacity {
                 if let Some(victim) = self
                     .entries
                     .iter()
                     .min_by_key(|(_, e)| e.until)
-                    .map(|(ip, _)| *ip)
+                    .map(|(k, _)| *k)
                 {
                     self.entries.remove(&victim);
                 }
@@ -164,7 +192,7 @@ impl NegativeCache {
         let until = now + ttl;
         let e = self
             .entries
-            .entry(peer)
+            .entry(key)
             .or_insert(NegEntry { until, failure });
         // a later failure never shortens a suppression already in force
         if until >= e.until {
@@ -172,9 +200,29 @@ impl NegativeCache {
         }
     }
 
-    /// An upgrade to `peer` succeeded: forget its failures.
-    pub fn forget(&mut self, peer: IpAddr) {
-        self.entries.remove(&peer);
+    /// An upgrade to `peer` succeeded at `now`: forget its failures, and remember the host
+    /// as proven (see the type's docs).
+    pub fn record_success(&mut self, peer: SocketAddr, now: Instant) {
+        self.entries.remove(&NegKey::Host(peer.ip()));
+        self.entries.remove(&NegKey::Port(peer.ip(), peer.port()));
+        if self.cfg.capacity == 0 {
+            return;
+        }
+        if !self.proven.contains_key(&peer.ip()) && self.proven.len() >= self.cfg.capacity {
+            let silence = self.cfg.after_silence;
+            self.proven.retain(|_, t| now < *t + silence);
+            if self.proven.len() >= self.cfg.capacity {
+                if let Some(oldest) = self
+                    .proven
+                    .iter()
+                    .min_by_key(|(_, t)| **t)
+                    .map(|(ip, _)| *ip)
+                {
+                    self.proven.remove(&oldest);
+                }
+            }
+        }
+        self.proven.insert(peer.ip(), now);
     }
 
     /// Entries held (expired ones included until touched).
@@ -204,10 +252,10 @@ pub struct TupleKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatcherConfig {
     /// How long a connect request waits for the application to accept its TCP connection
-    /// (it may still sit in the kernel's backlog). Default 1 s.
+    /// (it may still sit in the kernel's backlog of a busy server). Default 3 s.
     pub request_wait: Duration,
     /// How long an accepted TCP connection waits for its connect request before it is decided
-    /// that the client has no shim. Default 3 s (the client sends its request right after its
+    /// that the client has no shim. Default 5 s (the client sends its request right after its
     /// connect completes; address resolution under load can take a while).
     pub accepted_wait: Duration,
     /// Most pending requests (a flood of bogus requests is rejected, not stored). Default 1024.
@@ -217,8 +265,8 @@ pub struct MatcherConfig {
 impl Default for MatcherConfig {
     fn default() -> Self {
         MatcherConfig {
-            request_wait: Duration::from_secs(1),
-            accepted_wait: Duration::from_secs(3),
+            request_wait: Duration::from_secs(3),
+            accepted_wait: Duration::from_secs(5),
             max_requests: 1024,
         }
     }
@@ -389,23 +437,30 @@ mod tests {
         }
     }
 
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
     #[test]
     fn negative_cache_suppresses_until_expiry() {
         let t0 = Instant::now();
         let mut c = NegativeCache::new(NegativeCacheConfig::default());
-        let p = ip("10.0.0.2");
+        let p = sa("10.0.0.2:80");
         assert_eq!(c.check(p, t0), None);
         c.record(p, PeerFailure::Rejected, t0);
         assert_eq!(
             c.check(p, t0 + Duration::from_secs(59)),
             Some(PeerFailure::Rejected)
         );
+        // a reject speaks for its port only: another service of the host may run the shim
+        assert_eq!(c.check(sa("10.0.0.2:6379"), t0), None);
         assert_eq!(c.check(p, t0 + Duration::from_secs(60)), None);
         assert!(c.is_empty(), "expired entries are dropped when checked");
 
+        // silence speaks for the whole host
         c.record(p, PeerFailure::Unreachable, t0);
         assert_eq!(
-            c.check(p, t0 + Duration::from_secs(599)),
+            c.check(sa("10.0.0.2:6379"), t0 + Duration::from_secs(599)),
             Some(PeerFailure::Unreachable)
         );
         // a reject later does not shorten the long suppression
@@ -414,26 +469,52 @@ mod tests {
             c.check(p, t0 + Duration::from_secs(300)),
             Some(PeerFailure::Unreachable)
         );
-        c.forget(p);
+        c.record_success(p, t0 + Duration::from_secs(2));
         assert_eq!(c.check(p, t0 + Duration::from_secs(300)), None);
         // other peers are independent
         c.record(p, PeerFailure::Timeout, t0);
-        assert_eq!(c.check(ip("10.0.0.3"), t0), None);
+        assert_eq!(c.check(sa("10.0.0.3:80"), t0), None);
+    }
+
+    #[test]
+    fn proven_peers_are_not_suppressed_by_silence() {
+        let t0 = Instant::now();
+        let mut c = NegativeCache::new(NegativeCacheConfig::default());
+        let p = sa("10.0.0.2:6379");
+        c.record_success(p, t0);
+        // a busy peer that upgraded before: one lost request is not a verdict
+        for f in [PeerFailure::Unreachable, PeerFailure::Timeout] {
+            c.record(p, f, t0 + Duration::from_secs(10));
+            assert_eq!(c.check(p, t0 + Duration::from_secs(11)), None, "{f:?}");
+        }
+        // a reject still counts (that port has no shim now)
+        c.record(p, PeerFailure::Rejected, t0 + Duration::from_secs(10));
+        assert_eq!(
+            c.check(p, t0 + Duration::from_secs(11)),
+            Some(PeerFailure::Rejected)
+        );
+        // proof expires with the silence period
+        let late = t0 + Duration::from_secs(601);
+        c.record(p, PeerFailure::Unreachable, late);
+        assert_eq!(
+            c.check(p, late + Duration::from_secs(1)),
+            Some(PeerFailure::Unreachable)
+        );
     }
 
     #[test]
     fn negative_cache_override_and_disable() {
         let t0 = Instant::now();
         let mut c = NegativeCache::new(NegativeCacheConfig::with_override(Some(0)));
-        c.record(ip("10.0.0.2"), PeerFailure::Unreachable, t0);
+        c.record(sa("10.0.0.2:1"), PeerFailure::Unreachable, t0);
         assert!(c.is_empty(), "0 s disables the cache");
         let mut c = NegativeCache::new(NegativeCacheConfig::with_override(Some(5)));
-        c.record(ip("10.0.0.2"), PeerFailure::Unreachable, t0);
+        c.record(sa("10.0.0.2:1"), PeerFailure::Unreachable, t0);
         assert!(c
-            .check(ip("10.0.0.2"), t0 + Duration::from_secs(4))
+            .check(sa("10.0.0.2:1"), t0 + Duration::from_secs(4))
             .is_some());
         assert!(c
-            .check(ip("10.0.0.2"), t0 + Duration::from_secs(5))
+            .check(sa("10.0.0.2:1"), t0 + Duration::from_secs(5))
             .is_none());
     }
 
@@ -445,20 +526,20 @@ mod tests {
             ..Default::default()
         };
         let mut c = NegativeCache::new(cfg);
+        let peer = |i: u32| SocketAddr::new(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)), 80);
         for i in 0..100u32 {
-            let p = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
             c.record(
-                p,
+                peer(i),
                 PeerFailure::Rejected,
                 t0 + Duration::from_millis(i as u64),
             );
+            c.record_success(peer(1000 + i), t0);
             assert!(c.len() <= 8);
+            assert!(c.proven.len() <= 8);
         }
         // the most recent failures are the ones kept
-        let last = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + 99));
-        assert!(c.check(last, t0 + Duration::from_secs(1)).is_some());
-        let first = IpAddr::V4(Ipv4Addr::from(0x0a00_0000));
-        assert!(c.check(first, t0 + Duration::from_secs(1)).is_none());
+        assert!(c.check(peer(99), t0 + Duration::from_secs(1)).is_some());
+        assert!(c.check(peer(0), t0 + Duration::from_secs(1)).is_none());
     }
 
     fn key(port: u16) -> TupleKey {
@@ -478,7 +559,7 @@ mod tests {
             m.on_request(key(1), "again", t0),
             RequestOutcome::Duplicate("again")
         );
-        assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(1)));
+        assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(3)));
         assert_eq!(
             m.on_accepted(key(2), 20, t0),
             None,
@@ -510,14 +591,14 @@ mod tests {
         let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
         m.on_request(key(1), "r", t0);
         m.on_accepted(key(2), 20, t0);
-        assert!(m.expire(t0 + Duration::from_millis(999)).is_empty());
-        assert_eq!(
-            m.expire(t0 + Duration::from_secs(1)),
-            vec![Expired::Request(key(1), "r")]
-        );
-        assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(3)));
+        assert!(m.expire(t0 + Duration::from_millis(2999)).is_empty());
         assert_eq!(
             m.expire(t0 + Duration::from_secs(3)),
+            vec![Expired::Request(key(1), "r")]
+        );
+        assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+        assert_eq!(
+            m.expire(t0 + Duration::from_secs(5)),
             vec![Expired::Accepted(key(2), 20)]
         );
         assert_eq!(m.poll_timeout(), None);

@@ -593,6 +593,13 @@ pub fn shutdown(c: &Conn, fd: c_int, how: c_int) -> Result<(), Errno> {
 pub fn close_last(c: &Arc<Conn>, fd: c_int) {
     let mut g = c.lock();
     g.closed = true;
+    if !g.committed && matches!(g.phase, Phase::Linked(_)) {
+        // Closed during the handshake: the connection ended before its upgrade completed.
+        // Nothing was committed on this side, so the TCP close is the whole story (the link
+        // is dropped; a peer that had already switched sees it fail, as a TCP peer would see
+        // an RST after writing to a closed socket).
+        c.fall_back(&mut g, FallbackReason::ClosedEarly);
+    }
     let drain = match &mut g.phase {
         Phase::Linked(l) => {
             l.conn_mut().close();

@@ -27,7 +27,7 @@ use rdmashim_proto::upgrade::{
 };
 use rdmashim_proto::RejectReason;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,13 +84,26 @@ pub struct Engine {
     negative: Mutex<NegativeCache>,
 }
 
-/// Whether `ip` is in the negative cache of this process's engine.
-pub fn negative_cached(ip: IpAddr) -> bool {
+/// Whether `peer` (canonical address) is in the negative cache of this process's engine.
+pub fn negative_cached(peer: SocketAddr) -> bool {
     let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) else {
         return false;
     };
     let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
-    n.check(ip, Instant::now()).is_some()
+    n.check(peer, Instant::now()).is_some()
+}
+
+/// A connection to `peer` was upgraded: the negative cache forgets the peer's failures and
+/// counts the host as proven.
+pub fn upgraded_to(peer: SocketAddr) {
+    if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
+        let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
+        n.record_success(canonical(peer), Instant::now());
+    }
+}
+
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(net::canonical_ip(a.ip()), a.port())
 }
 
 impl Engine {
@@ -252,9 +265,9 @@ impl Engine {
         ls.by_id.values().filter_map(|e| e.retire_at).min()
     }
 
-    fn record_failure(&self, ip: IpAddr, f: PeerFailure) {
+    fn record_failure(&self, peer: SocketAddr, f: PeerFailure) {
         let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
-        n.record(ip, f, Instant::now());
+        n.record(canonical(peer), f, Instant::now());
     }
 }
 
@@ -441,7 +454,17 @@ impl State {
             return;
         }
         let src = SocketAddr::new(c.local.ip(), 0);
-        match Dialer::start(Some(src), c.peer, c.local.port(), link_config()) {
+        let t0 = Instant::now();
+        let started = Dialer::start(Some(src), c.peer, c.local.port(), link_config());
+        if super::trace() {
+            shim_log!(
+                Level::Debug,
+                "trace: dial start {} took {:?}",
+                c.local,
+                t0.elapsed()
+            );
+        }
+        match started {
             Ok(d) => {
                 let ok = net::epoll_ctl(
                     self.epfd,
@@ -502,7 +525,6 @@ impl State {
                 self.watch(&c, &mut g, link, libc::EPOLL_CTL_MOD);
             }
             DialStatus::Failed(e) => {
-                let ip = net::canonical_ip(c.peer.ip());
                 let (reason, failure) = match &e {
                     // A shim that declined this one connection (no matching TCP connection yet,
                     // a duplicate, short of resources) will take others: not cached.
@@ -529,8 +551,21 @@ impl State {
                 };
                 shim_log!(Level::Debug, "dial {}: {e:?}", c.peer);
                 if let (Some(f), Some(e)) = (failure, engine()) {
-                    e.record_failure(ip, f);
+                    e.record_failure(c.peer, f);
                 }
+                // The application closed the connection while it was dialing, and the
+                // server's shim found no TCP connection for the request: gone on its side too.
+                let gone = matches!(
+                    e,
+                    DialError::Rejected(Some(
+                        RejectReason::NoMatchingTcp | RejectReason::Duplicate
+                    ))
+                );
+                let reason = if g.closed && gone {
+                    FallbackReason::ClosedEarly
+                } else {
+                    reason
+                };
                 c.fall_back(&mut g, reason);
             }
         }
@@ -592,7 +627,17 @@ impl State {
             inc.reject(RejectReason::NoMatchingTcp);
             return;
         }
-        match inc.accept(link_config(), g.tcp_received) {
+        let t0 = Instant::now();
+        let accepted = inc.accept(link_config(), g.tcp_received);
+        if super::trace() {
+            shim_log!(
+                Level::Debug,
+                "trace: accept {} took {:?}",
+                c.peer,
+                t0.elapsed()
+            );
+        }
+        match accepted {
             Ok(link) => self.watch(&c, &mut g, link, libc::EPOLL_CTL_ADD),
             Err(e) => {
                 // The client may have given up already (its application closed the

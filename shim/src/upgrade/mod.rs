@@ -159,6 +159,9 @@ impl Conn {
     fn count_upgraded(&self) {
         if !self.counted.swap(true, Ordering::AcqRel) {
             stats::count_upgraded();
+            if self.side == Side::Client {
+                engine::upgraded_to(self.peer);
+            }
             shim_log!(
                 Level::Debug,
                 "{} {} -> {}: upgraded to RDMA",
@@ -577,7 +580,11 @@ pub(crate) fn link_config() -> &'static StreamConfig {
             .unwrap_or(512);
         let bytes = (kib.clamp(4, 8192) * 1024).next_power_of_two();
         c.ring_size = bytes.min(8 << 20);
-        c.connect_timeout = std::time::Duration::from_secs(3);
+        // The dial (resolution, request, the server's reply) and the handshake: longer than
+        // the server's wait for the application's accept() (3 s), so a busy server that
+        // accepts late still upgrades; the application never waits for it.
+        c.connect_timeout = std::time::Duration::from_secs(5);
+        c.protocol.handshake_timeout = std::time::Duration::from_secs(5);
         c
     })
 }
@@ -603,7 +610,7 @@ pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
     if rdmashim_proto::upgrade::upgradable(ip).is_err() {
         return Err(FallbackReason::NotUpgradableAddress);
     }
-    if engine::negative_cached(ip) {
+    if engine::negative_cached(SocketAddr::new(ip, peer.port())) {
         return Err(FallbackReason::NegativeCache);
     }
     Ok(())
