@@ -28,6 +28,7 @@ use rdmashim_proto::{Action, ControlMsg, LocalParams, RingDesc, RingSize, MAX_CO
 
 use crate::cm::{CmId, EventChannel, QpCaps};
 use crate::error::{Error, Result};
+use crate::pool::{self, Pooled};
 use crate::ring::RegisteredRing;
 use crate::sys::ffi;
 use crate::verbs::{Access, CompChannel, Cq, Pd, RegisteredBuf};
@@ -52,9 +53,9 @@ struct Resources {
     pd: Arc<Pd>,
     comp: Arc<CompChannel>,
     cq: Arc<Cq>,
-    rx: RegisteredRing,
-    recv_bufs: RegisteredBuf,
-    ctl_bufs: RegisteredBuf,
+    rx: Pooled<RegisteredRing>,
+    recv_bufs: Pooled<RegisteredBuf>,
+    ctl_bufs: Pooled<RegisteredBuf>,
     granted: QpCaps,
 }
 
@@ -62,10 +63,10 @@ struct Resources {
 /// goes first, then the memory the device could still address, then the CQ and channels.
 pub(crate) struct Endpoint {
     pub id: CmId,
-    pub rx: RegisteredRing,
-    pub tx: Option<RegisteredRing>,
-    pub recv_bufs: RegisteredBuf,
-    ctl_bufs: RegisteredBuf,
+    pub rx: Pooled<RegisteredRing>,
+    pub tx: Option<Pooled<RegisteredRing>>,
+    pub recv_bufs: Pooled<RegisteredBuf>,
+    ctl_bufs: Pooled<RegisteredBuf>,
     pub cq: Arc<Cq>,
     pub comp: Arc<CompChannel>,
     _pd: Arc<Pd>,
@@ -114,7 +115,9 @@ impl Endpoint {
 
     fn resources(id: &mut CmId, sz: EndpointSizes) -> Result<Resources> {
         let ctx = id.context()?;
-        let pd = Pd::new(&ctx)?;
+        // One protection domain per device for the whole process, so that registrations can
+        // be reused from connection to connection (crate::pool).
+        let pd = pool::pd_for(&ctx)?;
         let comp = CompChannel::new(&ctx)?;
         let cqe = (sz.sq_depth + u32::from(sz.recv_slots) + 8) as i32;
         let cq = Cq::new(&ctx, cqe, Some(&comp))?;
@@ -129,14 +132,13 @@ impl Endpoint {
             },
         )?;
         let granted = id.qp_caps().unwrap_or_default();
-        let rx = RegisteredRing::new(&pd, sz.ring_size, Access::RING)?;
-        let recv_bufs = RegisteredBuf::new(
+        let rx = pool::ring(&pd, sz.ring_size, Access::RING)?;
+        let recv_bufs = pool::buf(
             &pd,
             usize::from(sz.recv_slots) * MAX_CONTROL_LEN,
             Access::LOCAL,
         )?;
-        let ctl_bufs =
-            RegisteredBuf::new(&pd, sz.sq_depth as usize * MAX_CONTROL_LEN, Access::LOCAL)?;
+        let ctl_bufs = pool::buf(&pd, sz.sq_depth as usize * MAX_CONTROL_LEN, Access::LOCAL)?;
         for slot in 0..sz.recv_slots {
             id.post_recv(
                 u64::from(slot),
@@ -172,11 +174,7 @@ impl Endpoint {
     /// Maps and registers the send staging ring once the peer's ring size is known.
     pub fn set_peer_ring(&mut self, size: RingSize) -> Result<()> {
         let pd = self.rx.mr().pd().clone();
-        self.tx = Some(RegisteredRing::new(
-            &pd,
-            size.bytes() as usize,
-            Access::LOCAL,
-        )?);
+        self.tx = Some(pool::ring(&pd, size.bytes() as usize, Access::LOCAL)?);
         Ok(())
     }
 

@@ -24,6 +24,7 @@ pub mod cm;
 mod endpoint;
 pub mod error;
 pub mod link;
+pub mod pool;
 pub mod probe;
 pub mod ring;
 pub mod stream;
