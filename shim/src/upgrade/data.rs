@@ -21,6 +21,7 @@ use crate::stats::{self, Bytes};
 use core::ffi::c_int;
 use rdmashim_proto::{ErrorReason, Recv, SendError, StreamState};
 use std::io::ErrorKind;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -272,9 +273,15 @@ impl Waiter {
         false
     }
 
-    /// Sleeps on `sock` (for `sock_events`, if any) and `efd` until one is ready, the socket
-    /// timeout passes (EAGAIN) or a signal arrives (EINTR).
-    fn sleep(&mut self, fd: c_int, sock_events: i16, efd: c_int) -> Result<(), Errno> {
+    /// Sleeps on `sock` (for `sock_events`, if any), `efd` and the link's completion channel
+    /// until one is ready, the socket timeout passes (EAGAIN) or a signal arrives (EINTR).
+    ///
+    /// Waiting on the completion channel here, not only on `efd`, saves the hop through the
+    /// engine thread (its wake-up, then ours) on every blocking read and write: while this
+    /// thread waits (`Conn::sleepers`), the engine leaves the channel's events to it. Whatever
+    /// woke it, the channel is drained and the CQ re-armed before it returns, so an event the
+    /// engine left is never lost.
+    fn sleep(&mut self, c: &Conn, fd: c_int, sock_events: i16, efd: c_int) -> Result<(), Errno> {
         let deadline = *self.deadline.get_or_insert_with(|| {
             net::sock_timeout_ms(fd, self.opt)
                 .map(|ms| Instant::now() + Duration::from_millis(ms as u64))
@@ -289,9 +296,30 @@ impl Waiter {
                 left.as_millis().clamp(1, i32::MAX as u128) as c_int
             }
         };
+        // Arm, then look once more (a completion between the last look and the arm raises no
+        // event): if that found something, the caller re-checks instead of sleeping.
+        let comp = {
+            let mut g = c.lock();
+            match &mut g.phase {
+                Phase::Linked(l) => {
+                    l.arm();
+                    if l.progress(false) {
+                        c.settle(&mut g);
+                        return Ok(());
+                    }
+                    Some(l.comp_fd())
+                }
+                _ => None,
+            }
+        };
         let mut p = [
             libc::pollfd {
                 fd: efd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: comp.unwrap_or(-1),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -301,8 +329,23 @@ impl Waiter {
                 revents: 0,
             },
         ];
-        let n = if sock_events != 0 { 2 } else { 1 };
-        match net::poll(&mut p[..n], timeout) {
+        let n = if sock_events != 0 { 3 } else { 2 };
+        if comp.is_some() {
+            c.sleepers.fetch_add(1, Ordering::SeqCst);
+        }
+        let r = net::poll(&mut p[..n], timeout);
+        if comp.is_some() {
+            c.sleepers.fetch_sub(1, Ordering::SeqCst);
+            let mut g = c.lock();
+            if let Phase::Linked(l) = &mut g.phase {
+                l.take_events();
+                l.progress(false);
+                l.arm();
+            }
+            c.settle(&mut g);
+            super::ready::after_change(c, &mut g);
+        }
+        match r {
             Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => Err(Errno(libc::EAGAIN)),
             Ok(_) => Ok(()),
             Err(e) => Err(e),
@@ -432,7 +475,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
         }) {
             continue;
         }
-        if let Err(e) = waiter.sleep(fd, sock_events, c.rd_efd) {
+        if let Err(e) = waiter.sleep(c, fd, sock_events, c.rd_efd) {
             return if got > 0 { Ok(got) } else { Err(e) };
         }
     }
@@ -538,7 +581,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
         {
             continue;
         }
-        if let Err(e) = waiter.sleep(fd, sock_events, c.wr_efd) {
+        if let Err(e) = waiter.sleep(c, fd, sock_events, c.wr_efd) {
             return if sent > 0 { Ok(sent) } else { Err(e) };
         }
     }

@@ -28,6 +28,7 @@ use rdmashim_proto::upgrade::{
 use rdmashim_proto::RejectReason;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -575,11 +576,18 @@ impl State {
     /// a dial's channel already in the set) and its completion channel, arms its CQ and drives
     /// it once.
     fn watch(&self, c: &Conn, g: &mut Inner, link: Link, cm_op: c_int) {
-        for (op, fd, kind) in [
-            (cm_op, link.cm_fd(), CM),
-            (libc::EPOLL_CTL_ADD, link.comp_fd(), COMP),
+        // The completion channel edge-triggered: an event the engine leaves to a blocked
+        // application thread (see `comp_event`) must not wake it again and again.
+        for (op, fd, kind, ev) in [
+            (cm_op, link.cm_fd(), CM, libc::EPOLLIN as u32),
+            (
+                libc::EPOLL_CTL_ADD,
+                link.comp_fd(),
+                COMP,
+                (libc::EPOLLIN | libc::EPOLLET) as u32,
+            ),
         ] {
-            let _ = net::epoll_ctl(self.epfd, op, fd, libc::EPOLLIN as u32, token(kind, c.slot));
+            let _ = net::epoll_ctl(self.epfd, op, fd, ev, token(kind, c.slot));
         }
         let mut link = Box::new(link);
         link.arm();
@@ -654,6 +662,11 @@ impl State {
             return;
         };
         let c = t.conn.clone();
+        if c.sleepers.load(Ordering::SeqCst) > 0 {
+            // A blocked application thread waits on this channel itself and takes the event
+            // (it re-checks the channel after it stops waiting, so none is lost).
+            return;
+        }
         let mut g = c.lock();
         if let Phase::Linked(l) = &mut g.phase {
             l.take_events();

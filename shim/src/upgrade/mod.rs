@@ -99,6 +99,9 @@ pub struct Conn {
     pub fell_back: AtomicBool,
     /// Epoll registrations of the socket have EPOLLOUT removed (the write side is on the ring).
     pub out_masked: AtomicBool,
+    /// Application threads blocked in a data call that wait on the link's completion channel
+    /// themselves (the engine then leaves its events to them: one wake-up, not two).
+    pub sleepers: AtomicU32,
     counted: AtomicBool,
     inner: Mutex<Inner>,
 }
@@ -132,6 +135,7 @@ impl Conn {
             fd_hint: AtomicI32::new(fd),
             fell_back: AtomicBool::new(false),
             out_masked: AtomicBool::new(false),
+            sleepers: AtomicU32::new(0),
             counted: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 phase,
