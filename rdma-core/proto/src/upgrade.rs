@@ -352,6 +352,27 @@ impl<R, C> Matcher<R, C> {
         self.accepted.remove(key).map(|(c, _)| c)
     }
 
+    /// As [`forget_accepted`](Self::forget_accepted), but only if the waiting connection is
+    /// the one `is_it` recognises (a newer connection may have the same tuple: the old one's
+    /// entry was replaced, see [`on_accepted`](Self::on_accepted)).
+    pub fn forget_accepted_if(
+        &mut self,
+        key: &TupleKey,
+        is_it: impl FnOnce(&C) -> bool,
+    ) -> Option<C> {
+        match self.accepted.get(key) {
+            Some((c, _)) if is_it(c) => self.forget_accepted(key),
+            _ => None,
+        }
+    }
+
+    /// The connection waiting under `key`, if any, taken out (the caller is about to hand a new
+    /// connection with the same tuple to [`on_accepted`](Self::on_accepted): the old one can
+    /// no longer be matched, its client's port is someone else's now).
+    pub fn replace_accepted(&mut self, key: &TupleKey) -> Option<C> {
+        self.forget_accepted(key)
+    }
+
     /// Everything whose wait ended at or before `now`.
     pub fn expire(&mut self, now: Instant) -> Vec<Expired<R, C>> {
         let mut out = Vec::new();
@@ -583,6 +604,24 @@ mod tests {
             }
         );
         assert_eq!(m.waiting_accepted(), 0);
+    }
+
+    #[test]
+    fn a_reused_tuple_replaces_the_waiting_connection_explicitly() {
+        let t0 = Instant::now();
+        let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
+        assert_eq!(m.on_accepted(key(1), 10, t0), None);
+        // a newer connection with the same tuple: the caller takes the old one out first
+        assert_eq!(m.replace_accepted(&key(1)), Some(10));
+        assert_eq!(m.on_accepted(key(1), 11, t0), None);
+        // the old connection's close does not take the new one's place
+        assert_eq!(m.forget_accepted_if(&key(1), |c| *c == 10), None);
+        assert_eq!(m.waiting_accepted(), 1);
+        assert_eq!(
+            m.on_request(key(1), "r", t0),
+            RequestOutcome::Matched { req: "r", conn: 11 }
+        );
+        assert_eq!(m.forget_accepted_if(&key(1), |_| true), None);
     }
 
     #[test]

@@ -382,6 +382,14 @@ impl State {
                             key: Some(key),
                         },
                     );
+                    // An older connection still waiting under the same tuple can no longer be
+                    // matched (that client port is this connection's now): decided here.
+                    if let Some(old) = self.matcher.replace_accepted(&key) {
+                        let mut g = old.lock();
+                        if matches!(g.phase, Phase::Awaiting) {
+                            old.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
+                        }
+                    }
                     if let Some((inc, c)) = self.matcher.on_accepted(key, c, Instant::now()) {
                         self.accept(inc, c);
                     }
@@ -748,7 +756,10 @@ impl State {
             );
         }
         if let Some(key) = t.key {
-            if let Some(conn) = self.matcher.forget_accepted(&key) {
+            if let Some(conn) = self
+                .matcher
+                .forget_accepted_if(&key, |w| Arc::ptr_eq(w, &c))
+            {
                 let mut g = conn.lock();
                 if matches!(g.phase, Phase::Awaiting) {
                     conn.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
