@@ -231,7 +231,16 @@ fn benchmark_and_big_values_over_rdma() {
         .into_iter()
         .chain(clis.iter().cloned())
         .collect();
-    assert_eq!(srv.connections(), sum_connections(&all));
+    assert_eq!(
+        srv.connections(),
+        sum_connections(&all),
+        "server: {}\nclients:\n{}",
+        srv.summary(),
+        all.iter()
+            .map(Stats::summary)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let total =
         |st: &Stats, k: &str| st.bytes(&format!("ring_{k}")) + st.bytes(&format!("tcp_{k}"));
     let sum = |k: &str| all.iter().map(|st| total(st, k)).sum::<u64>();

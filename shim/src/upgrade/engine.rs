@@ -854,6 +854,10 @@ impl State {
                     fallback_reason(rdmashim_proto::ErrorReason::TcpClosed),
                 );
             }
+            if let Phase::Awaiting = g.phase {
+                // (normally decided when it was closed; never left uncounted)
+                c.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
+            }
             if let Phase::Linked(l) = &g.phase {
                 if !l.is_disconnected() {
                     shim_log!(
