@@ -645,6 +645,9 @@ pub fn start_client_to(fd: c_int, peer: SocketAddr, pending: bool) -> Result<u32
         }
         return Err(FallbackReason::Resources);
     };
+    // Known at once (not only once the engine has the command): a process that exits before
+    // then still sees that the connect was pending (and a refused one is no connection).
+    conn.lock().pending = watch;
     engine.dial(conn.clone(), watch);
     Ok(conn.slot)
 }
