@@ -142,28 +142,12 @@ pub fn eventfd_clear(fd: c_int) {
 /// poll(2) through ppoll with a millisecond timeout (-1: forever). Returns the number of ready
 /// entries.
 pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> Result<usize, Errno> {
-    let ts;
-    let tsp = if timeout_ms < 0 {
-        core::ptr::null()
-    } else {
-        ts = libc::timespec {
-            tv_sec: (timeout_ms / 1000) as libc::time_t,
-            tv_nsec: ((timeout_ms % 1000) as libc::c_long) * 1_000_000,
-        };
-        &ts as *const libc::timespec
-    };
-    // SAFETY: fds is a valid array of its length; tsp is null or points to `ts`, alive here.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_ppoll,
-            fds.as_mut_ptr(),
-            fds.len() as libc::nfds_t,
-            tsp,
-            core::ptr::null::<c_void>(),
-            0usize,
-        )
-    };
-    check(r)
+    let ts = (timeout_ms >= 0).then(|| libc::timespec {
+        tv_sec: (timeout_ms / 1000) as libc::time_t,
+        tv_nsec: ((timeout_ms % 1000) as libc::c_long) * 1_000_000,
+    });
+    // (no signal mask: the kernel ignores the mask size then)
+    ppoll_raw(fds, ts.as_ref(), core::ptr::null())
 }
 
 /// ppoll(2) with the caller's timeout and signal mask pointers (passed through unchanged).

@@ -366,13 +366,6 @@ impl<R, C> Matcher<R, C> {
         }
     }
 
-    /// The connection waiting under `key`, if any, taken out (the caller is about to hand a new
-    /// connection with the same tuple to [`on_accepted`](Self::on_accepted): the old one can
-    /// no longer be matched, its client's port is someone else's now).
-    pub fn replace_accepted(&mut self, key: &TupleKey) -> Option<C> {
-        self.forget_accepted(key)
-    }
-
     /// Everything whose wait ended at or before `now`.
     pub fn expire(&mut self, now: Instant) -> Vec<Expired<R, C>> {
         let mut out = Vec::new();
@@ -612,7 +605,7 @@ mod tests {
         let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
         assert_eq!(m.on_accepted(key(1), 10, t0), None);
         // a newer connection with the same tuple: the caller takes the old one out first
-        assert_eq!(m.replace_accepted(&key(1)), Some(10));
+        assert_eq!(m.forget_accepted(&key(1)), Some(10));
         assert_eq!(m.on_accepted(key(1), 11, t0), None);
         // the old connection's close does not take the new one's place
         assert_eq!(m.forget_accepted_if(&key(1), |c| *c == 10), None);

@@ -64,17 +64,15 @@ impl RecvBuf for Flat<'_> {
 /// Scatter buffers (readv, recvmsg).
 pub struct Scatter<'a>(pub Vec<&'a mut [u8]>);
 
-impl Scatter<'_> {
-    /// (segment, offset in it) of byte `at`.
-    fn locate(&self, mut at: usize) -> Option<(usize, usize)> {
-        for (i, s) in self.0.iter().enumerate() {
-            if at < s.len() {
-                return Some((i, at));
-            }
-            at -= s.len();
+/// (segment, offset in it) of byte `at` of segments of lengths `lens` (scatter/gather lists).
+fn locate(lens: impl Iterator<Item = usize>, mut at: usize) -> Option<(usize, usize)> {
+    for (i, len) in lens.enumerate() {
+        if at < len {
+            return Some((i, at));
         }
-        None
+        at -= len;
     }
+    None
 }
 
 impl RecvBuf for Scatter<'_> {
@@ -83,7 +81,7 @@ impl RecvBuf for Scatter<'_> {
     }
     fn recv_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
         // One segment at a time: a short read is always allowed.
-        let Some((i, off)) = self.locate(at) else {
+        let Some((i, off)) = locate(self.0.iter().map(|s| s.len()), at) else {
             return Ok(0);
         };
         let seg = &mut self.0[i];
@@ -131,21 +129,13 @@ impl SendBuf for Gather<'_> {
     fn total(&self) -> usize {
         self.0.iter().map(|s| s.len()).sum()
     }
-    fn send_tcp(
-        &mut self,
-        fd: c_int,
-        mut at: usize,
-        max: usize,
-        flags: c_int,
-    ) -> Result<usize, Errno> {
-        for s in &self.0 {
-            if at < s.len() {
-                let end = (at + max).min(s.len());
-                return net::send(fd, &s[at..end], flags);
-            }
-            at -= s.len();
-        }
-        Ok(0)
+    fn send_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
+        // One segment at a time: a short write is always allowed.
+        let Some((i, off)) = locate(self.0.iter().map(|s| s.len()), at) else {
+            return Ok(0);
+        };
+        let seg = self.0[i];
+        net::send(fd, &seg[off..(off + max).min(seg.len())], flags)
     }
     fn gather(&mut self, mut at: usize, mut out: &mut [u8]) -> Result<(), Errno> {
         for s in &self.0 {
@@ -336,14 +326,7 @@ impl Waiter {
         let r = net::poll(&mut p[..n], timeout);
         if comp.is_some() {
             c.sleepers.fetch_sub(1, Ordering::SeqCst);
-            let mut g = c.lock();
-            if let Phase::Linked(l) = &mut g.phase {
-                l.take_events();
-                l.progress(false);
-                l.arm();
-            }
-            c.settle(&mut g);
-            super::ready::after_change(c, &mut g);
+            c.on_completions(&mut c.lock());
         }
         match r {
             Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => Err(Errno(libc::EAGAIN)),

@@ -384,7 +384,7 @@ impl State {
                     );
                     // An older connection still waiting under the same tuple can no longer be
                     // matched (that client port is this connection's now): decided here.
-                    if let Some(old) = self.matcher.replace_accepted(&key) {
+                    if let Some(old) = self.matcher.forget_accepted(&key) {
                         let mut g = old.lock();
                         if matches!(g.phase, Phase::Awaiting) {
                             old.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
@@ -675,14 +675,7 @@ impl State {
             // (it re-checks the channel after it stops waiting, so none is lost).
             return;
         }
-        let mut g = c.lock();
-        if let Phase::Linked(l) = &mut g.phase {
-            l.take_events();
-            l.progress(false);
-            l.arm();
-        }
-        c.drive(&mut g, false);
-        super::ready::after_change(&c, &mut g);
+        c.on_completions(&mut c.lock());
     }
 
     fn cm_event(&mut self, slot: u32) {

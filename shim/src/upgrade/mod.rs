@@ -199,9 +199,7 @@ impl Conn {
             self.fall_back(g, FallbackReason::ClosedEarly);
             return;
         }
-        g.phase = Phase::Fallen;
-        self.fell_back.store(true, Ordering::Release);
-        self.clear_efds(g);
+        self.to_tcp(g);
         if g.unsure.is_none() && !self.counted.load(Ordering::Acquire) {
             g.unsure = Some((reason, Instant::now() + Self::UNSURE_WAIT));
         }
@@ -229,9 +227,7 @@ impl Conn {
     /// The connection turned out never to exist (its non-blocking connect failed): it stays
     /// a plain socket and counts as nothing.
     pub(crate) fn abandon(&self, g: &mut Inner) {
-        g.phase = Phase::Fallen;
-        self.fell_back.store(true, Ordering::Release);
-        self.clear_efds(g);
+        self.to_tcp(g);
         if !self.counted.swap(true, Ordering::AcqRel) {
             shim_log!(
                 Level::Debug,
@@ -245,9 +241,7 @@ impl Conn {
 
     /// Counts the connection as staying on TCP (once) and makes data calls direct.
     pub(crate) fn fall_back(&self, g: &mut Inner, reason: FallbackReason) {
-        g.phase = Phase::Fallen;
-        self.fell_back.store(true, Ordering::Release);
-        self.clear_efds(g);
+        self.to_tcp(g);
         if !self.counted.swap(true, Ordering::AcqRel) {
             stats::count_fallback(reason);
             shim_log!(
@@ -259,6 +253,27 @@ impl Conn {
                 reason.name()
             );
         }
+    }
+
+    /// The connection stays TCP for good (whatever is counted for it): the link, if any, is
+    /// dropped and data calls go straight to the socket.
+    fn to_tcp(&self, g: &mut Inner) {
+        g.phase = Phase::Fallen;
+        self.fell_back.store(true, Ordering::Release);
+        self.clear_efds(g);
+    }
+
+    /// The link's completion channel is (or may be) readable: takes its events, drives the
+    /// link, re-arms the CQ and applies the consequences. Whoever takes a channel event
+    /// re-arms, so the next completion raises one again.
+    pub(crate) fn on_completions(&self, g: &mut Inner) {
+        if let Phase::Linked(l) = &mut g.phase {
+            l.take_events();
+            l.progress(false);
+            l.arm();
+        }
+        self.settle(g);
+        ready::after_change(self, g);
     }
 
     fn clear_efds(&self, g: &mut Inner) {

@@ -335,50 +335,28 @@ struct Entry {
     efds: [Option<usize>; 2],
 }
 
+/// The epoll bits and the poll bits that mean the same.
+const POLL_BITS: [(u32, i16); 6] = [
+    (EV_IN, libc::POLLIN),
+    (EV_OUT, libc::POLLOUT),
+    (EV_RDHUP, libc::POLLRDHUP),
+    (EV_PRI, libc::POLLPRI),
+    (EV_ERR, libc::POLLERR),
+    (EV_HUP, libc::POLLHUP),
+];
+
 fn to_poll(b: u32) -> i16 {
-    let mut p = 0;
-    if b & EV_IN != 0 {
-        p |= libc::POLLIN;
-    }
-    if b & EV_OUT != 0 {
-        p |= libc::POLLOUT;
-    }
-    if b & EV_RDHUP != 0 {
-        p |= libc::POLLRDHUP;
-    }
-    if b & EV_PRI != 0 {
-        p |= libc::POLLPRI;
-    }
-    if b & EV_ERR != 0 {
-        p |= libc::POLLERR;
-    }
-    if b & EV_HUP != 0 {
-        p |= libc::POLLHUP;
-    }
-    p
+    POLL_BITS
+        .iter()
+        .filter(|(e, _)| b & e != 0)
+        .fold(0, |p, (_, q)| p | q)
 }
 
 fn from_poll(p: i16) -> u32 {
-    let mut b = 0;
-    if p & libc::POLLIN != 0 {
-        b |= EV_IN;
-    }
-    if p & libc::POLLOUT != 0 {
-        b |= EV_OUT;
-    }
-    if p & libc::POLLRDHUP != 0 {
-        b |= EV_RDHUP;
-    }
-    if p & libc::POLLPRI != 0 {
-        b |= EV_PRI;
-    }
-    if p & libc::POLLERR != 0 {
-        b |= EV_ERR;
-    }
-    if p & libc::POLLHUP != 0 {
-        b |= EV_HUP;
-    }
-    b
+    POLL_BITS
+        .iter()
+        .filter(|(_, q)| p & q != 0)
+        .fold(0, |b, (e, _)| b | e)
 }
 
 /// The directions of `c` still served by its socket (read, write), and whether the
