@@ -829,6 +829,8 @@ pub enum Side {
 pub struct RoleStats {
     pub client: Option<Stats>,
     pub server: Option<Stats>,
+    /// Those of the processes the server forked that exit normally (prefork workers), by pid.
+    pub server_forks: Vec<Stats>,
 }
 
 /// Runs one scenario of the `behave` program (src/bin/behave.rs): its server role on `ip`, then
@@ -922,20 +924,27 @@ pub fn behave_roles(
             out.status
         );
     }
-    let stats = |role: &str, side: Side| -> Option<Stats> {
-        if side == Side::Plain {
-            return None;
-        }
-        let mut v = s.stats(role);
+    let client = (client != Side::Plain).then(|| s.stats("client"));
+    if let Some(v) = &client {
         assert!(
             v.len() <= 1,
-            "{scenario}: several {role} stats files: {v:#?}"
+            "{scenario}: several client stats files: {v:#?}"
         );
-        v.pop()
+    }
+    // The server's own file, and those of the processes it forked (prefork workers).
+    let (server, server_forks) = if server == Side::Plain {
+        (None, Vec::new())
+    } else {
+        let (own, forks): (Vec<Stats>, Vec<Stats>) = s
+            .stats("server")
+            .into_iter()
+            .partition(|st| st.pid == u64::from(id));
+        (own.into_iter().next(), forks)
     };
     RoleStats {
-        client: stats("client", client),
-        server: stats("server", server),
+        client: client.and_then(|mut v| v.pop()),
+        server,
+        server_forks,
     }
 }
 
@@ -986,6 +995,11 @@ pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
         (Some(sv), _) => check("server", sv),
         (None, _) => panic!("{scenario}: the server wrote no stats"),
     }
+    assert!(
+        r.server_forks.is_empty(),
+        "{scenario}: stats files of processes the server forked: {:#?}",
+        r.server_forks
+    );
     if let (Some(before), Some(c)) = (device, &r.client) {
         before.delta().assert_carried(c.ring_bytes());
     }

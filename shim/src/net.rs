@@ -323,3 +323,16 @@ pub fn poll_now(fd: c_int, events: i16) -> i16 {
         Err(_) => 0,
     }
 }
+
+/// The coarse monotonic clock in milliseconds (`CLOCK_MONOTONIC_COARSE`: served from the
+/// vDSO at tick resolution, never a system call, even where the precise clock needs one, as
+/// under emulation). For deadlines that tolerate a tick of error.
+pub fn coarse_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec we own; the clock id is valid on every Linux since 2.6.32.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}

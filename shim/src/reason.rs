@@ -58,6 +58,7 @@ reasons! {
     TransportUnavailable = "transport_unavailable": "the connection could not be handed to the upgrade engine",
     NoUpgradeRequest = "no_upgrade_request": "server side: no RDMA connect request came for the accepted connection (the client has no shim or no RDMA)",
     ClosedEarly = "closed_early": "the application closed the connection before its upgrade completed",
+    InheritedListener = "inherited_listener": "server side: accepted on a listening socket whose RDMA side belongs to another process (made before a fork: a prefork server's workers)",
 }
 
 /// Which kind of address a connection's peer has, as far as upgrading is concerned.

@@ -712,6 +712,104 @@ mod echo {
     }
 }
 
+/// A prefork server: the listening socket is made before the server forks its workers, and
+/// only the workers accept (nginx, Apache prefork, gunicorn). Each of two workers accepts one
+/// connection and echoes blocks on it for a few seconds (past the shim's wait for an upgrade
+/// that cannot come: the socket's RDMA side belongs to the parent), so the connection's fate
+/// is decided while bytes flow. Every byte must arrive, in order, whatever that fate.
+mod prefork {
+    use super::*;
+
+    pub const WORKERS: u8 = 2;
+    const BLOCK: usize = 16 * 1024;
+    const ROUNDS: usize = 10;
+    const GAP_MS: u64 = 400;
+
+    /// The parent: forks the workers, keeps the listener (as a prefork master does) and
+    /// waits for them; each must exit 0.
+    pub fn serve(l: TcpListener) {
+        let mut pids = Vec::new();
+        for w in 0..WORKERS {
+            // SAFETY: single-threaded here; the child runs the worker and exits.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork: errno {}", errno());
+            if pid == 0 {
+                let ok = std::panic::catch_unwind(|| {
+                    let (s, _) = l.accept().expect("worker accept");
+                    worker(s, w);
+                })
+                .is_ok();
+                // exit, not _exit: the worker is a process of its own, whose shim writes its
+                // own stats at exit.
+                std::process::exit(if ok { 0 } else { 1 });
+            }
+            pids.push(pid);
+        }
+        for pid in pids {
+            let mut st = 0;
+            // SAFETY: our child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            assert!(
+                libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+                "worker {pid} failed (status {st:#x})"
+            );
+        }
+        drop(l);
+    }
+
+    fn worker(mut s: TcpStream, w: u8) {
+        s.set_read_timeout(Some(T)).unwrap();
+        s.write_all(&[w]).unwrap();
+        let mut buf = vec![0u8; BLOCK];
+        for _ in 0..ROUNDS {
+            s.read_exact(&mut buf).unwrap();
+            for b in &mut buf {
+                *b ^= 0x5a ^ w;
+            }
+            s.write_all(&buf).unwrap();
+        }
+        assert_eq!(read_to_eof(&mut s), b"");
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+
+    /// Two connections at once: each is served by a different worker (each accepts one), and
+    /// each block comes back transformed by that worker.
+    pub fn client(addr: SocketAddr) {
+        let conns: Vec<_> = (0..WORKERS)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    s.set_read_timeout(Some(T)).unwrap();
+                    let mut w = [0u8];
+                    s.read_exact(&mut w).unwrap();
+                    let mut got = vec![0u8; BLOCK];
+                    for r in 0..ROUNDS {
+                        let block = pattern(BLOCK, (r as u8) ^ (i << 4));
+                        s.write_all(&block).unwrap();
+                        s.read_exact(&mut got).unwrap();
+                        let expect: Vec<u8> = block.iter().map(|b| b ^ 0x5a ^ w[0]).collect();
+                        assert!(
+                            got == expect,
+                            "connection {i} round {r} came back different"
+                        );
+                        sleep_ms(GAP_MS);
+                    }
+                    s.shutdown(Shutdown::Write).unwrap();
+                    assert_eq!(read_to_eof(&mut s), b"");
+                    w[0]
+                })
+            })
+            .collect();
+        let mut workers: Vec<u8> = conns.into_iter().map(|t| t.join().unwrap()).collect();
+        workers.sort_unstable();
+        assert_eq!(
+            workers,
+            (0..WORKERS).collect::<Vec<_>>(),
+            "one worker per connection"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -750,7 +848,15 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 }
 
 type Server = fn(TcpStream);
+type ListenerServer = fn(TcpListener);
 type Client = fn(SocketAddr);
+
+/// How a scenario's server role starts: with the one connection accepted for it, or with the
+/// listening socket.
+enum Serve {
+    Accepted(Server),
+    Listener(ListenerServer),
+}
 
 const SCENARIOS: &[(&str, Server, Client)] = &[
     (
@@ -770,6 +876,10 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("echo", echo::server, echo::client),
 ];
 
+/// Scenarios whose server role takes the listening socket itself.
+const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] =
+    &[("prefork", prefork::serve, prefork::client)];
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = "usage: behave SCENARIO server IP | behave SCENARIO client IP PORT";
@@ -777,13 +887,23 @@ fn main() {
         eprintln!("{usage}");
         std::process::exit(2);
     }
-    let Some(&(name, server, client)) = SCENARIOS.iter().find(|s| s.0 == args[1]) else {
-        eprintln!(
-            "unknown scenario {}; known: {:?}",
-            args[1],
-            SCENARIOS.iter().map(|s| s.0).collect::<Vec<_>>()
-        );
-        std::process::exit(2);
+    let (name, server, client) = match SCENARIOS.iter().find(|s| s.0 == args[1]) {
+        Some(&(name, server, client)) => (name, Serve::Accepted(server), client),
+        None => match LISTENER_SCENARIOS.iter().find(|s| s.0 == args[1]) {
+            Some(&(name, serve, client)) => (name, Serve::Listener(serve), client),
+            None => {
+                eprintln!(
+                    "unknown scenario {}; known: {:?}",
+                    args[1],
+                    SCENARIOS
+                        .iter()
+                        .map(|s| s.0)
+                        .chain(LISTENER_SCENARIOS.iter().map(|s| s.0))
+                        .collect::<Vec<_>>()
+                );
+                std::process::exit(2);
+            }
+        },
     };
     let ip: IpAddr = args[3].parse().expect("IP");
     match args[2].as_str() {
@@ -791,6 +911,14 @@ fn main() {
             let l = TcpListener::bind(SocketAddr::new(ip, 0)).expect("bind");
             println!("port {}", l.local_addr().unwrap().port());
             std::io::stdout().flush().unwrap();
+            let server = match server {
+                Serve::Listener(serve) => {
+                    serve(l);
+                    println!("ok {name} server");
+                    return;
+                }
+                Serve::Accepted(server) => server,
+            };
             // The listener stays open while the scenario runs, as in most servers (the shim's
             // RDMA side of a listening socket lives as long as the socket).
             let (s, _) = l.accept().expect("accept");

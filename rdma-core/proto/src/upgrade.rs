@@ -122,13 +122,24 @@ enum NegKey {
 ///
 /// A reject suppresses that peer's port; no answer or a timeout suppresses the whole host. A
 /// host this process upgraded a connection to within the silence period is *proven*: silence
-/// or a timeout from it is taken as transient (a busy peer) and not cached.
+/// or a timeout from it is taken as transient (a busy peer) and not cached. A host whose shim
+/// answered (even with a reject of one connection) is proven too.
+///
+/// It also decides when a new connection's dial may wait ([`NegativeCache::may_delay`]): a
+/// dial to a host nothing is known about starts at once (a *probe*, so that a host without the
+/// shim is learned from the first connection), and others wait behind it.
 #[derive(Debug)]
 pub struct NegativeCache {
     cfg: NegativeCacheConfig,
     entries: HashMap<NegKey, NegEntry>,
     proven: HashMap<IpAddr, Instant>,
+    /// Hosts with a probe dial under way, since when.
+    probing: HashMap<IpAddr, Instant>,
 }
+
+/// How long a probe dial is taken to be under way if its end is never reported (a dial ends
+/// by its own deadlines well before).
+pub const PROBE_STALE: Duration = Duration::from_secs(15);
 
 impl NegativeCache {
     /// An empty cache.
@@ -137,6 +148,7 @@ impl NegativeCache {
             cfg,
             entries: HashMap::new(),
             proven: HashMap::new(),
+            probing: HashMap::new(),
         }
     }
 
@@ -200,11 +212,12 @@ impl NegativeCache {
         }
     }
 
-    /// An upgrade to `peer` succeeded at `now`: forget its failures, and remember the host
-    /// as proven (see the type's docs).
+    /// An upgrade to `peer` succeeded at `now`, or its shim answered: forget its failures,
+    /// and remember the host as proven (see the type's docs).
     pub fn record_success(&mut self, peer: SocketAddr, now: Instant) {
         self.entries.remove(&NegKey::Host(peer.ip()));
         self.entries.remove(&NegKey::Port(peer.ip(), peer.port()));
+        self.probing.remove(&peer.ip());
         if self.cfg.capacity == 0 {
             return;
         }
@@ -223,6 +236,43 @@ impl NegativeCache {
             }
         }
         self.proven.insert(peer.ip(), now);
+    }
+
+    /// Whether a new connection's dial to `peer` may wait for the dial delay (`true`), or
+    /// must start at once as a probe of the host (`false`; the probe is then under way until
+    /// [`probe_ended`](Self::probe_ended) or [`PROBE_STALE`]). It may wait when the host is
+    /// proven, or another probe of it is under way: a stream of short connections to a shim
+    /// costs one dial, not one each, and one to a host without the shim is cached after the
+    /// first.
+    pub fn may_delay(&mut self, peer: SocketAddr, now: Instant) -> bool {
+        let ip = peer.ip();
+        if self
+            .proven
+            .get(&ip)
+            .is_some_and(|t| now < *t + self.cfg.after_silence)
+        {
+            return true;
+        }
+        if self
+            .probing
+            .get(&ip)
+            .is_some_and(|t| now < *t + PROBE_STALE)
+        {
+            return true;
+        }
+        if self.probing.len() >= self.cfg.capacity.max(1) {
+            self.probing.retain(|_, t| now < *t + PROBE_STALE);
+            if self.probing.len() >= self.cfg.capacity.max(1) {
+                return true;
+            }
+        }
+        self.probing.insert(ip, now);
+        false
+    }
+
+    /// The probe dial to `peer` ended (whatever its outcome, recorded separately).
+    pub fn probe_ended(&mut self, peer: SocketAddr) {
+        self.probing.remove(&peer.ip());
     }
 
     /// Entries held (expired ones included until touched).
@@ -488,6 +538,50 @@ mod tests {
         // other peers are independent
         c.record(p, PeerFailure::Timeout, t0);
         assert_eq!(c.check(sa("10.0.0.3:80"), t0), None);
+    }
+
+    #[test]
+    fn one_probe_per_unknown_host_then_delays() {
+        let t0 = Instant::now();
+        let mut c = NegativeCache::new(NegativeCacheConfig::default());
+        let a = sa("10.0.0.2:80");
+        let a2 = sa("10.0.0.2:8080");
+        let b = sa("10.0.0.3:80");
+        // the first connection to a host probes; later ones (any port) wait behind it
+        assert!(!c.may_delay(a, t0));
+        assert!(c.may_delay(a, t0));
+        assert!(c.may_delay(a2, t0));
+        // another host is probed on its own
+        assert!(!c.may_delay(b, t0));
+        // a probe that ended without proof (a reject, silence): the next one probes again
+        c.probe_ended(a);
+        assert!(!c.may_delay(a, t0 + Duration::from_secs(1)));
+        // proof (an upgrade, or the shim's answer) ends the probe and makes every dial wait
+        c.record_success(a, t0 + Duration::from_secs(2));
+        assert!(c.may_delay(a2, t0 + Duration::from_secs(3)));
+        // ... for the silence period
+        assert!(!c.may_delay(a, t0 + Duration::from_secs(603)));
+        // a probe whose end is never reported goes stale
+        let t1 = t0 + Duration::from_secs(700);
+        assert!(!c.may_delay(b, t1));
+        assert!(c.may_delay(b, t1 + PROBE_STALE - Duration::from_millis(1)));
+        assert!(!c.may_delay(b, t1 + PROBE_STALE));
+    }
+
+    #[test]
+    fn probes_are_bounded() {
+        let t0 = Instant::now();
+        let cfg = NegativeCacheConfig {
+            capacity: 2,
+            ..NegativeCacheConfig::default()
+        };
+        let mut c = NegativeCache::new(cfg);
+        assert!(!c.may_delay(sa("10.0.0.1:1"), t0));
+        assert!(!c.may_delay(sa("10.0.0.2:1"), t0));
+        // full: a third unknown host waits rather than growing the table
+        assert!(c.may_delay(sa("10.0.0.3:1"), t0));
+        // stale probes make room
+        assert!(!c.may_delay(sa("10.0.0.3:1"), t0 + PROBE_STALE));
     }
 
     #[test]

@@ -172,9 +172,9 @@ pub(crate) fn start_client(
     }
 }
 
-/// accept() returned `nfd` on listener `lfd` (entry `l`): starts its upgrade if the listener
+/// accept() returned `nfd` on a listener (entry `l`): starts its upgrade if the listener
 /// has an rdma_cm side (returns true), else remembers why not (false).
-pub(crate) fn start_server(lfd: c_int, l: FdEntry, nfd: c_int) -> bool {
+pub(crate) fn start_server(l: FdEntry, nfd: c_int) -> bool {
     let _e = ErrnoGuard::save();
     if probe::host_reason().is_some() {
         return false;
@@ -186,7 +186,7 @@ pub(crate) fn start_server(lfd: c_int, l: FdEntry, nfd: c_int) -> bool {
         return false;
     }
     let _s = crate::guard::Section::enter();
-    match crate::upgrade::start_server(lfd, nfd) {
+    match crate::upgrade::start_server(nfd) {
         Ok(slot) => {
             TABLE.update(nfd, |e| {
                 (e.kind() == Kind::TcpCandidate).then(|| {

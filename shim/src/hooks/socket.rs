@@ -78,7 +78,7 @@ fn accepted(lfd: c_int, nfd: c_int, accept_flags: c_int) {
     let l = conn::entry_or_classify(lfd);
     let e = track::accepted_entry(l, accept_flags);
     TABLE.set(nfd, e);
-    if e.kind() == Kind::TcpCandidate && !conn::start_server(lfd, l, nfd) {
+    if e.kind() == Kind::TcpCandidate && !conn::start_server(l, nfd) {
         conn::account(nfd);
     }
 }

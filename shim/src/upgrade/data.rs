@@ -241,7 +241,8 @@ impl Waiter {
     /// Busy-polls the connection for the spin time; returns true as soon as `ready` holds.
     fn spin(&self, c: &Conn, mut ready: impl FnMut(&Inner) -> bool) -> bool {
         let spin = super::spin();
-        if spin.is_zero() {
+        // (nothing to spin on before the link exists: no clock read either)
+        if spin.is_zero() || !matches!(c.lock().phase, Phase::Linked(_)) {
             return false;
         }
         let end = Instant::now() + spin;

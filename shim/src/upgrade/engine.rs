@@ -28,7 +28,7 @@ use rdmashim_proto::upgrade::{
 use rdmashim_proto::RejectReason;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,9 +46,10 @@ fn token(kind: u64, value: u32) -> u64 {
 }
 
 enum Cmd {
-    /// Dial a client connection; with a private duplicate of its socket if its TCP connect is
-    /// still in progress (the dial waits for it).
-    Dial(Arc<Conn>, Option<c_int>),
+    /// Dial a client connection, not before the given time (see [`super::dial_delay`]); with
+    /// a private duplicate of its socket if its TCP connect is still in progress (the dial
+    /// waits for it); whether it is a probe of its host.
+    Dial(Arc<Conn>, Option<c_int>, Instant, bool),
     Accepted(Arc<Conn>),
     /// The application closed the last fd of the connection; the private duplicate of its
     /// socket (if the ring needs a teardown first) comes along.
@@ -76,11 +77,22 @@ struct Listeners {
     by_fd: HashMap<c_int, u32>,
 }
 
+/// How late the engine may take up a command that is not urgent (a new connection, or the
+/// close of one that was never linked): such commands wake the engine only when it would not
+/// wake by itself within this time, and after taking some up it looks again this soon. Under a
+/// stream of short connections the engine thus wakes about every `LAZY` (taking up a batch),
+/// not twice per connection.
+const LAZY: Duration = Duration::from_millis(10);
+
 /// The engine's handle (shared with application threads).
 pub struct Engine {
     epfd: c_int,
     wake: c_int,
     cmds: Mutex<Vec<Cmd>>,
+    /// When the engine next wakes by itself, on the coarse clock ([`net::coarse_ms`]: no
+    /// system call for the application's thread); `u64::MAX`: not by itself; 0: it is awake
+    /// and takes up the queued commands before it sleeps again.
+    next_wake: AtomicU64,
     listeners: Mutex<Listeners>,
     negative: Mutex<NegativeCache>,
 }
@@ -131,15 +143,13 @@ impl Engine {
             net::close(wake);
             return None;
         }
-        let cfg = NegativeCacheConfig::with_override(
-            std::env::var("RDMASHIM_NEGATIVE_CACHE_SECS")
-                .ok()
-                .and_then(|v| v.parse().ok()),
-        );
+        let cfg =
+            NegativeCacheConfig::with_override(super::env_number("RDMASHIM_NEGATIVE_CACHE_SECS"));
         let e = Engine {
             epfd,
             wake,
             cmds: Mutex::new(Vec::new()),
+            next_wake: AtomicU64::new(0),
             listeners: Mutex::new(Listeners::default()),
             negative: Mutex::new(NegativeCache::new(cfg)),
         };
@@ -158,24 +168,76 @@ impl Engine {
         Some(e)
     }
 
-    fn push(&self, c: Cmd) {
+    /// Queues a command; `urgent`: wake the engine now, else only if it would not wake by
+    /// itself within [`LAZY`].
+    ///
+    /// (The queue's mutex orders this against the engine's `sleep_until` + `has_cmds`: either
+    /// the engine sees the command before it sleeps, or this sees its wake-up time.)
+    fn push(&self, c: Cmd, urgent: bool) {
         self.cmds.lock().unwrap_or_else(|p| p.into_inner()).push(c);
-        net::eventfd_signal(self.wake);
+        if urgent
+            || self.next_wake.load(Ordering::SeqCst) > net::coarse_ms() + LAZY.as_millis() as u64
+        {
+            net::eventfd_signal(self.wake);
+        }
     }
 
-    /// Queues the dial of a client connection (`watch`: see [`Cmd::Dial`]).
+    /// The engine is about to sleep for `timeout_ms` (-1: until an event).
+    fn sleep_until(&self, timeout_ms: c_int) {
+        let t = if timeout_ms < 0 {
+            u64::MAX
+        } else {
+            net::coarse_ms() + timeout_ms as u64
+        };
+        self.next_wake.store(t, Ordering::SeqCst);
+    }
+
+    fn has_cmds(&self) -> bool {
+        !self
+            .cmds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Queues the dial of a client connection (`watch`: see [`Cmd::Dial`]). To a host that
+    /// is proven (or being probed) it starts after the dial delay, and not at all if the
+    /// application closes the connection first; to any other host it starts at once, as a
+    /// probe (see [`NegativeCache::may_delay`]).
     pub fn dial(&self, c: Arc<Conn>, watch: Option<c_int>) {
-        self.push(Cmd::Dial(c, watch));
+        let now = Instant::now();
+        let wait = self
+            .negative
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .may_delay(canonical(c.peer), now);
+        let at = if wait { now + super::dial_delay() } else { now };
+        self.push(Cmd::Dial(c, watch, at, !wait), !wait);
     }
 
-    /// Hands an accepted connection to the matcher.
+    /// A probe dial ended.
+    fn probe_ended(&self, peer: SocketAddr) {
+        let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
+        n.probe_ended(canonical(peer));
+    }
+
+    /// The peer's shim answered (it declined this one connection): the host runs the shim.
+    fn shim_answered(&self, peer: SocketAddr) {
+        let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
+        n.record_success(canonical(peer), Instant::now());
+    }
+
+    /// Hands an accepted connection to the matcher. Not urgent: a connect request for it
+    /// wakes the engine, which takes up its commands first.
     pub fn accepted(&self, c: Arc<Conn>) {
-        self.push(Cmd::Accepted(c));
+        self.push(Cmd::Accepted(c), false);
     }
 
-    /// The last fd of `c` was closed (see [`Cmd::Closed`]).
+    /// The last fd of `c` was closed (see [`Cmd::Closed`]); urgent when the ring needs a
+    /// teardown (`sock`).
     pub fn closed(&self, c: Arc<Conn>, sock: Option<c_int>) {
-        self.push(Cmd::Closed(c, sock));
+        let urgent = sock.is_some();
+        self.push(Cmd::Closed(c, sock), urgent);
     }
 
     /// Binds an rdma_cm listener beside listening socket `fd` (synchronously, so that a client
@@ -235,13 +297,20 @@ impl Engine {
         true
     }
 
-    /// Whether listening socket `fd` has an rdma_cm listener.
-    pub fn has_listener(&self, fd: c_int) -> bool {
+    /// Whether this engine has an rdma_cm listener where a connection accepted with local
+    /// address `local` was headed (the same port, on its address or the wildcard). By
+    /// address, not by fd: a duplicate of the listening socket accepts for it too.
+    pub fn serves(&self, local: SocketAddr) -> bool {
+        let local_ip = net::canonical_ip(local.ip());
         self.listeners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .by_fd
-            .contains_key(&fd)
+            .by_id
+            .values()
+            .any(|e| {
+                e.addr.port() == local.port()
+                    && (e.addr.ip().is_unspecified() || net::canonical_ip(e.addr.ip()) == local_ip)
+            })
     }
 
     /// The listening socket `fd` is being closed: its rdma_cm listener retires (see
@@ -275,6 +344,10 @@ impl Engine {
 /// A connection the engine looks after.
 struct Tracked {
     conn: Arc<Conn>,
+    /// A client connection's dial starts no earlier than this.
+    dial_at: Option<Instant>,
+    /// Its dial probes the host (see [`NegativeCache::may_delay`]); until the dial ends.
+    probe: bool,
     /// After the application closed it: the private socket duplicate and the give-up time.
     closing: Option<(Option<c_int>, Instant)>,
     key: Option<TupleKey>,
@@ -284,6 +357,10 @@ struct State {
     epfd: c_int,
     conns: HashMap<u32, Tracked>,
     matcher: Matcher<Incoming, Arc<Conn>>,
+    /// Client connections whose dial waits for its time (see [`super::dial_delay`]).
+    delayed: Vec<(Instant, Arc<Conn>)>,
+    /// Commands were taken up in the last round: look again within [`LAZY`].
+    busy: bool,
 }
 
 fn engine() -> Option<&'static Engine> {
@@ -295,11 +372,24 @@ fn run(epfd: c_int, wake: c_int) {
         epfd,
         conns: HashMap::new(),
         matcher: Matcher::new(MatcherConfig::default()),
+        delayed: Vec::new(),
+        busy: false,
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
+        st.commands();
         let timeout = st.timeout_ms();
+        st.busy = false;
+        if let Some(e) = engine() {
+            e.sleep_until(timeout);
+            if e.has_cmds() {
+                continue;
+            }
+        }
         let n = net::epoll_wait(epfd, &mut evs, timeout).unwrap_or_default();
+        if let Some(e) = engine() {
+            e.next_wake.store(0, Ordering::SeqCst);
+        }
         for ev in &evs[..n] {
             let t = ev.u64;
             let (kind, value) = (t >> 32, t as u32);
@@ -344,6 +434,13 @@ impl State {
     fn timeout_ms(&self) -> c_int {
         let now = Instant::now();
         let mut next: Option<Instant> = self.matcher.poll_timeout();
+        if self.busy {
+            let t = now + LAZY;
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        if let Some(t) = self.delayed.iter().map(|(t, _)| *t).min() {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
         if let Some(t) = engine().and_then(|e| e.retire_listeners(now)) {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
@@ -369,15 +466,18 @@ impl State {
     fn commands(&mut self) {
         let Some(e) = engine() else { return };
         let cmds = std::mem::take(&mut *e.cmds.lock().unwrap_or_else(|p| p.into_inner()));
+        self.busy |= !cmds.is_empty();
         for c in cmds {
             match c {
-                Cmd::Dial(c, watch) => self.start_dial(c, watch),
+                Cmd::Dial(c, watch, at, probe) => self.start_dial(c, watch, at, probe),
                 Cmd::Accepted(c) => {
                     let key = key_of(&c);
                     self.conns.insert(
                         c.slot,
                         Tracked {
                             conn: c.clone(),
+                            dial_at: None,
+                            probe: false,
                             closing: None,
                             key: Some(key),
                         },
@@ -399,11 +499,13 @@ impl State {
         }
     }
 
-    fn start_dial(&mut self, c: Arc<Conn>, watch: Option<c_int>) {
+    fn start_dial(&mut self, c: Arc<Conn>, watch: Option<c_int>, at: Instant, probe: bool) {
         self.conns.insert(
             c.slot,
             Tracked {
                 conn: c.clone(),
+                dial_at: Some(at),
+                probe,
                 closing: None,
                 key: None,
             },
@@ -423,7 +525,7 @@ impl State {
             self.pend_event(c.slot);
             return;
         }
-        self.begin_dial(&c);
+        self.begin_dial(&c, at);
     }
 
     /// Stops watching the pending connect of a connection (closes the private duplicate).
@@ -441,13 +543,14 @@ impl State {
             return;
         };
         let c = t.conn.clone();
+        let at = t.dial_at.unwrap_or_else(Instant::now);
         let mut g = c.lock();
         match super::pending_outcome(&g) {
             None => {}
             Some(true) => {
                 self.end_pending(&mut g);
                 drop(g);
-                self.begin_dial(&c);
+                self.begin_dial(&c, at);
             }
             Some(false) => {
                 self.end_pending(&mut g);
@@ -456,9 +559,26 @@ impl State {
         }
     }
 
-    fn begin_dial(&mut self, c: &Arc<Conn>) {
+    /// Starts the dial of a connected client at time `at` (now if that has passed): a
+    /// connection the application closes before then (a short request and its answer) costs
+    /// no rdma_cm work on either end.
+    fn begin_dial(&mut self, c: &Arc<Conn>, at: Instant) {
+        if at > Instant::now() {
+            self.delayed.push((at, c.clone()));
+        } else {
+            self.dial_now(c);
+        }
+    }
+
+    fn dial_now(&mut self, c: &Arc<Conn>) {
         let mut g = c.lock();
-        if g.closed {
+        if !matches!(g.phase, Phase::Queued) {
+            return; // (decided meanwhile: closed before its dial)
+        }
+        // A probe dials even after the application closed the connection: its outcome teaches
+        // the negative cache about the host (and is the connection's reason).
+        let probe = self.conns.get(&c.slot).is_some_and(|t| t.probe);
+        if g.closed && !probe {
             c.fall_back(&mut g, FallbackReason::ClosedEarly);
             return;
         }
@@ -514,7 +634,14 @@ impl State {
         let Phase::Dialing(d) = &mut g.phase else {
             return;
         };
-        match d.poll(tcp_received) {
+        let status = d.poll(tcp_received);
+        // (a probe that ends some other way goes stale: `PROBE_STALE`)
+        if !matches!(status, DialStatus::Pending) && std::mem::take(&mut t.probe) {
+            if let Some(e) = engine() {
+                e.probe_ended(c.peer);
+            }
+        }
+        match status {
             DialStatus::Pending => {}
             DialStatus::Connected(mut link) => {
                 // The request counted the TCP bytes read when it was built; the application
@@ -559,8 +686,13 @@ impl State {
                     DialError::Local(_) => (FallbackReason::Resources, None),
                 };
                 shim_log!(Level::Debug, "dial {}: {e:?}", c.peer);
-                if let (Some(f), Some(e)) = (failure, engine()) {
-                    e.record_failure(c.peer, f);
+                if let Some(en) = engine() {
+                    match failure {
+                        Some(f) => en.record_failure(c.peer, f),
+                        // (the shim there declined this one connection)
+                        None if matches!(e, DialError::Rejected(_)) => en.shim_answered(c.peer),
+                        None => {}
+                    }
                 }
                 // The application closed the connection while it was dialing, and the
                 // server's shim found no TCP connection for the request: gone on its side too.
@@ -715,10 +847,13 @@ impl State {
         let deadline = Instant::now() + link_config().close_timeout + Duration::from_secs(1);
         let t = self.conns.entry(c.slot).or_insert_with(|| Tracked {
             conn: c.clone(),
+            dial_at: None,
+            probe: false,
             closing: None,
             key: None,
         });
         t.closing = Some((sock, deadline));
+        let probe = t.probe;
         {
             let mut g = c.lock();
             if g.pending.is_some() {
@@ -731,6 +866,10 @@ impl State {
                 } else {
                     c.abandon(&mut g);
                 }
+            }
+            // Closed before its dial started: it never will (unless it probes its host).
+            if matches!(g.phase, Phase::Queued) && !probe {
+                c.fall_back(&mut g, FallbackReason::ClosedEarly);
             }
             // (a dial under way goes on: its outcome is the connection's reason, and teaches
             // the negative cache about the peer; see `dial_event`)
@@ -763,6 +902,15 @@ impl State {
 
     fn timers(&mut self) {
         let now = Instant::now();
+        if !self.delayed.is_empty() {
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
+                .into_iter()
+                .partition(|(t, _)| *t <= now);
+            self.delayed = later;
+            for (_, c) in due {
+                self.dial_now(&c);
+            }
+        }
         for ex in self.matcher.expire(now) {
             match ex {
                 Expired::Request(_, inc) => inc.reject(RejectReason::NoMatchingTcp),

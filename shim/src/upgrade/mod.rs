@@ -108,6 +108,7 @@ pub struct Conn {
 
 impl Conn {
     fn new(
+        w: &World,
         slot: u32,
         fd: c_int,
         side: Side,
@@ -115,13 +116,10 @@ impl Conn {
         local: SocketAddr,
         phase: Phase,
     ) -> Option<Conn> {
-        let rd_efd = net::eventfd(PRIVATE_FD_MIN).ok()?;
-        let wr_efd = match net::eventfd(PRIVATE_FD_MIN) {
-            Ok(fd) => fd,
-            Err(_) => {
-                net::close(rd_efd);
-                return None;
-            }
+        let rd_efd = w.eventfd()?;
+        let Some(wr_efd) = w.eventfd() else {
+            w.recycle_eventfd(rd_efd);
+            return None;
         };
         crate::fdtable::UPGRADE_CONNS.fetch_add(1, Ordering::Relaxed);
         Some(Conn {
@@ -382,8 +380,17 @@ impl Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         crate::fdtable::UPGRADE_CONNS.fetch_sub(1, Ordering::Relaxed);
-        net::close(self.rd_efd);
-        net::close(self.wr_efd);
+        let g = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        // (its epoll registrations went with its last fd: `ready::forget_conn`)
+        for (efd, set) in [(self.rd_efd, g.rd_set), (self.wr_efd, g.wr_set)] {
+            if set {
+                net::eventfd_clear(efd);
+            }
+            match world_if_created().filter(|_| slot_is_ours(self.slot)) {
+                Some(w) => w.recycle_eventfd(efd),
+                None => net::close(efd),
+            }
+        }
     }
 }
 
@@ -422,7 +429,14 @@ pub struct World {
     slab: RwLock<Slab>,
     pub(crate) regs: Mutex<ready::Registry>,
     engine: OnceLock<Option<Engine>>,
+    /// Cleared eventfds of dropped connections, for the next ones (two per connection: making
+    /// them costs six system calls, closing them two more, which a stream of short
+    /// connections feels).
+    spare_efds: Mutex<Vec<c_int>>,
 }
+
+/// Most spare eventfds kept.
+const SPARE_EFDS: usize = 64;
 
 /// One world per process generation (a fork child moves to the next one). A generation's
 /// world is created on first use; the parent's stays untouched in the child's memory.
@@ -453,6 +467,7 @@ pub fn world() -> Option<&'static World> {
         }),
         regs: Mutex::new(ready::Registry::default()),
         engine: OnceLock::new(),
+        spare_efds: Mutex::new(Vec::new()),
     }))
 }
 
@@ -462,6 +477,28 @@ pub fn world_if_created() -> Option<&'static World> {
 }
 
 impl World {
+    /// A cleared, non-blocking, close-on-exec eventfd numbered from [`PRIVATE_FD_MIN`]: a spare
+    /// one, or a new one.
+    fn eventfd(&self) -> Option<c_int> {
+        let spare = self
+            .spare_efds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        spare.or_else(|| net::eventfd(PRIVATE_FD_MIN).ok())
+    }
+
+    /// Keeps cleared eventfd `fd` for a later connection (or closes it if enough are kept).
+    fn recycle_eventfd(&self, fd: c_int) {
+        let mut v = self.spare_efds.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < SPARE_EFDS {
+            v.push(fd);
+        } else {
+            drop(v);
+            net::close(fd);
+        }
+    }
+
     /// The engine, started on first use; `None` if it cannot run here (no RDMA, no thread).
     pub fn engine(&self) -> Option<&Engine> {
         self.engine.get_or_init(Engine::start).as_ref()
@@ -593,10 +630,7 @@ pub(crate) fn link_config() -> &'static StreamConfig {
     static CFG: OnceLock<StreamConfig> = OnceLock::new();
     CFG.get_or_init(|| {
         let mut c = StreamConfig::default();
-        let kib = std::env::var("RDMASHIM_RING_KIB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(512);
+        let kib = env_number("RDMASHIM_RING_KIB").map_or(512, |k| k.min(1 << 20) as usize);
         let bytes = (kib.clamp(4, 8192) * 1024).next_power_of_two();
         c.ring_size = bytes.min(8 << 20);
         // The dial (resolution, request, the server's reply) and the handshake: longer than
@@ -608,16 +642,30 @@ pub(crate) fn link_config() -> &'static StreamConfig {
     })
 }
 
+/// How long a connected client waits before it starts its dial (`RDMASHIM_DIAL_DELAY_MS`,
+/// default 10, at most 1000): a connection that ends within milliseconds (a short request
+/// and its answer) is not worth an upgrade, and not dialing for it saves both ends the
+/// rdma_cm work. 0 dials at once.
+pub(crate) fn dial_delay() -> std::time::Duration {
+    static D: OnceLock<std::time::Duration> = OnceLock::new();
+    *D.get_or_init(|| {
+        std::time::Duration::from_millis(
+            env_number("RDMASHIM_DIAL_DELAY_MS").unwrap_or(10).min(1000),
+        )
+    })
+}
+
 /// How long a blocked data call busy-polls before it sleeps (`RDMASHIM_SPIN_US`, default 20).
 pub(crate) fn spin() -> std::time::Duration {
     static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
     *SPIN.get_or_init(|| {
-        let us = std::env::var("RDMASHIM_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(20);
-        std::time::Duration::from_micros(us.min(10_000))
+        std::time::Duration::from_micros(env_number("RDMASHIM_SPIN_US").unwrap_or(20).min(10_000))
     })
+}
+
+/// The number in environment variable `name`, if it is set to one.
+pub(crate) fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 // ----- entry points for the hooks -----------------------------------------------------------
@@ -653,7 +701,8 @@ pub fn start_client_to(fd: c_int, peer: SocketAddr, pending: bool) -> Result<u32
     } else {
         None
     };
-    let Some(conn) = w.insert(|slot| Conn::new(slot, fd, Side::Client, peer, local, Phase::Queued))
+    let Some(conn) =
+        w.insert(|slot| Conn::new(w, slot, fd, Side::Client, peer, local, Phase::Queued))
     else {
         if let Some(d) = watch {
             net::close(d);
@@ -667,23 +716,26 @@ pub fn start_client_to(fd: c_int, peer: SocketAddr, pending: bool) -> Result<u32
     Ok(conn.slot)
 }
 
-/// Server: `nfd` was accepted on listener `lfd` that has an rdma_cm side. Creates the
+/// Server: `nfd` was accepted on a listening socket that has an rdma_cm side. Creates the
 /// connection and hands it to the matcher. Returns the slot, or why it stays on TCP.
-pub fn start_server(lfd: c_int, nfd: c_int) -> Result<u32, FallbackReason> {
+///
+/// The listening socket had an rdma_cm side when it was made; if this process's engine has
+/// none for its address, that side belongs to the process that made it, before a fork (a
+/// prefork server's worker): the connect request for this connection goes there, and can
+/// never be matched here.
+pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
     let w = world().ok_or(FallbackReason::Resources)?;
-    let engine = w
-        .engine_if_started()
-        .ok_or(FallbackReason::NoUpgradeRequest)?;
-    if !engine.has_listener(lfd) {
-        return Err(FallbackReason::NoUpgradeRequest);
-    }
     let peer = net::peer_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
     let local = net::local_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
+    let engine = w
+        .engine_if_started()
+        .filter(|e| e.serves(local))
+        .ok_or(FallbackReason::InheritedListener)?;
     if rdmashim_proto::upgrade::upgradable(net::canonical_ip(peer.ip())).is_err() {
         return Err(FallbackReason::NotUpgradableAddress);
     }
     let conn = w
-        .insert(|slot| Conn::new(slot, nfd, Side::Server, peer, local, Phase::Awaiting))
+        .insert(|slot| Conn::new(w, slot, nfd, Side::Server, peer, local, Phase::Awaiting))
         .ok_or(FallbackReason::Resources)?;
     engine.accepted(conn.clone());
     Ok(conn.slot)
