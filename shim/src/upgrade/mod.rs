@@ -692,8 +692,9 @@ pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
 /// timed-out connect never touches rdma_cm, counts as no connection and leaves the negative
 /// cache alone.
 pub fn start_client_to(fd: c_int, peer: SocketAddr, pending: bool) -> Result<u32, FallbackReason> {
-    let local = net::local_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
+    // (the cheap verdict first: a connection to a cached peer costs no system call here)
     peer_verdict(peer)?;
+    let local = net::local_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
     let w = world().ok_or(FallbackReason::Resources)?;
     let engine = w.engine().ok_or(FallbackReason::Resources)?;
     let watch = if pending {
