@@ -17,9 +17,12 @@ fn kernel_tcp() {
     behave_roles(BIN, "prefork", Side::Plain, Side::Plain, "127.0.0.1", None);
 }
 
-/// Checks the stats: the client's two connections and one per worker, all on TCP (the
-/// client's for `client_reason`, the workers' for `worker_reason`); the parent accepted none.
-fn check(r: &RoleStats, client_reason: &str, worker_reason: &str) {
+/// Runs the scenario with both ends shimmed on `ip` and checks the stats: the client's two
+/// connections and one per worker, all on TCP (the client's for `client_reason`, the workers'
+/// for `worker_reason`); the parent accepted none.
+fn shimmed(ip: &str, client_reason: &str, worker_reason: &str) {
+    let shim = Side::Shim(Via::Preload);
+    let r = behave_roles(BIN, "prefork", shim, shim, ip, None);
     let c = r.client.as_ref().expect("the client wrote no stats");
     assert_eq!(c.connections(), 2, "client: {}", c.summary());
     c.assert_all_fallback(client_reason);
@@ -39,15 +42,7 @@ fn check(r: &RoleStats, client_reason: &str, worker_reason: &str) {
 
 #[test]
 fn under_the_shim() {
-    let r = behave_roles(
-        BIN,
-        "prefork",
-        Side::Shim(Via::Preload),
-        Side::Shim(Via::Preload),
-        "127.0.0.1",
-        None,
-    );
-    check(&r, &expected_reason(), &expected_reason());
+    shimmed("127.0.0.1", &expected_reason(), &expected_reason());
 }
 
 /// RDMA tier: both ends shimmed on `RDMASHIM_TEST_IP`. The client's upgrade requests reach the
@@ -57,13 +52,5 @@ fn under_the_shim() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    let r = behave_roles(
-        BIN,
-        "prefork",
-        Side::Shim(Via::Preload),
-        Side::Shim(Via::Preload),
-        &test_ip(),
-        None,
-    );
-    check(&r, "peer_rejected", "inherited_listener");
+    shimmed(&test_ip(), "peer_rejected", "inherited_listener");
 }

@@ -170,16 +170,19 @@ impl NegativeCache {
             .or_else(|| self.live(NegKey::Port(peer.ip(), peer.port()), now))
     }
 
+    /// Whether host `ip` is proven at `now` (see the type's docs).
+    fn is_proven(&self, ip: IpAddr, now: Instant) -> bool {
+        self.proven
+            .get(&ip)
+            .is_some_and(|t| now < *t + self.cfg.after_silence)
+    }
+
     /// Records a failed attempt to `peer` at `now`.
     pub fn record(&mut self, peer: SocketAddr, failure: PeerFailure, now: Instant) {
         let (key, ttl) = match failure {
             PeerFailure::Rejected => (NegKey::Port(peer.ip(), peer.port()), self.cfg.after_reject),
             PeerFailure::Unreachable | PeerFailure::Timeout => {
-                if self
-                    .proven
-                    .get(&peer.ip())
-                    .is_some_and(|t| now < *t + self.cfg.after_silence)
-                {
+                if self.is_proven(peer.ip(), now) {
                     return;
                 }
                 (NegKey::Host(peer.ip()), self.cfg.after_silence)
@@ -246,17 +249,11 @@ impl NegativeCache {
     /// first.
     pub fn may_delay(&mut self, peer: SocketAddr, now: Instant) -> bool {
         let ip = peer.ip();
-        if self
-            .proven
-            .get(&ip)
-            .is_some_and(|t| now < *t + self.cfg.after_silence)
-        {
-            return true;
-        }
-        if self
-            .probing
-            .get(&ip)
-            .is_some_and(|t| now < *t + PROBE_STALE)
+        if self.is_proven(ip, now)
+            || self
+                .probing
+                .get(&ip)
+                .is_some_and(|t| now < *t + PROBE_STALE)
         {
             return true;
         }

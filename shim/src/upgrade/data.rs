@@ -241,12 +241,13 @@ impl Waiter {
     /// Busy-polls the connection for the spin time; returns true as soon as `ready` holds.
     fn spin(&self, c: &Conn, mut ready: impl FnMut(&Inner) -> bool) -> bool {
         let spin = super::spin();
-        // (nothing to spin on before the link exists: no clock read either)
-        if spin.is_zero() || !matches!(c.lock().phase, Phase::Linked(_)) {
+        if spin.is_zero() {
             return false;
         }
-        let end = Instant::now() + spin;
-        while Instant::now() < end {
+        // The clock is read only once there is a link to spin on (before, nothing can change
+        // without a system call, and a clock read may be one).
+        let mut end = None;
+        loop {
             let mut g = c.lock();
             if let Phase::Linked(l) = &mut g.phase {
                 if l.progress(false) {
@@ -259,9 +260,12 @@ impl Waiter {
                 return true;
             }
             drop(g);
+            let now = Instant::now();
+            if now >= *end.get_or_insert(now + spin) {
+                return false;
+            }
             std::hint::spin_loop();
         }
-        false
     }
 
     /// Sleeps on `sock` (for `sock_events`, if any), `efd` and the link's completion channel

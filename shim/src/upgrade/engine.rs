@@ -110,8 +110,7 @@ pub fn negative_cached(peer: SocketAddr) -> bool {
 /// counts the host as proven.
 pub fn upgraded_to(peer: SocketAddr) {
     if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
-        let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
-        n.record_success(canonical(peer), Instant::now());
+        e.proven(peer);
     }
 }
 
@@ -221,8 +220,9 @@ impl Engine {
         n.probe_ended(canonical(peer));
     }
 
-    /// The peer's shim answered (it declined this one connection): the host runs the shim.
-    fn shim_answered(&self, peer: SocketAddr) {
+    /// The host of `peer` runs the shim (a connection to it was upgraded, or its shim
+    /// declined one): forget its failures, count it as proven.
+    fn proven(&self, peer: SocketAddr) {
         let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
         n.record_success(canonical(peer), Instant::now());
     }
@@ -390,14 +390,14 @@ fn run(epfd: c_int, wake: c_int) {
         if let Some(e) = engine() {
             e.next_wake.store(0, Ordering::SeqCst);
         }
+        // Queued commands before the events: a connect request then finds the connections
+        // accepted before it already in the matcher.
+        st.commands();
         for ev in &evs[..n] {
             let t = ev.u64;
             let (kind, value) = (t >> 32, t as u32);
             match kind {
-                WAKE => {
-                    net::eventfd_clear(wake);
-                    st.commands();
-                }
+                WAKE => net::eventfd_clear(wake),
                 LISTENER => st.requests(value),
                 DIAL => st.dial_event(value),
                 COMP => st.comp_event(value),
@@ -661,19 +661,21 @@ impl State {
                 self.watch(&c, &mut g, link, libc::EPOLL_CTL_MOD);
             }
             DialStatus::Failed(e) => {
+                // A shim that declined this one connection (no matching TCP connection yet, a
+                // duplicate, short of resources) will take others: not cached, and its host
+                // is proven.
+                let shim_declined = matches!(
+                    e,
+                    DialError::Rejected(Some(
+                        RejectReason::NoMatchingTcp
+                            | RejectReason::Duplicate
+                            | RejectReason::Resources
+                    ))
+                );
                 let (reason, failure) = match &e {
-                    // A shim that declined this one connection (no matching TCP connection yet,
-                    // a duplicate, short of resources) will take others: not cached.
                     DialError::Rejected(r) => (
                         fallback_reason(rdmashim_proto::ErrorReason::Rejected(*r)),
-                        match r {
-                            Some(
-                                RejectReason::NoMatchingTcp
-                                | RejectReason::Duplicate
-                                | RejectReason::Resources,
-                            ) => None,
-                            _ => Some(PeerFailure::Rejected),
-                        },
+                        (!shim_declined).then_some(PeerFailure::Rejected),
                     ),
                     DialError::Unreachable(_) => (
                         FallbackReason::PeerUnreachable,
@@ -687,11 +689,10 @@ impl State {
                 };
                 shim_log!(Level::Debug, "dial {}: {e:?}", c.peer);
                 if let Some(en) = engine() {
-                    match failure {
-                        Some(f) => en.record_failure(c.peer, f),
-                        // (the shim there declined this one connection)
-                        None if matches!(e, DialError::Rejected(_)) => en.shim_answered(c.peer),
-                        None => {}
+                    if let Some(f) = failure {
+                        en.record_failure(c.peer, f);
+                    } else if shim_declined {
+                        en.proven(c.peer);
                     }
                 }
                 // The application closed the connection while it was dialing, and the

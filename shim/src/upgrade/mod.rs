@@ -381,12 +381,13 @@ impl Drop for Conn {
     fn drop(&mut self) {
         crate::fdtable::UPGRADE_CONNS.fetch_sub(1, Ordering::Relaxed);
         let g = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        let w = world_if_created().filter(|_| slot_is_ours(self.slot));
         // (its epoll registrations went with its last fd: `ready::forget_conn`)
         for (efd, set) in [(self.rd_efd, g.rd_set), (self.wr_efd, g.wr_set)] {
             if set {
                 net::eventfd_clear(efd);
             }
-            match world_if_created().filter(|_| slot_is_ours(self.slot)) {
+            match w {
                 Some(w) => w.recycle_eventfd(efd),
                 None => net::close(efd),
             }
