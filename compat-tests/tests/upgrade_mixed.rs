@@ -70,7 +70,8 @@ fn both_shimmed_upgrade() {
 /// TCP without the application noticing. Also with a server that speaks first, and with a
 /// non-blocking connect: the client simply completes. (The two short scenarios may end — the
 /// process may exit — before the host's reject arrives: then the connection counts
-/// `closed_early`; it never counts as upgraded or as anything else.)
+/// `closed_early`; it never counts as upgraded or as anything else. The echo's server pauses
+/// after accepting, so there the reject always comes first.)
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn shim_client_plain_server() {
@@ -82,7 +83,7 @@ fn shim_client_plain_server() {
             Side::Shim(Via::Preload),
             Side::Plain,
             &ip,
-            None,
+            (scenario == "echo").then_some(SETTLE),
         );
         let c = client_of(&r);
         if scenario == "echo" {
@@ -133,7 +134,8 @@ fn disabled_client() {
 }
 
 /// Both shimmed, the server with `RDMASHIM_DISABLE=1`: it does not listen for connect
-/// requests, so the client's is rejected.
+/// requests, so the client's is rejected (the server pauses after accepting, so the reject
+/// comes before the client's exchange ends: otherwise it could count `closed_early`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn disabled_server() {
@@ -144,7 +146,7 @@ fn disabled_server() {
         Side::Shim(Via::Preload),
         Side::Disabled,
         &ip,
-        None,
+        Some(SETTLE),
     );
     client_of(&r).assert_fallback_reasons(&[("peer_rejected", 1)]);
     server_of(&r).assert_fallback_reasons(&[("disabled", 1)]);

@@ -974,7 +974,10 @@ proptest! {
         let mut sim = Sim::new(&sc);
         sim.finishing = false;
         sim.run_random(sc.random_steps);
-        prop_assert!(sim.drain(10_000), "no quiescence: {}", sim.describe());
+        // Rounds enough for the slowest legal schedule to finish the streams (1-byte writes
+        // through 4 receive slots move about one byte a round), then to go quiet.
+        let rounds = 10_000 + 4 * (sc.a.stream_len + sc.b.stream_len);
+        prop_assert!(sim.drain(rounds), "no quiescence: {}", sim.describe());
         for (me, peer) in [(&sim.a, &sim.b), (&sim.b, &sim.a)] {
             prop_assert!(me.in_stream == peer.out_stream, "{}: not everything delivered", me.name);
             prop_assert!(me.outbound.is_empty());

@@ -90,8 +90,9 @@ pub struct Engine {
     wake: c_int,
     cmds: Mutex<Vec<Cmd>>,
     /// When the engine next wakes by itself, on the coarse clock ([`net::coarse_ms`]: no
-    /// system call for the application's thread); `u64::MAX`: not by itself; 0: it is awake
-    /// and takes up the queued commands before it sleeps again.
+    /// system call for the application's thread); `u64::MAX`: not by itself (also until the
+    /// engine first publishes it: its thread may sleep once before this handle is reachable
+    /// from it); 0: it is awake and takes up the queued commands before it sleeps again.
     next_wake: AtomicU64,
     listeners: Mutex<Listeners>,
     negative: Mutex<NegativeCache>,
@@ -148,7 +149,7 @@ impl Engine {
             epfd,
             wake,
             cmds: Mutex::new(Vec::new()),
-            next_wake: AtomicU64::new(0),
+            next_wake: AtomicU64::new(u64::MAX),
             listeners: Mutex::new(Listeners::default()),
             negative: Mutex::new(NegativeCache::new(cfg)),
         };

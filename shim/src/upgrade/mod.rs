@@ -108,7 +108,6 @@ pub struct Conn {
 
 impl Conn {
     fn new(
-        w: &World,
         slot: u32,
         fd: c_int,
         side: Side,
@@ -116,10 +115,13 @@ impl Conn {
         local: SocketAddr,
         phase: Phase,
     ) -> Option<Conn> {
-        let rd_efd = w.eventfd()?;
-        let Some(wr_efd) = w.eventfd() else {
-            w.recycle_eventfd(rd_efd);
-            return None;
+        let rd_efd = net::eventfd(PRIVATE_FD_MIN).ok()?;
+        let wr_efd = match net::eventfd(PRIVATE_FD_MIN) {
+            Ok(fd) => fd,
+            Err(_) => {
+                net::close(rd_efd);
+                return None;
+            }
         };
         crate::fdtable::UPGRADE_CONNS.fetch_add(1, Ordering::Relaxed);
         Some(Conn {
@@ -380,18 +382,8 @@ impl Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         crate::fdtable::UPGRADE_CONNS.fetch_sub(1, Ordering::Relaxed);
-        let g = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
-        let w = world_if_created().filter(|_| slot_is_ours(self.slot));
-        // (its epoll registrations went with its last fd: `ready::forget_conn`)
-        for (efd, set) in [(self.rd_efd, g.rd_set), (self.wr_efd, g.wr_set)] {
-            if set {
-                net::eventfd_clear(efd);
-            }
-            match w {
-                Some(w) => w.recycle_eventfd(efd),
-                None => net::close(efd),
-            }
-        }
+        net::close(self.rd_efd);
+        net::close(self.wr_efd);
     }
 }
 
@@ -430,14 +422,7 @@ pub struct World {
     slab: RwLock<Slab>,
     pub(crate) regs: Mutex<ready::Registry>,
     engine: OnceLock<Option<Engine>>,
-    /// Cleared eventfds of dropped connections, for the next ones (two per connection: making
-    /// them costs six system calls, closing them two more, which a stream of short
-    /// connections feels).
-    spare_efds: Mutex<Vec<c_int>>,
 }
-
-/// Most spare eventfds kept.
-const SPARE_EFDS: usize = 64;
 
 /// One world per process generation (a fork child moves to the next one). A generation's
 /// world is created on first use; the parent's stays untouched in the child's memory.
@@ -468,7 +453,6 @@ pub fn world() -> Option<&'static World> {
         }),
         regs: Mutex::new(ready::Registry::default()),
         engine: OnceLock::new(),
-        spare_efds: Mutex::new(Vec::new()),
     }))
 }
 
@@ -478,28 +462,6 @@ pub fn world_if_created() -> Option<&'static World> {
 }
 
 impl World {
-    /// A cleared, non-blocking, close-on-exec eventfd numbered from [`PRIVATE_FD_MIN`]: a spare
-    /// one, or a new one.
-    fn eventfd(&self) -> Option<c_int> {
-        let spare = self
-            .spare_efds
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        spare.or_else(|| net::eventfd(PRIVATE_FD_MIN).ok())
-    }
-
-    /// Keeps cleared eventfd `fd` for a later connection (or closes it if enough are kept).
-    fn recycle_eventfd(&self, fd: c_int) {
-        let mut v = self.spare_efds.lock().unwrap_or_else(|p| p.into_inner());
-        if v.len() < SPARE_EFDS {
-            v.push(fd);
-        } else {
-            drop(v);
-            net::close(fd);
-        }
-    }
-
     /// The engine, started on first use; `None` if it cannot run here (no RDMA, no thread).
     pub fn engine(&self) -> Option<&Engine> {
         self.engine.get_or_init(Engine::start).as_ref()
@@ -703,8 +665,7 @@ pub fn start_client_to(fd: c_int, peer: SocketAddr, pending: bool) -> Result<u32
     } else {
         None
     };
-    let Some(conn) =
-        w.insert(|slot| Conn::new(w, slot, fd, Side::Client, peer, local, Phase::Queued))
+    let Some(conn) = w.insert(|slot| Conn::new(slot, fd, Side::Client, peer, local, Phase::Queued))
     else {
         if let Some(d) = watch {
             net::close(d);
@@ -737,7 +698,7 @@ pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
         return Err(FallbackReason::NotUpgradableAddress);
     }
     let conn = w
-        .insert(|slot| Conn::new(w, slot, nfd, Side::Server, peer, local, Phase::Awaiting))
+        .insert(|slot| Conn::new(slot, nfd, Side::Server, peer, local, Phase::Awaiting))
         .ok_or(FallbackReason::Resources)?;
     engine.accepted(conn.clone());
     Ok(conn.slot)
