@@ -263,14 +263,19 @@ impl Conn {
         self.clear_efds(g);
     }
 
-    /// The link's completion channel is (or may be) readable: takes its events, drives the
-    /// link, re-arms the CQ and applies the consequences. Whoever takes a channel event
+    /// The link's completion channel is (or may be) readable: takes its events, re-arms the
+    /// CQ, drives the link and applies the consequences. Whoever takes a channel event
     /// re-arms, so the next completion raises one again.
+    ///
+    /// Arm *before* polling: the notification covers only completions added after the arm,
+    /// so a completion that landed between a last poll and the arm would sit in the CQ with
+    /// no event, and a peer waiting on its answer would wait for ever (the redis-benchmark
+    /// hang of sessions 3–4).
     pub(crate) fn on_completions(&self, g: &mut Inner) {
         if let Phase::Linked(l) = &mut g.phase {
             l.take_events();
-            l.progress(false);
             l.arm();
+            l.progress(false);
         }
         self.settle(g);
         ready::after_change(self, g);
