@@ -185,6 +185,10 @@ pub struct Link {
     /// Next time `progress` reads the rdma_cm channel without being told to (each read is a
     /// system call; a sleeping owner watches the channel's fd anyway).
     next_cm_check: Instant,
+    /// The owner watches [`Link::cm_fd`] and calls `progress(true)` when it is readable:
+    /// `progress(false)` then never reads the channel (nor the clock, once the handshake is
+    /// over; under an emulated CPU a clock read can be a system call).
+    cm_watched: bool,
     close_timeout: Duration,
 }
 
@@ -217,8 +221,16 @@ impl Link {
             teardown: Td::Running,
             failure: None,
             next_cm_check: Instant::now(),
+            cm_watched: false,
             close_timeout,
         }
+    }
+
+    /// The owner watches [`cm_fd`](Self::cm_fd) itself (an event loop) and calls
+    /// `progress(true)` whenever it is readable: from now on `progress(false)` leaves the
+    /// rdma_cm channel alone, which saves the data path a clock read and a system call.
+    pub fn set_cm_watched(&mut self) {
+        self.cm_watched = true;
     }
 
     /// The protocol core (state, readiness, `recv()`, counters).
@@ -353,13 +365,17 @@ impl Link {
     /// Steps 1–3 of the driving loop: completions, rdma_cm events, handshake deadline.
     pub(crate) fn take_inputs(&mut self, force_cm: bool) -> bool {
         let mut any = self.poll_cq();
-        let now = Instant::now();
-        if force_cm || now >= self.next_cm_check {
-            self.next_cm_check = now + CM_CHECK_EVERY;
+        if force_cm {
             any |= self.poll_cm();
+        } else if !self.cm_watched {
+            let now = Instant::now();
+            if now >= self.next_cm_check {
+                self.next_cm_check = now + CM_CHECK_EVERY;
+                any |= self.poll_cm();
+            }
         }
         if self.conn.poll_timeout().is_some() {
-            self.conn.handle_timeout(now);
+            self.conn.handle_timeout(Instant::now());
         }
         any
     }

@@ -732,6 +732,8 @@ impl State {
             let _ = net::epoll_ctl(self.epfd, op, fd, ev, token(kind, c.slot));
         }
         let mut link = Box::new(link);
+        // The engine reads the rdma_cm channel whenever it is readable (`cm_event`).
+        link.set_cm_watched();
         link.arm();
         g.phase = Phase::Linked(link);
         c.drive(g, true);
