@@ -420,6 +420,7 @@ pub(crate) fn epoll_wait(
 ) -> Outcome<c_int> {
     let start = std::time::Instant::now();
     loop {
+        ready::arm_for_epoll(epfd);
         let n = wait(ev, max, timeout_ms);
         if n <= 0 {
             return Outcome::Handled(n);

@@ -273,9 +273,12 @@ impl Waiter {
     ///
     /// Waiting on the completion channel here, not only on `efd`, saves the hop through the
     /// engine thread (its wake-up, then ours) on every blocking read and write: while this
-    /// thread waits (`Conn::sleepers`), the engine leaves the channel's events to it. Whatever
-    /// woke it, the channel is drained and the CQ re-armed before it returns, so an event the
-    /// engine left is never lost.
+    /// thread waits (`Conn::sleepers`), the engine does not watch the channel
+    /// ([`super::engine::watch_completions`]) and leaves any event it already had to it. Whatever
+    /// woke it, the channel is drained before it returns, so an event the engine left is never
+    /// lost; the CQ is left unarmed while this thread goes on with the connection
+    /// ([`Conn::on_wake`]), so the completions it causes (the reply, the credits) raise no event
+    /// for the engine to take.
     fn sleep(&mut self, c: &Conn, fd: c_int, sock_events: i16, efd: c_int) -> Result<(), Errno> {
         let deadline = *self.deadline.get_or_insert_with(|| {
             net::sock_timeout_ms(fd, self.opt)
@@ -295,12 +298,16 @@ impl Waiter {
         // event): if that found something, the caller re-checks instead of sleeping.
         let comp = {
             let mut g = c.lock();
+            c.armed(&mut g);
             match &mut g.phase {
                 Phase::Linked(l) => {
                     l.arm();
                     if l.progress(false) {
                         c.settle(&mut g);
                         return Ok(());
+                    }
+                    if c.sleepers.fetch_add(1, Ordering::SeqCst) == 0 {
+                        super::engine::watch_completions(c, l, false);
                     }
                     Some(l.comp_fd())
                 }
@@ -325,13 +332,16 @@ impl Waiter {
             },
         ];
         let n = if sock_events != 0 { 3 } else { 2 };
-        if comp.is_some() {
-            c.sleepers.fetch_add(1, Ordering::SeqCst);
-        }
         let r = net::poll(&mut p[..n], timeout);
         if comp.is_some() {
-            c.sleepers.fetch_sub(1, Ordering::SeqCst);
-            c.on_completions(&mut c.lock());
+            let mut g = c.lock();
+            let last = c.sleepers.fetch_sub(1, Ordering::SeqCst) == 1;
+            c.on_wake(&mut g, last);
+            if last {
+                if let Phase::Linked(l) = &g.phase {
+                    super::engine::watch_completions(c, l, true);
+                }
+            }
         }
         match r {
             Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => Err(Errno(libc::EAGAIN)),

@@ -14,7 +14,7 @@
 //!
 //! The engine thread marks itself as shim-internal: the hooks it reaches pass straight through.
 
-use super::{fallback_reason, link_config, Conn, Inner, Phase};
+use super::{fallback_reason, link_config, Conn, Inner, Phase, UNARMED_MAX};
 use crate::config::Level;
 use crate::net;
 use crate::reason::FallbackReason;
@@ -178,6 +178,13 @@ impl Engine {
         if urgent
             || self.next_wake.load(Ordering::SeqCst) > net::coarse_ms() + LAZY.as_millis() as u64
         {
+            net::eventfd_signal(self.wake);
+        }
+    }
+
+    /// Makes sure the engine wakes within `within` (a wake-up now if it would sleep longer).
+    fn nudge(&self, within: Duration) {
+        if self.next_wake.load(Ordering::SeqCst) > net::coarse_ms() + within.as_millis() as u64 {
             net::eventfd_signal(self.wake);
         }
     }
@@ -364,6 +371,28 @@ struct State {
     busy: bool,
 }
 
+/// An application thread is about to wait on the completion channel of `c`'s link `l`
+/// itself (`on == false`), or the last such thread stopped (`on == true`): the engine stops or
+/// resumes watching that channel, so that a completion wakes one thread, not two. Call with
+/// `c`'s lock held, `l` its link; resume after the thread took the channel's events (an event
+/// still pending then is reported to the engine by the ADD).
+pub(crate) fn watch_completions(c: &Conn, l: &Link, on: bool) {
+    let Some(e) = engine() else { return };
+    let (op, ev) = if on {
+        (libc::EPOLL_CTL_ADD, (libc::EPOLLIN | libc::EPOLLET) as u32)
+    } else {
+        (libc::EPOLL_CTL_DEL, 0)
+    };
+    let _ = net::epoll_ctl(e.epfd, op, l.comp_fd(), ev, token(COMP, c.slot));
+}
+
+/// Makes sure the engine wakes within `within` (if it runs).
+pub(crate) fn nudge(within: Duration) {
+    if let Some(e) = engine() {
+        e.nudge(within);
+    }
+}
+
 fn engine() -> Option<&'static Engine> {
     super::world_if_created().and_then(|w| w.engine_if_started())
 }
@@ -383,7 +412,11 @@ fn run(epfd: c_int, wake: c_int) {
         st.busy = false;
         if let Some(e) = engine() {
             e.sleep_until(timeout);
-            if e.has_cmds() {
+            // (after publishing the wake-up time: an application thread that leaves a CQ
+            // unarmed after this reads it and wakes the engine; one that did before is seen here)
+            let unarmed = super::UNARMED.load(Ordering::SeqCst) > 0
+                && (timeout < 0 || timeout as u128 > UNARMED_MAX.as_millis());
+            if e.has_cmds() || unarmed {
                 continue;
             }
         }
@@ -440,6 +473,10 @@ impl State {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if let Some(t) = self.delayed.iter().map(|(t, _)| *t).min() {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        if super::UNARMED.load(Ordering::SeqCst) > 0 {
+            let t = now + UNARMED_MAX;
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if let Some(t) = engine().and_then(|e| e.retire_listeners(now)) {
@@ -878,6 +915,8 @@ impl State {
             // (a dial under way goes on: its outcome is the connection's reason, and teaches
             // the negative cache about the peer; see `dial_event`)
             c.decide(&mut g, true);
+            // The teardown is the engine's now: it needs the completions' events.
+            c.ensure_armed(&mut g);
         }
         let Some(t) = self.conns.get_mut(&c.slot) else {
             return;
@@ -923,6 +962,18 @@ impl State {
                     if matches!(g.phase, Phase::Awaiting) {
                         c.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
                     }
+                }
+            }
+        }
+        if super::UNARMED.load(Ordering::SeqCst) > 0 {
+            // CQs an application thread left unarmed and did not come back to: completions
+            // (the peer's data, the credits a blocked send waits for) must raise events again.
+            for t in self.conns.values() {
+                let c = &t.conn;
+                let mut g = c.lock();
+                let stale = g.unarmed.is_some_and(|at| now >= at + UNARMED_MAX);
+                if stale && c.sleepers.load(Ordering::SeqCst) == 0 {
+                    c.on_completions(&mut g);
                 }
             }
         }
@@ -1014,6 +1065,7 @@ impl State {
                 }
                 // Dropping the link destroys the QP and closes its channels (which leaves
                 // the epoll set with them).
+                c.armed(&mut g);
                 g.phase = Phase::Fallen;
             }
         }

@@ -27,7 +27,7 @@ use rdmashim_core::link::{Dialer, Link};
 use rdmashim_core::StreamConfig;
 use rdmashim_proto::{ErrorReason, RejectReason, Side, StreamState};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
@@ -77,7 +77,19 @@ pub(crate) struct Inner {
     /// Client whose TCP connect is still in progress: a private duplicate of the socket that
     /// the engine watches for its outcome (the dial starts once it succeeded).
     pub pending: Option<c_int>,
+    /// Since when the link's CQ has been left unarmed by an application thread that woke from
+    /// a blocking wait (see [`Conn::on_wake`]); `None`: armed, or nobody's business yet.
+    pub unarmed: Option<Instant>,
 }
+
+/// Connections whose CQ an application thread left unarmed ([`Inner::unarmed`]): while there
+/// are any, waits in poll/select/epoll arm the ones they cover, and the engine arms those left
+/// so for longer than [`UNARMED_MAX`].
+pub(crate) static UNARMED: AtomicUsize = AtomicUsize::new(0);
+
+/// How long a CQ may stay unarmed after an application thread's blocking wait before the engine
+/// arms it (the application went on to something else: completions must be taken again).
+pub(crate) const UNARMED_MAX: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// One TCP connection under the upgrade.
 pub struct Conn {
@@ -149,6 +161,7 @@ impl Conn {
                 rd_mark: 0,
                 unsure: None,
                 pending: None,
+                unarmed: None,
             }),
         })
     }
@@ -258,6 +271,7 @@ impl Conn {
     /// The connection stays TCP for good (whatever is counted for it): the link, if any, is
     /// dropped and data calls go straight to the socket.
     fn to_tcp(&self, g: &mut Inner) {
+        self.armed(g);
         g.phase = Phase::Fallen;
         self.fell_back.store(true, Ordering::Release);
         self.clear_efds(g);
@@ -272,6 +286,7 @@ impl Conn {
     /// no event, and a peer waiting on its answer would wait for ever (the redis-benchmark
     /// hang of sessions 3–4).
     pub(crate) fn on_completions(&self, g: &mut Inner) {
+        self.armed(g);
         if let Phase::Linked(l) = &mut g.phase {
             l.take_events();
             l.arm();
@@ -279,6 +294,48 @@ impl Conn {
         }
         self.settle(g);
         ready::after_change(self, g);
+    }
+
+    /// An application thread woke from its wait on the completion channel (a blocking data
+    /// call): takes the channel's events and drives the link like
+    /// [`on_completions`](Self::on_completions), but leaves the CQ *unarmed* when this was the
+    /// last such thread. The thread goes on using the connection (the next send or receive
+    /// polls the CQ itself, and a blocking one arms before it sleeps), and an armed CQ would
+    /// raise an event for each completion meanwhile — a wake-up of the engine thread that
+    /// fights this one for the lock, per message. Whoever waits next arms it
+    /// ([`Conn::ensure_armed`]), or the engine after [`UNARMED_MAX`].
+    pub(crate) fn on_wake(&self, g: &mut Inner, last: bool) {
+        if !last {
+            self.on_completions(g);
+            return;
+        }
+        if let Phase::Linked(l) = &mut g.phase {
+            l.take_events();
+            l.progress(false);
+            if g.unarmed.is_none() {
+                g.unarmed = Some(Instant::now());
+                UNARMED.fetch_add(1, Ordering::SeqCst);
+                engine::nudge(UNARMED_MAX);
+            }
+        }
+        self.settle(g);
+        ready::after_change(self, g);
+    }
+
+    /// Forgets the unarmed mark (the caller arms the CQ).
+    fn armed(&self, g: &mut Inner) {
+        if g.unarmed.take().is_some() {
+            UNARMED.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Arms the CQ if an application thread left it unarmed, then drives the link once (a
+    /// completion between the last poll and the arm raised no event). For a thread about to
+    /// wait on the connection's readiness by other means than its completion channel.
+    pub(crate) fn ensure_armed(&self, g: &mut Inner) {
+        if g.unarmed.is_some() {
+            self.on_completions(g);
+        }
     }
 
     fn clear_efds(&self, g: &mut Inner) {
@@ -581,6 +638,8 @@ pub fn slot_is_ours(slot: u32) -> bool {
 pub fn after_fork_child() {
     let g = generation();
     GENERATION.store((g + 1).min(LAST_GENERATION), Ordering::Relaxed);
+    // (the parent's unarmed CQs are not the child's business)
+    UNARMED.store(0, Ordering::SeqCst);
     // The parent's private socket duplicates (connections it was closing at the moment of the
     // fork) stay open in the child until it execs (they are close-on-exec) or exits: their
     // numbers live in the engine thread's state, which did not survive the fork.

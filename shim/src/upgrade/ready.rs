@@ -162,6 +162,30 @@ pub fn epoll_ctl(
     }
 }
 
+/// Before a wait on epoll set `epfd`: arms the CQs of its connections that an application
+/// thread left unarmed ([`Conn::on_wake`]), so that their completions wake this wait (through
+/// the engine and the eventfds). (A set nested in another is covered by the engine's own
+/// re-arming after [`super::UNARMED_MAX`].)
+pub fn arm_for_epoll(epfd: c_int) {
+    if super::UNARMED.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    let conns: Vec<Arc<Conn>> = {
+        let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        r.regs
+            .iter()
+            .filter(|((e, _), _)| *e == epfd)
+            .map(|(_, g)| g.conn.clone())
+            .collect()
+    };
+    for c in conns {
+        c.ensure_armed(&mut c.lock());
+    }
+}
+
 /// The epoll fd `epfd` is being closed: forget its registrations.
 pub fn forget_epoll(epfd: c_int) {
     let Some(w) = super::world_if_created() else {
@@ -399,6 +423,12 @@ pub fn poll(
         )),
     };
     loop {
+        if super::UNARMED.load(Ordering::SeqCst) > 0 {
+            // (see `arm_for_epoll`)
+            for c in conns.iter().flatten() {
+                c.ensure_armed(&mut c.lock());
+            }
+        }
         let mut real: Vec<libc::pollfd> = Vec::with_capacity(fds.len() + 4);
         let mut plan: Vec<Option<Entry>> = Vec::with_capacity(fds.len());
         let mut ready_now = false;
