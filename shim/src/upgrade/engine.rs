@@ -386,6 +386,10 @@ pub(crate) fn watch_completions(c: &Conn, l: &Link, on: bool) {
     let _ = net::epoll_ctl(e.epfd, op, l.comp_fd(), ev, token(COMP, c.slot));
 }
 
+/// How long after a CQ was last left unarmed the engine keeps waking every [`UNARMED_MAX`]
+/// (see [`super::LAST_UNARMED_MS`]).
+const UNARMED_RECENT: Duration = Duration::from_millis(200);
+
 /// Makes sure the engine wakes within `within` (if it runs).
 pub(crate) fn nudge(within: Duration) {
     if let Some(e) = engine() {
@@ -475,7 +479,9 @@ impl State {
         if let Some(t) = self.delayed.iter().map(|(t, _)| *t).min() {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
-        if super::UNARMED.load(Ordering::SeqCst) > 0 {
+        let recent = net::coarse_ms()
+            < super::LAST_UNARMED_MS.load(Ordering::Relaxed) + UNARMED_RECENT.as_millis() as u64;
+        if super::UNARMED.load(Ordering::SeqCst) > 0 || recent {
             let t = now + UNARMED_MAX;
             next = Some(next.map_or(t, |n| n.min(t)));
         }
@@ -968,10 +974,14 @@ impl State {
         if super::UNARMED.load(Ordering::SeqCst) > 0 {
             // CQs an application thread left unarmed and did not come back to: completions
             // (the peer's data, the credits a blocked send waits for) must raise events again.
+            let ms = net::coarse_ms();
             for t in self.conns.values() {
                 let c = &t.conn;
-                let mut g = c.lock();
-                let stale = g.unarmed.is_some_and(|at| now >= at + UNARMED_MAX);
+                // (a connection whose lock is taken is in use: not left alone; next round)
+                let Some(mut g) = c.try_lock() else { continue };
+                let stale = g
+                    .unarmed
+                    .is_some_and(|at| ms >= at + UNARMED_MAX.as_millis() as u64);
                 if stale && c.sleepers.load(Ordering::SeqCst) == 0 {
                     c.on_completions(&mut g);
                 }

@@ -27,7 +27,7 @@ use rdmashim_core::link::{Dialer, Link};
 use rdmashim_core::StreamConfig;
 use rdmashim_proto::{ErrorReason, RejectReason, Side, StreamState};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
@@ -77,9 +77,10 @@ pub(crate) struct Inner {
     /// Client whose TCP connect is still in progress: a private duplicate of the socket that
     /// the engine watches for its outcome (the dial starts once it succeeded).
     pub pending: Option<c_int>,
-    /// Since when the link's CQ has been left unarmed by an application thread that woke from
-    /// a blocking wait (see [`Conn::on_wake`]); `None`: armed, or nobody's business yet.
-    pub unarmed: Option<Instant>,
+    /// Since when (coarse clock, ms) the link's CQ has been left unarmed by an application
+    /// thread that woke from a blocking wait (see [`Conn::on_wake`]); `None`: armed, or
+    /// nobody's business yet.
+    pub unarmed: Option<u64>,
 }
 
 /// Connections whose CQ an application thread left unarmed ([`Inner::unarmed`]): while there
@@ -89,7 +90,13 @@ pub(crate) static UNARMED: AtomicUsize = AtomicUsize::new(0);
 
 /// How long a CQ may stay unarmed after an application thread's blocking wait before the engine
 /// arms it (the application went on to something else: completions must be taken again).
-pub(crate) const UNARMED_MAX: std::time::Duration = std::time::Duration::from_millis(5);
+pub(crate) const UNARMED_MAX: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// When (coarse clock, ms) a CQ was last left unarmed. For a while after it, the engine wakes
+/// every [`UNARMED_MAX`] by itself (whether or not a CQ is unarmed at the moment it goes to
+/// sleep), so that a connection in a blocking ping-pong, unarmed between each wake-up and the
+/// next wait, does not have to wake it each time.
+pub(crate) static LAST_UNARMED_MS: AtomicU64 = AtomicU64::new(0);
 
 /// One TCP connection under the upgrade.
 pub struct Conn {
@@ -170,6 +177,15 @@ impl Conn {
     /// by each call before it can panic).
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection's lock if nobody holds it.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Inner>> {
+        match self.inner.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Counts the connection as upgraded (once).
@@ -313,7 +329,9 @@ impl Conn {
             l.take_events();
             l.progress(false);
             if g.unarmed.is_none() {
-                g.unarmed = Some(Instant::now());
+                let now = net::coarse_ms();
+                g.unarmed = Some(now);
+                LAST_UNARMED_MS.store(now, Ordering::Relaxed);
                 UNARMED.fetch_add(1, Ordering::SeqCst);
                 engine::nudge(UNARMED_MAX);
             }
