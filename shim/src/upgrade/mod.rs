@@ -302,14 +302,7 @@ impl Conn {
     /// no event, and a peer waiting on its answer would wait for ever (the redis-benchmark
     /// hang of sessions 3–4).
     pub(crate) fn on_completions(&self, g: &mut Inner) {
-        self.armed(g);
-        if let Phase::Linked(l) = &mut g.phase {
-            l.take_events();
-            l.arm();
-            l.progress(false);
-        }
-        self.settle(g);
-        ready::after_change(self, g);
+        self.take_completions(g, true);
     }
 
     /// An application thread woke from its wait on the completion channel (a blocking data
@@ -321,20 +314,31 @@ impl Conn {
     /// fights this one for the lock, per message. Whoever waits next arms it
     /// ([`Conn::ensure_armed`]), or the engine after [`UNARMED_MAX`].
     pub(crate) fn on_wake(&self, g: &mut Inner, last: bool) {
-        if !last {
-            self.on_completions(g);
-            return;
+        self.take_completions(g, !last);
+    }
+
+    /// Takes the channel's events, arms the CQ (if `rearm`; else marks it unarmed), drives the
+    /// link and applies the consequences.
+    fn take_completions(&self, g: &mut Inner, rearm: bool) {
+        if rearm {
+            self.armed(g);
         }
-        if let Phase::Linked(l) = &mut g.phase {
+        let linked = if let Phase::Linked(l) = &mut g.phase {
             l.take_events();
-            l.progress(false);
-            if g.unarmed.is_none() {
-                let now = net::coarse_ms();
-                g.unarmed = Some(now);
-                LAST_UNARMED_MS.store(now, Ordering::Relaxed);
-                UNARMED.fetch_add(1, Ordering::SeqCst);
-                engine::nudge(UNARMED_MAX);
+            if rearm {
+                l.arm();
             }
+            l.progress(false);
+            true
+        } else {
+            false
+        };
+        if linked && !rearm && g.unarmed.is_none() {
+            let now = net::coarse_ms();
+            g.unarmed = Some(now);
+            LAST_UNARMED_MS.store(now, Ordering::Relaxed);
+            UNARMED.fetch_add(1, Ordering::SeqCst);
+            engine::nudge(UNARMED_MAX);
         }
         self.settle(g);
         ready::after_change(self, g);
