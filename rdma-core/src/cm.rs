@@ -52,6 +52,9 @@ pub struct Event {
     /// For connection events: the peer's `initiator_depth`/`responder_resources` etc. are not
     /// needed by rdmashim; only the QP number is kept.
     pub qp_num: u32,
+    /// With status -1: the errno librdmacm left when its own processing of the event failed
+    /// (a CONNECT_RESPONSE whose queue pair transitions or RTU failed becomes CONNECT_ERROR).
+    pub errno: Option<i32>,
 }
 
 impl Event {
@@ -87,8 +90,9 @@ impl EventChannel {
         let mut ev = std::ptr::null_mut();
         // SAFETY: live channel, valid out-pointer.
         let rc = unsafe { (self.lib.cm.rdma_get_cm_event)(self.raw.as_ptr(), &mut ev) };
+        let os = std::io::Error::last_os_error();
         if rc != 0 {
-            let e = std::io::Error::last_os_error();
+            let e = os;
             if e.kind() == std::io::ErrorKind::WouldBlock {
                 return Ok(None);
             }
@@ -117,6 +121,11 @@ impl EventChannel {
                 listen_id: e.listen_id,
                 private_data: pd,
                 qp_num: conn.qp_num,
+                errno: if e.status == -1 {
+                    os.raw_os_error()
+                } else {
+                    None
+                },
             }
         };
         // SAFETY: acked exactly once, after the copy.

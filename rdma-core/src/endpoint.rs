@@ -171,6 +171,21 @@ impl Endpoint {
         }
     }
 
+    /// Makes the send staging ring `size` bytes (the peer's ring size), keeping one already
+    /// registered at that size (a dial registers it before the reply, guessing the peer's size
+    /// is its own: the reply then costs no registration).
+    pub fn ensure_peer_ring(&mut self, size: RingSize) -> Result<()> {
+        if self
+            .tx
+            .as_ref()
+            .is_some_and(|t| t.size() as u64 == size.bytes())
+        {
+            return Ok(());
+        }
+        self.tx = None;
+        self.set_peer_ring(size)
+    }
+
     /// Maps and registers the send staging ring once the peer's ring size is known.
     pub fn set_peer_ring(&mut self, size: RingSize) -> Result<()> {
         let pd = self.rx.mr().pd().clone();

@@ -997,9 +997,12 @@ impl Dialer {
                 | et::RDMA_CM_EVENT_UNREACHABLE
                 | et::RDMA_CM_EVENT_CONNECT_ERROR,
             ) => DialError::Unreachable(format!(
-                "{} (status {}) connecting to {}",
+                "{} (status {}{}) connecting to {}",
                 ev.name(),
                 ev.status,
+                ev.errno
+                    .map(|e| format!(": {}", io::Error::from_raw_os_error(e)))
+                    .unwrap_or_default(),
                 self.dst
             )),
             _ => DialError::Local(
@@ -1017,7 +1020,11 @@ impl Dialer {
 
     /// Route resolved: endpoint, core, `rdma_connect` with the request.
     fn request(&self, id: CmId, tcp_received: u64) -> io::Result<Dial> {
-        let ep = Endpoint::new(id, self.ch.clone(), self.sizes).map_err(|f| f.0)?;
+        let mut ep = Endpoint::new(id, self.ch.clone(), self.sizes).map_err(|f| f.0)?;
+        // The staging ring now, at the likely size (the server's is normally ours), rather
+        // than when the reply comes: the reply is handled on the caller's event loop.
+        let guess = ep.local_params().ring.size;
+        ep.set_peer_ring(guess)?;
         let client_port = self
             .client_port
             .unwrap_or_else(|| ep.local_addr().map_or(0, |a| a.port()));
@@ -1050,7 +1057,7 @@ impl Dialer {
         let peer = conn
             .peer_ring()
             .ok_or_else(|| err(io::ErrorKind::InvalidData, "no peer ring after the reply"))?;
-        ep.set_peer_ring(peer.size)?;
+        ep.ensure_peer_ring(peer.size)?;
         Ok(Link::new(conn, ep, self.close_timeout))
     }
 }
