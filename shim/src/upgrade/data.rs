@@ -695,7 +695,7 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
         }
         let undecided = match &g.phase {
             Phase::Awaiting => Some(FallbackReason::NoUpgradeRequest),
-            Phase::Queued | Phase::Dialing(_) => Some(FallbackReason::ClosedEarly),
+            Phase::Queued | Phase::Dialing(_) | Phase::Setup => Some(FallbackReason::ClosedEarly),
             Phase::Linked(l) if !g.committed && l.conn().state() == StreamState::Handshaking => {
                 Some(FallbackReason::ClosedEarly)
             }

@@ -12,6 +12,12 @@
 //!   duplicate of the TCP socket is closed (the TCP FIN goes out only after the ring's Close),
 //!   while that socket is watched for the peer's FIN/RST.
 //!
+//! The slow part of an upgrade — a queue pair and its registered rings: milliseconds each,
+//! tens of milliseconds on a loaded soft-RoCE host — runs on a second thread, the setup thread
+//! ([`Job`]): a burst of new connections (50 clients of redis-benchmark) must not stall the
+//! completions of the connections already on their rings, nor the application's calls on the
+//! connection being set up (no connection's lock is held meanwhile).
+//!
 //! The engine thread marks itself as shim-internal: the hooks it reaches pass straight through.
 
 use super::{fallback_reason, link_config, Conn, Inner, Phase, UNARMED_MAX};
@@ -26,10 +32,10 @@ use rdmashim_proto::upgrade::{
     RequestOutcome, TupleKey,
 };
 use rdmashim_proto::RejectReason;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Token kinds of the engine's epoll set (kind << 32 | value).
@@ -54,6 +60,44 @@ enum Cmd {
     /// The application closed the last fd of the connection; the private duplicate of its
     /// socket (if the ring needs a teardown first) comes along.
     Closed(Arc<Conn>, Option<c_int>),
+}
+
+/// Work for the setup thread (see the module's documentation). The connection is in
+/// [`Phase::Setup`] meanwhile; each job carries the bytes the application had read from the
+/// socket when it was handed over (it may read more meanwhile: the link catches up).
+enum Job {
+    /// Answer a connect request matched to a connection.
+    Accept(Incoming, Arc<Conn>, u64),
+}
+
+/// A finished [`Job`], for the engine thread.
+enum Done {
+    Accepted(Arc<Conn>, std::io::Result<Link>),
+}
+
+fn run_job(job: Job) -> Done {
+    let t0 = Instant::now();
+    let (done, what, peer) = match job {
+        Job::Accept(inc, c, tcp_received) => {
+            let peer = c.peer;
+            let r = inc.accept(link_config(), tcp_received);
+            (Done::Accepted(c, r), "accept", peer)
+        }
+    };
+    if super::trace() {
+        shim_log!(Level::Debug, "trace: {what} {peer} took {:?}", t0.elapsed());
+    }
+    done
+}
+
+/// The setup thread's queue and its finished work.
+#[derive(Default)]
+struct Setup {
+    jobs: Mutex<VecDeque<Job>>,
+    more: Condvar,
+    done: Mutex<Vec<Done>>,
+    /// The thread was started (on the first job).
+    started: AtomicBool,
 }
 
 /// One rdma_cm listener beside a listening socket.
@@ -96,6 +140,7 @@ pub struct Engine {
     next_wake: AtomicU64,
     listeners: Mutex<Listeners>,
     negative: Mutex<NegativeCache>,
+    setup: Setup,
 }
 
 /// Whether `peer` (canonical address) is in the negative cache of this process's engine.
@@ -152,6 +197,7 @@ impl Engine {
             next_wake: AtomicU64::new(u64::MAX),
             listeners: Mutex::new(Listeners::default()),
             negative: Mutex::new(NegativeCache::new(cfg)),
+            setup: Setup::default(),
         };
         let spawned = std::thread::Builder::new()
             .name("rdmashim-engine".into())
@@ -205,6 +251,62 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty()
+            || !self
+                .setup
+                .done
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+    }
+
+    /// Hands `job` to the setup thread (started on the first job). `Err(job)` if the thread
+    /// cannot be started: the caller runs it itself.
+    fn submit(&'static self, job: Job) -> Result<(), Job> {
+        if !self.setup.started.swap(true, Ordering::AcqRel) {
+            let spawned = std::thread::Builder::new()
+                .name("rdmashim-setup".into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    crate::guard::mark_internal_thread();
+                    let _ = std::panic::catch_unwind(|| self.setup_loop());
+                });
+            if spawned.is_err() {
+                self.setup.started.store(false, Ordering::Release);
+                return Err(job);
+            }
+        }
+        self.setup
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(job);
+        self.setup.more.notify_one();
+        Ok(())
+    }
+
+    fn setup_loop(&self) {
+        loop {
+            let job = {
+                let mut q = self.setup.jobs.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(j) = q.pop_front() {
+                        break j;
+                    }
+                    q = self.setup.more.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let done = run_job(job);
+            self.setup
+                .done
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(done);
+            net::eventfd_signal(self.wake);
+        }
+    }
+
+    fn take_done(&self) -> Vec<Done> {
+        std::mem::take(&mut *self.setup.done.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Queues the dial of a client connection (`watch`: see [`Cmd::Dial`]). To a host that
@@ -412,6 +514,7 @@ fn run(epfd: c_int, wake: c_int) {
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
         st.commands();
+        st.finished();
         let timeout = st.timeout_ms();
         st.busy = false;
         if let Some(e) = engine() {
@@ -431,6 +534,7 @@ fn run(epfd: c_int, wake: c_int) {
         // Queued commands before the events: a connect request then finds the connections
         // accepted before it already in the matcher.
         st.commands();
+        st.finished();
         for ev in &evs[..n] {
             let t = ev.u64;
             let (kind, value) = (t >> 32, t as u32);
@@ -447,6 +551,16 @@ fn run(epfd: c_int, wake: c_int) {
         }
         st.timers();
         st.reap();
+    }
+}
+
+/// A new link's core counted the socket bytes read when its request or reply was built; the
+/// application may have read more since (`tcp_received`).
+fn catch_up(link: &mut Link, tcp_received: u64) {
+    if let rdmashim_proto::RxState::Tcp { received } = link.conn().rx_state() {
+        if tcp_received > received {
+            let _ = link.conn_mut().note_tcp_read(tcp_received - received);
+        }
     }
 }
 
@@ -669,7 +783,7 @@ impl State {
     }
 
     fn dial_event(&mut self, slot: u32) {
-        let Some(t) = self.conns.get_mut(&slot) else {
+        let Some(t) = self.conns.get(&slot) else {
             return;
         };
         let c = t.conn.clone();
@@ -679,10 +793,20 @@ impl State {
             return;
         };
         let status = d.poll(tcp_received);
+        self.dial_status(&c, &mut g, status);
+    }
+
+    /// Acts on what a dial's poll (or build) found.
+    fn dial_status(&mut self, c: &Arc<Conn>, g: &mut Inner, status: DialStatus) {
+        let tcp_received = g.tcp_received;
         // (a probe that ends some other way goes stale: `PROBE_STALE`)
-        if !matches!(status, DialStatus::Pending) && std::mem::take(&mut t.probe) {
-            if let Some(e) = engine() {
-                e.probe_ended(c.peer);
+        if !matches!(status, DialStatus::Pending) {
+            if let Some(t) = self.conns.get_mut(&c.slot) {
+                if std::mem::take(&mut t.probe) {
+                    if let Some(e) = engine() {
+                        e.probe_ended(c.peer);
+                    }
+                }
             }
         }
         match status {
@@ -690,19 +814,15 @@ impl State {
             DialStatus::Connected(mut link) => {
                 // The request counted the TCP bytes read when it was built; the application
                 // may have read more since.
-                if let rdmashim_proto::RxState::Tcp { received } = link.conn().rx_state() {
-                    if tcp_received > received {
-                        let _ = link.conn_mut().note_tcp_read(tcp_received - received);
-                    }
-                }
+                catch_up(&mut link, tcp_received);
                 if g.closed {
                     // The application closed the connection while it was dialing (the dial
                     // went on to learn about the peer): dropping the link disconnects it.
-                    c.fall_back(&mut g, FallbackReason::ClosedEarly);
+                    c.fall_back(g, FallbackReason::ClosedEarly);
                     return;
                 }
                 // The dial's channel (registered as DIAL) is the link's rdma_cm channel now.
-                self.watch(&c, &mut g, link, libc::EPOLL_CTL_MOD);
+                self.watch(c, g, link, libc::EPOLL_CTL_MOD);
             }
             DialStatus::Failed(e) => {
                 // A shim that declined this one connection (no matching TCP connection yet, a
@@ -752,7 +872,57 @@ impl State {
                 } else {
                     reason
                 };
-                c.fall_back(&mut g, reason);
+                c.fall_back(g, reason);
+            }
+        }
+    }
+
+    /// Runs `job` on the setup thread (or here, if that thread cannot be started).
+    fn hand_over(&mut self, job: Job) {
+        let Some(e) = engine() else { return };
+        if let Err(job) = e.submit(job) {
+            let done = run_job(job);
+            self.finish(done);
+        }
+    }
+
+    /// Takes up the setup thread's finished work.
+    fn finished(&mut self) {
+        let Some(e) = engine() else { return };
+        for d in e.take_done() {
+            self.finish(d);
+        }
+    }
+
+    /// A connection's setup job ended. Unless it was decided meanwhile (still in
+    /// [`Phase::Setup`]; else dropping the link or dialer undoes it on both ends), its link
+    /// is watched, or its dialer goes on.
+    fn finish(&mut self, done: Done) {
+        match done {
+            Done::Accepted(c, accepted) => {
+                let mut g = c.lock();
+                if !matches!(g.phase, Phase::Setup) {
+                    return;
+                }
+                match accepted {
+                    Ok(mut link) => {
+                        if g.closed {
+                            // Closed while its request was answered: dropping the link
+                            // disconnects the client, which stays on TCP too.
+                            c.fall_back(&mut g, FallbackReason::ClosedEarly);
+                            return;
+                        }
+                        catch_up(&mut link, g.tcp_received);
+                        self.watch(&c, &mut g, link, libc::EPOLL_CTL_ADD);
+                    }
+                    Err(e) => {
+                        // The client may have given up already (its application closed the
+                        // connection, which destroyed its rdma_cm id; the request is then
+                        // gone: EINVAL): then the connection simply ended early.
+                        shim_log!(Level::Info, "accept upgrade from {}: {e}", c.peer);
+                        c.fall_back_unsure(&mut g, FallbackReason::Resources);
+                    }
+                }
             }
         }
     }
@@ -816,32 +986,17 @@ impl State {
         }
     }
 
+    /// A connect request matched connection `c`: the setup thread answers it (see [`Job`]).
     fn accept(&mut self, inc: Incoming, c: Arc<Conn>) {
         let mut g = c.lock();
         if g.closed || !matches!(g.phase, Phase::Awaiting) {
             inc.reject(RejectReason::NoMatchingTcp);
             return;
         }
-        let t0 = Instant::now();
-        let accepted = inc.accept(link_config(), g.tcp_received);
-        if super::trace() {
-            shim_log!(
-                Level::Debug,
-                "trace: accept {} took {:?}",
-                c.peer,
-                t0.elapsed()
-            );
-        }
-        match accepted {
-            Ok(link) => self.watch(&c, &mut g, link, libc::EPOLL_CTL_ADD),
-            Err(e) => {
-                // The client may have given up already (its application closed the
-                // connection, which destroyed its rdma_cm id; the request is then gone:
-                // EINVAL): then the connection simply ended early.
-                shim_log!(Level::Info, "accept upgrade from {}: {e}", c.peer);
-                c.fall_back_unsure(&mut g, FallbackReason::Resources);
-            }
-        }
+        g.phase = Phase::Setup;
+        let tcp_received = g.tcp_received;
+        drop(g);
+        self.hand_over(Job::Accept(inc, c, tcp_received));
     }
 
     fn comp_event(&mut self, slot: u32) {
@@ -1029,6 +1184,8 @@ impl State {
                             Phase::Linked(l) => !l.is_disconnected(),
                             // (a dial goes on after close; it ends by its own deadline)
                             Phase::Dialing(_) | Phase::Queued => g.closed,
+                            // (the setup thread's job comes back)
+                            Phase::Setup => true,
                             _ => false,
                         };
                         (!live || now >= deadline).then_some((*slot, true))
@@ -1054,7 +1211,7 @@ impl State {
         {
             let mut g = c.lock();
             self.end_pending(&mut g);
-            if let Phase::Dialing(_) | Phase::Queued = g.phase {
+            if let Phase::Dialing(_) | Phase::Queued | Phase::Setup = g.phase {
                 c.fall_back(
                     &mut g,
                     fallback_reason(rdmashim_proto::ErrorReason::TcpClosed),

@@ -44,6 +44,10 @@ pub(crate) enum Phase {
     Queued,
     /// Server: waiting for the client's connect request (in the engine's matcher).
     Awaiting,
+    /// The engine's setup thread is building the link (server: answering the matched
+    /// request; client: the endpoint and the request, the dialer being with the thread). The
+    /// data goes through the socket meanwhile, as before the upgrade.
+    Setup,
     /// The ring connection (in its handshake, established, or ended).
     Linked(Box<Link>),
     /// Stays TCP for good.
