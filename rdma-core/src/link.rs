@@ -819,6 +819,11 @@ pub enum DialError {
     Rejected(Option<RejectReason>),
     /// rdma_cm could not reach the server (address, route or connection error), as reported.
     Unreachable(String),
+    /// The server answered (its rdma_cm accepted the request), but librdmacm could not
+    /// complete the connection on this side (`RDMA_CM_EVENT_CONNECT_ERROR`): typically the
+    /// server undid its accept before this side processed it (its application closed the
+    /// connection meanwhile), which leaves the connection's CM state unusable (EINVAL).
+    Broken(String),
     /// The dial did not finish before its deadline.
     Timeout,
     /// This side failed (resources, a verbs call), or the server's reply was unusable.
@@ -831,6 +836,7 @@ impl DialError {
         match self {
             DialError::Rejected(_) => io::ErrorKind::ConnectionRefused,
             DialError::Unreachable(_) => io::ErrorKind::HostUnreachable,
+            DialError::Broken(_) => io::ErrorKind::ConnectionAborted,
             DialError::Timeout => io::ErrorKind::TimedOut,
             DialError::Local(e) => e.kind(),
         }
@@ -842,6 +848,7 @@ impl fmt::Display for DialError {
         match self {
             DialError::Rejected(r) => ErrorReason::Rejected(*r).fmt(f),
             DialError::Unreachable(m) => write!(f, "unreachable: {m}"),
+            DialError::Broken(m) => write!(f, "accepted, then broken: {m}"),
             DialError::Timeout => f.write_str("timed out"),
             DialError::Local(e) => e.fmt(f),
         }
@@ -994,17 +1001,10 @@ impl Dialer {
                 _,
                 et::RDMA_CM_EVENT_ADDR_ERROR
                 | et::RDMA_CM_EVENT_ROUTE_ERROR
-                | et::RDMA_CM_EVENT_UNREACHABLE
-                | et::RDMA_CM_EVENT_CONNECT_ERROR,
-            ) => DialError::Unreachable(format!(
-                "{} (status {}{}) connecting to {}",
-                ev.name(),
-                ev.status,
-                ev.errno
-                    .map(|e| format!(": {}", io::Error::from_raw_os_error(e)))
-                    .unwrap_or_default(),
-                self.dst
-            )),
+                | et::RDMA_CM_EVENT_UNREACHABLE,
+            ) => DialError::Unreachable(self.describe(&ev)),
+            // (librdmacm's own processing of the server's reply failed: the reply came)
+            (_, et::RDMA_CM_EVENT_CONNECT_ERROR) => DialError::Broken(self.describe(&ev)),
             _ => DialError::Local(
                 Error::UnexpectedEvent {
                     expected,
@@ -1016,6 +1016,19 @@ impl Dialer {
             ),
         };
         Some(DialStatus::Failed(failed))
+    }
+
+    /// An error event, for a [`DialError`]'s message.
+    fn describe(&self, ev: &Event) -> String {
+        format!(
+            "{} (status {}{}) connecting to {}",
+            ev.name(),
+            ev.status,
+            ev.errno
+                .map(|e| format!(": {}", io::Error::from_raw_os_error(e)))
+                .unwrap_or_default(),
+            self.dst
+        )
     }
 
     /// Route resolved: endpoint, core, `rdma_connect` with the request.

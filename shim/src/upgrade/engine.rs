@@ -66,8 +66,8 @@ enum Cmd {
 /// [`Phase::Setup`] meanwhile; each job carries the bytes the application had read from the
 /// socket when it was handed over (it may read more meanwhile: the link catches up).
 enum Job {
-    /// Answer a connect request matched to a connection.
-    Accept(Incoming, Arc<Conn>, u64),
+    /// Answer a connect request matched to a connection (queued at the given time).
+    Accept(Incoming, Arc<Conn>, u64, Instant),
 }
 
 /// A finished [`Job`], for the engine thread.
@@ -77,17 +77,26 @@ enum Done {
 
 fn run_job(job: Job) -> Done {
     let t0 = Instant::now();
-    let (done, what, peer) = match job {
-        Job::Accept(inc, c, tcp_received) => {
+    match job {
+        Job::Accept(inc, c, tcp_received, queued) => {
+            if c.lock().closed {
+                // The application closed it while the request waited its turn (a burst of
+                // short connections): a rejection costs nothing, an answer a link to undo.
+                inc.reject(RejectReason::NoMatchingTcp);
+                let e = std::io::Error::other("closed before its request was answered");
+                return Done::Accepted(c, Err(e));
+            }
             let peer = c.peer;
             let r = inc.accept(link_config(), tcp_received);
-            (Done::Accepted(c, r), "accept", peer)
+            shim_log!(
+                Level::Debug,
+                "accept {peer}: {:?} after {:?} queued",
+                t0.elapsed(),
+                t0.saturating_duration_since(queued)
+            );
+            Done::Accepted(c, r)
         }
-    };
-    if super::trace() {
-        shim_log!(Level::Debug, "trace: {what} {peer} took {:?}", t0.elapsed());
     }
-    done
 }
 
 /// The setup thread's queue and its finished work.
@@ -845,6 +854,8 @@ impl State {
                         FallbackReason::PeerUnreachable,
                         Some(PeerFailure::Unreachable),
                     ),
+                    // (the server's shim answered: its host is proven)
+                    DialError::Broken(_) => (FallbackReason::PeerUnreachable, None),
                     DialError::Timeout => (
                         FallbackReason::UpgradeTimeout,
                         Some(PeerFailure::Unreachable),
@@ -855,7 +866,7 @@ impl State {
                 if let Some(en) = engine() {
                     if let Some(f) = failure {
                         en.record_failure(c.peer, f);
-                    } else if shim_declined {
+                    } else if shim_declined || matches!(e, DialError::Broken(_)) {
                         en.proven(c.peer);
                     }
                 }
@@ -867,12 +878,16 @@ impl State {
                         RejectReason::NoMatchingTcp | RejectReason::Duplicate
                     ))
                 );
-                let reason = if g.closed && gone {
-                    FallbackReason::ClosedEarly
+                let broken = matches!(e, DialError::Broken(_));
+                if g.closed && (gone || broken) {
+                    c.fall_back(g, FallbackReason::ClosedEarly);
+                } else if broken {
+                    // The server undid its accept: its application closed the connection,
+                    // normally, and the socket's end follows (`Inner::unsure`).
+                    c.fall_back_unsure(g, reason);
                 } else {
-                    reason
-                };
-                c.fall_back(g, reason);
+                    c.fall_back(g, reason);
+                }
             }
         }
     }
@@ -915,6 +930,7 @@ impl State {
                         catch_up(&mut link, g.tcp_received);
                         self.watch(&c, &mut g, link, libc::EPOLL_CTL_ADD);
                     }
+                    Err(_) if g.closed => c.fall_back(&mut g, FallbackReason::ClosedEarly),
                     Err(e) => {
                         // The client may have given up already (its application closed the
                         // connection, which destroyed its rdma_cm id; the request is then
@@ -996,7 +1012,7 @@ impl State {
         g.phase = Phase::Setup;
         let tcp_received = g.tcp_received;
         drop(g);
-        self.hand_over(Job::Accept(inc, c, tcp_received));
+        self.hand_over(Job::Accept(inc, c, tcp_received, Instant::now()));
     }
 
     fn comp_event(&mut self, slot: u32) {
