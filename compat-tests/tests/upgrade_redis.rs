@@ -218,11 +218,13 @@ fn benchmark_and_big_values_over_rdma() {
     late_set.assert_ring_at_least(BIG as u64, 0);
     late_get.assert_ring_at_least(0, BIG as u64);
 
-    // The server: at least the benchmark's and the late clients' connections upgraded; the
-    // late values went through its rings. A short connection (redis-cli, the benchmark's
-    // CONFIG GET) may close before its connect request arrives (no_upgrade_request) or during
-    // its handshake (closed_early); nothing else may fall back.
-    srv.assert_upgraded(bench.upgraded + 2, 0);
+    // The server: as many upgraded as the benchmark's minimum and the late clients; the late
+    // values went through its rings. A short connection (redis-cli, the benchmark's CONFIG GET)
+    // may close before its connect request arrives (no_upgrade_request) or during its
+    // handshake (closed_early), and so may a benchmark connection closed right after its dial
+    // completed, while the server's result of the set-up was still on its way to the engine
+    // (the client counts it upgraded, the server closed_early); nothing else may fall back.
+    srv.assert_upgraded(122, 0);
     srv.assert_ring_at_least(BIG as u64, BIG as u64);
     assert_eq!(
         srv.reason("no_upgrade_request") + srv.reason("closed_early"),

@@ -34,8 +34,8 @@ extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, _envp: *con
         let _e = sys::ErrnoGuard::save();
         let cfg = config::get();
         PID.store(sys::getpid(), Ordering::Relaxed);
-        // SAFETY: registers a static function as the fork child handler; no other arguments.
-        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+        // SAFETY: registers static functions as the fork prepare and child handlers.
+        unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
         if cfg.bad_log_level {
             shim_log!(
                 Level::Warn,
@@ -66,6 +66,11 @@ extern "C" fn destructor() {
         }
         write_stats();
     });
+}
+
+/// Before a fork: the connections that exist now may share their sockets with the child.
+unsafe extern "C" fn before_fork() {
+    crate::upgrade::before_fork();
 }
 
 /// The child of a fork: its own pid and counters.

@@ -35,6 +35,7 @@ mod sys;
 pub mod track;
 #[cfg(not(test))]
 pub mod upgrade;
+pub mod versioned;
 
 // The entry points, the real-function table and the constructor are left out of unit-test
 // builds: a test executable that defined `read`, `close`, ... would interpose its own harness.

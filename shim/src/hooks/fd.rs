@@ -171,6 +171,11 @@ fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_in
                 } else {
                     (flags::CLOEXEC, arg as c_int & libc::FD_CLOEXEC != 0)
                 };
+                if cmd == libc::F_SETFL {
+                    if let super::up::Up::Conn(c) = super::up::of_fd(fd) {
+                        c.attrs.note_nonblocking(on);
+                    }
+                }
                 TABLE.update(fd, |e| {
                     (!e.is_unknown()).then(|| {
                         if on {
@@ -239,6 +244,9 @@ fn ioctl_logic(real: IoctlFn, fd: c_int, req: c_ulong, arg: usize) -> Outcome<c_
     if r == 0 && arg != 0 {
         // SAFETY: FIONBIO succeeded, so arg points to a readable int.
         let on = unsafe { (arg as *const c_int).read_unaligned() } != 0;
+        if let super::up::Up::Conn(c) = super::up::of_fd(fd) {
+            c.attrs.note_nonblocking(on);
+        }
         TABLE.update(fd, |e| {
             (!e.is_unknown()).then(|| {
                 if on {

@@ -175,13 +175,37 @@ hook! {
     }
 }
 
+/// SO_RCVTIMEO/SO_SNDTIMEO and their 64-bit-time variants (asm-generic/socket.h).
+fn is_timeout_opt(level: c_int, name: c_int) -> bool {
+    const SO_RCVTIMEO_NEW: c_int = 66;
+    const SO_SNDTIMEO_NEW: c_int = 67;
+    level == libc::SOL_SOCKET
+        && matches!(
+            name,
+            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | SO_RCVTIMEO_NEW | SO_SNDTIMEO_NEW
+        )
+}
+
 hook! {
-    /// setsockopt(2): pass-through (the upgrade will record options it cannot honour).
+    /// setsockopt(2): pass-through; a connection under the upgrade forgets its cached
+    /// timeouts when they change.
     fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
     id: Setsockopt;
     fallback: syscall(SYS_setsockopt; fd, level, name, val, len);
-    fast: always(crate::stats::fd_shard(fd));
-    |_real, _cx| { PassThrough }
+    fast: not_tcp(fd);
+    |real, _cx| {
+        if !is_timeout_opt(level, name) {
+            return PassThrough;
+        }
+        // SAFETY: the caller's arguments.
+        let r = unsafe { real(fd, level, name, val, len) };
+        if r == 0 {
+            if let super::up::Up::Conn(c) = super::up::of_fd(fd) {
+                c.attrs.forget_timeouts();
+            }
+        }
+        Handled(r)
+    }
 }
 
 hook! {

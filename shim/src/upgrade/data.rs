@@ -281,7 +281,8 @@ impl Waiter {
     /// for the engine to take.
     fn sleep(&mut self, c: &Conn, fd: c_int, sock_events: i16, efd: c_int) -> Result<(), Errno> {
         let deadline = *self.deadline.get_or_insert_with(|| {
-            net::sock_timeout_ms(fd, self.opt)
+            c.attrs
+                .timeout_ms(fd, self.opt)
                 .map(|ms| Instant::now() + Duration::from_millis(ms as u64))
         });
         let timeout = match deadline {
@@ -297,22 +298,27 @@ impl Waiter {
         // Arm, then look once more (a completion between the last look and the arm raises no
         // event): if that found something, the caller re-checks instead of sleeping.
         let comp = {
-            let mut g = c.lock();
-            c.armed(&mut g);
-            match &mut g.phase {
+            let mut guard = c.lock();
+            let g = &mut *guard;
+            c.armed(g);
+            let comp = match &mut g.phase {
                 Phase::Linked(l) => {
                     l.arm();
                     if l.progress(false) {
-                        c.settle(&mut g);
+                        c.settle(g);
                         return Ok(());
                     }
-                    if c.sleepers.fetch_add(1, Ordering::SeqCst) == 0 {
+                    if c.sleepers.fetch_add(1, Ordering::SeqCst) == 0 && !g.comp_unwatched {
                         super::engine::watch_completions(c, l, false);
+                        g.comp_unwatched = true;
                     }
                     Some(l.comp_fd())
                 }
                 _ => None,
-            }
+            };
+            // (from here on, whoever changes the connection's readiness wakes `efd`)
+            c.watch_efds(g);
+            comp
         };
         let mut p = [
             libc::pollfd {
@@ -333,15 +339,13 @@ impl Waiter {
         ];
         let n = if sock_events != 0 { 3 } else { 2 };
         let r = net::poll(&mut p[..n], timeout);
+        c.unwatch_efds();
         if comp.is_some() {
             let mut g = c.lock();
             let last = c.sleepers.fetch_sub(1, Ordering::SeqCst) == 1;
+            // (the last one leaves the CQ unarmed and the channel out of the engine's set;
+            // whoever arms it for the engine puts it back: `Conn::on_completions`)
             c.on_wake(&mut g, last);
-            if last {
-                if let Phase::Linked(l) = &g.phase {
-                    super::engine::watch_completions(c, l, true);
-                }
-            }
         }
         match r {
             Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => Err(Errno(libc::EAGAIN)),
@@ -351,8 +355,8 @@ impl Waiter {
     }
 }
 
-fn nonblocking(fd: c_int, flags: c_int) -> bool {
-    flags & libc::MSG_DONTWAIT != 0 || net::is_nonblocking(fd)
+fn nonblocking(c: &Conn, fd: c_int, flags: c_int) -> bool {
+    flags & libc::MSG_DONTWAIT != 0 || c.attrs.is_nonblocking(fd)
 }
 
 /// recv/read/readv/recvmsg on a connection under the upgrade. `flags` are the application's
@@ -458,7 +462,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
         if got > 0 && !waitall {
             return Ok(got);
         }
-        if nonblocking(fd, flags) {
+        if nonblocking(c, fd, flags) {
             return if got > 0 {
                 Ok(got)
             } else {
@@ -557,7 +561,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
             }
         }
         drop(g);
-        if nonblocking(fd, flags) {
+        if nonblocking(c, fd, flags) {
             return if sent > 0 {
                 Ok(sent)
             } else {

@@ -13,6 +13,7 @@
 //! reach our own hooks) and verbs through `rdmashim-core`.
 #![forbid(unsafe_code)]
 
+mod attrs;
 pub mod data;
 mod engine;
 pub mod ready;
@@ -31,6 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
+pub use attrs::before_fork;
 pub use engine::Engine;
 
 /// Lowest fd number for the shim's own eventfds and private socket duplicates.
@@ -85,6 +87,12 @@ pub(crate) struct Inner {
     /// thread that woke from a blocking wait (see [`Conn::on_wake`]); `None`: armed, or
     /// nobody's business yet.
     pub unarmed: Option<u64>,
+    /// The engine does not watch the link's completion channel: an application thread took
+    /// it out of the engine's set to wait on it itself, and it stays out until the CQ is next
+    /// armed for the engine's sake ([`Conn::on_completions`]). While the CQ is left unarmed
+    /// there is nothing to watch, and a ping-pong of blocking calls does not pay two
+    /// `epoll_ctl` per message.
+    pub comp_unwatched: bool,
 }
 
 /// Connections whose CQ an application thread left unarmed ([`Inner::unarmed`]): while there
@@ -101,6 +109,10 @@ pub(crate) const UNARMED_MAX: std::time::Duration = std::time::Duration::from_mi
 /// sleep), so that a connection in a blocking ping-pong, unarmed between each wake-up and the
 /// next wait, does not have to wake it each time.
 pub(crate) static LAST_UNARMED_MS: AtomicU64 = AtomicU64::new(0);
+
+/// [`Conn::efd_watchers`]'s mark of a connection registered in an epoll set (for good: a
+/// registration outlives any call, and edge-triggered waiters need every new arrival's write).
+const EFDS_EPOLLED: u32 = 1 << 31;
 
 /// One TCP connection under the upgrade.
 pub struct Conn {
@@ -125,6 +137,13 @@ pub struct Conn {
     /// Application threads blocked in a data call that wait on the link's completion channel
     /// themselves (the engine then leaves its events to them: one wake-up, not two).
     pub sleepers: AtomicU32,
+    /// Who waits on the eventfds: [`EFDS_EPOLLED`] once the connection was registered in an
+    /// epoll set, plus one per thread in a poll-family call or a blocking data call's wait.
+    /// While nobody does, their levels are not kept ([`Conn::sync_efds`]): that saves an
+    /// eventfd write and read per message to a reader that never sleeps on them.
+    efd_watchers: AtomicU32,
+    /// The socket's O_NONBLOCK and timeouts, as the data calls' waits need them.
+    pub(crate) attrs: attrs::Attrs,
     counted: AtomicBool,
     inner: Mutex<Inner>,
 }
@@ -159,6 +178,8 @@ impl Conn {
             fell_back: AtomicBool::new(false),
             out_masked: AtomicBool::new(false),
             sleepers: AtomicU32::new(0),
+            efd_watchers: AtomicU32::new(0),
+            attrs: attrs::Attrs::new(),
             counted: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 phase,
@@ -173,6 +194,7 @@ impl Conn {
                 unsure: None,
                 pending: None,
                 unarmed: None,
+                comp_unwatched: false,
             }),
         })
     }
@@ -330,6 +352,11 @@ impl Conn {
         let linked = if let Phase::Linked(l) = &mut g.phase {
             l.take_events();
             if rearm {
+                // (no thread waits on the channel: the engine must see the next event)
+                if g.comp_unwatched && self.sleepers.load(Ordering::SeqCst) == 0 {
+                    engine::watch_completions(self, l, true);
+                    g.comp_unwatched = false;
+                }
                 l.arm();
             }
             l.progress(false);
@@ -417,7 +444,35 @@ impl Conn {
         self.sync_efds(g);
     }
 
-    /// Sets the eventfds' levels from the ring side's readiness.
+    /// A thread is about to wait on the eventfds (called with the lock held, before it
+    /// waits): their levels are set now and kept until [`unwatch_efds`](Self::unwatch_efds).
+    pub(crate) fn watch_efds(&self, g: &mut Inner) {
+        self.efd_watchers.fetch_add(1, Ordering::SeqCst);
+        self.sync_efds(g);
+    }
+
+    /// The thread of a [`watch_efds`](Self::watch_efds) stopped waiting.
+    pub(crate) fn unwatch_efds(&self) {
+        self.efd_watchers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A poll-family call will look at this connection (each look locks it and sets the
+    /// levels, see [`ready`]): the levels are kept until [`unwatch_efds`](Self::unwatch_efds).
+    pub(crate) fn watch_efds_unlocked(&self) {
+        self.efd_watchers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The connection is registered in an epoll set: its eventfds' levels are kept for good
+    /// (and set now; called without the lock).
+    pub(crate) fn watch_efds_for_epoll(&self) {
+        if self.efd_watchers.fetch_or(EFDS_EPOLLED, Ordering::SeqCst) & EFDS_EPOLLED == 0 {
+            self.sync_efds(&mut self.lock());
+        }
+    }
+
+    /// Sets the eventfds' levels from the ring side's readiness, if anyone waits on them
+    /// ([`Conn::efd_watchers`]; a watcher sets them when it starts, under the lock, so a
+    /// change made before that is not missed).
     pub(crate) fn sync_efds(&self, g: &mut Inner) {
         let Phase::Linked(link) = &g.phase else {
             return;
@@ -444,6 +499,9 @@ impl Conn {
                 c.peer_slots(),
                 link.failure(),
             );
+        }
+        if self.efd_watchers.load(Ordering::SeqCst) == 0 {
+            return;
         }
         if rd {
             if !g.rd_set || mark != g.rd_mark {
@@ -708,11 +766,20 @@ pub(crate) fn dial_delay() -> std::time::Duration {
     })
 }
 
-/// How long a blocked data call busy-polls before it sleeps (`RDMASHIM_SPIN_US`, default 20).
+/// How long a blocked data call busy-polls before it sleeps (`RDMASHIM_SPIN_US`; default 20,
+/// or 0 when the process may run on one CPU only: spinning there keeps the CPU from whoever
+/// would answer — a peer on the same CPU, the kernel's soft-RoCE work — and measured in the
+/// VM it added 25 µs to a one-way latency of 200. A pinned process whose answers come from a
+/// NIC and a remote peer can still ask for it).
 pub(crate) fn spin() -> std::time::Duration {
     static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
     *SPIN.get_or_init(|| {
-        std::time::Duration::from_micros(env_number("RDMASHIM_SPIN_US").unwrap_or(20).min(10_000))
+        let default = if net::cpus_allowed() == 1 { 0 } else { 20 };
+        std::time::Duration::from_micros(
+            env_number("RDMASHIM_SPIN_US")
+                .unwrap_or(default)
+                .min(10_000),
+        )
     })
 }
 

@@ -112,6 +112,10 @@ pub fn epoll_ctl(
     ev: Option<(u32, u64)>,
 ) -> Result<(), Errno> {
     let w = super::world().ok_or(Errno(libc::ENOMEM))?;
+    if op != libc::EPOLL_CTL_DEL {
+        // (before the registry's lock: this takes the connection's)
+        c.watch_efds_for_epoll();
+    }
     let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
     match op {
         libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
@@ -397,6 +401,27 @@ fn via_tcp(c: &Conn) -> (bool, bool, bool) {
     }
 }
 
+/// Keeps the eventfds' levels of a poll-family call's connections while it runs (each look
+/// at a connection, [`bits`], sets them under its lock before the wait).
+struct Watching<'a>(&'a [Option<Arc<Conn>>]);
+
+impl<'a> Watching<'a> {
+    fn new(conns: &'a [Option<Arc<Conn>>]) -> Self {
+        for c in conns.iter().flatten() {
+            c.watch_efds_unlocked();
+        }
+        Watching(conns)
+    }
+}
+
+impl Drop for Watching<'_> {
+    fn drop(&mut self) {
+        for c in self.0.iter().flatten() {
+            c.unwatch_efds();
+        }
+    }
+}
+
 /// How a poll-family call waits.
 pub enum Timeout {
     /// Milliseconds (-1: forever), poll/select style.
@@ -422,6 +447,7 @@ pub fn poll(
             ts.tv_nsec.clamp(0, 999_999_999) as u32,
         )),
     };
+    let _watching = Watching::new(conns);
     loop {
         if super::UNARMED.load(Ordering::SeqCst) > 0 {
             // (see `arm_for_epoll`)

@@ -1,0 +1,83 @@
+//! Socket attributes a blocking data call needs on every wait — O_NONBLOCK, SO_RCVTIMEO,
+//! SO_SNDTIMEO — cached per connection, so that a would-block does not cost an `fcntl` and a
+//! `getsockopt` each time (a ping-pong of blocking calls pays them per message).
+//!
+//! Only hooked calls change them in this process (fcntl F_SETFL, ioctl FIONBIO, setsockopt),
+//! and those update the cache ([`Attrs::note_nonblocking`], [`Attrs::forget_timeouts`]).
+//! Another process sharing the socket's open file description (a fork child) could change
+//! O_NONBLOCK behind our back, so a connection that existed when this process forked asks
+//! the kernel every time ([`before_fork`]).
+//!
+//! Each attribute is a [`Versioned`](crate::versioned::Versioned) cell, so that a lazy fill
+//! racing with a change does not keep a stale value.
+
+use crate::net;
+use core::ffi::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Forks this process has made (counted by a `pthread_atfork` prepare handler).
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
+/// The `pthread_atfork` prepare handler's part: connections that exist now may share their
+/// socket with the child from here on.
+pub fn before_fork() {
+    FORKS.fetch_add(1, Ordering::SeqCst);
+}
+
+use crate::versioned::{Versioned as Attr, UNKNOWN};
+
+/// A connection's cached socket attributes.
+pub(crate) struct Attrs {
+    /// [`FORKS`] when the connection was created.
+    forks: u32,
+    /// 0: blocking, 1: non-blocking.
+    nonblock: Attr,
+    /// Milliseconds, 0: none.
+    rcvtimeo: Attr,
+    sndtimeo: Attr,
+}
+
+impl Attrs {
+    pub(crate) fn new() -> Attrs {
+        Attrs {
+            forks: FORKS.load(Ordering::SeqCst),
+            nonblock: Attr::new(),
+            rcvtimeo: Attr::new(),
+            sndtimeo: Attr::new(),
+        }
+    }
+
+    fn usable(&self) -> bool {
+        FORKS.load(Ordering::Relaxed) == self.forks
+    }
+
+    /// Whether socket `fd` (of this connection) has O_NONBLOCK.
+    pub(crate) fn is_nonblocking(&self, fd: c_int) -> bool {
+        if !self.usable() {
+            return net::is_nonblocking(fd);
+        }
+        self.nonblock.get_or(|| u32::from(net::is_nonblocking(fd))) != 0
+    }
+
+    /// A hooked call set O_NONBLOCK to `on` on the socket.
+    pub(crate) fn note_nonblocking(&self, on: bool) {
+        self.nonblock.set(u32::from(on));
+    }
+
+    /// SO_RCVTIMEO or SO_SNDTIMEO (`name`) of socket `fd` in milliseconds (None: none).
+    pub(crate) fn timeout_ms(&self, fd: c_int, name: c_int) -> Option<c_int> {
+        let read = || net::sock_timeout_ms(fd, name).map_or(0, |ms| ms as u32);
+        let ms = match (self.usable(), name) {
+            (false, _) => read(),
+            (true, libc::SO_RCVTIMEO) => self.rcvtimeo.get_or(read),
+            (true, _) => self.sndtimeo.get_or(read),
+        };
+        (ms != 0).then_some(ms as c_int)
+    }
+
+    /// A hooked setsockopt may have changed the timeouts: ask the kernel next time.
+    pub(crate) fn forget_timeouts(&self) {
+        self.rcvtimeo.set(UNKNOWN);
+        self.sndtimeo.set(UNKNOWN);
+    }
+}
