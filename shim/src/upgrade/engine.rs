@@ -947,18 +947,27 @@ impl State {
     /// a dial's channel already in the set) and its completion channel, arms its CQ and drives
     /// it once.
     fn watch(&self, c: &Conn, g: &mut Inner, link: Link, cm_op: c_int) {
-        // The completion channel edge-triggered: an event the engine leaves to a blocked
-        // application thread (see `comp_event`) must not wake it again and again.
-        for (op, fd, kind, ev) in [
-            (cm_op, link.cm_fd(), CM, libc::EPOLLIN as u32),
-            (
+        let _ = net::epoll_ctl(
+            self.epfd,
+            cm_op,
+            link.cm_fd(),
+            libc::EPOLLIN as u32,
+            token(CM, c.slot),
+        );
+        // The completion channel goes to the application's epoll sets that hold the
+        // connection, if any (`ready::epoll_ctl`), else to the engine's, edge-triggered: an
+        // event the engine leaves to a blocked application thread (see `comp_event`) must
+        // not wake it again and again.
+        if super::ready::link_up(c, link.comp_fd()) {
+            g.comp_unwatched = true;
+        } else {
+            let _ = net::epoll_ctl(
+                self.epfd,
                 libc::EPOLL_CTL_ADD,
                 link.comp_fd(),
-                COMP,
                 (libc::EPOLLIN | libc::EPOLLET) as u32,
-            ),
-        ] {
-            let _ = net::epoll_ctl(self.epfd, op, fd, ev, token(kind, c.slot));
+                token(COMP, c.slot),
+            );
         }
         let mut link = Box::new(link);
         // The engine reads the rdma_cm channel whenever it is readable (`cm_event`).

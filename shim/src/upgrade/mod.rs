@@ -142,6 +142,9 @@ pub struct Conn {
     /// While nobody does, their levels are not kept ([`Conn::sync_efds`]): that saves an
     /// eventfd write and read per message to a reader that never sleeps on them.
     efd_watchers: AtomicU32,
+    /// Epoll sets of the application that hold the link's completion channel (see
+    /// [`ready::epoll_ctl`]): while there are any, the engine does not watch it.
+    pub(crate) comp_in_app: AtomicU32,
     /// The socket's O_NONBLOCK and timeouts, as the data calls' waits need them.
     pub(crate) attrs: attrs::Attrs,
     counted: AtomicBool,
@@ -179,6 +182,7 @@ impl Conn {
             out_masked: AtomicBool::new(false),
             sleepers: AtomicU32::new(0),
             efd_watchers: AtomicU32::new(0),
+            comp_in_app: AtomicU32::new(0),
             attrs: attrs::Attrs::new(),
             counted: AtomicBool::new(false),
             inner: Mutex::new(Inner {
@@ -353,7 +357,10 @@ impl Conn {
             l.take_events();
             if rearm {
                 // (no thread waits on the channel: the engine must see the next event)
-                if g.comp_unwatched && self.sleepers.load(Ordering::SeqCst) == 0 {
+                if g.comp_unwatched
+                    && self.sleepers.load(Ordering::SeqCst) == 0
+                    && self.comp_in_app.load(Ordering::SeqCst) == 0
+                {
                     engine::watch_completions(self, l, true);
                     g.comp_unwatched = false;
                 }
@@ -463,10 +470,32 @@ impl Conn {
     }
 
     /// The connection is registered in an epoll set: its eventfds' levels are kept for good
-    /// (and set now; called without the lock).
-    pub(crate) fn watch_efds_for_epoll(&self) {
+    /// (and set now).
+    pub(crate) fn watch_efds_for_epoll(&self, g: &mut Inner) {
         if self.efd_watchers.fetch_or(EFDS_EPOLLED, Ordering::SeqCst) & EFDS_EPOLLED == 0 {
-            self.sync_efds(&mut self.lock());
+            self.sync_efds(g);
+        }
+    }
+
+    /// An application's epoll set took the link's completion channel (registry unlocked):
+    /// the engine stops watching it, and the CQ is armed (an application thread may have
+    /// left it unarmed) so that the next completion makes the channel readable.
+    pub(crate) fn comp_to_app(&self, g: &mut Inner) {
+        if let Phase::Linked(l) = &g.phase {
+            if !g.comp_unwatched {
+                engine::watch_completions(self, l, false);
+                g.comp_unwatched = true;
+            }
+        }
+        self.ensure_armed(g);
+    }
+
+    /// The last application epoll set let the link's completion channel go (registry
+    /// unlocked): the engine watches it again (unless a blocked thread waits on it), and
+    /// whatever completed meanwhile is taken.
+    pub(crate) fn comp_from_app(&self, g: &mut Inner) {
+        if self.comp_in_app.load(Ordering::SeqCst) == 0 {
+            self.on_completions(g);
         }
     }
 
