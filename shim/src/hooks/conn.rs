@@ -79,14 +79,27 @@ pub(crate) fn account(fd: c_int) {
         .map(|(old, _)| old)
         .filter(|e| e.kind() == Kind::TcpCandidate && e.slot() != 0)
         .and_then(|e| FallbackReason::from_index((e.slot() - 1) as u8));
-    let r: FallbackReason = match probe::host_reason() {
-        Some(r) => r,
-        None => match reason::decide(None, peer(fd).as_ref().map_or(PeerClass::Other, class_of)) {
-            FallbackReason::TransportUnavailable => {
-                stashed.unwrap_or(FallbackReason::TransportUnavailable)
+    // A reason stashed after the peer's address was classified (not loopback, or not
+    // upgradable) is the answer as it stands: no getpeername per connection to a cached peer.
+    let classified = matches!(
+        stashed,
+        Some(
+            FallbackReason::NegativeCache
+                | FallbackReason::NotUpgradableAddress
+                | FallbackReason::NoUpgradeRequest
+        )
+    );
+    let r: FallbackReason = match (probe::host_reason(), stashed) {
+        (Some(r), _) => r,
+        (None, Some(s)) if classified => s,
+        (None, _) => {
+            match reason::decide(None, peer(fd).as_ref().map_or(PeerClass::Other, class_of)) {
+                FallbackReason::TransportUnavailable => {
+                    stashed.unwrap_or(FallbackReason::TransportUnavailable)
+                }
+                r => r,
             }
-            r => r,
-        },
+        }
     };
     stats::count_fallback(r);
     shim_log!(
