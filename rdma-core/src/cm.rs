@@ -90,15 +90,15 @@ impl EventChannel {
         let mut ev = std::ptr::null_mut();
         // SAFETY: live channel, valid out-pointer.
         let rc = unsafe { (self.lib.cm.rdma_get_cm_event)(self.raw.as_ptr(), &mut ev) };
+        // (read for an event too: librdmacm leaves it when its own processing failed)
         let os = std::io::Error::last_os_error();
         if rc != 0 {
-            let e = os;
-            if e.kind() == std::io::ErrorKind::WouldBlock {
+            if os.kind() == std::io::ErrorKind::WouldBlock {
                 return Ok(None);
             }
             return Err(Error::Call {
                 call: "rdma_get_cm_event",
-                source: e,
+                source: os,
             });
         }
         // SAFETY: ev is a valid event until acked; we copy everything we keep.

@@ -12,6 +12,7 @@
 //! racing with a change does not keep a stale value.
 
 use crate::net;
+use crate::versioned::{Versioned as Attr, UNKNOWN};
 use core::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -23,8 +24,6 @@ static FORKS: AtomicU32 = AtomicU32::new(0);
 pub fn before_fork() {
     FORKS.fetch_add(1, Ordering::SeqCst);
 }
-
-use crate::versioned::{Versioned as Attr, UNKNOWN};
 
 /// A connection's cached socket attributes.
 pub(crate) struct Attrs {

@@ -308,9 +308,8 @@ impl Waiter {
                         c.settle(g);
                         return Ok(());
                     }
-                    if c.sleepers.fetch_add(1, Ordering::SeqCst) == 0 && !g.comp_unwatched {
-                        super::engine::watch_completions(c, l, false);
-                        g.comp_unwatched = true;
+                    if c.sleepers.fetch_add(1, Ordering::SeqCst) == 0 {
+                        c.comp_off_engine(l, &mut g.comp_unwatched);
                     }
                     Some(l.comp_fd())
                 }

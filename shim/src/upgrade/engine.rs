@@ -805,7 +805,7 @@ impl State {
         self.dial_status(&c, &mut g, status);
     }
 
-    /// Acts on what a dial's poll (or build) found.
+    /// Acts on what a dial's poll found.
     fn dial_status(&mut self, c: &Arc<Conn>, g: &mut Inner, status: DialStatus) {
         let tcp_received = g.tcp_received;
         // (a probe that ends some other way goes stale: `PROBE_STALE`)
@@ -910,8 +910,7 @@ impl State {
     }
 
     /// A connection's setup job ended. Unless it was decided meanwhile (still in
-    /// [`Phase::Setup`]; else dropping the link or dialer undoes it on both ends), its link
-    /// is watched, or its dialer goes on.
+    /// [`Phase::Setup`]; else dropping the link undoes it on both ends), its link is watched.
     fn finish(&mut self, done: Done) {
         match done {
             Done::Accepted(c, accepted) => {

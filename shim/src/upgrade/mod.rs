@@ -46,9 +46,8 @@ pub(crate) enum Phase {
     Queued,
     /// Server: waiting for the client's connect request (in the engine's matcher).
     Awaiting,
-    /// The engine's setup thread is building the link (server: answering the matched
-    /// request; client: the endpoint and the request, the dialer being with the thread). The
-    /// data goes through the socket meanwhile, as before the upgrade.
+    /// Server: the engine's setup thread is answering the matched request (building the
+    /// link). The data goes through the socket meanwhile, as before the upgrade.
     Setup,
     /// The ring connection (in its handshake, established, or ended).
     Linked(Box<Link>),
@@ -482,12 +481,18 @@ impl Conn {
     /// left it unarmed) so that the next completion makes the channel readable.
     pub(crate) fn comp_to_app(&self, g: &mut Inner) {
         if let Phase::Linked(l) = &g.phase {
-            if !g.comp_unwatched {
-                engine::watch_completions(self, l, false);
-                g.comp_unwatched = true;
-            }
+            self.comp_off_engine(l, &mut g.comp_unwatched);
         }
         self.ensure_armed(g);
+    }
+
+    /// Takes link `l`'s completion channel out of the engine's set unless it is out already
+    /// (`unwatched`: [`Inner::comp_unwatched`], which the caller's lock guards).
+    pub(crate) fn comp_off_engine(&self, l: &Link, unwatched: &mut bool) {
+        if !*unwatched {
+            engine::watch_completions(self, l, false);
+            *unwatched = true;
+        }
     }
 
     /// The last application epoll set let the link's completion channel go (registry

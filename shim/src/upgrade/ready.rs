@@ -369,7 +369,7 @@ pub(crate) fn after_change(c: &Conn, g: &mut Inner) {
     };
     let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
     for ((epfd, fd), reg) in &r.regs {
-        if std::ptr::eq(Arc::as_ptr(&reg.conn), c) && !reg.disarmed {
+        if is(&reg.conn, c) && !reg.disarmed {
             let _ = net::epoll_ctl(
                 *epfd,
                 libc::EPOLL_CTL_MOD,
