@@ -30,6 +30,7 @@ mod net;
 pub mod outcome;
 pub mod probe;
 pub mod reason;
+pub mod spin;
 pub mod stats;
 mod sys;
 pub mod track;

@@ -87,19 +87,6 @@ pub fn dup_private(fd: c_int, min: c_int) -> Result<c_int, Errno> {
     }
 }
 
-/// How many CPUs this process may run on (its affinity mask; 0 if unknown).
-pub fn cpus_allowed() -> usize {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a writable cpu_set_t of the size given.
-    let r = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
-    if r != 0 {
-        return 0;
-    }
-    // SAFETY: `set` was filled by the kernel.
-    unsafe { libc::CPU_COUNT(&set) as usize }
-}
-
 /// fcntl(fd, F_GETFL) has O_NONBLOCK (the open file description's, shared by dups).
 pub fn is_nonblocking(fd: c_int) -> bool {
     // SAFETY: no pointers.

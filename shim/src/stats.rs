@@ -11,7 +11,8 @@
 //!
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
 //! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"fallback":N,
-//! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N}}`
+//! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N},
+//! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N}}`
 //! Every hook and every reason is always present (zeros included), in a fixed order.
 
 use crate::guard::Cx;
@@ -46,12 +47,41 @@ impl Bytes {
     }
 }
 
-/// One shard of the call and byte counters.
+/// How the blocked data calls on upgraded connections waited: the end of each busy-poll
+/// (see `upgrade::spin`) and each sleep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Wait {
+    SpinHit = 0,
+    SpinMiss = 1,
+    SpinPreempted = 2,
+    Slept = 3,
+}
+
+impl Wait {
+    pub const ALL: [Wait; 4] = [
+        Wait::SpinHit,
+        Wait::SpinMiss,
+        Wait::SpinPreempted,
+        Wait::Slept,
+    ];
+    pub const fn name(self) -> &'static str {
+        match self {
+            Wait::SpinHit => "spin_hit",
+            Wait::SpinMiss => "spin_miss",
+            Wait::SpinPreempted => "spin_preempted",
+            Wait::Slept => "slept",
+        }
+    }
+}
+
+/// One shard of the call, byte and wait counters.
 // 128-byte alignment: adjacent-line prefetch pairs lines on x86, so 64 is not always enough.
 #[repr(align(128))]
 pub struct Shard {
     calls: [AtomicU64; Hook::COUNT],
     bytes: [AtomicU64; 4],
+    waits: [AtomicU64; 4],
 }
 
 impl Shard {
@@ -59,6 +89,7 @@ impl Shard {
         Shard {
             calls: [const { AtomicU64::new(0) }; Hook::COUNT],
             bytes: [const { AtomicU64::new(0) }; 4],
+            waits: [const { AtomicU64::new(0) }; 4],
         }
     }
 }
@@ -118,6 +149,14 @@ impl Shard {
     }
 }
 
+/// Counts one wait that ended in `w` on shard `shard` (taken modulo [`SHARDS`]).
+#[inline(always)]
+pub fn count_wait_at(shard: usize, w: Wait) {
+    if let Some(c) = shard_at(shard).waits.get(w as usize) {
+        c.fetch_add(1, Relaxed);
+    }
+}
+
 /// Adds `n` bytes to counter `b` on shard `shard` (taken modulo [`SHARDS`]).
 #[inline(always)]
 pub fn add_bytes_at(shard: usize, b: Bytes, n: u64) {
@@ -159,6 +198,7 @@ pub fn reset() {
         s.calls
             .iter()
             .chain(s.bytes.iter())
+            .chain(s.waits.iter())
             .for_each(|c| c.store(0, Relaxed));
     }
     UPGRADED.store(0, Relaxed);
@@ -176,6 +216,7 @@ pub struct Snapshot {
     pub fallback: u64,
     pub reasons: [u64; FallbackReason::COUNT],
     pub bytes: [u64; 4],
+    pub waits: [u64; 4],
 }
 
 impl Snapshot {
@@ -188,6 +229,7 @@ impl Snapshot {
             fallback: 0,
             reasons: [0; FallbackReason::COUNT],
             bytes: [0; 4],
+            waits: [0; 4],
         }
     }
 
@@ -199,6 +241,9 @@ impl Snapshot {
                 *d = d.wrapping_add(c.load(Relaxed));
             }
             for (d, c) in s.bytes.iter_mut().zip(sh.bytes.iter()) {
+                *d = d.wrapping_add(c.load(Relaxed));
+            }
+            for (d, c) in s.waits.iter_mut().zip(sh.waits.iter()) {
                 *d = d.wrapping_add(c.load(Relaxed));
             }
         }
@@ -246,12 +291,22 @@ impl Snapshot {
                 self.bytes.get(i).copied().unwrap_or(0)
             )?;
         }
+        w.write_str("},\"waits\":{")?;
+        for (i, k) in Wait::ALL.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(
+                w,
+                "{sep}\"{}\":{}",
+                k.name(),
+                self.waits.get(i).copied().unwrap_or(0)
+            )?;
+        }
         w.write_str("}}\n")
     }
 }
 
 /// Upper bound of the JSON size, for the fixed buffer the writer uses.
-pub const JSON_MAX: usize = 64 + (Hook::COUNT + FallbackReason::COUNT + 4) * (24 + 21) + 128;
+pub const JSON_MAX: usize = 64 + (Hook::COUNT + FallbackReason::COUNT + 8) * (24 + 21) + 160;
 
 #[cfg(test)]
 mod tests {
@@ -274,6 +329,7 @@ mod tests {
         s.fallback = 3;
         s.reasons[FallbackReason::NoDevice as usize] = 3;
         s.bytes[Bytes::TcpTx as usize] = u64::MAX;
+        s.waits[Wait::Slept as usize] = 5;
         let v = parse(&s);
         let top: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
         for k in ["pid", "calls", "connections", "bytes"] {
@@ -298,6 +354,10 @@ mod tests {
         for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx"] {
             assert!(v["bytes"][k].is_u64());
         }
+        for k in ["spin_hit", "spin_miss", "spin_preempted"] {
+            assert_eq!(v["waits"][k], 0, "{k}");
+        }
+        assert_eq!(v["waits"]["slept"], 5);
     }
 
     #[test]
@@ -306,6 +366,7 @@ mod tests {
         s.calls = [u64::MAX; Hook::COUNT];
         s.reasons = [u64::MAX; FallbackReason::COUNT];
         s.bytes = [u64::MAX; 4];
+        s.waits = [u64::MAX; 4];
         s.upgraded = u64::MAX;
         s.fallback = u64::MAX;
         let mut b = FixedBuf::<JSON_MAX>::new();

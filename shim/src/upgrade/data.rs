@@ -17,7 +17,8 @@ use super::{Conn, Inner, Phase};
 use crate::net;
 use crate::outcome::Errno;
 use crate::reason::FallbackReason;
-use crate::stats::{self, Bytes};
+use crate::spin::SpinEnd;
+use crate::stats::{self, Bytes, Wait};
 use core::ffi::c_int;
 use rdmashim_proto::{ErrorReason, Recv, SendError, StreamState};
 use std::io::ErrorKind;
@@ -224,6 +225,11 @@ fn source(g: &Inner) -> Src {
     }
 }
 
+/// A gap this long between two clock reads of a spinning thread means it lost its CPU to
+/// someone else meanwhile (one turn of the loop takes well under a microsecond on hardware,
+/// a few under qemu TCG).
+const PREEMPTED_GAP: Duration = Duration::from_micros(40);
+
 /// How a blocked call waits.
 struct Waiter {
     deadline: Option<Option<Instant>>,
@@ -238,15 +244,31 @@ impl Waiter {
         }
     }
 
-    /// Busy-polls the connection for the spin time; returns true as soon as `ready` holds.
-    fn spin(&self, c: &Conn, mut ready: impl FnMut(&Inner) -> bool) -> bool {
+    /// Busy-polls the connection for at most the spin time, if its [`crate::spin::SpinGate`] lets it;
+    /// returns true as soon as `ready` holds. Tells the gate how the spin ended.
+    fn spin(&self, c: &Conn, fd: c_int, mut ready: impl FnMut(&Inner) -> bool) -> bool {
         let spin = super::spin();
-        if spin.is_zero() {
+        if spin.is_zero() || !c.spin.admit() {
             return false;
         }
         // The clock is read only once there is a link to spin on (before, nothing can change
         // without a system call, and a clock read may be one).
         let mut end = None;
+        let mut last: Option<Instant> = None;
+        let off_cpu = |last: Option<Instant>, now: Instant| {
+            last.is_some_and(|l| now.saturating_duration_since(l) > PREEMPTED_GAP)
+        };
+        let end_with = |e: SpinEnd| {
+            c.spin.record(e);
+            stats::count_wait_at(
+                stats::fd_shard(fd),
+                match e {
+                    SpinEnd::Hit => Wait::SpinHit,
+                    SpinEnd::Miss => Wait::SpinMiss,
+                    SpinEnd::Preempted => Wait::SpinPreempted,
+                },
+            );
+        };
         loop {
             let mut g = c.lock();
             if let Phase::Linked(l) = &mut g.phase {
@@ -257,13 +279,27 @@ impl Waiter {
                 return false;
             }
             if ready(&g) {
+                drop(g);
+                // (a thread that lost its CPU meanwhile may find the answer only because
+                // whoever ran instead produced it: that spin did not pay)
+                end_with(if last.is_some() && off_cpu(last, Instant::now()) {
+                    SpinEnd::Preempted
+                } else {
+                    SpinEnd::Hit
+                });
                 return true;
             }
             drop(g);
             let now = Instant::now();
-            if now >= *end.get_or_insert(now + spin) {
+            if off_cpu(last, now) {
+                end_with(SpinEnd::Preempted);
                 return false;
             }
+            if now >= *end.get_or_insert(now + spin) {
+                end_with(SpinEnd::Miss);
+                return false;
+            }
+            last = Some(now);
             std::hint::spin_loop();
         }
     }
@@ -337,6 +373,7 @@ impl Waiter {
             },
         ];
         let n = if sock_events != 0 { 3 } else { 2 };
+        stats::count_wait_at(stats::fd_shard(fd), Wait::Slept);
         let r = net::poll(&mut p[..n], timeout);
         c.unwatch_efds();
         if comp.is_some() {
@@ -469,7 +506,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             };
         }
         let tcp = sock_events != 0;
-        if waiter.spin(c, |g| match source(g) {
+        if waiter.spin(c, fd, |g| match source(g) {
             Src::Tcp(_) => !tcp,
             Src::WouldBlock => false,
             _ => true,
@@ -575,7 +612,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
             );
         }
         if !tcp
-            && waiter.spin(c, |g| match &g.phase {
+            && waiter.spin(c, fd, |g| match &g.phase {
                 Phase::Linked(l) => l.conn().readiness().writable,
                 _ => true,
             })

@@ -1,0 +1,274 @@
+//! Whether a blocked data call busy-polls before it sleeps: an adaptive gate per connection.
+//!
+//! Spinning pays when the answer comes from another CPU (a peer on its own core, a NIC) within
+//! the spin time: the call returns without a sleep and a wake-up. It costs when it does not:
+//! the spin time is burnt for nothing, and on a CPU shared with the peer (or with the kernel's
+//! soft-RoCE work) the spin delays the very answer it waits for — the peer only runs once the
+//! scheduler preempts the spinner. A process's CPU affinity does not tell the two cases apart
+//! (a process pinned to a core of its own is the classic low-latency set-up), so each
+//! connection learns from its own spins:
+//!
+//! - a *hit* (the data or the room arrived while spinning) raises the score by one;
+//! - a *miss* (the spin time ran out) lowers it by [`MISS_COST`], a *preempted* spin (the
+//!   spinning thread lost its CPU to someone else — a gap in its clock reads) by
+//!   [`PREEMPT_COST`]: break-even is about two hits per miss;
+//! - at score 0 the connection stops spinning, except for a probe every
+//!   `PROBE_BASE << backoff` waits; a probe that hits resumes spinning, one that fails doubles
+//!   the interval (up to `PROBE_BASE << BACKOFF_MAX` waits).
+//!
+//! The transitions are pure functions of a small state ([`State`]) kept packed in one atomic
+//! word, so concurrent threads on one connection update it without a lock (a lost race only
+//! skews the heuristic by one step).
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+/// How a spin ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpinEnd {
+    /// What the call waited for arrived while it spun (and it kept its CPU).
+    Hit,
+    /// The spin time ran out.
+    Miss,
+    /// The spinning thread was off its CPU for a while (another thread ran there).
+    Preempted,
+}
+
+/// The score a connection starts with (it spins until its spins prove useless).
+pub const SCORE_MAX: u32 = 8;
+/// The score after a successful probe.
+pub const SCORE_RESUME: u32 = 4;
+/// What a miss costs.
+pub const MISS_COST: u32 = 2;
+/// What a preempted spin costs.
+pub const PREEMPT_COST: u32 = 4;
+/// Waits between probes after the score reached 0: `PROBE_BASE << backoff`.
+pub const PROBE_BASE: u32 = 4;
+/// The largest backoff exponent (a probe every 1024 waits).
+pub const BACKOFF_MAX: u32 = 8;
+
+/// The gate's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State {
+    /// 0..=SCORE_MAX; the connection spins while it is above 0.
+    pub score: u32,
+    /// 0..=BACKOFF_MAX: failed probes in a row.
+    pub backoff: u32,
+    /// Waits left before the next probe (while score is 0).
+    pub countdown: u32,
+}
+
+impl State {
+    pub const INITIAL: State = State {
+        score: SCORE_MAX,
+        backoff: 0,
+        countdown: 0,
+    };
+
+    fn pack(self) -> u32 {
+        (self.score & 0xf) | (self.backoff & 0xf) << 4 | self.countdown << 8
+    }
+
+    fn unpack(w: u32) -> State {
+        State {
+            score: w & 0xf,
+            backoff: (w >> 4) & 0xf,
+            countdown: w >> 8,
+        }
+    }
+
+    /// Whether the next wait spins, and the state after that decision.
+    pub fn admit(self) -> (bool, State) {
+        if self.score > 0 || self.countdown == 0 {
+            (true, self)
+        } else {
+            (
+                false,
+                State {
+                    countdown: self.countdown - 1,
+                    ..self
+                },
+            )
+        }
+    }
+
+    /// The state after a spin that ended in `end`.
+    pub fn record(self, end: SpinEnd) -> State {
+        let cost = match end {
+            SpinEnd::Hit if self.score == 0 => {
+                return State {
+                    score: SCORE_RESUME,
+                    backoff: 0,
+                    countdown: 0,
+                }
+            }
+            SpinEnd::Hit => {
+                return State {
+                    score: (self.score + 1).min(SCORE_MAX),
+                    backoff: 0,
+                    ..self
+                }
+            }
+            SpinEnd::Miss => MISS_COST,
+            SpinEnd::Preempted => PREEMPT_COST,
+        };
+        if self.score == 0 {
+            // a failed probe: wait twice as long for the next one
+            let backoff = (self.backoff + 1).min(BACKOFF_MAX);
+            return State {
+                score: 0,
+                backoff,
+                countdown: PROBE_BASE << backoff,
+            };
+        }
+        let score = self.score.saturating_sub(cost);
+        State {
+            score,
+            countdown: if score == 0 {
+                PROBE_BASE << self.backoff
+            } else {
+                0
+            },
+            ..self
+        }
+    }
+}
+
+/// A connection's spin gate.
+pub struct SpinGate(AtomicU32);
+
+impl Default for SpinGate {
+    fn default() -> Self {
+        SpinGate(AtomicU32::new(State::INITIAL.pack()))
+    }
+}
+
+impl SpinGate {
+    /// Whether this wait should spin (counts a wait towards the next probe if not).
+    pub fn admit(&self) -> bool {
+        let mut spin = false;
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |w| {
+            let (s, next) = State::unpack(w).admit();
+            spin = s;
+            Some(next.pack())
+        });
+        spin
+    }
+
+    /// Learns from a spin that ended in `end`.
+    pub fn record(&self, end: SpinEnd) {
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |w| {
+            Some(State::unpack(w).record(end).pack())
+        });
+    }
+
+    pub fn state(&self) -> State {
+        State::unpack(self.0.load(Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Runs `ends` through a gate: how many of the waits it admitted.
+    fn drive(g: &SpinGate, ends: impl IntoIterator<Item = SpinEnd>) -> usize {
+        let mut spun = 0;
+        for e in ends {
+            if g.admit() {
+                spun += 1;
+                g.record(e);
+            }
+        }
+        spun
+    }
+
+    #[test]
+    fn hits_keep_it_spinning() {
+        let g = SpinGate::default();
+        assert_eq!(drive(&g, [SpinEnd::Hit; 1000]), 1000);
+        assert_eq!(g.state(), State::INITIAL);
+    }
+
+    #[test]
+    fn mostly_hits_keep_it_spinning() {
+        // one miss in five (break-even is one in three)
+        let g = SpinGate::default();
+        let ends = (0..1000).map(|i| {
+            if i % 5 == 4 {
+                SpinEnd::Miss
+            } else {
+                SpinEnd::Hit
+            }
+        });
+        assert_eq!(drive(&g, ends), 1000);
+        assert!(g.state().score > 0);
+    }
+
+    #[test]
+    fn misses_stop_it_and_probes_back_off() {
+        let g = SpinGate::default();
+        // 4 misses take the score from 8 to 0
+        assert_eq!(drive(&g, [SpinEnd::Miss; 4]), 4);
+        assert_eq!(g.state().score, 0);
+        // then probes after 4 waits, 8, 16, ... 1024 (2044 waits), then every 1024: about 16
+        // spins in 10000 waits
+        let spun = drive(&g, std::iter::repeat_n(SpinEnd::Miss, 10_000));
+        assert!(
+            spun <= 17,
+            "{spun} spins in 10000 waits of a hopeless connection"
+        );
+        assert!(
+            spun >= 15,
+            "{spun}: probes go on (at most every 1024 waits)"
+        );
+        assert_eq!(g.state().backoff, BACKOFF_MAX);
+    }
+
+    #[test]
+    fn a_preemption_costs_more_than_a_miss() {
+        let g = SpinGate::default();
+        drive(&g, [SpinEnd::Preempted, SpinEnd::Preempted]);
+        assert_eq!(g.state().score, 0);
+    }
+
+    #[test]
+    fn a_successful_probe_resumes() {
+        let g = SpinGate::default();
+        drive(&g, [SpinEnd::Miss; 64]);
+        assert_eq!(g.state().score, 0);
+        // the next probe hits: spinning resumes for every wait
+        let mut admitted = 0;
+        for _ in 0..10_000 {
+            if g.admit() {
+                g.record(SpinEnd::Hit);
+                admitted += 1;
+                if admitted > 1 {
+                    break;
+                }
+            }
+        }
+        assert_eq!(g.state().score, SCORE_RESUME + 1);
+        assert_eq!(g.state().backoff, 0);
+        assert!(g.admit());
+    }
+
+    proptest! {
+        #[test]
+        fn state_stays_in_range_and_packs(ends in proptest::collection::vec(0u8..3, 0..400)) {
+            let mut s = State::INITIAL;
+            for e in ends {
+                let (_, next) = s.admit();
+                s = next;
+                s = s.record(match e { 0 => SpinEnd::Hit, 1 => SpinEnd::Miss, _ => SpinEnd::Preempted });
+                prop_assert!(s.score <= SCORE_MAX);
+                prop_assert!(s.backoff <= BACKOFF_MAX);
+                prop_assert!(s.countdown <= PROBE_BASE << BACKOFF_MAX);
+                prop_assert_eq!(State::unpack(s.pack()), s);
+                // a spinning connection never waits for a probe
+                prop_assert!(s.score == 0 || s.countdown == 0);
+            }
+        }
+    }
+}
