@@ -46,6 +46,9 @@ for size, dev in (("64", "64 B"), ("4096", "4 KiB")):
     for q, qn in (("p50_us", "median"), ("p99_us", "p99")):
         row(f"pingpong_{size}_{q[:3]}", f"latency {dev} send/recv, {qn}", "us", "lower",
             three(f"pingpong_{size}", q), (f"devlat_{size}", q))
+for q, qn in (("p50_us", "median"), ("p99_us", "p99")):
+    row(f"pingpong_64_shared_{q[:3]}", f"latency 64 B send/recv, both ends on one CPU, {qn}", "us", "lower",
+        three("pingpong_64_shared", q))
 row("iperf3_P1", "iperf3, 1 stream", "Gbit/s", "higher", three("iperf3_P1", "gbit_s"), ("devbw", "gbit_s"))
 row("iperf3_P4", "iperf3, 4 streams", "Gbit/s", "higher", three("iperf3_P4", "gbit_s"), ("devbw", "gbit_s"))
 row("stream", "send/recv stream, 64 KiB writes", "Gbit/s", "higher", three("stream", "gbit_s"), ("devbw", "gbit_s"))
@@ -370,6 +373,8 @@ def write_charts(out, rows_out, label):
         for tool, tn in (("sockperf", "sockperf"), ("pingpong", "send/recv")):
             lat_groups.append((f"{tn} {sz}", {s: val(f"{tool}_{size}_p50", s, f"{tool}_{size}_p99")
                                               for s, _ in series}))
+    lat_groups.append(("send/recv 64 B, one CPU", {s: val("pingpong_64_shared_p50", s, "pingpong_64_shared_p99")
+                                                   for s, _ in series}))
     charts = {}
     with open(os.path.join(out, "latency.svg"), "w") as f:
         f.write(svg_bars("One-way latency: median (bar) and p99 (marker)", "microseconds", lat_groups, series, True,
@@ -410,8 +415,9 @@ def write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_
     md.append(f"- **Tools:** {meta.get('tools')}")
     md.append(f"- **Runs:** {meta.get('runs')} per figure{' (--quick)' if meta.get('quick') == '1' else ''}; "
               f"{meta.get('durations')}; measurements took {meta.get('seconds')} s")
-    md.append(f"- **CPU placement:** {meta.get('pinning')} (under TCG a wake-up across vCPUs often waits "
-              "for the next 4 ms timer tick; perftest busy-polls and needs a CPU per end)")
+    md.append(f"- **CPU placement:** {meta.get('pinning')} (one CPU per end, as on two hosts: "
+              "perftest busy-polls, rdmashim spins briefly before it sleeps; on one shared CPU "
+              "nobody can spin, since the peer and the kernel's soft-RoCE work need that CPU)")
     md.append("")
     if mode == "pass-through":
         md.append(f"> **The rdmashim column is the pass-through shim, not RDMA.** {label}: the shim's "
