@@ -24,7 +24,7 @@ use crate::net;
 use crate::outcome::Errno;
 use core::ffi::c_int;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,7 +69,30 @@ struct Reg {
 #[derive(Default)]
 pub struct Registry {
     regs: HashMap<(c_int, c_int), Reg>,
+    /// Completion channels left in a set by the EPOLL_CTL_DEL of their connection's last
+    /// registration there (see [`Parked`]).
+    parked: Vec<Parked>,
 }
+
+/// A completion channel that stays in an application's epoll set after the EPOLL_CTL_DEL
+/// of its connection's last registration in that set, until that set's next wait (or a
+/// poll-family call on the connection, its close, the set's close). Event loops that stop
+/// and start wanting a connection's events by DEL and ADD — redis' `ae` does it twice per
+/// request, libuv whenever a stream stops reading — would otherwise move the channel out of
+/// the set and back into the engine's, and back again, each time: 4 system calls, plus arming
+/// the CQ. A re-ADD before the next wait takes the channel back as it is. While parked, the
+/// channel is still the application's (`Conn::comp_in_app`): a blocked data call waits on it
+/// itself, and a completion wakes the set's `epoll_wait`, which lets the channel go.
+struct Parked {
+    epfd: c_int,
+    /// The fd the channel's tag names.
+    fd: c_int,
+    conn: Arc<Conn>,
+    comp: c_int,
+}
+
+/// How many channels are parked (a wait checks it before it locks the registry).
+static PARKED: AtomicUsize = AtomicUsize::new(0);
 
 fn sock_events(app: u32, c: &Conn) -> u32 {
     let mut ev = app;
@@ -83,13 +106,39 @@ fn flags_of(app: u32) -> u32 {
     app & (EV_ET | EV_ONESHOT)
 }
 
+/// A registration whose EPOLL_CTL_MOD to the same events changes nothing in the kernel:
+/// level-triggered, not one-shot (a MOD re-arms those), not exclusive (a MOD of that is
+/// EINVAL). Event loops such as redis' `ae` MOD a registration whenever they start or stop
+/// wanting EPOLLOUT, and the eventfd and the socket registrations of such a MOD are the same
+/// as before: skipping them saves two of its three system calls.
+fn plain_lt(app: u32) -> bool {
+    app & (EV_ET | EV_ONESHOT | libc::EPOLLEXCLUSIVE as u32) == 0
+}
+
 /// Registers/updates/removes the eventfd `efd` of `fd` (source `src`) in `epfd` per `want`.
 fn set_efd(epfd: c_int, efd: c_int, src: u64, fd: c_int, app: u32, want: bool, had: bool) {
+    set_efd_from(epfd, efd, src, fd, app, want, had, 0);
+}
+
+/// [`set_efd`] for a registration whose application events were `old` (0 if none): an update
+/// that changes nothing in the kernel is skipped ([`plain_lt`]).
+#[allow(clippy::too_many_arguments)]
+fn set_efd_from(
+    epfd: c_int,
+    efd: c_int,
+    src: u64,
+    fd: c_int,
+    app: u32,
+    want: bool,
+    had: bool,
+    old: u32,
+) {
     let ev = EV_IN | flags_of(app);
     match (want, had) {
         (true, false) => {
             let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, efd, ev, tag(src, fd));
         }
+        (true, true) if plain_lt(app) && plain_lt(old) => {}
         (true, true) => {
             let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, efd, ev, tag(src, fd));
         }
@@ -141,12 +190,25 @@ pub fn epoll_ctl(
     let res = match op {
         libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
             let (events, data) = ev.ok_or(Errno(libc::EFAULT))?;
-            net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd))?;
+            // (a MOD of this connection's registration: the kernel holds the socket and the
+            // eventfds as the registry says, since every change goes through here, and
+            // `after_change` re-registers them when EPOLLOUT comes off)
             let old = match op {
-                libc::EPOLL_CTL_MOD => r.regs.get(&(epfd, fd)).map_or(0, |g| g.events),
-                _ => 0,
+                libc::EPOLL_CTL_MOD => r
+                    .regs
+                    .get(&(epfd, fd))
+                    .filter(|g| is(&g.conn, c))
+                    .map(|g| g.events),
+                _ => None,
             };
-            set_efd(
+            let unchanged = old.is_some_and(|o| {
+                plain_lt(o) && plain_lt(events) && sock_events(o, c) == sock_events(events, c)
+            });
+            if !unchanged {
+                net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd))?;
+            }
+            let old = old.unwrap_or(0);
+            set_efd_from(
                 epfd,
                 c.rd_efd,
                 SRC_RD,
@@ -154,8 +216,9 @@ pub fn epoll_ctl(
                 events,
                 wants_rd(events),
                 wants_rd(old),
+                old,
             );
-            set_efd(
+            set_efd_from(
                 epfd,
                 c.wr_efd,
                 SRC_WR,
@@ -163,12 +226,13 @@ pub fn epoll_ctl(
                 events,
                 wants_wr(events),
                 wants_wr(old),
+                old,
             );
             let held = r.regs.get(&(epfd, fd)).and_then(|g| g.comp);
             let comp = match (held, comp) {
                 (Some(h), _) => Some(h),
                 (None, Some(cfd)) => {
-                    let got = add_comp(&r, epfd, fd, c, cfd);
+                    let got = add_comp(&mut r, epfd, fd, c, cfd);
                     added = got.is_some();
                     got
                 }
@@ -191,7 +255,7 @@ pub fn epoll_ctl(
             if let Some(old) = r.regs.remove(&(epfd, fd)) {
                 set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(old.events));
                 set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(old.events));
-                released = drop_comp(&mut r, epfd, &old, true);
+                released = drop_comp(&mut r, epfd, fd, &old, Leave::Park);
             }
             res
         }
@@ -212,8 +276,24 @@ fn is(a: &Arc<Conn>, b: &Conn) -> bool {
 }
 
 /// Puts completion channel `comp` of `c` into set `epfd` for the registration of `fd`, unless
-/// another registration of `c` in that set holds it already. Registry lock held.
-fn add_comp(r: &Registry, epfd: c_int, fd: c_int, c: &Conn, comp: c_int) -> Option<c_int> {
+/// another registration of `c` in that set holds it already; takes it back if it is parked
+/// there. Registry lock held.
+fn add_comp(r: &mut Registry, epfd: c_int, fd: c_int, c: &Conn, comp: c_int) -> Option<c_int> {
+    if let Some(i) = r
+        .parked
+        .iter()
+        .position(|p| p.epfd == epfd && is(&p.conn, c) && p.comp == comp)
+    {
+        let p = r.parked.swap_remove(i);
+        PARKED.fetch_sub(1, Ordering::SeqCst);
+        if p.fd == fd
+            || net::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, comp, EV_IN, tag(SRC_COMP, fd)).is_ok()
+        {
+            return Some(comp);
+        }
+        // (not in the set after all: added again below, counted once)
+        c.comp_in_app.fetch_sub(1, Ordering::SeqCst);
+    }
     let held = r
         .regs
         .iter()
@@ -226,16 +306,27 @@ fn add_comp(r: &Registry, epfd: c_int, fd: c_int, c: &Conn, comp: c_int) -> Opti
     Some(comp)
 }
 
-/// Registration `old` (removed from the registry) held its connection's completion channel
-/// in set `epfd`: another registration of the connection in that set takes it over, or the
-/// set lets it go (`epoll_ctl` DEL unless the set itself is going away: `live`). Returns
-/// whether the connection's count of sets holding the channel dropped to zero (the caller
-/// then calls [`Conn::comp_from_app`] once the registry is unlocked).
-fn drop_comp(r: &mut Registry, epfd: c_int, old: &Reg, live: bool) -> bool {
+/// What [`drop_comp`] does with a channel no other registration takes over.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// Leave it in the set ([`Parked`]).
+    Park,
+    /// Take it out of the set.
+    Remove,
+    /// Nothing: the set is going away.
+    SetClosing,
+}
+
+/// Registration `old` of `fd` (removed from the registry) held its connection's completion channel
+/// in set `epfd`: another registration of the connection in that set takes it over, or it
+/// is parked or leaves the set (per `how`). Returns whether the connection's count of sets
+/// holding the channel dropped to zero (the caller then calls [`Conn::comp_from_app`] once
+/// the registry is unlocked).
+fn drop_comp(r: &mut Registry, epfd: c_int, fd: c_int, old: &Reg, how: Leave) -> bool {
     let Some(comp) = old.comp else {
         return false;
     };
-    if live {
+    if how != Leave::SetClosing {
         let heir = r
             .regs
             .iter_mut()
@@ -247,9 +338,68 @@ fn drop_comp(r: &mut Registry, epfd: c_int, old: &Reg, live: bool) -> bool {
                 return false;
             }
         }
+        if how == Leave::Park {
+            r.parked.push(Parked {
+                epfd,
+                fd,
+                conn: old.conn.clone(),
+                comp,
+            });
+            PARKED.fetch_add(1, Ordering::SeqCst);
+            return false;
+        }
         let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, comp, 0, 0);
     }
     old.conn.comp_in_app.fetch_sub(1, Ordering::SeqCst) == 1
+}
+
+/// Lets the parked channels that `pick` selects go: out of their sets, and back to the
+/// engine when no set holds them any more. Takes each connection's lock, then the
+/// registry's (none may be held on entry).
+fn unpark(pick: impl Fn(&Parked) -> bool) {
+    if PARKED.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    let conns: Vec<Arc<Conn>> = {
+        let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        r.parked
+            .iter()
+            .filter(|p| pick(p))
+            .map(|p| p.conn.clone())
+            .collect()
+    };
+    for c in conns {
+        let mut g = c.lock();
+        let taken: Vec<Parked> = {
+            let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < r.parked.len() {
+                if Arc::ptr_eq(&r.parked[i].conn, &c) && pick(&r.parked[i]) {
+                    out.push(r.parked.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            PARKED.fetch_sub(out.len(), Ordering::SeqCst);
+            out
+        };
+        let mut released = false;
+        for p in taken {
+            // (a link dropped since then closed its channel, which took it out of every set,
+            // and the fd number may be another's by now)
+            if matches!(&g.phase, Phase::Linked(l) if l.comp_fd() == p.comp) {
+                let _ = net::epoll_ctl(p.epfd, libc::EPOLL_CTL_DEL, p.comp, 0, 0);
+            }
+            released |= c.comp_in_app.fetch_sub(1, Ordering::SeqCst) == 1;
+        }
+        if released {
+            c.comp_from_app(&mut g);
+        }
+    }
 }
 
 /// `c`'s link came up (engine thread, `c`'s lock held): its completion channel joins the
@@ -267,7 +417,7 @@ pub(crate) fn link_up(c: &Conn, comp: c_int) -> bool {
         .collect();
     let mut any = false;
     for (epfd, fd) in keys {
-        if let Some(cfd) = add_comp(&r, epfd, fd, c, comp) {
+        if let Some(cfd) = add_comp(&mut r, epfd, fd, c, comp) {
             if let Some(g) = r.regs.get_mut(&(epfd, fd)) {
                 g.comp = Some(cfd);
             }
@@ -282,6 +432,7 @@ pub(crate) fn link_up(c: &Conn, comp: c_int) -> bool {
 /// the engine and the eventfds). (A set nested in another is covered by the engine's own
 /// re-arming after [`super::UNARMED_MAX`].)
 pub fn arm_for_epoll(epfd: c_int) {
+    unpark(|p| p.epfd == epfd);
     if super::UNARMED.load(Ordering::SeqCst) == 0 {
         return;
     }
@@ -303,6 +454,7 @@ pub fn arm_for_epoll(epfd: c_int) {
 
 /// The epoll fd `epfd` is being closed: forget its registrations.
 pub fn forget_epoll(epfd: c_int) {
+    unpark(|p| p.epfd == epfd);
     let Some(w) = super::world_if_created() else {
         return;
     };
@@ -313,7 +465,7 @@ pub fn forget_epoll(epfd: c_int) {
         let mut released = Vec::new();
         for k in keys {
             if let Some(old) = r.regs.remove(&k) {
-                if drop_comp(&mut r, epfd, &old, false) {
+                if drop_comp(&mut r, epfd, k.1, &old, Leave::SetClosing) {
                     released.push(old.conn.clone());
                 }
             }
@@ -348,13 +500,14 @@ pub fn forget_conn(c: &Arc<Conn>) {
             let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
             set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(old.events));
             set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(old.events));
-            released |= drop_comp(&mut r, epfd, &old, true);
+            released |= drop_comp(&mut r, epfd, fd, &old, Leave::Remove);
         }
         released
     };
     if released {
         c.comp_from_app(&mut c.lock());
     }
+    unpark(|p| Arc::ptr_eq(&p.conn, c));
 }
 
 /// After a change of `c` (called with its lock held): once this side writes on the ring,
@@ -457,6 +610,10 @@ pub fn translate_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize) -> 
                 .map(|g| (g.conn.clone(), g.events, g.data, g.disarmed))
         };
         let Some((conn, app, app_data, disarmed)) = reg else {
+            if src == SRC_COMP {
+                // a parked channel: its connection's registration went, and so does it
+                unpark(|p| p.epfd == epfd && p.fd == fd);
+            }
             continue;
         };
         if src == SRC_COMP {
@@ -598,6 +755,7 @@ pub fn poll(
             ts.tv_nsec.clamp(0, 999_999_999) as u32,
         )),
     };
+    unpark(|p| conns.iter().flatten().any(|c| Arc::ptr_eq(c, &p.conn)));
     let _watching = Watching::new(conns);
     loop {
         if super::UNARMED.load(Ordering::SeqCst) > 0 {
