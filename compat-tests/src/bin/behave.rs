@@ -304,6 +304,152 @@ mod epoll_et {
     }
 }
 
+/// epoll with EPOLL_CTL_DEL and ADD again, as event loops do when they stop and start wanting
+/// a connection's events (redis' `ae` twice per request): data that arrived meanwhile is
+/// reported after the re-ADD; after a DEL, poll(2), a blocking read and another epoll set
+/// see the connection and the old set sees nothing of it; then many rounds of the `ae`
+/// pattern (ADD for EPOLLOUT, write, DEL, ADD for EPOLLIN, read, DEL).
+mod epoll_readd {
+    use super::*;
+
+    const ROUNDS: usize = 300;
+
+    pub fn server(mut s: TcpStream) {
+        let mut go = [0u8; 1];
+        for chunk in [&b"one"[..], b"two", b"three", b"four", b"five"] {
+            s.read_exact(&mut go).unwrap();
+            // (late, so that the client's poll and blocking read wait for them)
+            if chunk == b"three" || chunk == b"four" {
+                sleep_ms(300);
+            }
+            s.write_all(chunk).unwrap();
+        }
+        for i in 0..ROUNDS {
+            s.read_exact(&mut go).unwrap();
+            assert_eq!(go[0], i as u8, "round {i}");
+            s.write_all(&[go[0] ^ 0xff]).unwrap();
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    fn ctl(ep: RawFd, op: i32, fd: RawFd, events: u32) {
+        let mut ev = libc::epoll_event {
+            events,
+            u64: fd as u64,
+        };
+        // SAFETY: valid epoll fd, socket fd and event.
+        let rc = unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) };
+        assert_eq!(rc, 0, "epoll_ctl({op}) errno {}", errno());
+    }
+
+    /// The events of one epoll_wait (each for `fd`).
+    fn wait(ep: RawFd, fd: RawFd, timeout_ms: i32) -> Vec<u32> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: evs has room for 8 events.
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, timeout_ms) };
+        assert!(n >= 0, "epoll_wait errno {}", errno());
+        evs[..n as usize]
+            .iter()
+            .map(|e| {
+                assert_eq!({ e.u64 }, fd as u64, "epoll data not ours");
+                e.events
+            })
+            .collect()
+    }
+
+    fn wait_for(ep: RawFd, fd: RawFd, bit: i32, what: &str) {
+        let deadline = Instant::now() + T;
+        loop {
+            assert!(Instant::now() < deadline, "{what}: no event");
+            if wait(ep, fd, 1000).iter().any(|e| e & bit as u32 != 0) {
+                return;
+            }
+        }
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let fd = s.as_raw_fd();
+        // SAFETY: plain epoll_create1.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        let rd = libc::EPOLLIN as u32;
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, rd);
+        s.write_all(b"g").unwrap();
+        wait_for(ep, fd, libc::EPOLLIN, "first chunk");
+        assert_eq!(read_exact_fd(fd, 3), b"one");
+
+        // DEL, the data arrives, ADD again: reported
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
+        s.write_all(b"g").unwrap();
+        sleep_ms(300); // (arrived while the fd was out of the set)
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, rd);
+        wait_for(ep, fd, libc::EPOLLIN, "data pending at the re-ADD");
+        assert_eq!(read_exact_fd(fd, 3), b"two");
+
+        // after a DEL: poll(2) sees the data (at once: the server answers in well under a
+        // second, even in the emulated VM)
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
+        s.write_all(b"g").unwrap();
+        assert!(
+            poll1(fd, libc::POLLIN, 1500) & libc::POLLIN != 0,
+            "poll after EPOLL_CTL_DEL: no POLLIN within 1.5 s"
+        );
+        assert_eq!(read_exact_fd(fd, 5), b"three");
+
+        // ADD and DEL at once, then a blocking read
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, rd);
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
+        s.write_all(b"g").unwrap();
+        let mut four = [0u8; 4];
+        s.read_exact(&mut four).unwrap();
+        assert_eq!(&four, b"four");
+
+        // into another set after the DEL: that set reports, the old one stays silent
+        // SAFETY: plain epoll_create1.
+        let ep2 = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep2 >= 0);
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, rd);
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
+        ctl(ep2, libc::EPOLL_CTL_ADD, fd, rd);
+        s.write_all(b"g").unwrap();
+        wait_for(ep2, fd, libc::EPOLLIN, "the second set");
+        assert!(
+            wait(ep, fd, 200).is_empty(),
+            "the old set reported a deleted fd"
+        );
+        assert_eq!(read_exact_fd(fd, 4), b"five");
+        ctl(ep2, libc::EPOLL_CTL_DEL, fd, 0);
+        // SAFETY: our epoll fd.
+        unsafe { libc::close(ep2) };
+
+        // the `ae` pattern, round after round
+        for i in 0..ROUNDS {
+            ctl(ep, libc::EPOLL_CTL_ADD, fd, libc::EPOLLOUT as u32);
+            wait_for(ep, fd, libc::EPOLLOUT, "writable");
+            assert_eq!(send_flags(fd, &[i as u8], 0), 1);
+            ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
+            ctl(ep, libc::EPOLL_CTL_ADD, fd, rd);
+            wait_for(ep, fd, libc::EPOLLIN, "the answer");
+            let mut b = [0u8; 1];
+            assert_eq!(recv_flags(fd, &mut b, 0), 1, "round {i}");
+            assert_eq!(b[0], i as u8 ^ 0xff, "round {i}");
+            ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
+        }
+        // the end: the server's half-close, seen through a re-ADD
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, rd | libc::EPOLLRDHUP as u32);
+        let ev = wait(ep, fd, 10_000);
+        assert_eq!(ev.len(), 1);
+        assert!(ev[0] & libc::EPOLLRDHUP as u32 != 0, "events {:#x}", ev[0]);
+        let mut b = [0u8; 1];
+        assert_eq!(recv_flags(fd, &mut b, 0), 0);
+        // SAFETY: our epoll fd.
+        unsafe { libc::close(ep) };
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+}
+
 /// select(2) for read and write readiness; the server speaks first.
 mod select {
     use super::*;
@@ -865,6 +1011,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
         nonblocking_connect::client,
     ),
     ("epoll_et", epoll_et::server, epoll_et::client),
+    ("epoll_readd", epoll_readd::server, epoll_readd::client),
     ("select", select::server, select::client),
     ("half_close", half_close::server, half_close::client),
     ("peek_waitall", peek_waitall::server, peek_waitall::client),
