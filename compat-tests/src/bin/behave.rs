@@ -39,6 +39,21 @@ fn poll1(fd: RawFd, events: i16, timeout_ms: i32) -> i16 {
     p.revents
 }
 
+/// The events of one epoll_wait on `ep` (at most 8), each checked to carry `data`.
+fn epoll_events(ep: RawFd, data: u64, timeout_ms: i32) -> Vec<u32> {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+    // SAFETY: evs has room for 8 events.
+    let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, timeout_ms) };
+    assert!(n >= 0, "epoll_wait errno {}", errno());
+    evs[..n as usize]
+        .iter()
+        .map(|e| {
+            assert_eq!({ e.u64 }, data, "epoll data not ours");
+            e.events
+        })
+        .collect()
+}
+
 fn recv_flags(fd: RawFd, buf: &mut [u8], flags: i32) -> isize {
     // SAFETY: buf is valid for buf.len() bytes.
     unsafe { libc::recv(fd, buf.as_mut_ptr().cast::<c_void>(), buf.len(), flags) }
@@ -207,17 +222,7 @@ mod epoll_et {
     }
 
     fn wait(ep: RawFd, timeout_ms: i32) -> Vec<u32> {
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
-        // SAFETY: evs has room for 8 events.
-        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, timeout_ms) };
-        assert!(n >= 0, "epoll_wait errno {}", errno());
-        evs[..n as usize]
-            .iter()
-            .map(|e| {
-                assert_eq!({ e.u64 }, 0xfeed, "epoll data not ours");
-                e.events
-            })
-            .collect()
+        epoll_events(ep, 0xfeed, timeout_ms)
     }
 
     fn ctl(ep: RawFd, op: i32, fd: RawFd, events: u32) {
@@ -345,17 +350,7 @@ mod epoll_readd {
 
     /// The events of one epoll_wait (each for `fd`).
     fn wait(ep: RawFd, fd: RawFd, timeout_ms: i32) -> Vec<u32> {
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
-        // SAFETY: evs has room for 8 events.
-        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, timeout_ms) };
-        assert!(n >= 0, "epoll_wait errno {}", errno());
-        evs[..n as usize]
-            .iter()
-            .map(|e| {
-                assert_eq!({ e.u64 }, fd as u64, "epoll data not ours");
-                e.events
-            })
-            .collect()
+        epoll_events(ep, fd as u64, timeout_ms)
     }
 
     fn wait_for(ep: RawFd, fd: RawFd, bit: i32, what: &str) {
