@@ -137,6 +137,14 @@ struct Listeners {
 /// not twice per connection.
 const LAZY: Duration = Duration::from_millis(10);
 
+/// How late the engine may start a delayed dial (see [`super::dial_delay`]): it wakes this
+/// long after the earliest one is due and starts every one due by then. Under a stream of
+/// short connections to a proven host (one every millisecond, each closed before its dial)
+/// the engine woke for every connection's dial time, to find it closed, and took the CPU
+/// from the application each time (measured in the VM: 0.85 engine wake-ups and 0.7
+/// preemptions of the application per connection).
+const DIAL_SLACK: Duration = Duration::from_millis(5);
+
 /// The engine's handle (shared with application threads).
 pub struct Engine {
     epfd: c_int,
@@ -600,6 +608,7 @@ impl State {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if let Some(t) = self.delayed.iter().map(|(t, _)| *t).min() {
+            let t = t + DIAL_SLACK;
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         let recent = net::coarse_ms()
