@@ -162,7 +162,8 @@ impl SpinGate {
         });
     }
 
-    pub fn state(&self) -> State {
+    #[cfg(test)]
+    fn state(&self) -> State {
         State::unpack(self.0.load(Relaxed))
     }
 }

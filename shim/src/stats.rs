@@ -263,46 +263,46 @@ impl Snapshot {
     /// ASCII identifiers, so no escaping is needed.
     pub fn write_json<W: Write>(&self, w: &mut W) -> fmt::Result {
         write!(w, "{{\"pid\":{},\"calls\":{{", self.pid)?;
-        for (i, h) in Hook::ALL.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            write!(w, "{sep}\"{}\":{}", h.name(), self.calls_of(*h))?;
-        }
+        write_pairs(w, Hook::ALL.iter().map(|h| (h.name(), self.calls_of(*h))))?;
         write!(
             w,
             "}},\"connections\":{{\"upgraded\":{},\"fallback\":{},\"fallback_reasons\":{{",
             self.upgraded, self.fallback
         )?;
-        for (i, r) in FallbackReason::ALL.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            write!(
-                w,
-                "{sep}\"{}\":{}",
-                r.name(),
-                self.reasons.get(i).copied().unwrap_or(0)
-            )?;
-        }
+        write_pairs(
+            w,
+            named(FallbackReason::ALL, FallbackReason::name, &self.reasons),
+        )?;
         w.write_str("}},\"bytes\":{")?;
-        for (i, b) in Bytes::ALL.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            write!(
-                w,
-                "{sep}\"{}\":{}",
-                b.name(),
-                self.bytes.get(i).copied().unwrap_or(0)
-            )?;
-        }
+        write_pairs(w, named(&Bytes::ALL, Bytes::name, &self.bytes))?;
         w.write_str("},\"waits\":{")?;
-        for (i, k) in Wait::ALL.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            write!(
-                w,
-                "{sep}\"{}\":{}",
-                k.name(),
-                self.waits.get(i).copied().unwrap_or(0)
-            )?;
-        }
+        write_pairs(w, named(&Wait::ALL, Wait::name, &self.waits))?;
         w.write_str("}}\n")
     }
+}
+
+/// Each of `keys` by its name, with its counter in `values` (the same order; 0 if missing).
+fn named<'a, K: Copy>(
+    keys: &'a [K],
+    name: fn(K) -> &'static str,
+    values: &'a [u64],
+) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+    keys.iter()
+        .enumerate()
+        .map(move |(i, k)| (name(*k), values.get(i).copied().unwrap_or(0)))
+}
+
+/// Writes `"name":value` pairs, comma-separated: the inside of a JSON object. Names are plain
+/// ASCII identifiers, so no escaping is needed.
+fn write_pairs<W: Write>(
+    w: &mut W,
+    pairs: impl Iterator<Item = (&'static str, u64)>,
+) -> fmt::Result {
+    for (i, (k, v)) in pairs.enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        write!(w, "{sep}\"{k}\":{v}")?;
+    }
+    Ok(())
 }
 
 /// Upper bound of the JSON size, for the fixed buffer the writer uses.
