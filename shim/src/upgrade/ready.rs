@@ -253,9 +253,7 @@ pub fn epoll_ctl(
         libc::EPOLL_CTL_DEL => {
             let res = net::epoll_ctl(epfd, op, fd, 0, 0);
             if let Some(old) = r.regs.remove(&(epfd, fd)) {
-                set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(old.events));
-                set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(old.events));
-                released = drop_comp(&mut r, epfd, fd, &old, Leave::Park);
+                released = unregister_rest(&mut r, epfd, fd, c, &old, Leave::Park);
             }
             res
         }
@@ -304,6 +302,22 @@ fn add_comp(r: &mut Registry, epfd: c_int, fd: c_int, c: &Conn, comp: c_int) -> 
     net::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, comp, EV_IN, tag(SRC_COMP, fd)).ok()?;
     c.comp_in_app.fetch_add(1, Ordering::SeqCst);
     Some(comp)
+}
+
+/// Registration `old` of `fd` left the registry (its socket is the caller's): the eventfds
+/// of `c` leave set `epfd`, and the completion channel per `how` ([`drop_comp`], whose answer
+/// this returns).
+fn unregister_rest(
+    r: &mut Registry,
+    epfd: c_int,
+    fd: c_int,
+    c: &Conn,
+    old: &Reg,
+    how: Leave,
+) -> bool {
+    set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(old.events));
+    set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(old.events));
+    drop_comp(r, epfd, fd, old, how)
 }
 
 /// What [`drop_comp`] does with a channel no other registration takes over.
@@ -498,9 +512,7 @@ pub fn forget_conn(c: &Arc<Conn>) {
                 continue;
             };
             let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
-            set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(old.events));
-            set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(old.events));
-            released |= drop_comp(&mut r, epfd, fd, &old, Leave::Remove);
+            released |= unregister_rest(&mut r, epfd, fd, c, &old, Leave::Remove);
         }
         released
     };
