@@ -264,16 +264,30 @@ impl Link {
         any
     }
 
+    /// Performs what the core has queued (the write of bytes just staged, a credit just made
+    /// due) without polling the CQ first: for the data path, where that action is what the
+    /// peer waits for, and the next [`progress`](Self::progress) polls. Performs nothing
+    /// once the teardown has begun (as `progress`).
+    pub fn push(&mut self) {
+        self.act();
+    }
+
     /// Copies `bytes` into the send staging ring at stream cursor `cursor`: the grant of the
     /// `conn_mut().send(..)` that accepted them (contiguous thanks to the double mapping; the
     /// core grants at most the ring's size).
     pub fn stage(&mut self, cursor: u64, bytes: &[u8]) {
-        if let Some(tx) = self.ep.tx.as_mut() {
-            let off = (cursor % tx.size() as u64) as usize;
-            tx.ring_mut()
-                .slice_mut(off, bytes.len())
-                .copy_from_slice(bytes);
+        if let Some(dst) = self.staging(cursor, bytes.len()) {
+            dst.copy_from_slice(bytes);
         }
+    }
+
+    /// The send staging ring's `len` bytes at stream cursor `cursor`, for a caller that fills
+    /// a grant of `conn_mut().send(..)` in place (saving the copy [`stage`](Self::stage)
+    /// makes from a buffer of its own); `None` on a link without a staging ring.
+    pub fn staging(&mut self, cursor: u64, len: usize) -> Option<&mut [u8]> {
+        let tx = self.ep.tx.as_mut()?;
+        let off = (cursor % tx.size() as u64) as usize;
+        Some(tx.ring_mut().slice_mut(off, len))
     }
 
     /// The readable ring bytes at `offset`, after `conn().recv()` returned

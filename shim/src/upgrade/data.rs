@@ -230,6 +230,10 @@ fn source(g: &Inner) -> Src {
 /// a few under qemu TCG).
 const PREEMPTED_GAP: Duration = Duration::from_micros(40);
 
+/// A spinning thread reads the clock (for its time limit and [`PREEMPTED_GAP`]) every this
+/// many turns, and when it finds what it waits for.
+const CLOCK_EVERY: u32 = 4;
+
 /// How a blocked call waits.
 struct Waiter {
     deadline: Option<Option<Instant>>,
@@ -269,6 +273,7 @@ impl Waiter {
                 },
             );
         };
+        let mut turn = 0u32;
         loop {
             let mut g = c.lock();
             if let Phase::Linked(l) = &mut g.phase {
@@ -290,6 +295,12 @@ impl Waiter {
                 return true;
             }
             drop(g);
+            // (the clock every few turns: a read may cost as much as the rest of a turn)
+            turn = turn.wrapping_add(1);
+            if last.is_some() && !turn.is_multiple_of(CLOCK_EVERY) {
+                std::hint::spin_loop();
+                continue;
+            }
             let now = Instant::now();
             if off_cpu(last, now) {
                 end_with(SpinEnd::Preempted);
@@ -408,9 +419,13 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
     if total == 0 {
         return Ok(0);
     }
+    // (a spin that found something had just driven the link: not again)
+    let mut driven = false;
     loop {
         let mut g = c.lock();
-        c.drive(&mut g, false);
+        if !std::mem::take(&mut driven) {
+            c.drive(&mut g, false);
+        }
         let src = source(&g);
         let sock_events: i16;
         match src {
@@ -475,7 +490,8 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                     return Ok(got);
                 }
                 let _ = l.conn_mut().consume(n);
-                l.progress(false);
+                // (a credit this made due goes now; the CQ waits for the next call)
+                l.push();
                 stats::add_bytes_at(shard, Bytes::RingRx, n as u64);
                 c.settle(&mut g);
                 if !waitall || got == total {
@@ -511,6 +527,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             Src::WouldBlock => false,
             _ => true,
         }) {
+            driven = true;
             continue;
         }
         if let Err(e) = waiter.sleep(c, fd, sock_events, c.rd_efd) {
@@ -526,17 +543,31 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
     let shard = stats::fd_shard(fd);
     let mut sent = 0usize;
     let mut waiter = Waiter::new(libc::SO_SNDTIMEO);
-    let mut scratch: Vec<u8> = Vec::new();
     if total == 0 {
         return net::send(fd, &[], flags);
     }
+    let grant_of = |g: &mut Inner, want: usize| match &mut g.phase {
+        Phase::Linked(l) => l.conn_mut().send(want),
+        _ => Err(SendError::ViaTcp),
+    };
     loop {
         let mut g = c.lock();
-        c.drive(&mut g, false);
         let want = total - sent;
-        let grant = match &mut g.phase {
-            Phase::Linked(l) => l.conn_mut().send(want),
-            _ => Err(SendError::ViaTcp),
+        // Once this side sends on the ring, the link is driven after the bytes are staged
+        // (which polls the CQ, performs the write and whatever else is due); before, only if
+        // the ring has no room (its credits may be waiting in the CQ). Until then (the
+        // handshake, TCP), first: that is what commits the switch.
+        let grant = if g.committed {
+            match grant_of(&mut g, want) {
+                Err(SendError::WouldBlock) => {
+                    c.drive(&mut g, false);
+                    grant_of(&mut g, want)
+                }
+                other => other,
+            }
+        } else {
+            c.drive(&mut g, false);
+            grant_of(&mut g, want)
         };
         let sock_events: i16;
         match grant {
@@ -557,15 +588,20 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 let Phase::Linked(l) = &mut g.phase else {
                     return Ok(sent);
                 };
-                scratch.resize(gr.len, 0);
-                if let Err(e) = buf.gather(sent, &mut scratch[..gr.len]) {
+                // (straight into the staging ring: no copy of our own)
+                let staged = match l.staging(gr.cursor, gr.len) {
+                    Some(dst) => buf.gather(sent, dst),
+                    None => Err(Errno(libc::EIO)),
+                };
+                if let Err(e) = staged {
                     // The bytes were granted; the stream must not have a hole: abort it.
                     l.conn_mut().abort();
                     l.progress(false);
                     c.settle(&mut g);
                     return if sent > 0 { Ok(sent) } else { Err(e) };
                 }
-                l.stage(gr.cursor, &scratch[..gr.len]);
+                // (the write first, then the CQ: its completions are not what anyone waits for)
+                l.push();
                 l.progress(false);
                 stats::add_bytes_at(shard, Bytes::RingTx, gr.len as u64);
                 sent += gr.len;
