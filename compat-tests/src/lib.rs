@@ -889,9 +889,22 @@ pub fn behave_roles(
     let mut cli = cmd("client", client);
     cli.arg(&port);
     let client_out = run(cli, T);
+    let id = child.id();
+    if !client_out.status.success() {
+        // (a server left waiting for a connection or a byte the failed client never sent
+        // would only time out: the client's failure is the news)
+        signal(id, "KILL");
+        let out = child.wait_with_output().expect("wait server");
+        panic!(
+            "{scenario} client ({sides}) failed: {}\nstdout: {}\nstderr: {}\nserver stderr: {}",
+            client_out.status,
+            String::from_utf8_lossy(&client_out.stdout),
+            String::from_utf8_lossy(&client_out.stderr),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // the server's remaining output and status
     let (tx, rx) = std::sync::mpsc::channel();
-    let id = child.id();
     std::thread::spawn(move || {
         let rest: Vec<String> = lines.map_while(Result::ok).collect();
         let out = child.wait_with_output();

@@ -951,6 +951,160 @@ mod prefork {
     }
 }
 
+/// An fd number reused while an epoll set still holds a registration made through it: the
+/// connection was registered, its fd closed while a duplicate kept it open (so the kernel keeps
+/// that registration, which the application can no longer name), and a new connection got the
+/// number. Registering the new one (phase 1), or deleting the number from a set where only the
+/// old registration exists (phase 2, ENOENT), must work on the new connection, and leave nothing
+/// of the old one's behind: once the new connection is closed, the sets hold no registration
+/// of anything but sockets (the shim's eventfds and completion channels are anonymous inodes).
+mod epoll_reuse {
+    use super::*;
+
+    /// Three connections, in order: A (kept to the end), B (an exchange), D (silent). Each
+    /// gets "r" once its settle pause (the RDMA tier's) is over.
+    pub fn serve(l: TcpListener) {
+        let settle = std::env::var("BEHAVE_SETTLE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok());
+        let mut conns = Vec::new();
+        for i in 0..3 {
+            let (mut s, _) = l.accept().expect("accept");
+            if let Some(ms) = settle {
+                sleep_ms(ms);
+            }
+            s.write_all(b"r").unwrap();
+            if i == 1 {
+                let mut g = [0u8; 1];
+                s.read_exact(&mut g).unwrap();
+                assert_eq!(&g, b"g");
+                s.write_all(b"x").unwrap();
+            }
+            conns.push(s);
+        }
+        for mut s in conns {
+            assert_eq!(read_to_eof(&mut s), b"");
+        }
+        drop(l);
+    }
+
+    fn ctl(ep: RawFd, op: i32, fd: RawFd, data: u64) -> i32 {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: data,
+        };
+        // SAFETY: valid epoll fd and event.
+        let rc = unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) };
+        if rc == 0 {
+            0
+        } else {
+            errno()
+        }
+    }
+
+    fn dup(fd: RawFd) -> RawFd {
+        // SAFETY: plain dup(2) of an open fd.
+        let d = unsafe { libc::dup(fd) };
+        assert!(d >= 0, "dup: errno {}", errno());
+        d
+    }
+
+    fn close(fd: RawFd) {
+        // SAFETY: an fd this test owns.
+        assert_eq!(unsafe { libc::close(fd) }, 0, "close: errno {}", errno());
+    }
+
+    /// Connects and waits for the server's "r"; returns the fd (the caller owns it).
+    fn connect(addr: SocketAddr) -> RawFd {
+        let s = TcpStream::connect(addr).unwrap();
+        let fd = s.into_raw_fd();
+        assert_eq!(read_exact_fd(fd, 1), b"r");
+        fd
+    }
+
+    /// The registrations of set `ep` whose fd is open and not a socket.
+    fn non_sockets(ep: RawFd) -> Vec<String> {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{ep}")).unwrap();
+        info.lines()
+            .filter_map(|l| l.strip_prefix("tfd:"))
+            .filter_map(|l| l.split_whitespace().next()?.parse::<RawFd>().ok())
+            .filter_map(|t| {
+                let target = std::fs::read_link(format!("/proc/self/fd/{t}")).ok()?;
+                let target = target.to_string_lossy().into_owned();
+                (!target.starts_with("socket:")).then(|| format!("fd {t}: {target}"))
+            })
+            .collect()
+    }
+
+    /// Moves `fd` to number `to` (free, or one of this test's fds, which is closed), so that
+    /// the numbers this scenario reuses do not depend on what else the process opens.
+    fn move_to(fd: RawFd, to: RawFd) -> RawFd {
+        // SAFETY: dup2(2) of an open fd onto a number this test owns.
+        assert_eq!(unsafe { libc::dup2(fd, to) }, to, "dup2: errno {}", errno());
+        close(fd);
+        to
+    }
+
+    /// Numbers well above what the process opens by itself, below the shim's private ones.
+    const N1: RawFd = 400;
+    const N2: RawFd = 401;
+
+    pub fn client(addr: SocketAddr) {
+        for n in [N1, N2] {
+            // SAFETY: F_GETFD only reads the fd's flags.
+            let flags = unsafe { libc::fcntl(n, libc::F_GETFD) };
+            assert!(flags < 0, "fd {n} is open");
+        }
+        // SAFETY: plain epoll_create1.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+
+        // Phase 1: A registered as N1; N1 closed (A lives on as m); B becomes N1 and is
+        // registered.
+        let a = move_to(connect(addr), N1);
+        assert_eq!(ctl(ep, libc::EPOLL_CTL_ADD, a, 1), 0);
+        let m = dup(a);
+        close(a);
+        let b = move_to(connect(addr), N1);
+        assert_eq!(ctl(ep, libc::EPOLL_CTL_ADD, b, 2), 0);
+        assert_eq!(send_flags(b, b"g", 0), 1);
+        let deadline = Instant::now() + T;
+        loop {
+            assert!(Instant::now() < deadline, "B's answer was not reported");
+            // (A's peer is silent: the kernel's registration of A reports nothing either)
+            let ev = epoll_events(ep, 2, 1000);
+            if ev.iter().any(|e| e & libc::EPOLLIN as u32 != 0) {
+                break;
+            }
+        }
+        assert_eq!(read_exact_fd(b, 1), b"x");
+        close(b);
+        let left = non_sockets(ep);
+        assert!(left.is_empty(), "set 1 holds: {left:?}");
+
+        // Phase 2: A registered (in another set) as N2, N2 closed, D becomes N2; a DEL of N2
+        // finds only the old registration: ENOENT, as the kernel says.
+        // SAFETY: plain epoll_create1.
+        let ep2 = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep2 >= 0);
+        let q = move_to(dup(m), N2);
+        assert_eq!(ctl(ep2, libc::EPOLL_CTL_ADD, q, 3), 0);
+        close(q);
+        let d = move_to(connect(addr), N2);
+        assert_eq!(ctl(ep2, libc::EPOLL_CTL_DEL, d, 0), libc::ENOENT);
+        close(d);
+        let left = non_sockets(ep2);
+        assert!(left.is_empty(), "set 2 holds: {left:?}");
+
+        // A ends as usual.
+        // SAFETY: `m` is an open TCP socket this test owns; the stream takes it over.
+        let a = unsafe { TcpStream::from_raw_fd(m) };
+        a.shutdown(Shutdown::Write).unwrap();
+        close(ep);
+        close(ep2);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -1019,8 +1173,10 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
 ];
 
 /// Scenarios whose server role takes the listening socket itself.
-const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] =
-    &[("prefork", prefork::serve, prefork::client)];
+const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
+    ("prefork", prefork::serve, prefork::client),
+    ("epoll_reuse", epoll_reuse::serve, epoll_reuse::client),
+];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -727,7 +727,7 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
     };
     c.settle(&mut g);
     drop(g);
-    super::ready::forget_conn(c);
+    super::ready::forget_conn(c, fd);
     let sock = if drain {
         net::dup_private(fd, super::PRIVATE_FD_MIN).ok()
     } else {

@@ -175,6 +175,10 @@ pub fn epoll_ctl(
     ev: Option<(u32, u64)>,
 ) -> Result<(), Errno> {
     let w = super::world().ok_or(Errno(libc::ENOMEM))?;
+    let ev = match op {
+        libc::EPOLL_CTL_DEL => None,
+        _ => Some(ev.ok_or(Errno(libc::EFAULT))?),
+    };
     // Lock order: the connection's, then the registry's.
     let mut g = c.lock();
     if op != libc::EPOLL_CTL_DEL {
@@ -187,9 +191,24 @@ pub fn epoll_ctl(
     let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
     let mut added = false;
     let mut released = false;
+    // A registration of this fd number that belongs to another connection is stale: that
+    // connection's fd was closed while a duplicate kept it open (its socket's registration
+    // stays in the kernel's set, as with TCP), and the number is `c`'s now. The application
+    // can no longer name it, so its eventfds and channel leave the set here, whatever this
+    // call is; otherwise they would stay, readable, under a tag the registry gives to `c`,
+    // and every wait on the set would wake for nothing.
+    let stale = match r.regs.get(&(epfd, fd)) {
+        Some(g) if !is(&g.conn, c) => r.regs.remove(&(epfd, fd)),
+        _ => None,
+    };
+    let stale_released = stale
+        .as_ref()
+        .is_some_and(|old| unregister_rest(&mut r, epfd, fd, &old.conn, old, Leave::Remove));
     let res = match op {
-        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
-            let (events, data) = ev.ok_or(Errno(libc::EFAULT))?;
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => 'arm: {
+            let Some((events, data)) = ev else {
+                break 'arm Err(Errno(libc::EFAULT));
+            };
             // (a MOD of this connection's registration: the kernel holds the socket and the
             // eventfds as the registry says, since every change goes through here, and
             // `after_change` re-registers them when EPOLLOUT comes off)
@@ -205,7 +224,11 @@ pub fn epoll_ctl(
                 plain_lt(o) && plain_lt(events) && sock_events(o, c) == sock_events(events, c)
             });
             if !unchanged {
-                net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd))?;
+                let kernel =
+                    net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd));
+                if kernel.is_err() {
+                    break 'arm kernel;
+                }
             }
             let old = old.unwrap_or(0);
             set_efd_from(
@@ -265,6 +288,11 @@ pub fn epoll_ctl(
     }
     if released {
         c.comp_from_app(&mut g);
+    }
+    drop(g);
+    // (the other connection's lock only after this one's is released: no order between two)
+    if let Some(old) = stale.filter(|_| stale_released) {
+        old.conn.comp_from_app(&mut old.conn.lock());
     }
     res
 }
@@ -491,10 +519,14 @@ pub fn forget_epoll(epfd: c_int) {
     }
 }
 
-/// The last fd of `c` is being closed: remove its registrations (socket and eventfds) from
-/// every epoll set (the socket stays open privately until the ring is torn down, so the kernel
-/// would otherwise keep reporting it).
-pub fn forget_conn(c: &Arc<Conn>) {
+/// The last fd of `c`, `closing`, is being closed: remove its registrations (socket and
+/// eventfds) from every epoll set (the socket stays open privately until the ring is torn
+/// down, so the kernel would otherwise keep reporting it). A registration made through another
+/// fd number, closed earlier while `closing` kept the connection open, loses its eventfds and
+/// channel only: the kernel's registration of the socket under that number can no longer be
+/// named (the number may be another file's now, whose registration a DEL would remove), and
+/// lasts, as with TCP, until the socket's last reference goes.
+pub fn forget_conn(c: &Arc<Conn>, closing: c_int) {
     let Some(w) = super::world_if_created() else {
         return;
     };
@@ -511,7 +543,9 @@ pub fn forget_conn(c: &Arc<Conn>) {
             let Some(old) = r.regs.remove(&(epfd, fd)) else {
                 continue;
             };
-            let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+            if fd == closing {
+                let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+            }
             released |= unregister_rest(&mut r, epfd, fd, c, &old, Leave::Remove);
         }
         released
