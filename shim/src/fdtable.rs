@@ -143,6 +143,13 @@ impl FdEntry {
     pub const fn is_settled_tcp(self) -> bool {
         self.0 & (0xff | ((flags::CONNECTING as u64) << 8)) == Kind::TcpCandidate as u64
     }
+    /// An entry whose close only clears it: a TCP candidate with no pending connect (a
+    /// connection that stays on TCP, or a socket not connected yet), or a socket that is
+    /// neither TCP nor an epoll fd. Nothing else of the shim's refers to such an fd.
+    #[inline(always)]
+    pub const fn close_only_clears(self) -> bool {
+        self.is_settled_tcp() || (self.0 as u8 == Kind::Other as u8 && !self.has(flags::EPOLL_FD))
+    }
     /// A TCP connection whose bytes the shim counts (candidate or upgraded).
     #[inline(always)]
     pub const fn is_tcp_stream(self) -> bool {

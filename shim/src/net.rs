@@ -324,6 +324,15 @@ pub fn poll_now(fd: c_int, events: i16) -> i16 {
     }
 }
 
+/// An `Instant` read from the coarse clock ([`coarse_ms`]): no system call, a tick of error
+/// at most (the coarse clock is the precise one's value at the last tick). For checks against
+/// deadlines seconds away, made on every connection (the negative cache's).
+pub fn coarse_instant() -> std::time::Instant {
+    static BASE: std::sync::OnceLock<(std::time::Instant, u64)> = std::sync::OnceLock::new();
+    let (at, ms) = *BASE.get_or_init(|| (std::time::Instant::now(), coarse_ms()));
+    at + std::time::Duration::from_millis(coarse_ms().saturating_sub(ms))
+}
+
 /// The coarse monotonic clock in milliseconds (`CLOCK_MONOTONIC_COARSE`: served from the
 /// vDSO at tick resolution, never a system call, even where the precise clock needs one, as
 /// under emulation). For deadlines that tolerate a tick of error.

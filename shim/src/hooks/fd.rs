@@ -14,14 +14,21 @@ const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
 
 hook! {
     /// close(2): the entry is cleared *before* the real close (see fdtable.rs), after resolving
-    /// a pending connect. In a vfork child (shared memory, own fd table) the table is left alone.
+    /// a pending connect. In a vfork child (shared memory, own fd table) the table is left alone,
+    /// but for entries whose close only clears them.
     fn close(fd: c_int) -> c_int;
     id: Close;
     fallback: syscall(SYS_close; fd);
     fast: unknown(fd);
     |_real, _cx| {
         let e = TABLE.get(fd);
-        if !e.is_unknown() && !conn::in_foreign_child() {
+        if e.close_only_clears() {
+            // (no vfork check, which costs a getpid per close: a vfork child clearing such an
+            // entry in the table it shares with its parent leaves the parent's fd unknown to
+            // the shim, so that its I/O passes straight through, as a TCP connection's does
+            // anyway, but is no longer counted in the stats; a connect classifies it again)
+            TABLE.take(fd);
+        } else if !e.is_unknown() && !conn::in_foreign_child() {
             conn::forget(fd, e);
         }
         PassThrough

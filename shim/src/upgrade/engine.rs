@@ -166,7 +166,8 @@ pub fn negative_cached(peer: SocketAddr) -> bool {
         return false;
     };
     let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
-    n.check(peer, Instant::now()).is_some()
+    // (on every connect to an upgradable address: the coarse clock, no system call)
+    n.check(peer, net::coarse_instant()).is_some()
 }
 
 /// A connection to `peer` was upgraded: the negative cache forgets the peer's failures and
