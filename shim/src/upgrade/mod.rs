@@ -161,12 +161,17 @@ impl Conn {
         local: SocketAddr,
         phase: Phase,
     ) -> Option<Conn> {
-        let rd_efd = net::eventfd(PRIVATE_FD_MIN).ok()?;
-        let wr_efd = match net::eventfd(PRIVATE_FD_MIN) {
-            Ok(fd) => fd,
-            Err(_) => {
-                net::close(rd_efd);
-                return None;
+        let (rd_efd, wr_efd) = match world_if_created().and_then(|w| w.reuse_efds()) {
+            Some(pair) => pair,
+            None => {
+                let rd_efd = net::eventfd(PRIVATE_FD_MIN).ok()?;
+                match net::eventfd(PRIVATE_FD_MIN) {
+                    Ok(wr_efd) => (rd_efd, wr_efd),
+                    Err(_) => {
+                        net::close(rd_efd);
+                        return None;
+                    }
+                }
             }
         };
         crate::fdtable::UPGRADE_CONNS.fetch_add(1, Ordering::Relaxed);
@@ -565,6 +570,26 @@ impl Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         crate::fdtable::UPGRADE_CONNS.fetch_sub(1, Ordering::Relaxed);
+        // Eventfds that were never in an epoll set go back to the pool, at level zero (they
+        // are set only through `sync_efds`, which records it); nobody else can hold them: a
+        // poll of them holds a reference to this connection. One that was in a set may still
+        // be, in a duplicate of that set's epoll fd that the registry does not know: closed.
+        let epolled = self.efd_watchers.load(Ordering::SeqCst) & EFDS_EPOLLED != 0;
+        if !epolled && slot_is_ours(self.slot) {
+            let g = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+            let (rd_set, wr_set) = (g.rd_set, g.wr_set);
+            if rd_set {
+                net::eventfd_clear(self.rd_efd);
+            }
+            if wr_set {
+                net::eventfd_clear(self.wr_efd);
+            }
+            if let Some(w) = world_if_created() {
+                if w.keep_efds(self.rd_efd, self.wr_efd) {
+                    return;
+                }
+            }
+        }
         net::close(self.rd_efd);
         net::close(self.wr_efd);
     }
@@ -605,7 +630,15 @@ pub struct World {
     slab: RwLock<Slab>,
     pub(crate) regs: Mutex<ready::Registry>,
     engine: OnceLock<Option<Engine>>,
+    /// Eventfd pairs of ended connections, for the next ones: a connection's two eventfds
+    /// cost six system calls to make (each is moved above [`PRIVATE_FD_MIN`]) and two to
+    /// close, of the ~28 a short upgraded connection makes. A fork child has a world (and a
+    /// pool) of its own: the parent's eventfds, which it shares, are never handed out twice.
+    efd_pool: Mutex<Vec<(c_int, c_int)>>,
 }
+
+/// The most eventfd pairs [`World::efd_pool`] keeps.
+const EFD_POOL_MAX: usize = 64;
 
 /// One world per process generation (a fork child moves to the next one). A generation's
 /// world is created on first use; the parent's stays untouched in the child's memory.
@@ -636,6 +669,7 @@ pub fn world() -> Option<&'static World> {
         }),
         regs: Mutex::new(ready::Registry::default()),
         engine: OnceLock::new(),
+        efd_pool: Mutex::new(Vec::new()),
     }))
 }
 
@@ -653,6 +687,25 @@ impl World {
     /// The engine if it was started.
     pub fn engine_if_started(&self) -> Option<&Engine> {
         self.engine.get().and_then(|e| e.as_ref())
+    }
+
+    /// A pooled eventfd pair (both at level zero, in no epoll set), if any.
+    fn reuse_efds(&self) -> Option<(c_int, c_int)> {
+        self.efd_pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+    }
+
+    /// Pools an ended connection's eventfd pair (see [`Conn`]'s drop); false if the pool is
+    /// full (the caller closes them).
+    fn keep_efds(&self, rd: c_int, wr: c_int) -> bool {
+        let mut p = self.efd_pool.lock().unwrap_or_else(|p| p.into_inner());
+        if p.len() >= EFD_POOL_MAX {
+            return false;
+        }
+        p.push((rd, wr));
+        true
     }
 
     fn insert(&self, make: impl FnOnce(u32) -> Option<Conn>) -> Option<Arc<Conn>> {
