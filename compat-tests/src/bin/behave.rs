@@ -339,13 +339,23 @@ mod epoll_readd {
     }
 
     fn ctl(ep: RawFd, op: i32, fd: RawFd, events: u32) {
+        let e = ctl_errno(ep, op, fd, events);
+        assert_eq!(e, 0, "epoll_ctl({op}) errno {e}");
+    }
+
+    /// epoll_ctl's errno (0: success).
+    fn ctl_errno(ep: RawFd, op: i32, fd: RawFd, events: u32) -> i32 {
         let mut ev = libc::epoll_event {
             events,
             u64: fd as u64,
         };
         // SAFETY: valid epoll fd, socket fd and event.
         let rc = unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) };
-        assert_eq!(rc, 0, "epoll_ctl({op}) errno {}", errno());
+        if rc == 0 {
+            0
+        } else {
+            errno()
+        }
     }
 
     /// The events of one epoll_wait (each for `fd`).
@@ -432,6 +442,19 @@ mod epoll_readd {
             assert_eq!(b[0], i as u8 ^ 0xff, "round {i}");
             ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
         }
+        // the errors the kernel gives (under the shim, once both directions are on the ring,
+        // a registration holds no socket and the registry answers for the kernel)
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, rd);
+        assert_eq!(ctl_errno(ep, libc::EPOLL_CTL_ADD, fd, rd), libc::EEXIST);
+        let excl = rd | libc::EPOLLEXCLUSIVE as u32;
+        assert_eq!(ctl_errno(ep, libc::EPOLL_CTL_MOD, fd, excl), libc::EINVAL);
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
+        assert_eq!(ctl_errno(ep, libc::EPOLL_CTL_DEL, fd, 0), libc::ENOENT);
+        assert_eq!(ctl_errno(ep, libc::EPOLL_CTL_MOD, fd, rd), libc::ENOENT);
+        assert_eq!(ctl_errno(-1, libc::EPOLL_CTL_ADD, fd, rd), libc::EBADF);
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, excl);
+        assert_eq!(ctl_errno(ep, libc::EPOLL_CTL_MOD, fd, rd), libc::EINVAL);
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0);
         // the end: the server's half-close, seen through a re-ADD
         ctl(ep, libc::EPOLL_CTL_ADD, fd, rd | libc::EPOLLRDHUP as u32);
         let ev = wait(ep, fd, 10_000);

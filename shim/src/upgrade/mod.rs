@@ -522,7 +522,9 @@ impl Conn {
         let c = link.conn();
         let r = c.readiness();
         let rd = !r.read_via_tcp && (r.readable || r.hup || r.error || r.rdhup);
-        let wr = !r.write_via_tcp && (r.writable || r.error);
+        // (the hang-up too: a registration for writing only may hold no socket, see
+        // `ready::needs_socket`)
+        let wr = !r.write_via_tcp && (r.writable || r.error || r.hup);
         let mark = c.stats().messages_received;
         if trace() {
             crate::shim_log!(

@@ -63,6 +63,27 @@ struct Reg {
     /// The link's completion channel fd, if this registration put it into the set (one
     /// registration per connection and set holds it).
     comp: Option<c_int>,
+    /// The socket is in the set too ([`needs_socket`]).
+    sock: bool,
+}
+
+/// Whether a registration of `c` for `app` needs the socket in the set, besides the
+/// eventfds. Not once both directions are on the ring and the registration wants reading or
+/// writing: the socket then carries nothing the eventfds do not (their levels include the
+/// end, the error and the hang-up, and the peer's death reaches the connection through
+/// rdma_cm and the CQ, as it does for a blocking read, which never polls the socket), and
+/// event loops that DEL and ADD a connection on every request (redis' `ae`) pay one system
+/// call for each instead of two. EPOLLEXCLUSIVE keeps the socket (the kernel validates it).
+fn needs_socket(g: &Inner, app: u32) -> bool {
+    let switched = g.committed
+        && match &g.phase {
+            Phase::Linked(l) => {
+                let r = l.conn().readiness();
+                !r.read_via_tcp && !r.write_via_tcp
+            }
+            _ => false,
+        };
+    !switched || !(wants_rd(app) || wants_wr(app)) || app & libc::EPOLLEXCLUSIVE as u32 != 0
 }
 
 /// The process's epoll registrations of fds under the upgrade, by (epoll fd, fd).
@@ -94,10 +115,17 @@ struct Parked {
 /// How many channels are parked (a wait checks it before it locks the registry).
 static PARKED: AtomicUsize = AtomicUsize::new(0);
 
+/// The events the socket's own registration asks for: the application's, without EPOLLOUT
+/// once writes go to the ring, and with EPOLLRDHUP (the TCP end), except with EPOLLEXCLUSIVE,
+/// which the kernel accepts only with EPOLLIN, EPOLLOUT, EPOLLET and EPOLLWAKEUP (EINVAL
+/// otherwise, where the application's own call would have succeeded).
 fn sock_events(app: u32, c: &Conn) -> u32 {
     let mut ev = app;
     if c.out_masked.load(Ordering::Acquire) {
         ev &= !EV_OUT;
+    }
+    if app & libc::EPOLLEXCLUSIVE as u32 != 0 {
+        return ev;
     }
     ev | EV_RDHUP
 }
@@ -117,11 +145,11 @@ fn plain_lt(app: u32) -> bool {
 
 /// Registers/updates/removes the eventfd `efd` of `fd` (source `src`) in `epfd` per `want`.
 fn set_efd(epfd: c_int, efd: c_int, src: u64, fd: c_int, app: u32, want: bool, had: bool) {
-    set_efd_from(epfd, efd, src, fd, app, want, had, 0);
+    let _ = set_efd_from(epfd, efd, src, fd, app, want, had, 0);
 }
 
 /// [`set_efd`] for a registration whose application events were `old` (0 if none): an update
-/// that changes nothing in the kernel is skipped ([`plain_lt`]).
+/// that changes nothing in the kernel is skipped ([`plain_lt`]). Returns the kernel's answer.
 #[allow(clippy::too_many_arguments)]
 fn set_efd_from(
     epfd: c_int,
@@ -132,20 +160,14 @@ fn set_efd_from(
     want: bool,
     had: bool,
     old: u32,
-) {
+) -> Result<(), Errno> {
     let ev = EV_IN | flags_of(app);
     match (want, had) {
-        (true, false) => {
-            let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, efd, ev, tag(src, fd));
-        }
-        (true, true) if plain_lt(app) && plain_lt(old) => {}
-        (true, true) => {
-            let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, efd, ev, tag(src, fd));
-        }
-        (false, true) => {
-            let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, efd, 0, 0);
-        }
-        (false, false) => {}
+        (true, false) => net::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, efd, ev, tag(src, fd)),
+        (true, true) if plain_lt(app) && plain_lt(old) => Ok(()),
+        (true, true) => net::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, efd, ev, tag(src, fd)),
+        (false, true) => net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, efd, 0, 0),
+        (false, false) => Ok(()),
     }
 }
 
@@ -209,29 +231,51 @@ pub fn epoll_ctl(
             let Some((events, data)) = ev else {
                 break 'arm Err(Errno(libc::EFAULT));
             };
-            // (a MOD of this connection's registration: the kernel holds the socket and the
+            // (this connection's registration, if any: the kernel holds the socket and the
             // eventfds as the registry says, since every change goes through here, and
             // `after_change` re-registers them when EPOLLOUT comes off)
+            let prior = r
+                .regs
+                .get(&(epfd, fd))
+                .filter(|g| is(&g.conn, c))
+                .map(|g| (g.events, g.sock));
+            let sockless = !needs_socket(&g, events);
+            let sock = match prior {
+                Some((_, false)) if op == libc::EPOLL_CTL_ADD => {
+                    break 'arm Err(Errno(libc::EEXIST));
+                }
+                Some((_, false)) if events & libc::EPOLLEXCLUSIVE as u32 != 0 => {
+                    break 'arm Err(Errno(libc::EINVAL));
+                }
+                Some((_, had)) => had || !sockless,
+                None => !(op == libc::EPOLL_CTL_ADD && sockless),
+            };
             let old = match op {
-                libc::EPOLL_CTL_MOD => r
-                    .regs
-                    .get(&(epfd, fd))
-                    .filter(|g| is(&g.conn, c))
-                    .map(|g| g.events),
+                libc::EPOLL_CTL_MOD => prior.map(|(o, _)| o),
                 _ => None,
             };
-            let unchanged = old.is_some_and(|o| {
-                plain_lt(o) && plain_lt(events) && sock_events(o, c) == sock_events(events, c)
-            });
-            if !unchanged {
-                let kernel =
-                    net::epoll_ctl(epfd, op, fd, sock_events(events, c), tag(SRC_SOCK, fd));
-                if kernel.is_err() {
-                    break 'arm kernel;
+            if sock {
+                // (a sockless registration that now needs the socket: it joins the set)
+                let kop = match prior {
+                    Some((_, false)) => libc::EPOLL_CTL_ADD,
+                    _ => op,
+                };
+                let unchanged = kop == libc::EPOLL_CTL_MOD
+                    && old.is_some_and(|o| {
+                        plain_lt(o)
+                            && plain_lt(events)
+                            && sock_events(o, c) == sock_events(events, c)
+                    });
+                if !unchanged {
+                    let kernel =
+                        net::epoll_ctl(epfd, kop, fd, sock_events(events, c), tag(SRC_SOCK, fd));
+                    if kernel.is_err() {
+                        break 'arm kernel;
+                    }
                 }
             }
             let old = old.unwrap_or(0);
-            set_efd_from(
+            let rd = set_efd_from(
                 epfd,
                 c.rd_efd,
                 SRC_RD,
@@ -241,7 +285,7 @@ pub fn epoll_ctl(
                 wants_rd(old),
                 old,
             );
-            set_efd_from(
+            let wr = set_efd_from(
                 epfd,
                 c.wr_efd,
                 SRC_WR,
@@ -251,6 +295,15 @@ pub fn epoll_ctl(
                 wants_wr(old),
                 old,
             );
+            if !sock && prior.is_none() {
+                // (a sockless ADD: the eventfds' registrations are the kernel's only word on
+                // `epfd`)
+                if let Err(e) = rd.and(wr) {
+                    set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(events));
+                    set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(events));
+                    break 'arm Err(e);
+                }
+            }
             let held = r.regs.get(&(epfd, fd)).and_then(|g| g.comp);
             let comp = match (held, comp) {
                 (Some(h), _) => Some(h),
@@ -269,13 +322,19 @@ pub fn epoll_ctl(
                     data,
                     disarmed: false,
                     comp,
+                    sock,
                 },
             );
             Ok(())
         }
         libc::EPOLL_CTL_DEL => {
-            let res = net::epoll_ctl(epfd, op, fd, 0, 0);
-            if let Some(old) = r.regs.remove(&(epfd, fd)) {
+            // (a stale registration of the number went above: this one is `c`'s)
+            let old = r.regs.remove(&(epfd, fd));
+            let res = match &old {
+                Some(o) if !o.sock => Ok(()),
+                _ => net::epoll_ctl(epfd, op, fd, 0, 0),
+            };
+            if let Some(old) = old {
                 released = unregister_rest(&mut r, epfd, fd, c, &old, Leave::Park);
             }
             res
@@ -543,7 +602,7 @@ pub fn forget_conn(c: &Arc<Conn>, closing: c_int) {
             let Some(old) = r.regs.remove(&(epfd, fd)) else {
                 continue;
             };
-            if fd == closing {
+            if fd == closing && old.sock {
                 let _ = net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
             }
             released |= unregister_rest(&mut r, epfd, fd, c, &old, Leave::Remove);
@@ -568,7 +627,7 @@ pub(crate) fn after_change(c: &Conn, g: &mut Inner) {
     };
     let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
     for ((epfd, fd), reg) in &r.regs {
-        if is(&reg.conn, c) && !reg.disarmed {
+        if is(&reg.conn, c) && !reg.disarmed && reg.sock {
             let _ = net::epoll_ctl(
                 *epfd,
                 libc::EPOLL_CTL_MOD,
