@@ -409,6 +409,7 @@ fn nonblocking(c: &Conn, fd: c_int, flags: c_int) -> bool {
 /// recv/read/readv/recvmsg on a connection under the upgrade. `flags` are the application's
 /// MSG_* flags.
 pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<usize, Errno> {
+    c.uses.fetch_add(1, Ordering::Relaxed);
     let total = buf.total();
     let peek = flags & libc::MSG_PEEK != 0;
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
@@ -538,6 +539,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
 
 /// send/write/writev/sendmsg/sendfile on a connection under the upgrade.
 pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<usize, Errno> {
+    c.uses.fetch_add(1, Ordering::Relaxed);
     let total = buf.total();
     let tcp_flags = flags | libc::MSG_DONTWAIT;
     let shard = stats::fd_shard(fd);

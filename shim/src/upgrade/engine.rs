@@ -479,6 +479,8 @@ struct Tracked {
     /// After the application closed it: the private socket duplicate and the give-up time.
     closing: Option<(Option<c_int>, Instant)>,
     key: Option<TupleKey>,
+    /// [`Conn::uses`] when the engine last looked at an unarmed CQ of the connection.
+    uses_seen: u64,
 }
 
 struct State {
@@ -657,6 +659,7 @@ impl State {
                             probe: false,
                             closing: None,
                             key: Some(key),
+                            uses_seen: 0,
                         },
                     );
                     // An older connection still waiting under the same tuple can no longer be
@@ -685,6 +688,7 @@ impl State {
                 probe,
                 closing: None,
                 key: None,
+                uses_seen: 0,
             },
         );
         if let Some(fd) = watch {
@@ -1087,6 +1091,7 @@ impl State {
             probe: false,
             closing: None,
             key: None,
+            uses_seen: 0,
         });
         t.closing = Some((sock, deadline));
         let probe = t.probe;
@@ -1164,14 +1169,18 @@ impl State {
             // CQs an application thread left unarmed and did not come back to: completions
             // (the peer's data, the credits a blocked send waits for) must raise events again.
             let ms = net::coarse_ms();
-            for t in self.conns.values() {
+            for t in self.conns.values_mut() {
                 let c = &t.conn;
                 // (a connection whose lock is taken is in use: not left alone; next round)
                 let Some(mut g) = c.try_lock() else { continue };
                 let stale = g
                     .unarmed
                     .is_some_and(|at| ms >= at + UNARMED_MAX.as_millis() as u64);
-                if stale && c.sleepers.load(Ordering::SeqCst) == 0 {
+                // (nor one that had data calls since the last look: its threads poll the CQ
+                // themselves, and arm it before they wait on it)
+                let uses = c.uses.load(Ordering::Relaxed);
+                let idle = std::mem::replace(&mut t.uses_seen, uses) == uses;
+                if stale && idle && c.sleepers.load(Ordering::SeqCst) == 0 {
                     c.on_completions(&mut g);
                 }
             }

@@ -136,6 +136,11 @@ pub struct Conn {
     /// Application threads blocked in a data call that wait on the link's completion channel
     /// themselves (the engine then leaves its events to them: one wake-up, not two).
     pub sleepers: AtomicU32,
+    /// Data calls made on the connection (counted, not timed: no clock read). The engine arms
+    /// a CQ an application thread left unarmed only once this stopped moving
+    /// (`engine::State::timers`): a thread that keeps calling polls the CQ itself, and one
+    /// that spins on it would otherwise lose its CPU to the engine at every completion.
+    pub uses: AtomicU64,
     /// Who waits on the eventfds: [`EFDS_EPOLLED`] once the connection was registered in an
     /// epoll set, plus one per thread in a poll-family call or a blocking data call's wait.
     /// While nobody does, their levels are not kept ([`Conn::sync_efds`]): that saves an
@@ -187,6 +192,7 @@ impl Conn {
             fell_back: AtomicBool::new(false),
             out_masked: AtomicBool::new(false),
             sleepers: AtomicU32::new(0),
+            uses: AtomicU64::new(0),
             efd_watchers: AtomicU32::new(0),
             comp_in_app: AtomicU32::new(0),
             attrs: attrs::Attrs::new(),
