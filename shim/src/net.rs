@@ -324,6 +324,16 @@ pub fn poll_now(fd: c_int, events: i16) -> i16 {
     }
 }
 
+/// The calling thread's involuntary context switches so far (getrusage RUSAGE_THREAD), if
+/// the kernel tells.
+pub fn involuntary_switches() -> Option<u64> {
+    let mut ru = core::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: writes one rusage we own.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
+    // SAFETY: zero-initialised and filled by the kernel on success.
+    (r == 0).then(|| unsafe { ru.assume_init() }.ru_nivcsw as u64)
+}
+
 /// An `Instant` read from the coarse clock ([`coarse_ms`]): no system call, a tick of error
 /// at most (the coarse clock is the precise one's value at the last tick). For checks against
 /// deadlines seconds away, made on every connection (the negative cache's).
