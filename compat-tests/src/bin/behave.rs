@@ -211,7 +211,7 @@ mod epoll_et {
 
     pub fn server(mut s: TcpStream) {
         let mut go = [0u8; 1];
-        for chunk in [&b"first"[..], b"second", b"third"] {
+        for chunk in [&b"first"[..], b"second", b"third", b"fourth"] {
             s.read_exact(&mut go).unwrap(); // the client asks for each chunk
             s.write_all(chunk).unwrap();
         }
@@ -295,6 +295,22 @@ mod epoll_et {
         assert_eq!(wait(ep, 100).len(), 1, "LT must report unread data again");
         assert_eq!(read_exact_fd(fd, 5), b"third");
         assert!(wait(ep, 200).is_empty());
+
+        // edge-triggered, data that arrived before a wait with timeout 0: reported by it
+        ctl(ep, libc::EPOLL_CTL_MOD, fd, et);
+        s.write_all(b"g").unwrap();
+        sleep_ms(500);
+        let ev = wait(ep, 0);
+        assert_eq!(ev.len(), 1, "epoll_wait(0) after the data arrived");
+        assert!(ev[0] & libc::EPOLLIN as u32 != 0, "events {:#x}", ev[0]);
+        assert_eq!(read_exact_fd(fd, 6), b"fourth");
+        assert!(wait(ep, 0).is_empty());
+        ctl(
+            ep,
+            libc::EPOLL_CTL_MOD,
+            fd,
+            (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+        );
 
         // the peer's half-close: EPOLLIN | EPOLLRDHUP, and read returns 0
         s.write_all(b"g").unwrap();

@@ -419,9 +419,11 @@ pub(crate) fn epoll_wait(
     wait: impl Fn(*mut libc::epoll_event, c_int, c_int) -> c_int,
 ) -> Outcome<c_int> {
     let start = std::time::Instant::now();
+    let mut left = timeout_ms;
+    let mut looked_again = false;
     loop {
         ready::arm_for_epoll(epfd);
-        let n = wait(ev, max, timeout_ms);
+        let n = wait(ev, max, left);
         if n <= 0 {
             return Outcome::Handled(n);
         }
@@ -433,11 +435,17 @@ pub(crate) fn epoll_wait(
         }
         if timeout_ms >= 0 {
             let el = start.elapsed().as_millis() as c_int;
-            if el >= timeout_ms {
-                return Outcome::Handled(0);
+            left = (timeout_ms - el).max(0);
+            if left == 0 {
+                // The events taken may have set an eventfd just now (an edge-triggered
+                // registration learns of completions that way): one more look, without
+                // waiting, before the time is up (else a poll with timeout 0 would see the
+                // data only on its next call).
+                if looked_again {
+                    return Outcome::Handled(0);
+                }
+                looked_again = true;
             }
-            // (the remaining time is passed on the next round by the caller's closure)
-            return epoll_wait(epfd, ev, max, timeout_ms - el, wait);
         }
     }
 }
