@@ -343,6 +343,25 @@ pub fn coarse_instant() -> std::time::Instant {
     at + std::time::Duration::from_millis(coarse_ms().saturating_sub(ms))
 }
 
+/// The coarse clock's resolution (a tick; 4 ms where HZ is 250), for deadlines read on it that
+/// must not come early: add it.
+pub fn coarse_tick() -> std::time::Duration {
+    static TICK: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *TICK.get_or_init(|| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: writes one timespec we own; the clock id is valid on every Linux since 2.6.32.
+        let r = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+        if r == 0 {
+            std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+        } else {
+            std::time::Duration::from_millis(10)
+        }
+    })
+}
+
 /// The coarse monotonic clock in milliseconds (`CLOCK_MONOTONIC_COARSE`: served from the
 /// vDSO at tick resolution, never a system call, even where the precise clock needs one, as
 /// under emulation). For deadlines that tolerate a tick of error.

@@ -332,13 +332,19 @@ impl Engine {
     /// application closes the connection first; to any other host it starts at once, as a
     /// probe (see [`NegativeCache::may_delay`]).
     pub fn dial(&self, c: Arc<Conn>, watch: Option<c_int>) {
-        let now = Instant::now();
+        // (on the application's thread, at every connect: the coarse clock, no system call;
+        // a delayed dial's time gets a tick more, so that it never comes before the delay)
+        let now = net::coarse_instant();
         let wait = self
             .negative
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .may_delay(canonical(c.peer), now);
-        let at = if wait { now + super::dial_delay() } else { now };
+        let at = if wait {
+            now + super::dial_delay() + net::coarse_tick()
+        } else {
+            now
+        };
         self.push(Cmd::Dial(c, watch, at, !wait), !wait);
     }
 
@@ -744,7 +750,8 @@ impl State {
     /// connection the application closes before then (a short request and its answer) costs
     /// no rdma_cm work on either end.
     fn begin_dial(&mut self, c: &Arc<Conn>, at: Instant) {
-        if at > Instant::now() {
+        // (`at` was read on the coarse clock: compared on it)
+        if at > net::coarse_instant() {
             self.delayed.push((at, c.clone()));
         } else {
             self.dial_now(c);
@@ -1084,7 +1091,8 @@ impl State {
     }
 
     fn on_closed(&mut self, c: Arc<Conn>, sock: Option<c_int>) {
-        let deadline = Instant::now() + link_config().close_timeout + Duration::from_secs(1);
+        // (seconds away: the coarse clock, no system call per connection)
+        let deadline = net::coarse_instant() + link_config().close_timeout + Duration::from_secs(1);
         let t = self.conns.entry(c.slot).or_insert_with(|| Tracked {
             conn: c.clone(),
             dial_at: None,
