@@ -489,6 +489,20 @@ struct Tracked {
     uses_seen: u64,
 }
 
+impl Tracked {
+    /// A connection the engine just took up: no dial time, no probe, not closing, no key.
+    fn new(conn: Arc<Conn>) -> Tracked {
+        Tracked {
+            conn,
+            dial_at: None,
+            probe: false,
+            closing: None,
+            key: None,
+            uses_seen: 0,
+        }
+    }
+}
+
 struct State {
     epfd: c_int,
     conns: HashMap<u32, Tracked>,
@@ -660,12 +674,8 @@ impl State {
                     self.conns.insert(
                         c.slot,
                         Tracked {
-                            conn: c.clone(),
-                            dial_at: None,
-                            probe: false,
-                            closing: None,
                             key: Some(key),
-                            uses_seen: 0,
+                            ..Tracked::new(c.clone())
                         },
                     );
                     // An older connection still waiting under the same tuple can no longer be
@@ -689,12 +699,9 @@ impl State {
         self.conns.insert(
             c.slot,
             Tracked {
-                conn: c.clone(),
                 dial_at: Some(at),
                 probe,
-                closing: None,
-                key: None,
-                uses_seen: 0,
+                ..Tracked::new(c.clone())
             },
         );
         if let Some(fd) = watch {
@@ -1093,14 +1100,10 @@ impl State {
     fn on_closed(&mut self, c: Arc<Conn>, sock: Option<c_int>) {
         // (seconds away: the coarse clock, no system call per connection)
         let deadline = net::coarse_instant() + link_config().close_timeout + Duration::from_secs(1);
-        let t = self.conns.entry(c.slot).or_insert_with(|| Tracked {
-            conn: c.clone(),
-            dial_at: None,
-            probe: false,
-            closing: None,
-            key: None,
-            uses_seen: 0,
-        });
+        let t = self
+            .conns
+            .entry(c.slot)
+            .or_insert_with(|| Tracked::new(c.clone()));
         t.closing = Some((sock, deadline));
         let probe = t.probe;
         {

@@ -166,19 +166,9 @@ impl Conn {
         local: SocketAddr,
         phase: Phase,
     ) -> Option<Conn> {
-        let (rd_efd, wr_efd) = match world_if_created().and_then(|w| w.reuse_efds()) {
-            Some(pair) => pair,
-            None => {
-                let rd_efd = net::eventfd(PRIVATE_FD_MIN).ok()?;
-                match net::eventfd(PRIVATE_FD_MIN) {
-                    Ok(wr_efd) => (rd_efd, wr_efd),
-                    Err(_) => {
-                        net::close(rd_efd);
-                        return None;
-                    }
-                }
-            }
-        };
+        let (rd_efd, wr_efd) = world_if_created()
+            .and_then(|w| w.reuse_efds())
+            .or_else(new_efds)?;
         crate::fdtable::UPGRADE_CONNS.fetch_add(1, Ordering::Relaxed);
         Some(Conn {
             slot,
@@ -584,14 +574,7 @@ impl Drop for Conn {
         // be, in a duplicate of that set's epoll fd that the registry does not know: closed.
         let epolled = self.efd_watchers.load(Ordering::SeqCst) & EFDS_EPOLLED != 0;
         if !epolled && slot_is_ours(self.slot) {
-            let g = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
-            let (rd_set, wr_set) = (g.rd_set, g.wr_set);
-            if rd_set {
-                net::eventfd_clear(self.rd_efd);
-            }
-            if wr_set {
-                net::eventfd_clear(self.wr_efd);
-            }
+            self.clear_efds(&mut self.lock());
             if let Some(w) = world_if_created() {
                 if w.keep_efds(self.rd_efd, self.wr_efd) {
                     return;
@@ -600,6 +583,18 @@ impl Drop for Conn {
         }
         net::close(self.rd_efd);
         net::close(self.wr_efd);
+    }
+}
+
+/// A new pair of eventfds (read, write) above [`PRIVATE_FD_MIN`], or none.
+fn new_efds() -> Option<(c_int, c_int)> {
+    let rd = net::eventfd(PRIVATE_FD_MIN).ok()?;
+    match net::eventfd(PRIVATE_FD_MIN) {
+        Ok(wr) => Some((rd, wr)),
+        Err(_) => {
+            net::close(rd);
+            None
+        }
     }
 }
 
