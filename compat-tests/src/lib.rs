@@ -965,12 +965,18 @@ pub fn behave_roles(
 /// its client role against it, both under the shim `via` the given way, or both without it
 /// (`None`: the kernel's own behaviour, which the scenario asserts). Both roles must succeed
 /// (`peer_death`'s server must die of SIGKILL). Under the shim each side's stats must account
-/// for exactly one connection:
+/// for exactly one connection ([`behave_conns`] for scenarios with more):
 /// - on `RDMASHIM_TEST_IP` (the RDMA tier), upgraded on both sides, with bytes through the
 ///   rings (the server settles first, so that its part of the scenario runs on the upgraded
 ///   connection; `peer_death`'s killed server writes no stats);
 /// - elsewhere, with the host's fallback reason.
 pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
+    behave_conns(bin, scenario, via, ip, 1);
+}
+
+/// [`behave`] for a scenario that makes `conns` connections (each side's stats must account
+/// for that many).
+pub fn behave_conns(bin: &str, scenario: &str, via: Option<Via>, ip: &str, conns: u64) {
     let side = via.map_or(Side::Plain, Side::Shim);
     let over_rdma =
         via.is_some() && std::env::var("RDMASHIM_TEST_IP").is_ok_and(|t| !t.is_empty() && t == ip);
@@ -982,8 +988,8 @@ pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
     let check = |role: &str, st: &Stats| {
         assert_eq!(
             st.connections(),
-            1,
-            "{scenario} {role}: one connection: {}",
+            conns,
+            "{scenario} {role}: {conns} connection(s): {}",
             st.summary()
         );
         if over_rdma {

@@ -12,45 +12,17 @@ use rdmashim_compat_tests::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_behave");
 
+/// The scenario's three connections (A, B, D).
+const CONNS: u64 = 3;
+
 #[test]
 fn kernel_tcp() {
-    behave_roles(
-        BIN,
-        "epoll_reuse",
-        Side::Plain,
-        Side::Plain,
-        "127.0.0.1",
-        None,
-    );
-}
-
-/// Both ends shimmed on `ip`: three connections each, upgraded (`over_rdma`) or all on TCP for
-/// the host's reason.
-fn shimmed(ip: &str, over_rdma: bool) {
-    let shim = Side::Shim(Via::Preload);
-    let settle = over_rdma.then_some(SETTLE);
-    let r = behave_roles(BIN, "epoll_reuse", shim, shim, ip, settle);
-    for (role, st) in [("client", &r.client), ("server", &r.server)] {
-        let st = st
-            .as_ref()
-            .unwrap_or_else(|| panic!("the {role} wrote no stats"));
-        assert_eq!(st.connections(), 3, "{role}: {}", st.summary());
-        if over_rdma {
-            st.assert_all_upgraded();
-            assert!(
-                st.ring_bytes() > 0,
-                "{role}: no ring bytes: {}",
-                st.summary()
-            );
-        } else {
-            st.assert_all_fallback(&expected_reason());
-        }
-    }
+    behave_conns(BIN, "epoll_reuse", None, "127.0.0.1", CONNS);
 }
 
 #[test]
 fn under_the_shim() {
-    shimmed("127.0.0.1", false);
+    behave_conns(BIN, "epoll_reuse", Some(Via::Preload), "127.0.0.1", CONNS);
 }
 
 /// RDMA tier: the old and new connections are upgraded, so their eventfds and completion
@@ -58,5 +30,5 @@ fn under_the_shim() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    shimmed(&test_ip(), true);
+    behave_conns(BIN, "epoll_reuse", Some(Via::Preload), &test_ip(), CONNS);
 }
