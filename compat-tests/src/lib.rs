@@ -821,6 +821,58 @@ pub enum Side {
     Shim(Via),
     /// Under the shim (`LD_PRELOAD`) with `RDMASHIM_DISABLE=1`.
     Disabled,
+    /// Under the shim (`LD_PRELOAD`) on a host whose libibverbs.so.1 cannot be loaded: in a
+    /// private mount namespace (`unshare -m`, root) where /dev/null is bound over it.
+    NoLibraries,
+}
+
+/// The file `soname` resolves to through the loader's cache (`ldconfig -p`).
+pub fn resolved_lib(soname: &str) -> PathBuf {
+    let out = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .expect("run ldconfig -p");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let path = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with(&format!("{soname} ")))
+        .filter_map(|l| l.split("=>").nth(1))
+        .map(|p| PathBuf::from(p.trim()))
+        .next()
+        .unwrap_or_else(|| panic!("{soname} is not in the loader's cache"));
+    path.canonicalize()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `cmd` (as built, with its environment) re-made to run in a private mount namespace where
+/// `hide` reads as an empty file: `unshare -m sh -c 'mount --bind /dev/null HIDE && exec env
+/// VARS… PROG ARGS…'`. Only the final program gets `cmd`'s variables (`LD_PRELOAD` too), so
+/// unshare, sh and mount neither run the shim nor write stats. Arguments added later go to
+/// the program.
+pub fn with_hidden_file(cmd: &Command, hide: &Path) -> Command {
+    let mut c = Command::new("unshare");
+    c.env_remove("LD_PRELOAD").args([
+        "-m",
+        "sh",
+        "-c",
+        "mount --bind /dev/null \"$0\" && exec env \"$@\"",
+    ]);
+    c.arg(hide);
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => {
+                let mut kv = k.to_os_string();
+                kv.push("=");
+                kv.push(v);
+                c.arg(kv);
+            }
+            None => {
+                c.env_remove(k);
+            }
+        }
+    }
+    c.arg(cmd.get_program()).args(cmd.get_args());
+    c
 }
 
 /// The stats files of a `behave` run's roles: `None` for a role without the shim, and for one
@@ -860,6 +912,10 @@ pub fn behave_roles(
                 let mut c = Command::new(bin);
                 c.env_remove("LD_PRELOAD");
                 c
+            }
+            Side::NoLibraries => {
+                let c = under_shim(Via::Preload, bin, &s, role);
+                with_hidden_file(&c, &resolved_lib("libibverbs.so.1"))
             }
         };
         c.args([scenario, role, ip]).env_remove("BEHAVE_SETTLE_MS");

@@ -8,6 +8,8 @@
 //! | plain                 | shim                   | —                                       | `no_upgrade_request` |
 //! | `RDMASHIM_DISABLE=1`  | shim                   | `disabled`                              | `no_upgrade_request` |
 //! | shim                  | `RDMASHIM_DISABLE=1`   | `peer_rejected`                         | `disabled`           |
+//! | shim, no libibverbs   | shim                   | `libraries_missing`                     | `no_upgrade_request` |
+//! | shim                  | shim, no libibverbs    | `peer_rejected`                         | `libraries_missing`  |
 //!
 //! (`peer_rejected` for a process's first connection to a host; later ones within the negative
 //! cache's 60 s: `negative_cache`.) And loopback stays `not_upgradable_address`, as on any host.
@@ -150,6 +152,55 @@ fn disabled_server() {
     );
     client_of(&r).assert_fallback_reasons(&[("peer_rejected", 1)]);
     server_of(&r).assert_fallback_reasons(&[("disabled", 1)]);
+}
+
+/// Both shimmed, the client on a host without libibverbs (hidden in its mount namespace):
+/// the engine finds the libraries missing after the connection was queued, and decides it
+/// (`libraries_missing`) — the connection simply stays TCP. (As with a plain server, the
+/// two short scenarios may end before that verdict: then `closed_early`.)
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn libraries_missing_client() {
+    let ip = test_ip();
+    for scenario in ["echo", "select", "nonblocking_connect"] {
+        let r = behave_roles(
+            BIN,
+            scenario,
+            Side::NoLibraries,
+            Side::Shim(Via::Preload),
+            &ip,
+            (scenario == "echo").then_some(SETTLE),
+        );
+        let c = client_of(&r);
+        if scenario == "echo" {
+            c.assert_fallback_reasons(&[("libraries_missing", 1)]);
+        } else {
+            assert!(
+                c.upgraded == 0 && c.reason("libraries_missing") + c.reason("closed_early") == 1,
+                "{scenario}: {}",
+                c.summary()
+            );
+        }
+        server_of(&r).assert_fallback_reasons(&[("no_upgrade_request", 1)]);
+    }
+}
+
+/// Both shimmed, the server without libibverbs: its listen() finds the libraries missing, so
+/// there is no rdma_cm listener, and the client's connect request is rejected.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn libraries_missing_server() {
+    let ip = test_ip();
+    let r = behave_roles(
+        BIN,
+        "echo",
+        Side::Shim(Via::Preload),
+        Side::NoLibraries,
+        &ip,
+        Some(SETTLE),
+    );
+    client_of(&r).assert_fallback_reasons(&[("peer_rejected", 1)]);
+    server_of(&r).assert_fallback_reasons(&[("libraries_missing", 1)]);
 }
 
 /// Loopback is never upgraded, also where there is an RDMA device.

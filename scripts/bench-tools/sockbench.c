@@ -10,9 +10,16 @@
  *   sockbench client IP PORT stream SIZE SECONDS
  *       sends SIZE-byte writes for SECONDS, then shuts down its sending side and waits for
  *       the server's byte count: {"gbit_s":..,"bytes":..,"seconds":..}
- *   sockbench client IP PORT conn SIZE SECONDS
+ *   sockbench client IP PORT conn SIZE SECONDS [WARMUP]
  *       short connections for SECONDS: connect, send SIZE bytes, receive the SIZE-byte echo,
- *       close: {"conn_s":..,"connections":..,"seconds":..}
+ *       close: {"conn_s":..,"connections":..,"seconds":..}. The same loop runs WARMUP seconds
+ *       first (default 0) without being counted: a steady rate, apart from the once-per-process
+ *       work that `first` measures.
+ *   sockbench client IP PORT first SIZE SECONDS
+ *       a fresh process's one short connection (as conn), then SECONDS idle, so that work a
+ *       preload does in the background for it is done: the connection's time and the CPU time
+ *       (user + system, all threads, from exec on) the whole process used:
+ *       {"first_ms":..,"cpu_ms":..}
  *
  * Only blocking socket(), connect(), accept(), send(), recv(), shutdown() and close(): the
  * calls every socket preload (rdmashim, rsocket's librspreload) intercepts. sockperf (sendto
@@ -30,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,6 +79,17 @@ static struct sockaddr_in addr(const char *ip, const char *port) {
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* One short connection of the conn and first modes: connect, SIZE bytes echoed, close. */
+static void one_conn(const struct sockaddr_in *a, char *msg, uint32_t size) {
+    int one = 1;
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0 || connect(c, (const void *)a, sizeof *a)) die("connect");
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (full(c, msg, size + 5, 0)) die("send");
+    if (full(c, msg + 5, size, 1)) die("recv");
+    if (close(c)) die("close");
 }
 
 static void serve(int c) {
@@ -119,9 +138,10 @@ int main(int argc, char **argv) {
         close(l);
         return 0;
     }
-    if (argc != 7 || strcmp(argv[1], "client") ||
-        (strcmp(argv[4], "pp") && strcmp(argv[4], "stream") && strcmp(argv[4], "conn"))) {
-        fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn SIZE SECONDS\n");
+    int conn = argc >= 5 && !strcmp(argv[4], "conn"), first = argc >= 5 && !strcmp(argv[4], "first");
+    if ((argc != 7 && !(conn && argc == 8)) || strcmp(argv[1], "client") ||
+        (strcmp(argv[4], "pp") && strcmp(argv[4], "stream") && !conn && !first)) {
+        fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP]\n");
         return 2;
     }
     int pp = !strcmp(argv[4], "pp");
@@ -129,24 +149,33 @@ int main(int argc, char **argv) {
     double secs = atof(argv[6]);
     if (size == 0 || size > (1u << 24)) { errno = EINVAL; die("size"); }
     struct sockaddr_in a = addr(argv[2], argv[3]);
-    if (!strcmp(argv[4], "conn")) {
+    if (conn || first) {
         char *msg = calloc(1, size + 5);
         if (!msg) die("malloc");
         msg[0] = 'C';
         memcpy(msg + 1, &size, 4);
+        if (first) {
+            double t0 = now();
+            one_conn(&a, msg, size);
+            double t = now() - t0;
+            struct timespec idle = {(time_t)secs, (long)((secs - (time_t)secs) * 1e9)};
+            while (nanosleep(&idle, &idle) && errno == EINTR) {}
+            struct rusage u;
+            if (getrusage(RUSAGE_SELF, &u)) die("getrusage");
+            double cpu = u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+            printf("{\"first_ms\": %.3f, \"cpu_ms\": %.3f}\n", t * 1e3, cpu * 1e3);
+            return 0;
+        }
+        double warmup = argc == 8 ? atof(argv[7]) : 0;
+        for (double w = now() + warmup; now() < w;) one_conn(&a, msg, size);
         long n = 0;
         double t0 = now(), end = t0 + secs;
         while (now() < end) {
-            int c = socket(AF_INET, SOCK_STREAM, 0);
-            if (c < 0 || connect(c, (void *)&a, sizeof a)) die("connect");
-            setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            if (full(c, msg, size + 5, 0)) die("send");
-            if (full(c, msg + 5, size, 1)) die("recv");
-            if (close(c)) die("close");
+            one_conn(&a, msg, size);
             n++;
         }
         double t = now() - t0;
-        printf("{\"conn_s\": %.1f, \"connections\": %ld, \"seconds\": %.3f}\n", n / t, n, t);
+        printf("{\"conn_s\": %.1f, \"connections\": %ld, \"seconds\": %.3f, \"warmup\": %.3f}\n", n / t, n, t, warmup);
         return 0;
     }
     int c = socket(AF_INET, SOCK_STREAM, 0);

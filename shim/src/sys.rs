@@ -194,28 +194,6 @@ pub fn dir_has_entries(path: &[u8]) -> Option<bool> {
     }
 }
 
-/// Whether `name` (NUL-terminated soname) can be dlopen'ed; the handle is closed again.
-/// Runs inside a shim section: the library's constructors may call hooked functions.
-pub fn can_dlopen(name: &[u8]) -> bool {
-    if name.last() != Some(&0) {
-        return false;
-    }
-    let _e = ErrnoGuard::save();
-    let _s = crate::guard::Section::enter();
-    // SAFETY: name is NUL-terminated; a handle returned by dlopen is closed once.
-    unsafe {
-        let h = libc::dlopen(
-            name.as_ptr() as *const c_char,
-            libc::RTLD_NOW | libc::RTLD_LOCAL,
-        );
-        if h.is_null() {
-            return false;
-        }
-        libc::dlclose(h);
-    }
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,7 +219,5 @@ mod tests {
     fn probes() {
         assert_eq!(dir_has_entries(b"/nonexistent-dir\0"), None);
         assert_eq!(dir_has_entries(b"/\0"), Some(true));
-        assert!(!can_dlopen(b"libdefinitely-not-there.so.9\0"));
-        assert!(can_dlopen(b"libc.so.6\0"));
     }
 }

@@ -224,6 +224,10 @@ pub(crate) fn start_listener(fd: c_int) {
         return;
     }
     let _s = crate::guard::Section::enter();
+    // (the rdma_cm listener needs the libraries now: loaded here if the engine has not yet)
+    if !probe::load_libraries() {
+        return;
+    }
     let Some(addr) = crate::net::local_addr(fd) else {
         return;
     };

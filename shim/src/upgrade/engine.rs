@@ -511,6 +511,8 @@ struct State {
     delayed: Vec<(Instant, Arc<Conn>)>,
     /// Commands were taken up in the last round: look again within [`LAZY`].
     busy: bool,
+    /// The RDMA libraries loaded ([`crate::probe::load_libraries`], the thread's first work).
+    libs: bool,
 }
 
 /// An application thread is about to wait on the completion channel of `c`'s link `l`
@@ -550,6 +552,8 @@ fn run(epfd: c_int, wake: c_int) {
         matcher: Matcher::new(MatcherConfig::default()),
         delayed: Vec::new(),
         busy: false,
+        // (here, not in the application's connect: its first connection goes on meanwhile)
+        libs: crate::probe::load_libraries(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -696,6 +700,14 @@ impl State {
     }
 
     fn start_dial(&mut self, c: Arc<Conn>, watch: Option<c_int>, at: Instant, probe: bool) {
+        if !self.libs {
+            // (the connections queued before the verdict; later ones never get here)
+            let mut g = c.lock();
+            g.pending = watch;
+            self.end_pending(&mut g);
+            c.fall_back(&mut g, FallbackReason::LibrariesMissing);
+            return;
+        }
         self.conns.insert(
             c.slot,
             Tracked {
