@@ -60,6 +60,14 @@ row("connrate", "short connections (both ends preloaded)", "conn/s", "higher", t
 row("connrate_fallback", "fallback: preloaded client -> plain server", "conn/s", "higher",
     {"tcp": ("connrate", "conn_s"), "shim": ("connrate_fallback", "conn_s"),
      "rsocket": ("connrate_fallback", "conn_s")})
+row("first", "first connection of a fresh process (both ends preloaded)", "ms", "lower", three("first", "first_ms"))
+row("first_cpu", "CPU time of that process (one connection, then 1 s idle)", "ms", "lower", three("first", "cpu_ms"))
+row("first_fallback", "fallback: first connection of a fresh process", "ms", "lower",
+    {"tcp": ("first", "first_ms"), "shim": ("first_fallback", "first_ms"),
+     "rsocket": ("first_fallback", "first_ms")})
+row("first_fallback_cpu", "fallback: CPU time of that process", "ms", "lower",
+    {"tcp": ("first", "cpu_ms"), "shim": ("first_fallback", "cpu_ms"),
+     "rsocket": ("first_fallback", "cpu_ms")})
 
 DEVICE_TOOL = {"devlat_64": "ib_write_lat -R -s 64 (t_typical / 99%)",
                "devlat_4096": "ib_write_lat -R -s 4096 (t_typical / 99%)",
@@ -439,8 +447,15 @@ def write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_
               "(plain blocking calls, because sockperf and qperf do not run under rsocket's preload). "
               "Device column: " + "; ".join(f"`{v}`" for v in DEVICE_TOOL.values()) +
               ". A `*` marks a figure where some runs failed. The connection rate is "
-              "`sockbench.c conn` (connect, 64 B echo, close); in the fallback row the "
-              "server runs without any preload and the TCP column is plain client → plain server.")
+              "`sockbench.c conn` (connect, 64 B echo, close), counted after a warm-up of the same "
+              "loop in the same process; in the fallback rows the "
+              "server runs without any preload and the TCP column is plain client → plain server. "
+              "What a process pays once is measured apart (`sockbench.c first`): a fresh "
+              "process's first short connection (connect to echo received), and the CPU time "
+              "(user + system, all threads, exec included) of that process after one connection "
+              "and 1 s idle, so that a preload's background work for it (loading the RDMA "
+              "libraries, the first dial) is counted; each round's figure is the median of "
+              "several fresh processes.")
     md.append("")
     md.append(note)
     md.append("")
