@@ -141,17 +141,23 @@ fn disabled_client() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn disabled_server() {
+    server_without_rdma(Side::Disabled, "disabled");
+}
+
+/// The echo against a shimmed `server` that has no rdma_cm listener: the client's request is
+/// rejected, the server counts `reason`.
+fn server_without_rdma(server: Side, reason: &str) {
     let ip = test_ip();
     let r = behave_roles(
         BIN,
         "echo",
         Side::Shim(Via::Preload),
-        Side::Disabled,
+        server,
         &ip,
         Some(SETTLE),
     );
     client_of(&r).assert_fallback_reasons(&[("peer_rejected", 1)]);
-    server_of(&r).assert_fallback_reasons(&[("disabled", 1)]);
+    server_of(&r).assert_fallback_reasons(&[(reason, 1)]);
 }
 
 /// Both shimmed, the client on a host without libibverbs (hidden in its mount namespace):
@@ -190,17 +196,7 @@ fn libraries_missing_client() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn libraries_missing_server() {
-    let ip = test_ip();
-    let r = behave_roles(
-        BIN,
-        "echo",
-        Side::Shim(Via::Preload),
-        Side::NoLibraries,
-        &ip,
-        Some(SETTLE),
-    );
-    client_of(&r).assert_fallback_reasons(&[("peer_rejected", 1)]);
-    server_of(&r).assert_fallback_reasons(&[("libraries_missing", 1)]);
+    server_without_rdma(Side::NoLibraries, "libraries_missing");
 }
 
 /// Loopback is never upgraded, also where there is an RDMA device.

@@ -9,9 +9,10 @@
 //! - [`load_libraries`]: loads libibverbs.so.1 and librdmacm.so.1 through the transport's
 //!   loader (kept loaded: the transport's calls need them next). Under TCG this is tens of
 //!   milliseconds (ld.so maps the libraries and their libnl dependencies); the engine thread
-//!   does it first thing, so the connection that started the engine goes on without it, and
-//!   the engine decides that connection itself (`libraries_missing`). `listen()` calls it
-//!   directly (its rdma_cm listener needs the libraries at once).
+//!   does it at the process's first dial, so the connection that started the engine goes on
+//!   without it, and the engine decides the connections queued meanwhile itself
+//!   (`libraries_missing`). `listen()` calls it directly (its rdma_cm listener needs the
+//!   libraries at once).
 
 use crate::config::Level;
 use crate::reason::FallbackReason;

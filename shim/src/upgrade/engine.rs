@@ -511,8 +511,6 @@ struct State {
     delayed: Vec<(Instant, Arc<Conn>)>,
     /// Commands were taken up in the last round: look again within [`LAZY`].
     busy: bool,
-    /// The RDMA libraries loaded ([`crate::probe::load_libraries`], the thread's first work).
-    libs: bool,
 }
 
 /// An application thread is about to wait on the completion channel of `c`'s link `l`
@@ -552,8 +550,6 @@ fn run(epfd: c_int, wake: c_int) {
         matcher: Matcher::new(MatcherConfig::default()),
         delayed: Vec::new(),
         busy: false,
-        // (here, not in the application's connect: its first connection goes on meanwhile)
-        libs: crate::probe::load_libraries(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -700,14 +696,6 @@ impl State {
     }
 
     fn start_dial(&mut self, c: Arc<Conn>, watch: Option<c_int>, at: Instant, probe: bool) {
-        if !self.libs {
-            // (the connections queued before the verdict; later ones never get here)
-            let mut g = c.lock();
-            g.pending = watch;
-            self.end_pending(&mut g);
-            c.fall_back(&mut g, FallbackReason::LibrariesMissing);
-            return;
-        }
         self.conns.insert(
             c.slot,
             Tracked {
@@ -778,20 +766,32 @@ impl State {
     }
 
     fn dial_now(&mut self, c: &Arc<Conn>) {
-        let mut g = c.lock();
-        if !matches!(g.phase, Phase::Queued) {
-            return; // (decided meanwhile: closed before its dial)
-        }
         // A probe dials even after the application closed the connection: its outcome teaches
         // the negative cache about the host (and is the connection's reason).
         let probe = self.conns.get(&c.slot).is_some_and(|t| t.probe);
-        if g.closed && !probe {
-            c.fall_back(&mut g, FallbackReason::ClosedEarly);
+        let still_wanted = |g: &mut Inner| {
+            if !matches!(g.phase, Phase::Queued) {
+                return false; // (decided meanwhile: closed before its dial, or the exit)
+            }
+            if g.closed && !probe {
+                c.fall_back(g, FallbackReason::ClosedEarly);
+                return false;
+            }
+            true
+        };
+        if !still_wanted(&mut c.lock()) {
             return;
         }
-        let src = SocketAddr::new(c.local.ip(), 0);
+        // Outside the connection's lock, so that the application's calls on it go on (over
+        // TCP) meanwhile: the process's first dial loads the libraries (here, not in the
+        // application's connect; the connections queued before the verdict learn it here,
+        // later ones from `probe::host_reason` at their connect) and rdma_cm opens the
+        // devices, tens of milliseconds under TCG.
         let t0 = Instant::now();
-        let started = Dialer::start(Some(src), c.peer, c.local.port(), link_config());
+        let started = crate::probe::load_libraries().then(|| {
+            let src = SocketAddr::new(c.local.ip(), 0);
+            Dialer::start(Some(src), c.peer, c.local.port(), link_config())
+        });
         if super::trace() {
             shim_log!(
                 Level::Debug,
@@ -800,6 +800,14 @@ impl State {
                 t0.elapsed()
             );
         }
+        let mut g = c.lock();
+        if !still_wanted(&mut g) {
+            return; // (a dialer started meanwhile is dropped: its request is withdrawn)
+        }
+        let Some(started) = started else {
+            c.fall_back(&mut g, FallbackReason::LibrariesMissing);
+            return;
+        };
         match started {
             Ok(d) => {
                 let ok = net::epoll_ctl(
