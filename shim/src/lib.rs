@@ -33,6 +33,7 @@ pub mod reason;
 pub mod spin;
 pub mod stats;
 mod sys;
+pub mod tick;
 pub mod track;
 #[cfg(not(test))]
 pub mod upgrade;

@@ -19,6 +19,7 @@ use crate::outcome::Errno;
 use crate::reason::FallbackReason;
 use crate::spin::SpinEnd;
 use crate::stats::{self, Bytes, Wait};
+use crate::tick;
 use core::ffi::c_int;
 use rdmashim_proto::{ErrorReason, Recv, SendError, StreamState};
 use std::io::ErrorKind;
@@ -230,8 +231,9 @@ fn source(g: &Inner) -> Src {
 /// a few under qemu TCG).
 const PREEMPTED_GAP: Duration = Duration::from_micros(40);
 
-/// A spinning thread reads the clock (for its time limit and [`PREEMPTED_GAP`]) every this
-/// many turns, and when it finds what it waits for.
+/// A spinning thread reads the monotonic clock (for its time limit and [`PREEMPTED_GAP`])
+/// every this many turns, and when it finds what it waits for; the calibrated time-stamp
+/// counter ([`crate::tick`]), one instruction, every turn.
 const CLOCK_EVERY: u32 = 4;
 
 /// Whether this thread was switched out involuntarily since it last asked (or this is its
@@ -273,12 +275,17 @@ impl Waiter {
             return false;
         }
         // The clock is read only once there is a link to spin on (before, nothing can change
-        // without a system call, and a clock read may be one).
+        // without a system call, and a clock read may be one). A counter that went backwards
+        // (another CPU's) reads as a gap.
+        let clock = tick::Clock::pick();
+        let (gap, every) = match clock {
+            tick::Clock::Counter(_) => (clock.span(PREEMPTED_GAP), 1),
+            tick::Clock::Mono => (clock.span(PREEMPTED_GAP), CLOCK_EVERY),
+        };
         let mut end = None;
-        let mut last: Option<Instant> = None;
-        let off_cpu = |last: Option<Instant>, now: Instant| {
-            last.is_some_and(|l| now.saturating_duration_since(l) > PREEMPTED_GAP)
-                && switched_since_last_look()
+        let mut last: Option<u64> = None;
+        let off_cpu = |last: Option<u64>, now: u64| {
+            last.is_some_and(|l| now.wrapping_sub(l) > gap) && switched_since_last_look()
         };
         let end_with = |e: SpinEnd| {
             c.spin.record(e);
@@ -305,7 +312,7 @@ impl Waiter {
                 drop(g);
                 // (a thread that lost its CPU meanwhile may find the answer only because
                 // whoever ran instead produced it: that spin did not pay)
-                end_with(if last.is_some() && off_cpu(last, Instant::now()) {
+                end_with(if last.is_some() && off_cpu(last, clock.now()) {
                     SpinEnd::Preempted
                 } else {
                     SpinEnd::Hit
@@ -313,18 +320,19 @@ impl Waiter {
                 return true;
             }
             drop(g);
-            // (the clock every few turns: a read may cost as much as the rest of a turn)
+            // (the monotonic clock every few turns: a read may cost as much as the rest of a
+            // turn; the counter every turn)
             turn = turn.wrapping_add(1);
-            if last.is_some() && !turn.is_multiple_of(CLOCK_EVERY) {
+            if last.is_some() && !turn.is_multiple_of(every) {
                 std::hint::spin_loop();
                 continue;
             }
-            let now = Instant::now();
+            let now = clock.now();
             if off_cpu(last, now) {
                 end_with(SpinEnd::Preempted);
                 return false;
             }
-            if now >= *end.get_or_insert(now + spin) {
+            if now >= *end.get_or_insert(now.saturating_add(clock.span(spin))) {
                 end_with(SpinEnd::Miss);
                 return false;
             }
