@@ -442,7 +442,11 @@ def write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_
                                     + [ratio_text(rw, o) for o in ("tcp", "rsocket", "device")]) + " |")
     md.append("")
     md.append("Each figure is the median of its runs. The systems are measured back to back in each "
-              "run (round), and each ratio is the median of the per-run ratios. Latencies are one-way "
+              "run (round), and each ratio is the median of the per-run ratios. Every latency and throughput "
+              "figure counts only after a warm-up on its connection (see Runs; `sockperf --pre-warmup-wait`, "
+              "`iperf3 -O`, sockbench's own): under rdmashim a connection's first ~100 ms here go over TCP "
+              "until its upgrade, which is not the steady state the device and rsocket columns measure. "
+              "Latencies are one-way "
               "(round trip / 2) in microseconds; `send/recv` is `scripts/bench-tools/sockbench.c` "
               "(plain blocking calls, because sockperf and qperf do not run under rsocket's preload). "
               "Device column: " + "; ".join(f"`{v}`" for v in DEVICE_TOOL.values()) +

@@ -3,13 +3,16 @@
  *   sockbench server IP PORT
  *       serves connections one at a time until SIGTERM/SIGINT (then exits normally, so a
  *       preload's exit handlers run). The client's first 5 bytes select the mode and size.
- *   sockbench client IP PORT pp SIZE SECONDS
- *       ping-pong of SIZE-byte messages for SECONDS; prints one JSON line with the median and
+ *   sockbench client IP PORT pp SIZE SECONDS [WARMUP]
+ *       ping-pong of SIZE-byte messages for SECONDS, after at least 100 and WARMUP seconds
+ *       (default 0) of uncounted ones; prints one JSON line with the median and
  *       99th percentile of the one-way latency (round trip / 2, as sockperf and ib_write_lat
  *       report it), in microseconds: {"p50_us":..,"p99_us":..,"samples":..}
- *   sockbench client IP PORT stream SIZE SECONDS
- *       sends SIZE-byte writes for SECONDS, then shuts down its sending side and waits for
- *       the server's byte count: {"gbit_s":..,"bytes":..,"seconds":..}
+ *   sockbench client IP PORT stream SIZE SECONDS [WARMUP]
+ *       sends SIZE-byte writes for WARMUP (default 0) + SECONDS seconds, then shuts down its
+ *       sending side and waits for the server's byte count; the rate counts the bytes sent
+ *       after the warm-up over the time from its end to the count's arrival:
+ *       {"gbit_s":..,"bytes":..,"seconds":..,"warmup":..}
  *   sockbench client IP PORT conn SIZE SECONDS [WARMUP]
  *       short connections for SECONDS: connect, send SIZE bytes, receive the SIZE-byte echo,
  *       close: {"conn_s":..,"connections":..,"seconds":..}. The same loop runs WARMUP seconds
@@ -139,7 +142,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     int conn = argc >= 5 && !strcmp(argv[4], "conn"), first = argc >= 5 && !strcmp(argv[4], "first");
-    if ((argc != 7 && !(conn && argc == 8)) || strcmp(argv[1], "client") ||
+    if ((argc != 7 && !(!first && argc == 8)) || strcmp(argv[1], "client") ||
         (strcmp(argv[4], "pp") && strcmp(argv[4], "stream") && !conn && !first)) {
         fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP]\n");
         return 2;
@@ -148,6 +151,7 @@ int main(int argc, char **argv) {
     uint32_t size = (uint32_t)atoi(argv[5]);
     double secs = atof(argv[6]);
     if (size == 0 || size > (1u << 24)) { errno = EINVAL; die("size"); }
+    double warmup = argc == 8 ? atof(argv[7]) : 0;
     struct sockaddr_in a = addr(argv[2], argv[3]);
     if (conn || first) {
         char *msg = calloc(1, size + 5);
@@ -166,7 +170,6 @@ int main(int argc, char **argv) {
             printf("{\"first_ms\": %.3f, \"cpu_ms\": %.3f}\n", t * 1e3, cpu * 1e3);
             return 0;
         }
-        double warmup = argc == 8 ? atof(argv[7]) : 0;
         for (double w = now() + warmup; now() < w;) one_conn(&a, msg, size);
         long n = 0;
         double t0 = now(), end = t0 + secs;
@@ -188,14 +191,15 @@ int main(int argc, char **argv) {
     if (!buf) die("malloc");
     if (pp) {
         size_t cap = 1 << 16, n = 0;
-        double *rtt = malloc(cap * sizeof *rtt), t0 = now(), end = t0 + secs;
+        double *rtt = malloc(cap * sizeof *rtt), w = now() + warmup, t0 = 0, end = 0;
         long warm = 100;
         for (;;) {
             double t = now();
-            if (t >= end) break;
+            if (warm == 0 && t0 == 0) t0 = t, end = t0 + secs;
+            if (t0 != 0 && t >= end) break;
             if (full(c, buf, size, 0)) die("send");
             if (full(c, buf, size, 1)) die("recv");
-            if (warm > 0) { warm--; continue; }
+            if (warm > 0) { if (warm > 1 || now() >= w) warm--; continue; }
             if (n == cap) rtt = realloc(rtt, (cap *= 2) * sizeof *rtt);
             if (!rtt) die("realloc");
             rtt[n++] = now() - t;
@@ -205,6 +209,9 @@ int main(int argc, char **argv) {
         printf("{\"p50_us\": %.3f, \"p99_us\": %.3f, \"samples\": %zu}\n",
                rtt[n / 2] / 2 * 1e6, rtt[(size_t)(n * 0.99)] / 2 * 1e6, n);
     } else {
+        uint64_t before = 0;
+        for (double w = now() + warmup; now() < w; before += size)
+            if (full(c, buf, size, 0)) die("send");
         double t0 = now(), end = t0 + secs;
         while (now() < end)
             if (full(c, buf, size, 0)) die("send");
@@ -212,8 +219,9 @@ int main(int argc, char **argv) {
         uint64_t total;
         if (full(c, &total, 8, 1)) die("recv of the server's count");
         double t = now() - t0;
-        printf("{\"gbit_s\": %.4f, \"bytes\": %llu, \"seconds\": %.3f}\n",
-               total * 8 / t / 1e9, (unsigned long long)total, t);
+        total -= before;
+        printf("{\"gbit_s\": %.4f, \"bytes\": %llu, \"seconds\": %.3f, \"warmup\": %.3f}\n",
+               total * 8 / t / 1e9, (unsigned long long)total, t, warmup);
     }
     close(c);
     return 0;
