@@ -284,8 +284,14 @@ impl Waiter {
         };
         let mut end = None;
         let mut last: Option<u64> = None;
-        let off_cpu = |last: Option<u64>, now: u64| {
-            last.is_some_and(|l| now.wrapping_sub(l) > gap) && switched_since_last_look()
+        let mut internal = super::INTERNAL_WAKES.load(Ordering::Relaxed);
+        // (a gap during which the shim's own threads woke was theirs: see INTERNAL_WAKES)
+        let mut off_cpu = |last: Option<u64>, now: u64| {
+            let before =
+                std::mem::replace(&mut internal, super::INTERNAL_WAKES.load(Ordering::Relaxed));
+            last.is_some_and(|l| now.wrapping_sub(l) > gap)
+                && switched_since_last_look()
+                && internal == before
         };
         let end_with = |e: SpinEnd| {
             c.spin.record(e);

@@ -313,6 +313,7 @@ impl Engine {
                     q = self.setup.more.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
+            super::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
             let done = run_job(job);
             self.setup
                 .done
@@ -568,6 +569,7 @@ fn run(epfd: c_int, wake: c_int) {
             }
         }
         let n = net::epoll_wait(epfd, &mut evs, timeout).unwrap_or_default();
+        super::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
         if let Some(e) = engine() {
             e.next_wake.store(0, Ordering::SeqCst);
         }
@@ -944,6 +946,7 @@ impl State {
     fn hand_over(&mut self, job: Job) {
         let Some(e) = engine() else { return };
         if let Err(job) = e.submit(job) {
+            super::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
             let done = run_job(job);
             self.finish(done);
         }

@@ -103,6 +103,13 @@ pub(crate) static UNARMED: AtomicUsize = AtomicUsize::new(0);
 /// arms it (the application went on to something else: completions must be taken again).
 pub(crate) const UNARMED_MAX: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// How many times one of the shim's own threads (the engine, the setup thread) woke up. A
+/// spinning application thread that finds a gap in its clock reads (it lost its CPU) and sees
+/// this moved meanwhile takes the gap for the shim's own housekeeping (the engine wakes every
+/// [`UNARMED_MAX`] while a CQ is unarmed, and preempts a spinner on its CPU), not for a peer
+/// sharing its CPU: it spins on.
+pub(crate) static INTERNAL_WAKES: AtomicU64 = AtomicU64::new(0);
+
 /// When (coarse clock, ms) a CQ was last left unarmed. For a while after it, the engine wakes
 /// every [`UNARMED_MAX`] by itself (whether or not a CQ is unarmed at the moment it goes to
 /// sleep), so that a connection in a blocking ping-pong, unarmed between each wake-up and the
