@@ -117,11 +117,13 @@ fn curl_get_post_keepalive_over_rdma() {
     ka.assert_ring_at_least(BODY as u64, FILE as u64);
     // The server: both connections counted; the keep-alive one upgraded; at least that file
     // and body through its rings. The first GET's connection is upgraded too, unless curl
-    // closed it before its connect request arrived.
+    // closed it first: before its connect request arrived (`no_upgrade_request`) or while
+    // the handshake was under way (`closed_early`; the GET is over in tens of milliseconds
+    // here, and curl's process loads the RDMA libraries on its engine thread meanwhile).
     assert_eq!(srv.connections(), 2, "{}", srv.summary());
     srv.assert_upgraded(1, 0);
     assert_eq!(
-        srv.reason("no_upgrade_request"),
+        srv.reason("no_upgrade_request") + srv.reason("closed_early"),
         srv.fallback,
         "{}",
         srv.summary()
