@@ -77,27 +77,38 @@ fn both_shimmed_upgrade() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn shim_client_plain_server() {
+    client_stays_tcp(Side::Shim(Via::Preload), Side::Plain, "peer_rejected");
+}
+
+/// The echo, select and nonblocking_connect scenarios with `client` against `server`, where
+/// the client's connection stays on TCP for `reason`: exactly that in the echo (its server
+/// pauses after accepting, so the reason is known first), that or `closed_early` in the two
+/// short ones (the process may end before), never upgraded. Returns each scenario's stats.
+fn client_stays_tcp(client: Side, server: Side, reason: &str) -> Vec<RoleStats> {
     let ip = test_ip();
+    let mut all = Vec::new();
     for scenario in ["echo", "select", "nonblocking_connect"] {
         let r = behave_roles(
             BIN,
             scenario,
-            Side::Shim(Via::Preload),
-            Side::Plain,
+            client,
+            server,
             &ip,
             (scenario == "echo").then_some(SETTLE),
         );
         let c = client_of(&r);
         if scenario == "echo" {
-            c.assert_fallback_reasons(&[("peer_rejected", 1)]);
+            c.assert_fallback_reasons(&[(reason, 1)]);
         } else {
             assert!(
-                c.upgraded == 0 && c.reason("peer_rejected") + c.reason("closed_early") == 1,
+                c.upgraded == 0 && c.reason(reason) + c.reason("closed_early") == 1,
                 "{scenario}: {}",
                 c.summary()
             );
         }
+        all.push(r);
     }
+    all
 }
 
 /// A plain client, a shim server: no connect request comes for the accepted connection.
@@ -167,27 +178,13 @@ fn server_without_rdma(server: Side, reason: &str) {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn libraries_missing_client() {
-    let ip = test_ip();
-    for scenario in ["echo", "select", "nonblocking_connect"] {
-        let r = behave_roles(
-            BIN,
-            scenario,
-            Side::NoLibraries,
-            Side::Shim(Via::Preload),
-            &ip,
-            (scenario == "echo").then_some(SETTLE),
-        );
-        let c = client_of(&r);
-        if scenario == "echo" {
-            c.assert_fallback_reasons(&[("libraries_missing", 1)]);
-        } else {
-            assert!(
-                c.upgraded == 0 && c.reason("libraries_missing") + c.reason("closed_early") == 1,
-                "{scenario}: {}",
-                c.summary()
-            );
-        }
-        server_of(&r).assert_fallback_reasons(&[("no_upgrade_request", 1)]);
+    let runs = client_stays_tcp(
+        Side::NoLibraries,
+        Side::Shim(Via::Preload),
+        "libraries_missing",
+    );
+    for r in &runs {
+        server_of(r).assert_fallback_reasons(&[("no_upgrade_request", 1)]);
     }
 }
 

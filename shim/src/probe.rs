@@ -54,11 +54,9 @@ pub fn host_reason() -> Option<FallbackReason> {
         NONE => None,
         v => FallbackReason::from_index(v - 2),
     };
-    match fast {
-        Some(r) => Some(r),
-        None if LIBS.load(Ordering::Acquire) == NO => Some(FallbackReason::LibrariesMissing),
-        None => None,
-    }
+    fast.or_else(|| {
+        (LIBS.load(Ordering::Acquire) == NO).then_some(FallbackReason::LibrariesMissing)
+    })
 }
 
 fn fast_checks() -> Option<FallbackReason> {

@@ -123,17 +123,17 @@ fn calibrate(t: u64, ns: u64) {
     let _ = RATE.compare_exchange(UNKNOWN, r, Relaxed, Relaxed);
 }
 
-/// The learned rate, for logs and tests: `Some(ticks per ns)` once calibrated.
-pub fn rate() -> Option<f64> {
-    match RATE.load(Relaxed) {
-        UNKNOWN | UNUSABLE => None,
-        r => Some(r as f64 / (1u64 << 32) as f64),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The learned rate: `Some(ticks per ns)` once calibrated.
+    fn rate() -> Option<f64> {
+        match RATE.load(Relaxed) {
+            UNKNOWN | UNUSABLE => None,
+            r => Some(r as f64 / (1u64 << 32) as f64),
+        }
+    }
 
     #[test]
     fn rates() {

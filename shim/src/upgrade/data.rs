@@ -278,9 +278,10 @@ impl Waiter {
         // without a system call, and a clock read may be one). A counter that went backwards
         // (another CPU's) reads as a gap.
         let clock = tick::Clock::pick();
-        let (gap, every) = match clock {
-            tick::Clock::Counter(_) => (clock.span(PREEMPTED_GAP), 1),
-            tick::Clock::Mono => (clock.span(PREEMPTED_GAP), CLOCK_EVERY),
+        let gap = clock.span(PREEMPTED_GAP);
+        let every = match clock {
+            tick::Clock::Counter(_) => 1,
+            tick::Clock::Mono => CLOCK_EVERY,
         };
         let mut end = None;
         let mut last: Option<u64> = None;

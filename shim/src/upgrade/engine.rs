@@ -76,6 +76,8 @@ enum Done {
 }
 
 fn run_job(job: Job) -> Done {
+    // (a shim thread's work on this CPU, whichever runs it: see INTERNAL_WAKES)
+    super::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
     let t0 = Instant::now();
     match job {
         Job::Accept(inc, c, tcp_received, queued) => {
@@ -313,7 +315,6 @@ impl Engine {
                     q = self.setup.more.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            super::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
             let done = run_job(job);
             self.setup
                 .done
@@ -946,7 +947,6 @@ impl State {
     fn hand_over(&mut self, job: Job) {
         let Some(e) = engine() else { return };
         if let Err(job) = e.submit(job) {
-            super::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
             let done = run_job(job);
             self.finish(done);
         }
