@@ -562,6 +562,14 @@ impl Stats {
             .collect()
     }
 
+    /// How often this process's blocked calls ended their waits as `kind` (`spin_hit`,
+    /// `spin_miss`, `spin_preempted`, `slept`).
+    pub fn waits(&self, kind: &str) -> u64 {
+        self.raw["waits"][kind]
+            .as_u64()
+            .unwrap_or_else(|| panic!("waits.{kind} missing from stats: {}", self.raw))
+    }
+
     /// Bytes that went through the rings, both directions.
     pub fn ring_bytes(&self) -> u64 {
         self.bytes("ring_tx") + self.bytes("ring_rx")

@@ -30,6 +30,8 @@ mod net;
 pub mod outcome;
 pub mod probe;
 pub mod reason;
+#[cfg(not(test))]
+mod signals;
 pub mod spin;
 pub mod stats;
 mod sys;

@@ -65,7 +65,7 @@ impl State {
         countdown: 0,
     };
 
-    fn pack(self) -> u32 {
+    const fn pack(self) -> u32 {
         (self.score & 0xf) | (self.backoff & 0xf) << 4 | self.countdown << 8
     }
 
@@ -139,11 +139,21 @@ pub struct SpinGate(AtomicU32);
 
 impl Default for SpinGate {
     fn default() -> Self {
-        SpinGate(AtomicU32::new(State::INITIAL.pack()))
+        SpinGate::new()
     }
 }
 
 impl SpinGate {
+    /// A gate in its initial state (usable in a `static`).
+    pub const fn new() -> Self {
+        SpinGate(AtomicU32::new(State::INITIAL.pack()))
+    }
+
+    /// Back to the initial state (the gate's owner was replaced, e.g. an fd number reused).
+    pub fn reset(&self) {
+        self.0.store(State::INITIAL.pack(), Relaxed);
+    }
+
     /// Whether this wait should spin (counts a wait towards the next probe if not).
     pub fn admit(&self) -> bool {
         let mut spin = false;

@@ -892,6 +892,153 @@ mod echo {
     }
 }
 
+/// An event loop's wait on an epoll set is interrupted by a signal (EINTR; epoll_wait is never
+/// restarted), also when the connection in the set is upgraded and the wait busy-polls the
+/// set before it sleeps; and a signal sent to the process runs its handler on the thread
+/// that waits (the only thread the application has), never on one of the shim's own. The
+/// client first plays a ping-pong through the set (its waits are what teaches the set's spin
+/// gate that spinning pays), then waits for nothing while a timer's SIGALRM arrives, twice.
+mod epoll_signal {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    const MSG: usize = 64;
+    const ROUNDS: usize = 200;
+
+    pub fn server(mut s: TcpStream) {
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut buf = [0u8; MSG];
+        for _ in 0..=ROUNDS {
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+        }
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    static ALARMS: AtomicU32 = AtomicU32::new(0);
+
+    extern "C" fn on_alarm(_: libc::c_int) {
+        ALARMS.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// One message out and back through the set.
+    fn round(fd: RawFd, ep: RawFd, i: usize) {
+        let msg = pattern(MSG, i as u8);
+        assert_eq!(
+            send_flags(fd, &msg, 0),
+            MSG as isize,
+            "send errno {}",
+            errno()
+        );
+        let mut got = Vec::new();
+        while got.len() < MSG {
+            let mut b = [0u8; MSG];
+            let n = recv_flags(fd, &mut b[..MSG - got.len()], libc::MSG_DONTWAIT);
+            if n > 0 {
+                got.extend_from_slice(&b[..n as usize]);
+                continue;
+            }
+            assert!(
+                n < 0 && errno() == libc::EAGAIN,
+                "recv: {n}, errno {}",
+                errno()
+            );
+            let ev = epoll_events(ep, 0xbeef, 10_000);
+            assert!(
+                ev.len() == 1 && ev[0] & libc::EPOLLIN as u32 != 0,
+                "round {i}: {ev:?}"
+            );
+        }
+        assert!(got == msg, "round {i} came back different");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        // (a spin longer than the alarms' delay, so that under the shim they arrive while the
+        // wait busy-polls; read once, at the shim's first spin)
+        std::env::set_var("RDMASHIM_SPIN_US", "10000");
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let fd = s.as_raw_fd();
+        // SAFETY: plain epoll_create1, and an epoll_event for the socket.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0, "epoll_create1 errno {}", errno());
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0xbeef,
+        };
+        // SAFETY: valid epoll fd, socket fd and event.
+        let rc = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        assert_eq!(rc, 0, "epoll_ctl errno {}", errno());
+        for i in 0..ROUNDS {
+            round(fd, ep, i);
+        }
+        // SAFETY: a handler that only touches an atomic; no SA_RESTART (epoll_wait ignores it
+        // anyway).
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_alarm as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut act.sa_mask);
+            assert_eq!(
+                libc::sigaction(libc::SIGALRM, &act, std::ptr::null_mut()),
+                0
+            );
+        }
+        for (k, delay_us) in [2_000i64, 30_000].into_iter().enumerate() {
+            let it = libc::itimerval {
+                it_interval: libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: 0,
+                },
+                it_value: libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: delay_us,
+                },
+            };
+            let t0 = Instant::now();
+            // SAFETY: a one-shot ITIMER_REAL; evs has room for 8 events.
+            let (n, e) = unsafe {
+                assert_eq!(
+                    libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()),
+                    0
+                );
+                let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+                let n = libc::epoll_wait(ep, evs.as_mut_ptr(), 8, 5_000);
+                (n, errno())
+            };
+            let took = t0.elapsed();
+            assert!(
+                n == -1 && e == libc::EINTR,
+                "alarm after {delay_us} us: epoll_wait returned {n} (errno {e}) after {took:?}"
+            );
+            assert_eq!(
+                ALARMS.load(Ordering::SeqCst),
+                k as u32 + 1,
+                "the handler ran"
+            );
+            assert!(
+                took < Duration::from_secs(2),
+                "interrupted only after {took:?}"
+            );
+        }
+        // the connection is as it was
+        round(fd, ep, ROUNDS);
+        // SAFETY: our epoll fd.
+        unsafe { libc::close(ep) };
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut b = [0u8; 1];
+        let deadline = Instant::now() + T;
+        loop {
+            match recv_flags(fd, &mut b, libc::MSG_DONTWAIT) {
+                0 => break,
+                n if n < 0 && errno() == libc::EAGAIN && Instant::now() < deadline => {
+                    poll1(fd, libc::POLLIN, 1000);
+                }
+                n => panic!("EOF expected: {n}, errno {}", errno()),
+            }
+        }
+    }
+}
+
 /// A prefork server: the listening socket is made before the server forks its workers, and
 /// only the workers accept (nginx, Apache prefork, gunicorn). Each of two workers accepts one
 /// connection and echoes blocks on it for a few seconds (past the shim's wait for an upgrade
@@ -1209,6 +1356,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("sendfile", sendfile::server, sendfile::client),
     ("peer_death", peer_death::server, peer_death::client),
     ("echo", echo::server, echo::client),
+    ("epoll_signal", epoll_signal::server, epoll_signal::client),
 ];
 
 /// Scenarios whose server role takes the listening socket itself.

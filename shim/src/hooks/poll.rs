@@ -146,7 +146,7 @@ hook! {
     fast: when(crate::fdtable::no_upgrades(), crate::stats::fd_shard(epfd));
     |real, _cx| {
         // SAFETY: the caller's arguments with a possibly shorter timeout.
-        up::epoll_wait(epfd, ev, max, timeout, |e, m, t| unsafe { real(epfd, e, m, t) })
+        up::epoll_wait(epfd, ev, max, timeout, true, |e, m, t| unsafe { real(epfd, e, m, t) })
     }
 }
 
@@ -159,7 +159,7 @@ hook! {
     |real, _cx| {
         let real: EpollPwaitFn = real;
         // SAFETY: the caller's arguments with a possibly shorter timeout.
-        up::epoll_wait(epfd, ev, max, timeout, |e, m, t| unsafe { real(epfd, e, m, t, ss) })
+        up::epoll_wait(epfd, ev, max, timeout, ss.is_null(), |e, m, t| unsafe { real(epfd, e, m, t, ss) })
     }
 }
 
@@ -177,7 +177,7 @@ hook! {
             let t = unsafe { *tmo };
             (t.tv_sec.saturating_mul(1000) + t.tv_nsec / 1_000_000).clamp(0, i32::MAX as i64) as c_int
         };
-        up::epoll_wait(epfd, ev, max, ms, |e, m, t| {
+        up::epoll_wait(epfd, ev, max, ms, ss.is_null(), |e, m, t| {
             let ts = timespec { tv_sec: (t / 1000) as libc::time_t, tv_nsec: ((t % 1000) as libc::c_long) * 1_000_000 };
             let p = if t < 0 { core::ptr::null() } else { &ts as *const timespec };
             // SAFETY: the caller's arguments with a possibly shorter timeout.

@@ -411,15 +411,65 @@ pub(crate) fn epoll_ctl(
 /// epoll_wait-family: the real wait, then the translation of tagged events, waiting again
 /// (for the rest of the timeout) if none is left. `wait(events, max, timeout_ms)` is the real
 /// call.
+///
+/// A wait that may block on a set holding a connection under the upgrade first busy-polls
+/// the set for the spin time, if the set's spin gate lets it ([`ready::spin_gate`]): real
+/// waits with timeout 0 (which the application could have made itself), each taking what
+/// the set's completion channels and eventfds raised, until something is left for the
+/// application. A completion then reaches the application without the sleep and wake-up
+/// that cost an emulated CPU more than the message's whole transfer.
+///
+/// Signals: a signal the thread lets through interrupts a real wait (EINTR, never
+/// restarted), but would run its handler unseen between two spinning waits. So the spin
+/// holds the asynchronous signals back ([`crate::signals::SignalsHeld`]); one that arrived meanwhile
+/// is delivered when they are let go and, if the spin found nothing, the call fails with
+/// EINTR as the wait would have. `own_mask` is false for an epoll_pwait with a mask of its
+/// own: a signal that mask lets through is delivered by the wait that follows the spin.
 pub(crate) fn epoll_wait(
     epfd: c_int,
     ev: *mut libc::epoll_event,
     max: c_int,
     timeout_ms: c_int,
+    own_mask: bool,
     wait: impl Fn(*mut libc::epoll_event, c_int, c_int) -> c_int,
 ) -> Outcome<c_int> {
     let start = std::time::Instant::now();
     let mut left = timeout_ms;
+    if timeout_ms != 0 {
+        if let Some(gate) = ready::spin_gate(epfd) {
+            let held = crate::signals::SignalsHeld::hold();
+            let found = data::spin_wait(gate, crate::stats::fd_shard(epfd), || {
+                ready::arm_for_epoll(epfd);
+                let n = wait(ev, max, 0);
+                if n < 0 {
+                    return data::Turn::Leave(Err(crate::sys::errno()));
+                }
+                if n == 0 {
+                    return data::Turn::Again;
+                }
+                // SAFETY: the kernel filled `n` events of the application's array.
+                let arr = unsafe { core::slice::from_raw_parts_mut(ev, n as usize) };
+                match ready::translate_epoll(epfd, arr, n as usize) {
+                    0 => data::Turn::Again,
+                    k => data::Turn::Found(Ok(k as c_int)),
+                }
+            });
+            let interrupted =
+                found.is_none() && own_mask && held.as_ref().is_some_and(|h| h.interrupted());
+            if let Some(h) = held {
+                h.release();
+            }
+            match found {
+                Some(Ok(n)) => return Outcome::Handled(n),
+                Some(Err(e)) => return Outcome::Fail(e),
+                None if interrupted => return Outcome::Fail(Errno(libc::EINTR)),
+                None => {}
+            }
+            if timeout_ms > 0 {
+                left = (timeout_ms - start.elapsed().as_millis() as c_int).max(0);
+            }
+        }
+    }
     let mut looked_again = false;
     loop {
         ready::arm_for_epoll(epfd);

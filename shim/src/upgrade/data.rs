@@ -253,6 +253,98 @@ fn switched_since_last_look() -> bool {
     now.is_none() || before != now
 }
 
+/// One look of a spinning wait ([`spin_wait`]).
+pub(crate) enum Turn<T> {
+    /// Nothing yet: look again.
+    Again,
+    /// What the wait was for: the spin ends as a hit.
+    Found(T),
+    /// The wait is over for another reason (the connection left its link, the call failed):
+    /// the spin ends and the gate learns nothing.
+    Leave(T),
+}
+
+/// Busy-waits for at most the spin time ([`super::spin`]), if `gate` lets it: calls `turn`
+/// until it returns something other than [`Turn::Again`], and returns that (`None`: the spin
+/// did not start, ran out or lost its CPU). Tells `gate` and the stats (of `shard`) how the
+/// spin ended.
+pub(crate) fn spin_wait<T>(
+    gate: &crate::spin::SpinGate,
+    shard: usize,
+    mut turn: impl FnMut() -> Turn<T>,
+) -> Option<T> {
+    let spin = super::spin();
+    if spin.is_zero() || !gate.admit() {
+        return None;
+    }
+    // The clock is read only once there is something to spin on (before, nothing can change
+    // without a system call, and a clock read may be one). A counter that went backwards
+    // (another CPU's) reads as a gap.
+    let clock = tick::Clock::pick();
+    let gap = clock.span(PREEMPTED_GAP);
+    let every = match clock {
+        tick::Clock::Counter(_) => 1,
+        tick::Clock::Mono => CLOCK_EVERY,
+    };
+    let mut end = None;
+    let mut last: Option<u64> = None;
+    let mut internal = super::INTERNAL_WAKES.load(Ordering::Relaxed);
+    // (a gap during which the shim's own threads woke was theirs: see INTERNAL_WAKES)
+    let mut off_cpu = |last: Option<u64>, now: u64| {
+        let before =
+            std::mem::replace(&mut internal, super::INTERNAL_WAKES.load(Ordering::Relaxed));
+        last.is_some_and(|l| now.wrapping_sub(l) > gap)
+            && switched_since_last_look()
+            && internal == before
+    };
+    let end_with = |e: SpinEnd| {
+        gate.record(e);
+        stats::count_wait_at(
+            shard,
+            match e {
+                SpinEnd::Hit => Wait::SpinHit,
+                SpinEnd::Miss => Wait::SpinMiss,
+                SpinEnd::Preempted => Wait::SpinPreempted,
+            },
+        );
+    };
+    let mut n = 0u32;
+    loop {
+        match turn() {
+            Turn::Again => {}
+            Turn::Leave(v) => return Some(v),
+            Turn::Found(v) => {
+                // (a thread that lost its CPU meanwhile may find the answer only because
+                // whoever ran instead produced it: that spin did not pay)
+                end_with(if last.is_some() && off_cpu(last, clock.now()) {
+                    SpinEnd::Preempted
+                } else {
+                    SpinEnd::Hit
+                });
+                return Some(v);
+            }
+        }
+        // (the monotonic clock every few turns: a read may cost as much as the rest of a
+        // turn; the counter every turn)
+        n = n.wrapping_add(1);
+        if last.is_some() && !n.is_multiple_of(every) {
+            std::hint::spin_loop();
+            continue;
+        }
+        let now = clock.now();
+        if off_cpu(last, now) {
+            end_with(SpinEnd::Preempted);
+            return None;
+        }
+        if now >= *end.get_or_insert(now.saturating_add(clock.span(spin))) {
+            end_with(SpinEnd::Miss);
+            return None;
+        }
+        last = Some(now);
+        std::hint::spin_loop();
+    }
+}
+
 /// How a blocked call waits.
 struct Waiter {
     deadline: Option<Option<Instant>>,
@@ -270,82 +362,22 @@ impl Waiter {
     /// Busy-polls the connection for at most the spin time, if its [`crate::spin::SpinGate`] lets it;
     /// returns true as soon as `ready` holds. Tells the gate how the spin ended.
     fn spin(&self, c: &Conn, fd: c_int, mut ready: impl FnMut(&Inner) -> bool) -> bool {
-        let spin = super::spin();
-        if spin.is_zero() || !c.spin.admit() {
-            return false;
-        }
-        // The clock is read only once there is a link to spin on (before, nothing can change
-        // without a system call, and a clock read may be one). A counter that went backwards
-        // (another CPU's) reads as a gap.
-        let clock = tick::Clock::pick();
-        let gap = clock.span(PREEMPTED_GAP);
-        let every = match clock {
-            tick::Clock::Counter(_) => 1,
-            tick::Clock::Mono => CLOCK_EVERY,
-        };
-        let mut end = None;
-        let mut last: Option<u64> = None;
-        let mut internal = super::INTERNAL_WAKES.load(Ordering::Relaxed);
-        // (a gap during which the shim's own threads woke was theirs: see INTERNAL_WAKES)
-        let mut off_cpu = |last: Option<u64>, now: u64| {
-            let before =
-                std::mem::replace(&mut internal, super::INTERNAL_WAKES.load(Ordering::Relaxed));
-            last.is_some_and(|l| now.wrapping_sub(l) > gap)
-                && switched_since_last_look()
-                && internal == before
-        };
-        let end_with = |e: SpinEnd| {
-            c.spin.record(e);
-            stats::count_wait_at(
-                stats::fd_shard(fd),
-                match e {
-                    SpinEnd::Hit => Wait::SpinHit,
-                    SpinEnd::Miss => Wait::SpinMiss,
-                    SpinEnd::Preempted => Wait::SpinPreempted,
-                },
-            );
-        };
-        let mut turn = 0u32;
-        loop {
+        let turn = || {
             let mut g = c.lock();
             if let Phase::Linked(l) = &mut g.phase {
                 if l.progress(false) {
                     c.settle(&mut g);
                 }
             } else {
-                return false;
+                return Turn::Leave(false);
             }
             if ready(&g) {
-                drop(g);
-                // (a thread that lost its CPU meanwhile may find the answer only because
-                // whoever ran instead produced it: that spin did not pay)
-                end_with(if last.is_some() && off_cpu(last, clock.now()) {
-                    SpinEnd::Preempted
-                } else {
-                    SpinEnd::Hit
-                });
-                return true;
+                Turn::Found(true)
+            } else {
+                Turn::Again
             }
-            drop(g);
-            // (the monotonic clock every few turns: a read may cost as much as the rest of a
-            // turn; the counter every turn)
-            turn = turn.wrapping_add(1);
-            if last.is_some() && !turn.is_multiple_of(every) {
-                std::hint::spin_loop();
-                continue;
-            }
-            let now = clock.now();
-            if off_cpu(last, now) {
-                end_with(SpinEnd::Preempted);
-                return false;
-            }
-            if now >= *end.get_or_insert(now.saturating_add(clock.span(spin))) {
-                end_with(SpinEnd::Miss);
-                return false;
-            }
-            last = Some(now);
-            std::hint::spin_loop();
-        }
+        };
+        spin_wait(&c.spin, stats::fd_shard(fd), turn).unwrap_or(false)
     }
 
     /// Sleeps on `sock` (for `sock_events`, if any), `efd` and the link's completion channel

@@ -219,13 +219,10 @@ impl Engine {
             negative: Mutex::new(NegativeCache::new(cfg)),
             setup: Setup::default(),
         };
-        let spawned = std::thread::Builder::new()
-            .name("rdmashim-engine".into())
-            .stack_size(256 << 10)
-            .spawn(move || {
-                crate::guard::mark_internal_thread();
-                let _ = std::panic::catch_unwind(|| run(epfd, wake));
-            });
+        let spawned = crate::signals::spawn_internal("rdmashim-engine", move || {
+            crate::guard::mark_internal_thread();
+            let _ = std::panic::catch_unwind(|| run(epfd, wake));
+        });
         if spawned.is_err() {
             net::close(epfd);
             net::close(wake);
@@ -283,13 +280,10 @@ impl Engine {
     /// cannot be started: the caller runs it itself.
     fn submit(&'static self, job: Job) -> Result<(), Job> {
         if !self.setup.started.swap(true, Ordering::AcqRel) {
-            let spawned = std::thread::Builder::new()
-                .name("rdmashim-setup".into())
-                .stack_size(256 << 10)
-                .spawn(move || {
-                    crate::guard::mark_internal_thread();
-                    let _ = std::panic::catch_unwind(|| self.setup_loop());
-                });
+            let spawned = crate::signals::spawn_internal("rdmashim-setup", move || {
+                crate::guard::mark_internal_thread();
+                let _ = std::panic::catch_unwind(|| self.setup_loop());
+            });
             if spawned.is_err() {
                 self.setup.started.store(false, Ordering::Release);
                 return Err(job);
