@@ -892,23 +892,23 @@ mod echo {
     }
 }
 
-/// An event loop's wait on an epoll set is interrupted by a signal (EINTR; epoll_wait is never
-/// restarted), also when the connection in the set is upgraded and the wait busy-polls the
-/// set before it sleeps; and a signal sent to the process runs its handler on the thread
-/// that waits (the only thread the application has), never on one of the shim's own. The
-/// client first plays a ping-pong through the set (its waits are what teaches the set's spin
-/// gate that spinning pays), then waits for nothing while a timer's SIGALRM arrives, twice.
-mod epoll_signal {
+/// A wait for readiness — epoll_wait, poll — is interrupted by a signal (EINTR; neither is
+/// ever restarted), also when the connection is upgraded and the wait busy-polls before it
+/// sleeps; and a signal sent to the process runs its handler on the thread that waits (the
+/// only thread the application has), never on one of the shim's own. For each kind of wait
+/// the client first plays a ping-pong through it (its waits are what teaches the spin gate
+/// that spinning pays), then waits for nothing while a timer's SIGALRM arrives, twice.
+mod wait_signal {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     const MSG: usize = 64;
-    const ROUNDS: usize = 200;
+    const ROUNDS: usize = 100;
 
     pub fn server(mut s: TcpStream) {
         s.set_read_timeout(Some(T)).unwrap();
         let mut buf = [0u8; MSG];
-        for _ in 0..=ROUNDS {
+        for _ in 0..2 * ROUNDS + 1 {
             s.read_exact(&mut buf).unwrap();
             s.write_all(&buf).unwrap();
         }
@@ -921,8 +921,55 @@ mod epoll_signal {
         ALARMS.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// One message out and back through the set.
-    fn round(fd: RawFd, ep: RawFd, i: usize) {
+    /// How the client waits for its socket to become readable.
+    #[derive(Clone, Copy, Debug)]
+    enum Wait {
+        Epoll(RawFd),
+        Poll,
+    }
+
+    /// One wait for readability, up to `timeout_ms`: its return value and errno.
+    fn wait(w: Wait, fd: RawFd, timeout_ms: i32) -> (i32, i32) {
+        match w {
+            Wait::Epoll(ep) => {
+                let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+                // SAFETY: evs has room for 8 events.
+                let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, timeout_ms) };
+                let e = errno();
+                if n > 0 {
+                    assert!(
+                        n == 1
+                            && { evs[0].u64 } == 0xbeef
+                            && evs[0].events & libc::EPOLLIN as u32 != 0,
+                        "epoll_wait: {n} events, first {:#x}",
+                        { evs[0].events }
+                    );
+                }
+                (n, e)
+            }
+            Wait::Poll => {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+                let e = errno();
+                if n > 0 {
+                    assert!(
+                        p.revents & libc::POLLIN != 0,
+                        "poll: revents {:#x}",
+                        p.revents
+                    );
+                }
+                (n, e)
+            }
+        }
+    }
+
+    /// One message out and back, waiting with `w`.
+    fn round(fd: RawFd, w: Wait, i: usize) {
         let msg = pattern(MSG, i as u8);
         assert_eq!(
             send_flags(fd, &msg, 0),
@@ -943,47 +990,16 @@ mod epoll_signal {
                 "recv: {n}, errno {}",
                 errno()
             );
-            let ev = epoll_events(ep, 0xbeef, 10_000);
-            assert!(
-                ev.len() == 1 && ev[0] & libc::EPOLLIN as u32 != 0,
-                "round {i}: {ev:?}"
-            );
+            let (k, e) = wait(w, fd, 10_000);
+            assert!(k == 1, "{w:?} round {i}: {k} (errno {e})");
         }
-        assert!(got == msg, "round {i} came back different");
+        assert!(got == msg, "{w:?} round {i} came back different");
     }
 
-    pub fn client(addr: SocketAddr) {
-        // (a spin longer than the alarms' delay, so that under the shim they arrive while the
-        // wait busy-polls; read once, at the shim's first spin)
-        std::env::set_var("RDMASHIM_SPIN_US", "10000");
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_nonblocking(true).unwrap();
-        let fd = s.as_raw_fd();
-        // SAFETY: plain epoll_create1, and an epoll_event for the socket.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        assert!(ep >= 0, "epoll_create1 errno {}", errno());
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: 0xbeef,
-        };
-        // SAFETY: valid epoll fd, socket fd and event.
-        let rc = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        assert_eq!(rc, 0, "epoll_ctl errno {}", errno());
-        for i in 0..ROUNDS {
-            round(fd, ep, i);
-        }
-        // SAFETY: a handler that only touches an atomic; no SA_RESTART (epoll_wait ignores it
-        // anyway).
-        unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_alarm as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut act.sa_mask);
-            assert_eq!(
-                libc::sigaction(libc::SIGALRM, &act, std::ptr::null_mut()),
-                0
-            );
-        }
-        for (k, delay_us) in [2_000i64, 30_000].into_iter().enumerate() {
+    /// Two waits for nothing, each interrupted by an alarm after `delay_us`.
+    fn alarms(fd: RawFd, w: Wait) {
+        for delay_us in [2_000i64, 30_000] {
+            let before = ALARMS.load(Ordering::SeqCst);
             let it = libc::itimerval {
                 it_interval: libc::timeval {
                     tv_sec: 0,
@@ -995,35 +1011,63 @@ mod epoll_signal {
                 },
             };
             let t0 = Instant::now();
-            // SAFETY: a one-shot ITIMER_REAL; evs has room for 8 events.
-            let (n, e) = unsafe {
-                assert_eq!(
-                    libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()),
-                    0
-                );
-                let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
-                let n = libc::epoll_wait(ep, evs.as_mut_ptr(), 8, 5_000);
-                (n, errno())
-            };
+            // SAFETY: a one-shot ITIMER_REAL.
+            let rc = unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+            assert_eq!(rc, 0);
+            let (n, e) = wait(w, fd, 5_000);
             let took = t0.elapsed();
             assert!(
                 n == -1 && e == libc::EINTR,
-                "alarm after {delay_us} us: epoll_wait returned {n} (errno {e}) after {took:?}"
+                "{w:?}, alarm after {delay_us} us: returned {n} (errno {e}) after {took:?}"
             );
-            assert_eq!(
-                ALARMS.load(Ordering::SeqCst),
-                k as u32 + 1,
-                "the handler ran"
-            );
+            assert_eq!(ALARMS.load(Ordering::SeqCst), before + 1, "the handler ran");
             assert!(
                 took < Duration::from_secs(2),
                 "interrupted only after {took:?}"
             );
         }
-        // the connection is as it was
-        round(fd, ep, ROUNDS);
+    }
+
+    pub fn client(addr: SocketAddr) {
+        // (a spin longer than the alarms' delay, so that under the shim they arrive while the
+        // wait busy-polls; read once, at the shim's first spin)
+        std::env::set_var("RDMASHIM_SPIN_US", "10000");
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let fd = s.as_raw_fd();
+        // SAFETY: a handler that only touches an atomic; no SA_RESTART (neither wait is
+        // restarted anyway).
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_alarm as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut act.sa_mask);
+            assert_eq!(
+                libc::sigaction(libc::SIGALRM, &act, std::ptr::null_mut()),
+                0
+            );
+        }
+        // SAFETY: plain epoll_create1, and an epoll_event for the socket.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0, "epoll_create1 errno {}", errno());
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0xbeef,
+        };
+        // SAFETY: valid epoll fd, socket fd and event.
+        let rc = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        assert_eq!(rc, 0, "epoll_ctl errno {}", errno());
+        for i in 0..ROUNDS {
+            round(fd, Wait::Epoll(ep), i);
+        }
+        alarms(fd, Wait::Epoll(ep));
         // SAFETY: our epoll fd.
         unsafe { libc::close(ep) };
+        for i in 0..ROUNDS {
+            round(fd, Wait::Poll, ROUNDS + i);
+        }
+        alarms(fd, Wait::Poll);
+        // the connection is as it was
+        round(fd, Wait::Poll, 2 * ROUNDS);
         s.shutdown(Shutdown::Write).unwrap();
         let mut b = [0u8; 1];
         let deadline = Instant::now() + T;
@@ -1356,7 +1400,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("sendfile", sendfile::server, sendfile::client),
     ("peer_death", peer_death::server, peer_death::client),
     ("echo", echo::server, echo::client),
-    ("epoll_signal", epoll_signal::server, epoll_signal::client),
+    ("wait_signal", wait_signal::server, wait_signal::client),
 ];
 
 /// Scenarios whose server role takes the listening socket itself.

@@ -901,6 +901,7 @@ impl Drop for Watching<'_> {
 }
 
 /// How a poll-family call waits.
+#[derive(Clone, Copy)]
 pub enum Timeout {
     /// Milliseconds (-1: forever), poll/select style.
     Ms(c_int),
@@ -908,23 +909,97 @@ pub enum Timeout {
     Ts(Option<libc::timespec>, *const libc::sigset_t),
 }
 
+impl Timeout {
+    /// The wait's length (None: forever).
+    fn total(&self) -> Option<Duration> {
+        match self {
+            Timeout::Ms(ms) if *ms < 0 => None,
+            Timeout::Ms(ms) => Some(Duration::from_millis(*ms as u64)),
+            Timeout::Ts(None, _) => None,
+            Timeout::Ts(Some(ts), _) => Some(Duration::new(
+                ts.tv_sec.max(0) as u64,
+                ts.tv_nsec.clamp(0, 999_999_999) as u32,
+            )),
+        }
+    }
+
+    /// The same kind of wait (with its signal mask) for `d` (None: forever).
+    fn with(&self, d: Option<Duration>) -> Timeout {
+        match self {
+            Timeout::Ms(_) => {
+                Timeout::Ms(d.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as c_int))
+            }
+            Timeout::Ts(_, mask) => Timeout::Ts(
+                d.map(|d| libc::timespec {
+                    tv_sec: d.as_secs() as libc::time_t,
+                    tv_nsec: d.subsec_nanos() as libc::c_long,
+                }),
+                *mask,
+            ),
+        }
+    }
+
+    /// Whether the call waits under the thread's own signal mask (not a ppoll/pselect mask).
+    fn own_mask(&self) -> bool {
+        match self {
+            Timeout::Ms(_) => true,
+            Timeout::Ts(_, mask) => mask.is_null(),
+        }
+    }
+}
+
 /// poll/ppoll over `fds`, where `conns[i]` is the connection of `fds[i]` if it is under the
 /// upgrade. Returns the number of entries with events (as poll does).
+///
+/// A call that may block first busy-polls, as `epoll_wait` does (`hooks::up::epoll_wait`):
+/// passes with timeout 0 — each drives the connections' links and asks the kernel about the
+/// other fds — for the spin time, if the first connection's spin gate lets it, with the
+/// asynchronous signals held back ([`crate::signals::SignalsHeld`]; poll is never restarted
+/// after a handler either). Without it, an arrival reached a sleeping poll through the
+/// engine thread (its wake-up, its eventfd write) and then this thread's wake-up.
 pub fn poll(
     fds: &mut [libc::pollfd],
     conns: &[Option<Arc<Conn>>],
     timeout: Timeout,
 ) -> Result<usize, Errno> {
-    let start = Instant::now();
-    let total: Option<Duration> = match &timeout {
-        Timeout::Ms(ms) if *ms < 0 => None,
-        Timeout::Ms(ms) => Some(Duration::from_millis(*ms as u64)),
-        Timeout::Ts(None, _) => None,
-        Timeout::Ts(Some(ts), _) => Some(Duration::new(
-            ts.tv_sec.max(0) as u64,
-            ts.tv_nsec.clamp(0, 999_999_999) as u32,
-        )),
+    let total = timeout.total();
+    let first = conns.iter().flatten().next();
+    let (Some(first), false) = (first, total.is_some_and(|t| t.is_zero())) else {
+        return poll_pass(fds, conns, timeout);
     };
+    let start = Instant::now();
+    let zero = timeout.with(Some(Duration::ZERO));
+    let shard = crate::stats::fd_shard(fds.first().map_or(0, |p| p.fd));
+    let held = crate::signals::SignalsHeld::hold();
+    let found = super::data::spin_wait(&first.spin, shard, || match poll_pass(fds, conns, zero) {
+        Ok(0) => super::data::Turn::Again,
+        Ok(k) => super::data::Turn::Found(Ok(k)),
+        Err(e) => super::data::Turn::Leave(Err(e)),
+    });
+    let interrupted =
+        found.is_none() && timeout.own_mask() && held.as_ref().is_some_and(|h| h.interrupted());
+    if let Some(h) = held {
+        h.release();
+    }
+    match found {
+        Some(r) => r,
+        None if interrupted => Err(Errno(libc::EINTR)),
+        None => poll_pass(
+            fds,
+            conns,
+            timeout.with(total.map(|t| t.saturating_sub(start.elapsed()))),
+        ),
+    }
+}
+
+/// [`poll`] without the spin.
+fn poll_pass(
+    fds: &mut [libc::pollfd],
+    conns: &[Option<Arc<Conn>>],
+    timeout: Timeout,
+) -> Result<usize, Errno> {
+    let start = Instant::now();
+    let total = timeout.total();
     unpark(|p| conns.iter().flatten().any(|c| Arc::ptr_eq(c, &p.conn)));
     let _watching = Watching::new(conns);
     loop {
