@@ -52,10 +52,10 @@ for q, qn in (("p50_us", "median"), ("p99_us", "p99")):
 row("iperf3_P1", "iperf3, 1 stream", "Gbit/s", "higher", three("iperf3_P1", "gbit_s"), ("devbw", "gbit_s"))
 row("iperf3_P4", "iperf3, 4 streams", "Gbit/s", "higher", three("iperf3_P4", "gbit_s"), ("devbw", "gbit_s"))
 row("stream", "send/recv stream, 64 KiB writes", "Gbit/s", "higher", three("stream", "gbit_s"), ("devbw", "gbit_s"))
-for p in ("1", "16"):
+for mode, what in (("C1", "one client, -P 1"), ("P1", "-P 1"), ("P16", "-P 16")):
     for op in ("SET", "GET"):
-        row(f"redis_{op}_P{p}", f"redis-benchmark {op} -P {p}", "req/s", "higher",
-            three(f"redis_P{p}", f"{op.lower()}_rps"))
+        row(f"redis_{op}_{mode}", f"redis-benchmark {op} {what}", "req/s", "higher",
+            three(f"redis_{mode}", f"{op.lower()}_rps"))
 row("connrate", "short connections (both ends preloaded)", "conn/s", "higher", three("connrate", "conn_s"))
 row("connrate_fallback", "fallback: preloaded client -> plain server", "conn/s", "higher",
     {"tcp": ("connrate", "conn_s"), "shim": ("connrate_fallback", "conn_s"),
