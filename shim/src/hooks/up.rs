@@ -420,11 +420,9 @@ pub(crate) fn epoll_ctl(
 /// that cost an emulated CPU more than the message's whole transfer.
 ///
 /// Signals: a signal the thread lets through interrupts a real wait (EINTR, never
-/// restarted), but would run its handler unseen between two spinning waits. So the spin
-/// holds the asynchronous signals back ([`crate::signals::SignalsHeld`]); one that arrived meanwhile
-/// is delivered when they are let go and, if the spin found nothing, the call fails with
-/// EINTR as the wait would have. `own_mask` is false for an epoll_pwait with a mask of its
-/// own: a signal that mask lets through is delivered by the wait that follows the spin.
+/// restarted), but would run its handler unseen between two spinning waits; the spin holds
+/// them back and fails with EINTR as the wait would have ([`data::spin_wait_interruptible`]).
+/// `own_mask` is false for an epoll_pwait with a mask of its own.
 pub(crate) fn epoll_wait(
     epfd: c_int,
     ev: *mut libc::epoll_event,
@@ -437,8 +435,8 @@ pub(crate) fn epoll_wait(
     let mut left = timeout_ms;
     if timeout_ms != 0 {
         if let Some(gate) = ready::spin_gate(epfd) {
-            let held = crate::signals::SignalsHeld::hold();
-            let found = data::spin_wait(gate, crate::stats::fd_shard(epfd), || {
+            let shard = crate::stats::fd_shard(epfd);
+            let found = data::spin_wait_interruptible(gate, shard, own_mask, || {
                 ready::arm_for_epoll(epfd);
                 let n = wait(ev, max, 0);
                 if n < 0 {
@@ -454,16 +452,10 @@ pub(crate) fn epoll_wait(
                     k => data::Turn::Found(Ok(k as c_int)),
                 }
             });
-            let interrupted =
-                found.is_none() && own_mask && held.as_ref().is_some_and(|h| h.interrupted());
-            if let Some(h) = held {
-                h.release();
-            }
             match found {
-                Some(Ok(n)) => return Outcome::Handled(n),
-                Some(Err(e)) => return Outcome::Fail(e),
-                None if interrupted => return Outcome::Fail(Errno(libc::EINTR)),
-                None => {}
+                Ok(Some(Ok(n))) => return Outcome::Handled(n),
+                Ok(Some(Err(e))) | Err(e) => return Outcome::Fail(e),
+                Ok(None) => {}
             }
             if timeout_ms > 0 {
                 left = (timeout_ms - start.elapsed().as_millis() as c_int).max(0);

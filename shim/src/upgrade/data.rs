@@ -345,6 +345,31 @@ pub(crate) fn spin_wait<T>(
     }
 }
 
+/// [`spin_wait`] in place of a wait that a signal interrupts and that is never restarted
+/// (epoll_wait, poll, select): the asynchronous signals are held back while it spins
+/// ([`crate::signals::SignalsHeld`]), since a handler run between two of its looks would go
+/// unseen, and let go after it. `Err(EINTR)` if the spin found nothing and one arrived that
+/// the thread's mask lets through and that is not ignored, as the wait would have failed;
+/// `own_mask` is false for a call with a signal mask of its own (epoll_pwait, ppoll,
+/// pselect), whose real wait after the spin applies that mask and delivers such a signal.
+pub(crate) fn spin_wait_interruptible<T>(
+    gate: &crate::spin::SpinGate,
+    shard: usize,
+    own_mask: bool,
+    turn: impl FnMut() -> Turn<T>,
+) -> Result<Option<T>, Errno> {
+    let held = crate::signals::SignalsHeld::hold();
+    let found = spin_wait(gate, shard, turn);
+    let interrupted = found.is_none() && own_mask && held.as_ref().is_some_and(|h| h.interrupted());
+    if let Some(h) = held {
+        h.release();
+    }
+    if interrupted {
+        return Err(Errno(libc::EINTR));
+    }
+    Ok(found)
+}
+
 /// How a blocked call waits.
 struct Waiter {
     deadline: Option<Option<Instant>>,

@@ -954,8 +954,8 @@ impl Timeout {
 /// A call that may block first busy-polls, as `epoll_wait` does (`hooks::up::epoll_wait`):
 /// passes with timeout 0 — each drives the connections' links and asks the kernel about the
 /// other fds — for the spin time, if the first connection's spin gate lets it, with the
-/// asynchronous signals held back ([`crate::signals::SignalsHeld`]; poll is never restarted
-/// after a handler either). Without it, an arrival reached a sleeping poll through the
+/// asynchronous signals held back ([`super::data::spin_wait_interruptible`]; poll is never
+/// restarted after a handler either). Without it, an arrival reached a sleeping poll through the
 /// engine thread (its wake-up, its eventfd write) and then this thread's wake-up.
 pub fn poll(
     fds: &mut [libc::pollfd],
@@ -970,21 +970,18 @@ pub fn poll(
     let start = Instant::now();
     let zero = timeout.with(Some(Duration::ZERO));
     let shard = crate::stats::fd_shard(fds.first().map_or(0, |p| p.fd));
-    let held = crate::signals::SignalsHeld::hold();
-    let found = super::data::spin_wait(&first.spin, shard, || match poll_pass(fds, conns, zero) {
-        Ok(0) => super::data::Turn::Again,
-        Ok(k) => super::data::Turn::Found(Ok(k)),
-        Err(e) => super::data::Turn::Leave(Err(e)),
-    });
-    let interrupted =
-        found.is_none() && timeout.own_mask() && held.as_ref().is_some_and(|h| h.interrupted());
-    if let Some(h) = held {
-        h.release();
-    }
+    let found =
+        super::data::spin_wait_interruptible(&first.spin, shard, timeout.own_mask(), || {
+            match poll_pass(fds, conns, zero) {
+                Ok(0) => super::data::Turn::Again,
+                Ok(k) => super::data::Turn::Found(Ok(k)),
+                Err(e) => super::data::Turn::Leave(Err(e)),
+            }
+        });
     match found {
-        Some(r) => r,
-        None if interrupted => Err(Errno(libc::EINTR)),
-        None => poll_pass(
+        Ok(Some(r)) => r,
+        Err(e) => Err(e),
+        Ok(None) => poll_pass(
             fds,
             conns,
             timeout.with(total.map(|t| t.saturating_sub(start.elapsed()))),
