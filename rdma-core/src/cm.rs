@@ -21,6 +21,8 @@ pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 /// The largest private_data on a reject (REJ: 148 bytes).
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
+/// Receives chained into one `ibv_post_recv` call by [`CmId::post_recvs`].
+pub const RECV_BATCH: usize = 32;
 
 /// An rdma_cm event channel. Its fd is non-blocking, so it can sit in an event loop.
 pub struct EventChannel {
@@ -707,6 +709,48 @@ impl CmId {
         let rc = unsafe { ffi::ibv_post_recv(qp, &mut wr, &mut bad) };
         if rc != 0 {
             return Err(Error::returned("ibv_post_recv", rc));
+        }
+        Ok(())
+    }
+
+    /// Posts a RECV of `len` bytes for each `wr_id` in `ids`, the receive of `wr_id` at offset
+    /// `wr_id * len` in `local`, as chained work requests: one `ibv_post_recv` call (and one
+    /// turn of the provider's queue lock) per [`RECV_BATCH`] receives.
+    pub fn post_recvs(&self, ids: &[u16], local: &Mr, len: usize) -> Result<()> {
+        let qp = self.qp_ptr()?;
+        for chunk in ids.chunks(RECV_BATCH) {
+            let mut sges = [ffi::ibv_sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; RECV_BATCH];
+            for (sge, &id) in sges.iter_mut().zip(chunk) {
+                *sge = local.sge(usize::from(id) * len, len)?;
+            }
+            let mut wrs = [ffi::ibv_recv_wr {
+                wr_id: 0,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: 0,
+            }; RECV_BATCH];
+            for ((wr, &id), sge) in wrs.iter_mut().zip(chunk).zip(sges.iter_mut()) {
+                wr.wr_id = u64::from(id);
+                wr.sg_list = sge;
+                wr.num_sge = if len == 0 { 0 } else { 1 };
+            }
+            let base = wrs.as_mut_ptr();
+            for i in 1..chunk.len() {
+                // SAFETY: i < chunk.len() <= RECV_BATCH: both are elements of `wrs`, which
+                // outlives the call below.
+                unsafe { (*base.add(i - 1)).next = base.add(i) };
+            }
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: live QP; the chain (wrs[..n], each with its sge) is valid for the call;
+            // the buffers are registered in `local`.
+            let rc = unsafe { ffi::ibv_post_recv(qp, base, &mut bad) };
+            if rc != 0 {
+                return Err(Error::returned("ibv_post_recv", rc));
+            }
         }
         Ok(())
     }

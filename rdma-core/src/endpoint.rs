@@ -80,6 +80,9 @@ pub(crate) struct Endpoint {
     sq_done: u64,
     /// Whether the last posted send WR was signaled.
     last_signaled: bool,
+    /// Receive slots whose completion was handled and that are not posted again yet: they
+    /// are, all in one chained call, before the next send WR ([`Self::flush_reposts`]).
+    reposts: Vec<u16>,
 }
 
 impl Endpoint {
@@ -108,6 +111,7 @@ impl Endpoint {
                 sq_posted: 0,
                 sq_done: 0,
                 last_signaled: true,
+                reposts: Vec::with_capacity(usize::from(sz.recv_slots)),
             }),
             Err(e) => Err(Box::new((e, id))),
         }
@@ -193,14 +197,27 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Re-posts receive `slot` (its buffer is `MAX_CONTROL_LEN` bytes of `recv_bufs`).
-    pub fn repost_recv(&self, slot: u16) -> Result<()> {
-        self.id.post_recv(
-            u64::from(slot),
-            self.recv_bufs.mr(),
-            usize::from(slot) * MAX_CONTROL_LEN,
-            MAX_CONTROL_LEN,
-        )
+    /// Receive `slot` (its buffer is `MAX_CONTROL_LEN` bytes of `recv_bufs`) is free again:
+    /// it is posted before the next send WR, not now. A slot returns to the peer only through
+    /// a credit, which is a send WR, so the peer can never use a receive that is not posted
+    /// (protocol §5.2); meanwhile the receives a credit returns are posted in one call, and a
+    /// receive whose completion was seen costs the data path nothing (a post took ~1.5 µs of
+    /// a 64 B ping-pong's receive path in the VM).
+    pub fn repost_recv(&mut self, slot: u16) {
+        debug_assert!(slot < self.recv_slots && !self.reposts.contains(&slot));
+        self.reposts.push(slot);
+    }
+
+    /// Posts the receives [`Self::repost_recv`] deferred (called before every send WR).
+    pub fn flush_reposts(&mut self) -> Result<()> {
+        if self.reposts.is_empty() {
+            return Ok(());
+        }
+        let r = self
+            .id
+            .post_recvs(&self.reposts, self.recv_bufs.mr(), MAX_CONTROL_LEN);
+        self.reposts.clear();
+        r
     }
 
     /// The payload of a control message received in `slot`.
@@ -252,6 +269,8 @@ impl Endpoint {
     /// Posts one action of the protocol core (not `Teardown`). The caller checked
     /// [`Self::sq_room`].
     pub fn post(&mut self, action: &Action, peer_rkey: u32) -> Result<()> {
+        // (the receives a credit among these WRs returns must be posted before it leaves)
+        self.flush_reposts()?;
         match *action {
             Action::WriteData {
                 len,

@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! for each work completion (in CQ order; poll the CQ dry before acting on CM/TCP events):
-//!     conn.handle_completion(...)        // then re-post the receive it consumed
+//!     conn.handle_completion(...)        // then re-post the receive (before the next post)
 //! while let Some(a) = conn.poll_action() { post it }
 //! ```
 
@@ -735,8 +735,8 @@ impl Connection {
 
     // ----- completions and events ------------------------------------------------------------
 
-    /// A receive completion, in CQ order. The transport re-posts the receive afterwards (before
-    /// performing the actions this produces). `Err` means the connection has just failed (or
+    /// A receive completion, in CQ order. The transport re-posts the receive afterwards, at the
+    /// latest before it posts its next work request. `Err` means the connection has just failed (or
     /// had failed) with that reason.
     pub fn handle_completion(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
         match self.life {

@@ -105,6 +105,9 @@ struct Endpoint {
     ring_desc: RingDesc,
     staging: Vec<u8>,
     posted_recvs: u32,
+    /// Receives whose completion was handled and that the transport posts again only before
+    /// its next work request (rdma-core's `Endpoint::repost_recv`).
+    deferred_recvs: u32,
     out_stream: Vec<u8>,
     out_pos: usize,
     tcp_sent: u64,
@@ -143,6 +146,7 @@ impl Endpoint {
             },
             staging: Vec::new(),
             posted_recvs: u32::from(p.recv_slots),
+            deferred_recvs: 0,
             out_stream,
             out_pos: 0,
             tcp_sent: 0,
@@ -500,6 +504,8 @@ impl Sim {
         let mut any = false;
         while let Some(a) = conn.poll_action() {
             any = true;
+            // The deferred receives are posted before any work request goes out.
+            me.posted_recvs += std::mem::take(&mut me.deferred_recvs);
             match a {
                 Action::WriteData {
                     cursor,
@@ -593,9 +599,10 @@ impl Sim {
                 me.name
             );
         }
-        // The transport re-posts the receive right away.
-        peer.posted_recvs += 1;
-        assert!(peer.posted_recvs <= u32::from(peer.p.recv_slots));
+        // The transport re-posts the receive before its next work request (a credit is one:
+        // the peer can only use the slot after that).
+        peer.deferred_recvs += 1;
+        assert!(peer.posted_recvs + peer.deferred_recvs <= u32::from(peer.p.recv_slots));
         true
     }
 
