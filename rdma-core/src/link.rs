@@ -160,6 +160,8 @@ pub(crate) fn poll_ms(t: Duration) -> i32 {
 
 /// How often a busy link looks at its rdma_cm channel unprompted.
 const CM_CHECK_EVERY: Duration = Duration::from_millis(1);
+/// `progress` calls per clock read for [`CM_CHECK_EVERY`] (see `Link::cm_calls`).
+const CM_CLOCK_EVERY: u32 = 16;
 /// How often a draining teardown re-checks its send queue (and the close timeout) when no
 /// completion wakes it.
 const DRAIN_RECHECK: Duration = Duration::from_millis(10);
@@ -185,6 +187,11 @@ pub struct Link {
     /// Next time `progress` reads the rdma_cm channel without being told to (each read is a
     /// system call; a sleeping owner watches the channel's fd anyway).
     next_cm_check: Instant,
+    /// `progress` calls since the clock was last read for [`Self::next_cm_check`]: it is read
+    /// every [`CM_CLOCK_EVERY`] calls (or at once after [`Self::cm_due`]), since under an
+    /// emulated CPU a clock read can be a system call, and a busy link calls `progress`
+    /// several times per message.
+    cm_calls: u32,
     /// The owner watches [`Link::cm_fd`] and calls `progress(true)` when it is readable:
     /// `progress(false)` then never reads the channel (nor the clock, once the handshake is
     /// over; under an emulated CPU a clock read can be a system call).
@@ -228,6 +235,7 @@ impl Link {
             teardown: Td::Running,
             failure: None,
             next_cm_check: Instant::now(),
+            cm_calls: 0,
             cm_watched: false,
             arms: 0,
             close_timeout,
@@ -395,10 +403,14 @@ impl Link {
         if force_cm {
             any |= self.poll_cm();
         } else if !self.cm_watched {
-            let now = Instant::now();
-            if now >= self.next_cm_check {
-                self.next_cm_check = now + CM_CHECK_EVERY;
-                any |= self.poll_cm();
+            self.cm_calls = self.cm_calls.wrapping_add(1);
+            if self.cm_calls >= CM_CLOCK_EVERY {
+                self.cm_calls = 0;
+                let now = Instant::now();
+                if now >= self.next_cm_check {
+                    self.next_cm_check = now + CM_CHECK_EVERY;
+                    any |= self.poll_cm();
+                }
             }
         }
         if self.conn.poll_timeout().is_some() {
@@ -416,6 +428,7 @@ impl Link {
     /// Makes the next [`Self::take_inputs`] read the rdma_cm channel (after a sleep on its fd).
     pub(crate) fn cm_due(&mut self) {
         self.next_cm_check = Instant::now();
+        self.cm_calls = CM_CLOCK_EVERY;
     }
 
     /// Polls the CQ dry; returns whether anything completed.
