@@ -81,7 +81,8 @@ pub(crate) struct Endpoint {
     /// Whether the last posted send WR was signaled.
     last_signaled: bool,
     /// Receive slots whose completion was handled and that are not posted again yet: they
-    /// are, all in one chained call, before the next send WR ([`Self::flush_reposts`]).
+    /// are, all in one chained call, before the next credit that returns slots
+    /// ([`Self::flush_reposts`]).
     reposts: Vec<u16>,
 }
 
@@ -198,17 +199,18 @@ impl Endpoint {
     }
 
     /// Receive `slot` (its buffer is `MAX_CONTROL_LEN` bytes of `recv_bufs`) is free again:
-    /// it is posted before the next send WR, not now. A slot returns to the peer only through
-    /// a credit, which is a send WR, so the peer can never use a receive that is not posted
-    /// (protocol §5.2); meanwhile the receives a credit returns are posted in one call, and a
-    /// receive whose completion was seen costs the data path nothing (a post took ~1.5 µs of
-    /// a 64 B ping-pong's receive path in the VM).
+    /// it is posted before the next credit that returns slots (`Action::returns_slots`), not
+    /// now. A slot returns to the peer only through a credit, so the peer can never use a
+    /// receive that is not posted (protocol §5.2); the receives a credit returns are posted in
+    /// one chained call, and a message costs the data path no post of its own (one took
+    /// ~1.5 µs of a 64 B ping-pong's critical path in the VM).
     pub fn repost_recv(&mut self, slot: u16) {
         debug_assert!(slot < self.recv_slots && !self.reposts.contains(&slot));
         self.reposts.push(slot);
     }
 
-    /// Posts the receives [`Self::repost_recv`] deferred (called before every send WR).
+    /// Posts the receives [`Self::repost_recv`] deferred (called before a credit that returns
+    /// slots).
     pub fn flush_reposts(&mut self) -> Result<()> {
         if self.reposts.is_empty() {
             return Ok(());
@@ -269,8 +271,11 @@ impl Endpoint {
     /// Posts one action of the protocol core (not `Teardown`). The caller checked
     /// [`Self::sq_room`].
     pub fn post(&mut self, action: &Action, peer_rkey: u32) -> Result<()> {
-        // (the receives a credit among these WRs returns must be posted before it leaves)
-        self.flush_reposts()?;
+        // (the receives a credit returns are posted before it is; nothing else needs them, and
+        // a ping-pong would pay a post per message on its critical path)
+        if action.returns_slots() {
+            self.flush_reposts()?;
+        }
         match *action {
             Action::WriteData {
                 len,

@@ -16,7 +16,7 @@
 //! - **[`Link::progress`] is the driving loop**, one non-blocking pass:
 //!   1. poll the CQ dry, in order: send completions retire send-queue entries; each receive
 //!      completion goes to [`Connection::handle_completion`], and its receive is re-posted
-//!      before the next work request is (protocol §5.2: a credit is what returns it);
+//!      before the credit that returns it is (protocol §5.2), in one batch;
 //!   2. read the link's own rdma_cm event channel (at most once per millisecond unless told
 //!      to; the CQ is polled dry again before each event): ESTABLISHED completes a server's
 //!      handshake, DISCONNECTED and other errors become
@@ -488,8 +488,7 @@ impl Link {
             let payload = self.ep.recv_payload(slot, wc.byte_len);
             let _ = self.conn.handle_completion(Completion::Recv { payload });
         }
-        // Re-posted after the core saw the completion, before the next work request (a credit
-        // returning this slot is one).
+        // Re-posted after the core saw the completion, before the credit that returns it.
         if self.teardown != Td::Disconnected && self.conn.error().is_none() {
             self.ep.repost_recv(slot);
         }

@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! for each work completion (in CQ order; poll the CQ dry before acting on CM/TCP events):
-//!     conn.handle_completion(...)        // then re-post the receive (before the next post)
+//!     conn.handle_completion(...)        // re-post the receive before a credit returns it
 //! while let Some(a) = conn.poll_action() { post it }
 //! ```
 
@@ -128,6 +128,23 @@ pub enum Action {
     /// the queue pair. The local ring stays until the application closes the socket (buffered
     /// data may still be read). Emitted once.
     Teardown,
+}
+
+impl Action {
+    /// Whether this action returns receive slots to the peer (a credit with `slots > 0`): the
+    /// receives it returns must be posted before it is (protocol §5.2). No other action needs
+    /// any receive posted, so a transport may re-post consumed receives lazily, just before
+    /// such a credit, in one batch.
+    pub fn returns_slots(&self) -> bool {
+        match self {
+            Action::WriteCredit {
+                imm: Imm::Credit { slots, .. },
+                ..
+            } => *slots > 0,
+            Action::Send(ControlMsg::CreditUpdate { slots, .. }) => *slots > 0,
+            _ => false,
+        }
+    }
 }
 
 /// A work completion for the connection's receive queue.
@@ -736,7 +753,7 @@ impl Connection {
     // ----- completions and events ------------------------------------------------------------
 
     /// A receive completion, in CQ order. The transport re-posts the receive afterwards, at the
-    /// latest before it posts its next work request. `Err` means the connection has just failed (or
+    /// latest before it posts the credit that returns it ([`Action::returns_slots`]). `Err` means the connection has just failed (or
     /// had failed) with that reason.
     pub fn handle_completion(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
         match self.life {

@@ -2,8 +2,8 @@
 //!
 //! Every message a side sends (DATA, CREDIT, or a control SEND) consumes one receive the peer
 //! posted. The transport re-posts each receive after it has handed the completion to
-//! [`crate::Connection::handle_completion`], at the latest before its next work request (the
-//! credit that returns the slot is one), and the receiver returns those slots to the sender
+//! [`crate::Connection::handle_completion`], at the latest before the credit that returns the
+//! slot ([`crate::Action::returns_slots`]), and the receiver returns those slots to the sender
 //! in its credits, together with the ring bytes its application consumed.
 //!
 //! Deadlock freedom rests on two rules (argued in `docs/protocol.md`):

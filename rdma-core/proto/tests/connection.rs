@@ -865,3 +865,50 @@ fn pending_barrier_goes_out_before_the_fin() {
     );
     assert_eq!(b.barriers_received(), 1);
 }
+
+#[test]
+fn only_credits_with_slots_return_slots() {
+    let credit = |bytes, slots| Action::WriteCredit {
+        remote_addr: A_RING,
+        imm: Imm::Credit { bytes, slots },
+    };
+    assert!(credit(0, 1).returns_slots());
+    assert!(credit(4096, 63).returns_slots());
+    assert!(!credit(4096, 0).returns_slots());
+    let update = |slots| {
+        Action::Send(ControlMsg::CreditUpdate {
+            read_cursor: 1 << 20,
+            slots,
+        })
+    };
+    assert!(update(64).returns_slots());
+    assert!(!update(0).returns_slots());
+    let data = Action::WriteData {
+        cursor: 0,
+        len: 64,
+        ring_offset: 0,
+        remote_addr: B_RING,
+        imm: Imm::Data {
+            len: 64,
+            credit_wanted: true,
+        },
+    };
+    assert!(!data.returns_slots());
+    assert!(!Action::Send(ControlMsg::SwitchOver { tcp_bytes_sent: 3 }).returns_slots());
+    assert!(!Action::Teardown.returns_slots());
+    // What a receiver actually emits: after 32 messages of a 64-slot pair, a credit that
+    // returns them.
+    let (mut a, mut b) = open(16, 64, Config::default());
+    for _ in 0..32 {
+        let g = a.send(1).unwrap();
+        assert_eq!(g.len, 1);
+        for act in flow(&mut a, &mut b).unwrap() {
+            assert!(!act.returns_slots());
+        }
+        if let Recv::Ring { len, .. } = b.recv() {
+            b.consume(len).unwrap();
+        }
+    }
+    let acts: Vec<Action> = std::iter::from_fn(|| b.poll_action()).collect();
+    assert!(acts.iter().any(Action::returns_slots), "{acts:?}");
+}

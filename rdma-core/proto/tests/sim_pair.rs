@@ -106,7 +106,7 @@ struct Endpoint {
     staging: Vec<u8>,
     posted_recvs: u32,
     /// Receives whose completion was handled and that the transport posts again only before
-    /// its next work request (rdma-core's `Endpoint::repost_recv`).
+    /// its next credit that returns slots (rdma-core's `Endpoint::repost_recv`).
     deferred_recvs: u32,
     out_stream: Vec<u8>,
     out_pos: usize,
@@ -504,8 +504,11 @@ impl Sim {
         let mut any = false;
         while let Some(a) = conn.poll_action() {
             any = true;
-            // The deferred receives are posted before any work request goes out.
-            me.posted_recvs += std::mem::take(&mut me.deferred_recvs);
+            // The deferred receives are posted before a credit that returns slots, and only
+            // then (rdma-core's `Endpoint::post`).
+            if a.returns_slots() {
+                me.posted_recvs += std::mem::take(&mut me.deferred_recvs);
+            }
             match a {
                 Action::WriteData {
                     cursor,
@@ -599,8 +602,8 @@ impl Sim {
                 me.name
             );
         }
-        // The transport re-posts the receive before its next work request (a credit is one:
-        // the peer can only use the slot after that).
+        // The transport re-posts the receive before the next credit that returns slots: the
+        // peer can only use the slot after that.
         peer.deferred_recvs += 1;
         assert!(peer.posted_recvs + peer.deferred_recvs <= u32::from(peer.p.recv_slots));
         true
