@@ -449,6 +449,9 @@ def write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_
               "Latencies are one-way "
               "(round trip / 2) in microseconds; `send/recv` is `scripts/bench-tools/sockbench.c` "
               "(plain blocking calls, because sockperf and qperf do not run under rsocket's preload). "
+              "Round trips are timed with the CPU's time-stamp counter by all three tools (sockperf "
+              "and perftest by default, sockbench too): a monotonic-clock read is a system call "
+              "under the VM's HPET clocksource and slowed sockbench's 64 B round trip by ~30 us. "
               "Device column: " + "; ".join(f"`{v}`" for v in DEVICE_TOOL.values()) +
               ". A `*` marks a figure where some runs failed. The connection rate is "
               "`sockbench.c conn` (connect, 64 B echo, close), counted after a warm-up of the same "

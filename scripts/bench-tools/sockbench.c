@@ -7,7 +7,8 @@
  *       ping-pong of SIZE-byte messages for SECONDS, after at least 100 and WARMUP seconds
  *       (default 0) of uncounted ones; prints one JSON line with the median and
  *       99th percentile of the one-way latency (round trip / 2, as sockperf and ib_write_lat
- *       report it), in microseconds: {"p50_us":..,"p99_us":..,"samples":..}
+ *       report it), in microseconds: {"p50_us":..,"p99_us":..,"samples":..,"tsc":0|1}
+ *       (tsc 1: timed with the CPU's time-stamp counter, see ticks() below)
  *   sockbench client IP PORT stream SIZE SECONDS [WARMUP]
  *       sends SIZE-byte writes for WARMUP (default 0) + SECONDS seconds, then shuts down its
  *       sending side and waits for the server's byte count; the rate counts the bytes sent
@@ -53,6 +54,25 @@ static double now(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
 }
+
+/* The ping-pong's clock: the CPU's time-stamp counter on x86-64 (as perftest times
+ * ib_write_lat), unless SOCKBENCH_CLOCK=mono; else the monotonic clock. A monotonic-clock read
+ * is a system call under clocksources without a vDSO reader (HPET, as in the soft-RoCE VM:
+ * 2.3 us under TCG), and two per round trip would count about one per one-way latency. The
+ * counter's rate is taken from the monotonic clock over the run, and checked: the rates over
+ * the run's two halves must agree within 2% (the VM's CPU does not advertise an invariant
+ * counter, but it is one), or the run fails. */
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static int tsc_wanted(void) {
+    const char *c = getenv("SOCKBENCH_CLOCK");
+    return !(c && !strcmp(c, "mono"));
+}
+static uint64_t ticks(void) { return __rdtsc(); }
+#else
+static int tsc_wanted(void) { return 0; }
+static uint64_t ticks(void) { return 0; }
+#endif
 
 static int full(int fd, void *buf, size_t n, int rx) {
     char *p = buf;
@@ -193,21 +213,40 @@ int main(int argc, char **argv) {
         size_t cap = 1 << 16, n = 0;
         double *rtt = malloc(cap * sizeof *rtt), w = now() + warmup, t0 = 0, end = 0;
         long warm = 100;
-        for (;;) {
-            double t = now();
-            if (warm == 0 && t0 == 0) t0 = t, end = t0 + secs;
+        int tsc = tsc_wanted();
+        uint64_t k0 = 0, kmid = 0;
+        double tmid = 0;
+        for (unsigned long i = 0;; i++) {
+            /* (with the counter, the clock only every 64th round trip: for the run's end) */
+            double t = tsc && t0 != 0 && i % 64 ? t0 : now();
+            uint64_t k = tsc ? ticks() : 0;
+            if (warm == 0 && t0 == 0) t0 = t, end = t0 + secs, k0 = k;
             if (t0 != 0 && t >= end) break;
+            if (t0 != 0 && tmid == 0 && t >= t0 + secs / 2) tmid = t, kmid = k;
             if (full(c, buf, size, 0)) die("send");
             if (full(c, buf, size, 1)) die("recv");
             if (warm > 0) { if (warm > 1 || now() >= w) warm--; continue; }
             if (n == cap) rtt = realloc(rtt, (cap *= 2) * sizeof *rtt);
             if (!rtt) die("realloc");
-            rtt[n++] = now() - t;
+            rtt[n++] = tsc ? (double)(ticks() - k) : now() - t;
         }
         if (n == 0) { errno = 0; fprintf(stderr, "sockbench: no sample after warm-up\n"); return 1; }
+        if (tsc) {
+            /* counter ticks per second over the counted run, and over each half of it */
+            double t1 = now();
+            uint64_t k1 = ticks();
+            double hz = (double)(k1 - k0) / (t1 - t0), h1 = 0, h2 = 0;
+            if (tmid > t0 && t1 > tmid) h1 = (double)(kmid - k0) / (tmid - t0), h2 = (double)(k1 - kmid) / (t1 - tmid);
+            if (!(hz > 5e7 && hz < 2e10) || !(h1 > 0.98 * h2 && h1 < 1.02 * h2)) {
+                errno = 0;
+                fprintf(stderr, "sockbench: the time-stamp counter's rate is not constant (%.0f, %.0f Hz over the two halves): run with SOCKBENCH_CLOCK=mono\n", h1, h2);
+                return 1;
+            }
+            for (size_t i = 0; i < n; i++) rtt[i] /= hz;
+        }
         qsort(rtt, n, sizeof *rtt, cmp);
-        printf("{\"p50_us\": %.3f, \"p99_us\": %.3f, \"samples\": %zu}\n",
-               rtt[n / 2] / 2 * 1e6, rtt[(size_t)(n * 0.99)] / 2 * 1e6, n);
+        printf("{\"p50_us\": %.3f, \"p99_us\": %.3f, \"samples\": %zu, \"tsc\": %d}\n",
+               rtt[n / 2] / 2 * 1e6, rtt[(size_t)(n * 0.99)] / 2 * 1e6, n, tsc);
     } else {
         uint64_t before = 0;
         for (double w = now() + warmup; now() < w; before += size)
