@@ -18,6 +18,22 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::fmt;
 use std::sync::OnceLock;
 
+/// The CPU's time-stamp counter (`rdtsc`); `None` where there is none this crate reads (not
+/// x86_64). Its rate is the caller's to learn (the shim's spin clock, `ring_bench`'s timing):
+/// under clocksources without a vDSO reader (HPET) a monotonic-clock read is a system call.
+#[inline(always)]
+pub fn cycles() -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: rdtsc exists on every x86_64 CPU, reads a counter and touches no memory.
+        Some(unsafe { core::arch::x86_64::_rdtsc() })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
 use ffi::{
     ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd,
     ibv_port_attr, ibv_qp_init_attr, rdma_cm_event, rdma_cm_id, rdma_conn_param,

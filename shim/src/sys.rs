@@ -194,19 +194,10 @@ pub fn dir_has_entries(path: &[u8]) -> Option<bool> {
     }
 }
 
-/// The CPU's time-stamp counter (`rdtsc`), for [`crate::tick`]; `None` where there is none
-/// this crate reads (not x86_64).
+/// The CPU's time-stamp counter, for [`crate::tick`] (see [`rdmashim_core::sys::cycles`]).
 #[inline(always)]
 pub fn cycles() -> Option<u64> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: rdtsc exists on every x86_64 CPU, reads a counter and touches no memory.
-        Some(unsafe { core::arch::x86_64::_rdtsc() })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        None
-    }
+    rdmashim_core::sys::cycles()
 }
 
 #[cfg(test)]
