@@ -1,0 +1,187 @@
+/* verbs_pingpong.c -- the smallest RDMA ping-pong of each way a receiver can learn that data
+ * arrived, for scripts/bench-transport: what the wire pattern costs on the device, apart from
+ * any protocol or software around it.
+ *
+ *   verbs_pingpong server IP PORT MODE ITERS
+ *   verbs_pingpong client IP PORT MODE ITERS      prints one_way_us=<median round trip / 2>
+ *
+ * MODE write: RDMA WRITE of 64 bytes into the peer's buffer; the receiver spins on the last
+ *             byte of the slot (ib_write_lat's way; no receive is consumed, no completion).
+ * MODE imm:   RDMA WRITE WITH IMMEDIATE of 64 bytes; the receiver spins on its completion
+ *             queue and posts the consumed receive again at once (the ring stream's wire
+ *             pattern, protocol.md section 3, with nothing else around it).
+ * Both: inline sends, one signaled every 16 (its completion awaited, so the send queue never
+ * fills), separate send and receive CQs, never armed. Slot i mod 1000 of a 64 KiB buffer
+ * carries tag i mod 251 + 1 in its last byte, so a slot's previous tag never matches. Round
+ * trips are timed with the time-stamp counter (as perftest times ib_write_lat), its rate taken
+ * from CLOCK_MONOTONIC over the run: under the VM's HPET clocksource a clock read is a system
+ * call. The first tenth of the iterations are a warm-up. Errors: a message and exit status 1.
+ */
+#define _GNU_SOURCE
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+#define MSG 64
+#define SLOTS 1000
+#define RECVS 64
+#define SIGNAL_EVERY 16
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static int cmp(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double mono(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+struct area {
+    uint64_t addr;
+    uint32_t rkey;
+};
+
+static struct rdma_cm_id *id;
+static struct ibv_mr *src_mr;
+static char *src, *dst;
+static struct area peer;
+static int imm;
+
+static void post_recv(uint64_t wr_id) {
+    struct ibv_recv_wr wr = {.wr_id = wr_id}, *bad;
+    if (ibv_post_recv(id->qp, &wr, &bad)) die("ibv_post_recv");
+}
+
+static void await(struct ibv_cq *cq, struct ibv_wc *wc) {
+    int n;
+    while ((n = ibv_poll_cq(cq, 1, wc)) == 0)
+        ;
+    if (n < 0) die("ibv_poll_cq");
+    if (wc->status != IBV_WC_SUCCESS) {
+        fprintf(stderr, "verbs_pingpong: completion status %s\n", ibv_wc_status_str(wc->status));
+        exit(1);
+    }
+}
+
+static void send_msg(long i) {
+    int slot = i % SLOTS;
+    src[slot * MSG + MSG - 1] = (char)(i % 251 + 1);
+    struct ibv_sge sge = {(uintptr_t)(src + slot * MSG), MSG, src_mr->lkey};
+    struct ibv_send_wr wr = {0}, *bad;
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    wr.imm_data = htonl((uint32_t)i);
+    wr.send_flags = IBV_SEND_INLINE | (i % SIGNAL_EVERY == SIGNAL_EVERY - 1 ? IBV_SEND_SIGNALED : 0);
+    wr.wr.rdma.remote_addr = peer.addr + slot * MSG;
+    wr.wr.rdma.rkey = peer.rkey;
+    if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send");
+    if (wr.send_flags & IBV_SEND_SIGNALED) {
+        struct ibv_wc wc;
+        await(id->send_cq, &wc);
+    }
+}
+
+static void recv_msg(long i) {
+    if (imm) {
+        struct ibv_wc wc;
+        await(id->recv_cq, &wc);
+        post_recv(wc.wr_id);
+    } else {
+        volatile char *last = dst + (i % SLOTS) * MSG + MSG - 1;
+        while (*last != (char)(i % 251 + 1))
+            ;
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6 || (strcmp(argv[1], "server") && strcmp(argv[1], "client")) ||
+        (strcmp(argv[4], "write") && strcmp(argv[4], "imm")) || atol(argv[5]) < 10) {
+        fprintf(stderr, "usage: verbs_pingpong server|client IP PORT write|imm ITERS (>= 10)\n");
+        return 1;
+    }
+    int server = !strcmp(argv[1], "server");
+    imm = !strcmp(argv[4], "imm");
+    long iters = atol(argv[5]), warm = iters / 10;
+
+    struct rdma_addrinfo hints = {0}, *res;
+    hints.ai_port_space = RDMA_PS_TCP;
+    if (server) hints.ai_flags = RAI_PASSIVE;
+    if (rdma_getaddrinfo(argv[2], argv[3], &hints, &res)) die("rdma_getaddrinfo");
+    struct ibv_qp_init_attr attr = {0};
+    attr.cap.max_send_wr = 2 * SIGNAL_EVERY;
+    attr.cap.max_recv_wr = RECVS;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    attr.cap.max_inline_data = MSG;
+    attr.qp_type = IBV_QPT_RC;
+    if (server) {
+        struct rdma_cm_id *listener;
+        if (rdma_create_ep(&listener, res, NULL, &attr)) die("rdma_create_ep");
+        if (rdma_listen(listener, 1)) die("rdma_listen");
+        if (rdma_get_request(listener, &id)) die("rdma_get_request");
+    } else if (rdma_create_ep(&id, res, NULL, &attr)) {
+        die("rdma_create_ep");
+    }
+
+    size_t len = SLOTS * MSG;
+    src = aligned_alloc(4096, 65536);
+    dst = aligned_alloc(4096, 65536);
+    if (!src || !dst) die("aligned_alloc");
+    memset(src, 0, len);
+    memset(dst, 0, len);
+    src_mr = ibv_reg_mr(id->pd, src, len, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *dst_mr = ibv_reg_mr(id->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    struct area mine = {(uintptr_t)dst, dst_mr ? dst_mr->rkey : 0};
+    struct ibv_mr *mine_mr = ibv_reg_mr(id->pd, &mine, sizeof mine, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *peer_mr = ibv_reg_mr(id->pd, &peer, sizeof peer, IBV_ACCESS_LOCAL_WRITE);
+    if (!src_mr || !dst_mr || !mine_mr || !peer_mr) die("ibv_reg_mr");
+
+    /* exchange the buffers' addresses with a SEND each way, then post the data receives */
+    if (rdma_post_recv(id, NULL, &peer, sizeof peer, peer_mr)) die("rdma_post_recv");
+    if (server ? rdma_accept(id, NULL) : rdma_connect(id, NULL)) die(server ? "rdma_accept" : "rdma_connect");
+    struct ibv_wc wc;
+    for (int i = 0; i < RECVS - 1; i++) post_recv(i);
+    if (rdma_post_send(id, NULL, &mine, sizeof mine, mine_mr, IBV_SEND_SIGNALED)) die("rdma_post_send");
+    await(id->send_cq, &wc);
+    await(id->recv_cq, &wc);
+    post_recv(RECVS - 1);
+    /* (each side posted its data receives before its SEND: the client sends data only after
+     * the server's SEND arrived, the server only after the client's) */
+
+    uint64_t *rtt = malloc(iters * sizeof *rtt), k0 = 0;
+    double t0 = 0;
+    if (!rtt) die("malloc");
+    for (long i = 0; i < iters + warm; i++) {
+        if (i == warm) t0 = mono(), k0 = __rdtsc();
+        uint64_t k = __rdtsc();
+        if (server) {
+            recv_msg(i);
+            send_msg(i);
+        } else {
+            send_msg(i);
+            recv_msg(i);
+        }
+        if (i >= warm) rtt[i - warm] = __rdtsc() - k;
+    }
+    double hz = (__rdtsc() - k0) / (mono() - t0);
+    if (!server) {
+        qsort(rtt, iters, sizeof *rtt, cmp);
+        printf("one_way_us=%.2f\n", rtt[iters / 2] / hz / 2 * 1e6);
+    }
+    rdma_disconnect(id);
+    return 0;
+}
