@@ -431,7 +431,15 @@ pub(crate) fn epoll_wait(
     own_mask: bool,
     wait: impl Fn(*mut libc::epoll_event, c_int, c_int) -> c_int,
 ) -> Outcome<c_int> {
-    let start = std::time::Instant::now();
+    // (the clock only for a finite, non-zero timeout: under clocksources without a vDSO
+    // reader, as HPET in the soft-RoCE VM, a read is a system call, and an event loop calls
+    // this for every turn)
+    let start = (timeout_ms > 0).then(std::time::Instant::now);
+    let elapsed_ms = || {
+        start.map_or(0, |s| {
+            s.elapsed().as_millis().min(c_int::MAX as u128) as c_int
+        })
+    };
     let mut left = timeout_ms;
     if timeout_ms != 0 {
         if let Some(gate) = ready::spin_gate(epfd) {
@@ -458,7 +466,7 @@ pub(crate) fn epoll_wait(
                 Ok(None) => {}
             }
             if timeout_ms > 0 {
-                left = (timeout_ms - start.elapsed().as_millis() as c_int).max(0);
+                left = (timeout_ms - elapsed_ms()).max(0);
             }
         }
     }
@@ -476,8 +484,7 @@ pub(crate) fn epoll_wait(
             return Outcome::Handled(k as c_int);
         }
         if timeout_ms >= 0 {
-            let el = start.elapsed().as_millis() as c_int;
-            left = (timeout_ms - el).max(0);
+            left = (timeout_ms - elapsed_ms()).max(0);
             if left == 0 {
                 // The events taken may have set an eventfd just now (an edge-triggered
                 // registration learns of completions that way): one more look, without

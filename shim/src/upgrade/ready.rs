@@ -967,7 +967,9 @@ pub fn poll(
     let (Some(first), false) = (first, total.is_some_and(|t| t.is_zero())) else {
         return poll_pass(fds, conns, timeout);
     };
-    let start = Instant::now();
+    // (the clock only for a finite wait: under clocksources without a vDSO reader a read is
+    // a system call)
+    let start = total.map(|_| Instant::now());
     let zero = timeout.with(Some(Duration::ZERO));
     let shard = crate::stats::fd_shard(fds.first().map_or(0, |p| p.fd));
     let found =
@@ -984,7 +986,7 @@ pub fn poll(
         Ok(None) => poll_pass(
             fds,
             conns,
-            timeout.with(total.map(|t| t.saturating_sub(start.elapsed()))),
+            timeout.with(total.map(|t| t.saturating_sub(start.map_or(t, |s| s.elapsed())))),
         ),
     }
 }
@@ -995,8 +997,11 @@ fn poll_pass(
     conns: &[Option<Arc<Conn>>],
     timeout: Timeout,
 ) -> Result<usize, Errno> {
-    let start = Instant::now();
     let total = timeout.total();
+    // (the clock only for a finite, non-zero wait — not on every pass of a spin: under
+    // clocksources without a vDSO reader, as HPET in the soft-RoCE VM, a read is a system call)
+    let start = total.filter(|t| !t.is_zero()).map(|_| Instant::now());
+    let elapsed = || start.map_or(Duration::ZERO, |s| s.elapsed());
     unpark(|p| conns.iter().flatten().any(|c| Arc::ptr_eq(c, &p.conn)));
     let _watching = Watching::new(conns);
     loop {
@@ -1065,7 +1070,7 @@ fn poll_pass(
                 efds,
             }));
         }
-        let left = total.map(|t| t.saturating_sub(start.elapsed()));
+        let left = total.map(|t| t.saturating_sub(elapsed()));
         let r = if ready_now {
             net::poll(&mut real, 0)
         } else {
@@ -1104,8 +1109,7 @@ fn poll_pass(
                 count += 1;
             }
         }
-        let expired =
-            left.is_some_and(|l| l.is_zero()) || total.is_some_and(|t| start.elapsed() >= t);
+        let expired = left.is_some_and(|l| l.is_zero()) || total.is_some_and(|t| elapsed() >= t);
         if count > 0 || expired {
             return Ok(count);
         }
