@@ -16,6 +16,13 @@
  * trips are timed with the time-stamp counter (as perftest times ib_write_lat), its rate taken
  * from CLOCK_MONOTONIC over the run: under the VM's HPET clocksource a clock read is a system
  * call. The first tenth of the iterations are a warm-up. Errors: a message and exit status 1.
+ *
+ * Knobs (environment, both ends alike), to move the setup towards rdmashim's own endpoint one
+ * difference at a time: VPP_SIGNAL=N (a signaled send every N, default 16; rdmashim: its send
+ * queue depth / 4), VPP_SQ=N (send queue depth, default 2 * VPP_SIGNAL; rdmashim: 128),
+ * VPP_SHARED_CQ=1 (one CQ for sends and receives, created with a completion channel that is
+ * never armed, as rdmashim's; default: two CQs, no channel), VPP_BUF=BYTES (bytes registered
+ * per buffer, default 65536; rdmashim's ring: 1 MiB, mapped twice).
  */
 #define _GNU_SOURCE
 #include <rdma/rdma_cma.h>
@@ -31,7 +38,11 @@
 #define MSG 64
 #define SLOTS 1000
 #define RECVS 64
-#define SIGNAL_EVERY 16
+
+static long knob(const char *name, long dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atol(v) : dflt;
+}
 
 static void die(const char *what) {
     perror(what);
@@ -55,6 +66,8 @@ struct area {
 };
 
 static struct rdma_cm_id *id;
+static struct ibv_cq *send_cq, *recv_cq;
+static long signal_every;
 static struct ibv_mr *src_mr;
 static char *src, *dst;
 static struct area peer;
@@ -65,15 +78,37 @@ static void post_recv(uint64_t wr_id) {
     if (ibv_post_recv(id->qp, &wr, &bad)) die("ibv_post_recv");
 }
 
-static void await(struct ibv_cq *cq, struct ibv_wc *wc) {
-    int n;
-    while ((n = ibv_poll_cq(cq, 1, wc)) == 0)
-        ;
+/* completions seen and not yet waited for: sends, receives (with a shared CQ, either may
+ * turn up while the other is waited for) */
+static long sends_done, recvs_done;
+
+/* takes one completion from `cq`, if any: counts it (a receive is posted again at once) */
+static int take(struct ibv_cq *cq) {
+    struct ibv_wc wc;
+    int n = ibv_poll_cq(cq, 1, &wc);
     if (n < 0) die("ibv_poll_cq");
-    if (wc->status != IBV_WC_SUCCESS) {
-        fprintf(stderr, "verbs_pingpong: completion status %s\n", ibv_wc_status_str(wc->status));
+    if (n == 0) return 0;
+    if (wc.status != IBV_WC_SUCCESS) {
+        fprintf(stderr, "verbs_pingpong: completion status %s\n", ibv_wc_status_str(wc.status));
         exit(1);
     }
+    if (wc.opcode & IBV_WC_RECV) {
+        recvs_done++;
+        if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) post_recv(wc.wr_id);
+    } else {
+        sends_done++;
+    }
+    return 1;
+}
+
+static void await_send(void) {
+    while (sends_done == 0) take(send_cq);
+    sends_done--;
+}
+
+static void await_recv(void) {
+    while (recvs_done == 0) take(recv_cq);
+    recvs_done--;
 }
 
 static void send_msg(long i) {
@@ -86,21 +121,16 @@ static void send_msg(long i) {
     wr.num_sge = 1;
     wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
     wr.imm_data = htonl((uint32_t)i);
-    wr.send_flags = IBV_SEND_INLINE | (i % SIGNAL_EVERY == SIGNAL_EVERY - 1 ? IBV_SEND_SIGNALED : 0);
+    wr.send_flags = IBV_SEND_INLINE | (i % signal_every == signal_every - 1 ? IBV_SEND_SIGNALED : 0);
     wr.wr.rdma.remote_addr = peer.addr + slot * MSG;
     wr.wr.rdma.rkey = peer.rkey;
     if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send");
-    if (wr.send_flags & IBV_SEND_SIGNALED) {
-        struct ibv_wc wc;
-        await(id->send_cq, &wc);
-    }
+    if (wr.send_flags & IBV_SEND_SIGNALED) await_send();
 }
 
 static void recv_msg(long i) {
     if (imm) {
-        struct ibv_wc wc;
-        await(id->recv_cq, &wc);
-        post_recv(wc.wr_id);
+        await_recv();
     } else {
         volatile char *last = dst + (i % SLOTS) * MSG + MSG - 1;
         while (*last != (char)(i % 251 + 1))
@@ -122,29 +152,48 @@ int main(int argc, char **argv) {
     hints.ai_port_space = RDMA_PS_TCP;
     if (server) hints.ai_flags = RAI_PASSIVE;
     if (rdma_getaddrinfo(argv[2], argv[3], &hints, &res)) die("rdma_getaddrinfo");
+    signal_every = knob("VPP_SIGNAL", 16);
+    long sq = knob("VPP_SQ", 2 * signal_every), buf = knob("VPP_BUF", 65536);
+    int shared = knob("VPP_SHARED_CQ", 0) != 0;
+    if (signal_every < 1 || sq < signal_every + 1 || buf < SLOTS * MSG) {
+        fprintf(stderr, "verbs_pingpong: need VPP_SIGNAL >= 1, VPP_SQ > VPP_SIGNAL, VPP_BUF >= %d\n", SLOTS * MSG);
+        return 1;
+    }
+    if (server) {
+        struct rdma_cm_id *listener;
+        if (rdma_create_ep(&listener, res, NULL, NULL)) die("rdma_create_ep");
+        if (rdma_listen(listener, 1)) die("rdma_listen");
+        if (rdma_get_request(listener, &id)) die("rdma_get_request");
+    } else if (rdma_create_ep(&id, res, NULL, NULL)) {
+        die("rdma_create_ep");
+    }
+    int cqe = (int)sq + RECVS + 8;
+    if (shared) {
+        struct ibv_comp_channel *ch = ibv_create_comp_channel(id->verbs);
+        if (!ch) die("ibv_create_comp_channel");
+        send_cq = recv_cq = ibv_create_cq(id->verbs, cqe, NULL, ch, 0);
+    } else {
+        send_cq = ibv_create_cq(id->verbs, cqe, NULL, NULL, 0);
+        recv_cq = ibv_create_cq(id->verbs, cqe, NULL, NULL, 0);
+    }
+    if (!send_cq || !recv_cq) die("ibv_create_cq");
     struct ibv_qp_init_attr attr = {0};
-    attr.cap.max_send_wr = 2 * SIGNAL_EVERY;
+    attr.send_cq = send_cq;
+    attr.recv_cq = recv_cq;
+    attr.cap.max_send_wr = sq;
     attr.cap.max_recv_wr = RECVS;
     attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
     attr.cap.max_inline_data = MSG;
     attr.qp_type = IBV_QPT_RC;
-    if (server) {
-        struct rdma_cm_id *listener;
-        if (rdma_create_ep(&listener, res, NULL, &attr)) die("rdma_create_ep");
-        if (rdma_listen(listener, 1)) die("rdma_listen");
-        if (rdma_get_request(listener, &id)) die("rdma_get_request");
-    } else if (rdma_create_ep(&id, res, NULL, &attr)) {
-        die("rdma_create_ep");
-    }
+    if (rdma_create_qp(id, NULL, &attr)) die("rdma_create_qp");
 
-    size_t len = SLOTS * MSG;
-    src = aligned_alloc(4096, 65536);
-    dst = aligned_alloc(4096, 65536);
+    src = aligned_alloc(4096, (buf + 4095) / 4096 * 4096);
+    dst = aligned_alloc(4096, (buf + 4095) / 4096 * 4096);
     if (!src || !dst) die("aligned_alloc");
-    memset(src, 0, len);
-    memset(dst, 0, len);
-    src_mr = ibv_reg_mr(id->pd, src, len, IBV_ACCESS_LOCAL_WRITE);
-    struct ibv_mr *dst_mr = ibv_reg_mr(id->pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    memset(src, 0, buf);
+    memset(dst, 0, buf);
+    src_mr = ibv_reg_mr(id->pd, src, buf, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *dst_mr = ibv_reg_mr(id->pd, dst, buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     struct area mine = {(uintptr_t)dst, dst_mr ? dst_mr->rkey : 0};
     struct ibv_mr *mine_mr = ibv_reg_mr(id->pd, &mine, sizeof mine, IBV_ACCESS_LOCAL_WRITE);
     struct ibv_mr *peer_mr = ibv_reg_mr(id->pd, &peer, sizeof peer, IBV_ACCESS_LOCAL_WRITE);
@@ -153,11 +202,10 @@ int main(int argc, char **argv) {
     /* exchange the buffers' addresses with a SEND each way, then post the data receives */
     if (rdma_post_recv(id, NULL, &peer, sizeof peer, peer_mr)) die("rdma_post_recv");
     if (server ? rdma_accept(id, NULL) : rdma_connect(id, NULL)) die(server ? "rdma_accept" : "rdma_connect");
-    struct ibv_wc wc;
     for (int i = 0; i < RECVS - 1; i++) post_recv(i);
     if (rdma_post_send(id, NULL, &mine, sizeof mine, mine_mr, IBV_SEND_SIGNALED)) die("rdma_post_send");
-    await(id->send_cq, &wc);
-    await(id->recv_cq, &wc);
+    await_send();
+    await_recv(); /* (the address's receive: a plain RECV, not posted again by take) */
     post_recv(RECVS - 1);
     /* (each side posted its data receives before its SEND: the client sends data only after
      * the server's SEND arrived, the server only after the client's) */
