@@ -22,7 +22,9 @@
  * queue depth / 4), VPP_SQ=N (send queue depth, default 2 * VPP_SIGNAL; rdmashim: 128),
  * VPP_SHARED_CQ=1 (one CQ for sends and receives, created with a completion channel that is
  * never armed, as rdmashim's; default: two CQs, no channel), VPP_BUF=BYTES (bytes registered
- * per buffer, default 65536; rdmashim's ring: 1 MiB, mapped twice).
+ * per buffer, default 65536; rdmashim's ring: 1 MiB, mapped twice). VPP_WORK_NS=N: each side
+ * busy-waits N ns between a message's arrival and its answer, standing in for the software a
+ * real stack runs there (does latency grow by N, or by more?).
  */
 #define _GNU_SOURCE
 #include <rdma/rdma_cma.h>
@@ -68,6 +70,15 @@ struct area {
 static struct rdma_cm_id *id;
 static struct ibv_cq *send_cq, *recv_cq;
 static long signal_every;
+static uint64_t work_ticks;
+
+/* busy-waits `work_ticks` counter ticks */
+static void work(void) {
+    if (!work_ticks) return;
+    uint64_t end = __rdtsc() + work_ticks;
+    while (__rdtsc() < end)
+        ;
+}
 static struct ibv_mr *src_mr;
 static char *src, *dst;
 static struct area peer;
@@ -155,6 +166,15 @@ int main(int argc, char **argv) {
     signal_every = knob("VPP_SIGNAL", 16);
     long sq = knob("VPP_SQ", 2 * signal_every), buf = knob("VPP_BUF", 65536);
     int shared = knob("VPP_SHARED_CQ", 0) != 0;
+    long work_ns = knob("VPP_WORK_NS", 0);
+    if (work_ns > 0) {
+        /* the counter's rate over 20 ms of the monotonic clock */
+        double m0 = mono();
+        uint64_t c0 = __rdtsc();
+        while (mono() < m0 + 0.02)
+            ;
+        work_ticks = (uint64_t)((__rdtsc() - c0) / (mono() - m0) * work_ns / 1e9);
+    }
     if (signal_every < 1 || sq < signal_every + 1 || buf < SLOTS * MSG) {
         fprintf(stderr, "verbs_pingpong: need VPP_SIGNAL >= 1, VPP_SQ > VPP_SIGNAL, VPP_BUF >= %d\n", SLOTS * MSG);
         return 1;
@@ -218,10 +238,12 @@ int main(int argc, char **argv) {
         uint64_t k = __rdtsc();
         if (server) {
             recv_msg(i);
+            work();
             send_msg(i);
         } else {
             send_msg(i);
             recv_msg(i);
+            work();
         }
         if (i >= warm) rtt[i - warm] = __rdtsc() - k;
     }
