@@ -693,28 +693,9 @@ impl CmId {
         self.post(&mut wr)
     }
 
-    /// Posts a RECV for `len` bytes at `offset` in `local` (`len` may be 0 for receives that
-    /// only absorb WRITE WITH IMMEDIATE completions).
-    pub fn post_recv(&self, wr_id: u64, local: &Mr, offset: usize, len: usize) -> Result<()> {
-        let qp = self.qp_ptr()?;
-        let mut sge = local.sge(offset, len)?;
-        let mut wr = ffi::ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: if len == 0 { 0 } else { 1 },
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: live QP; wr/sge valid for the call; the buffer is registered in `local`.
-        let rc = unsafe { ffi::ibv_post_recv(qp, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(Error::returned("ibv_post_recv", rc));
-        }
-        Ok(())
-    }
-
     /// Posts a RECV of `len` bytes for each `wr_id` in `ids`, the receive of `wr_id` at offset
-    /// `wr_id * len` in `local`, as chained work requests: one `ibv_post_recv` call (and one
+    /// `wr_id * len` in `local` (`len` may be 0 for receives that only absorb WRITE WITH
+    /// IMMEDIATE completions), as chained work requests: one `ibv_post_recv` call (and one
     /// turn of the provider's queue lock) per [`RECV_BATCH`] receives.
     pub fn post_recvs(&self, ids: &[u16], local: &Mr, len: usize) -> Result<()> {
         let qp = self.qp_ptr()?;
@@ -745,8 +726,8 @@ impl CmId {
                 unsafe { (*base.add(i - 1)).next = base.add(i) };
             }
             let mut bad = std::ptr::null_mut();
-            // SAFETY: live QP; the chain (wrs[..n], each with its sge) is valid for the call;
-            // the buffers are registered in `local`.
+            // SAFETY: live QP; the chain (wrs[..chunk.len()], each with its sge) is valid for
+            // the call; the buffers are registered in `local`.
             let rc = unsafe { ffi::ibv_post_recv(qp, base, &mut bad) };
             if rc != 0 {
                 return Err(Error::returned("ibv_post_recv", rc));

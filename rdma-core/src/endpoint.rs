@@ -144,14 +144,8 @@ impl Endpoint {
             Access::LOCAL,
         )?;
         let ctl_bufs = pool::buf(&pd, sz.sq_depth as usize * MAX_CONTROL_LEN, Access::LOCAL)?;
-        for slot in 0..sz.recv_slots {
-            id.post_recv(
-                u64::from(slot),
-                recv_bufs.mr(),
-                usize::from(slot) * MAX_CONTROL_LEN,
-                MAX_CONTROL_LEN,
-            )?;
-        }
+        let slots: Vec<u16> = (0..sz.recv_slots).collect();
+        id.post_recvs(&slots, recv_bufs.mr(), MAX_CONTROL_LEN)?;
         Ok(Resources {
             pd,
             comp,

@@ -612,11 +612,11 @@ impl Stream {
     }
 }
 
-/// The blocking engine shared by single-stream calls and [`barrier`]: drive every stream,
-/// spin on their CQs, then arm and sleep on all their fds.
 /// Spin turns per clock read in [`block_many`].
 const CLOCK_EVERY: u32 = 16;
 
+/// The blocking engine shared by single-stream calls and [`barrier`]: drive every stream,
+/// spin on their CQs, then arm and sleep on all their fds.
 fn block_many(
     ss: &mut [Stream],
     deadline: Option<Instant>,

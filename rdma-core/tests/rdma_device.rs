@@ -151,7 +151,7 @@ fn cm_connect_carries_private_data_and_rdma_write_lands() {
         let ring = RegisteredBuf::new(&pd, LEN, Access::RING).unwrap();
         let slot = RegisteredBuf::new(&pd, 4096, Access::LOCAL).unwrap();
         // one receive for the WRITE WITH IMMEDIATE (it consumes a receive, not its buffer)
-        conn.post_recv(7, slot.mr(), 0, 0).expect("ibv_post_recv");
+        conn.post_recvs(&[7], slot.mr(), 0).expect("ibv_post_recv");
 
         let reply = encode_ring(ring.mr().addr() as u64, ring.mr().rkey(), LEN as u32);
         conn.accept(&ConnParam {
