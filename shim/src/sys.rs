@@ -194,12 +194,6 @@ pub fn dir_has_entries(path: &[u8]) -> Option<bool> {
     }
 }
 
-/// The CPU's time-stamp counter, for [`crate::tick`] (see [`rdmashim_core::sys::cycles`]).
-#[inline(always)]
-pub fn cycles() -> Option<u64> {
-    rdmashim_core::sys::cycles()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

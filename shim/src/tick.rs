@@ -71,7 +71,7 @@ impl Clock {
     /// Now, in this clock's units.
     #[inline]
     pub fn now(self) -> u64 {
-        match (self, crate::sys::cycles()) {
+        match (self, rdmashim_core::sys::cycles()) {
             (Clock::Counter(_), Some(t)) => t,
             _ => mono_now(),
         }
@@ -91,11 +91,11 @@ impl Clock {
 
 /// Nanoseconds since [`base`], and a calibration step while the rate is unknown.
 fn mono_now() -> u64 {
-    let Some(t0) = crate::sys::cycles().filter(|_| RATE.load(Relaxed) == UNKNOWN) else {
+    let Some(t0) = rdmashim_core::sys::cycles().filter(|_| RATE.load(Relaxed) == UNKNOWN) else {
         return base().elapsed().as_nanos() as u64;
     };
     let ns = base().elapsed().as_nanos() as u64;
-    if let Some(t1) = crate::sys::cycles() {
+    if let Some(t1) = rdmashim_core::sys::cycles() {
         if t1.wrapping_sub(t0) <= PAIR_SLACK {
             calibrate(t0, ns);
         }
@@ -157,7 +157,7 @@ mod tests {
             let _ = Clock::pick().now();
             std::thread::sleep(Duration::from_millis(5));
         }
-        if crate::sys::cycles().is_none() {
+        if rdmashim_core::sys::cycles().is_none() {
             assert_eq!(rate(), None);
             return;
         }

@@ -969,7 +969,7 @@ pub fn poll(
     };
     // (the clock only for a finite wait: under clocksources without a vDSO reader a read is
     // a system call)
-    let start = total.map(|_| Instant::now());
+    let deadline = total.map(|t| Instant::now() + t);
     let zero = timeout.with(Some(Duration::ZERO));
     let shard = crate::stats::fd_shard(fds.first().map_or(0, |p| p.fd));
     let found =
@@ -986,7 +986,7 @@ pub fn poll(
         Ok(None) => poll_pass(
             fds,
             conns,
-            timeout.with(total.map(|t| t.saturating_sub(start.map_or(t, |s| s.elapsed())))),
+            timeout.with(deadline.map(|d| d.saturating_duration_since(Instant::now()))),
         ),
     }
 }
