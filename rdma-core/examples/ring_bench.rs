@@ -66,30 +66,23 @@ fn lat(addr: SocketAddr, iters: usize, size: usize) {
     let mut rtts = Vec::with_capacity(iters);
     // Round trips in time-stamp counter ticks where there is one (as perftest times
     // ib_write_lat; under the VM's HPET clocksource a clock read is a system call, two per
-    // round trip), its rate taken from the monotonic clock over the counted run.
-    let tick = || cycles().unwrap_or(0);
-    let mut start = None;
+    // round trip), else in nanoseconds of the monotonic clock; the stamps' rate is taken from
+    // the monotonic clock over the counted run.
+    let origin = Instant::now();
+    let stamp = || cycles().unwrap_or_else(|| origin.elapsed().as_nanos() as u64);
+    let mut start = (origin, 0);
     for i in 0..iters + warm {
         if i == warm {
-            start = Some((Instant::now(), tick()));
+            start = (Instant::now(), stamp());
         }
-        let k = cycles();
-        let t = k.is_none().then(Instant::now);
+        let k = stamp();
         c.write_all(&buf).unwrap();
         c.read_exact(&mut buf).unwrap();
         if i >= warm {
-            rtts.push(match (k, cycles(), t) {
-                (Some(k), Some(now), _) => now.wrapping_sub(k) as f64,
-                (_, _, Some(t)) => t.elapsed().as_secs_f64(),
-                _ => 0.0,
-            });
+            rtts.push(stamp().wrapping_sub(k) as f64);
         }
     }
-    let (t0, k0) = start.expect("ITERS must be at least 1");
-    let per_sec = match cycles() {
-        Some(now) => (now - k0) as f64 / t0.elapsed().as_secs_f64(),
-        None => 1.0,
-    };
+    let per_sec = stamp().wrapping_sub(start.1) as f64 / start.0.elapsed().as_secs_f64();
     let s = server.join().unwrap();
     rtts.sort_by(f64::total_cmp);
     let med = rtts[rtts.len() / 2] / per_sec * 1e6 / 2.0;
