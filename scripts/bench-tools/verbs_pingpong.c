@@ -79,6 +79,7 @@ static void work(void) {
     while (__rdtsc() < end)
         ;
 }
+
 static struct ibv_mr *src_mr;
 static char *src, *dst;
 static struct area peer;
@@ -94,11 +95,11 @@ static void post_recv(uint64_t wr_id) {
 static long sends_done, recvs_done;
 
 /* takes one completion from `cq`, if any: counts it (a receive is posted again at once) */
-static int take(struct ibv_cq *cq) {
+static void take(struct ibv_cq *cq) {
     struct ibv_wc wc;
     int n = ibv_poll_cq(cq, 1, &wc);
     if (n < 0) die("ibv_poll_cq");
-    if (n == 0) return 0;
+    if (n == 0) return;
     if (wc.status != IBV_WC_SUCCESS) {
         fprintf(stderr, "verbs_pingpong: completion status %s\n", ibv_wc_status_str(wc.status));
         exit(1);
@@ -109,7 +110,6 @@ static int take(struct ibv_cq *cq) {
     } else {
         sends_done++;
     }
-    return 1;
 }
 
 static void await_send(void) {
