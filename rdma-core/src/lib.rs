@@ -29,6 +29,7 @@ pub mod probe;
 pub mod ring;
 pub mod stream;
 pub mod sys;
+pub mod tick;
 pub mod verbs;
 
 pub use error::{Error, Result, Unavailable};

@@ -63,6 +63,7 @@ use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel};
 use crate::endpoint::{Endpoint, EndpointSizes, SEND_TAG};
 use crate::error::{Error, Unavailable};
 use crate::sys::{self, ffi};
+use crate::tick;
 use crate::verbs::{self, empty_wc, wc_imm_data};
 
 /// Tunables of a ring connection. `Default` gives sensible values for a LAN.
@@ -160,8 +161,6 @@ pub(crate) fn poll_ms(t: Duration) -> i32 {
 
 /// How often a busy link looks at its rdma_cm channel unprompted.
 const CM_CHECK_EVERY: Duration = Duration::from_millis(1);
-/// `progress` calls per clock read for [`CM_CHECK_EVERY`] (see `Link::cm_calls`).
-const CM_CLOCK_EVERY: u32 = 16;
 /// How often a draining teardown re-checks its send queue (and the close timeout) when no
 /// completion wakes it.
 const DRAIN_RECHECK: Duration = Duration::from_millis(10);
@@ -184,14 +183,11 @@ pub struct Link {
     teardown: Td,
     /// What the transport reported when the connection failed (the failing call and status).
     failure: Option<String>,
-    /// Next time `progress` reads the rdma_cm channel without being told to (each read is a
-    /// system call; a sleeping owner watches the channel's fd anyway).
-    next_cm_check: Instant,
-    /// `progress` calls since the clock was last read for [`Self::next_cm_check`]: it is read
-    /// every [`CM_CLOCK_EVERY`] calls (or at once after [`Self::cm_due`]), since under an
-    /// emulated CPU a clock read can be a system call, and a busy link calls `progress`
-    /// several times per message.
-    cm_calls: u32,
+    /// When `progress` reads the rdma_cm channel without being told to: every
+    /// [`CM_CHECK_EVERY`] (each read is a system call; a sleeping owner watches the channel's
+    /// fd anyway), timed with the spin clock (a busy link calls `progress` for every message,
+    /// and where the clocksource has no vDSO reader a monotonic-clock read is a system call).
+    cm_check: tick::Periodic,
     /// The owner watches [`Link::cm_fd`] and calls `progress(true)` when it is readable:
     /// `progress(false)` then never reads the channel (nor the clock, once the handshake is
     /// over; under an emulated CPU a clock read can be a system call).
@@ -234,8 +230,7 @@ impl Link {
             ep,
             teardown: Td::Running,
             failure: None,
-            next_cm_check: Instant::now(),
-            cm_calls: 0,
+            cm_check: tick::Periodic::new(CM_CHECK_EVERY),
             cm_watched: false,
             arms: 0,
             close_timeout,
@@ -400,18 +395,8 @@ impl Link {
     /// Steps 1–3 of the driving loop: completions, rdma_cm events, handshake deadline.
     pub(crate) fn take_inputs(&mut self, force_cm: bool) -> bool {
         let mut any = self.poll_cq();
-        if force_cm {
+        if force_cm || (!self.cm_watched && self.cm_check.due()) {
             any |= self.poll_cm();
-        } else if !self.cm_watched {
-            self.cm_calls = self.cm_calls.wrapping_add(1);
-            if self.cm_calls >= CM_CLOCK_EVERY {
-                self.cm_calls = 0;
-                let now = Instant::now();
-                if now >= self.next_cm_check {
-                    self.next_cm_check = now + CM_CHECK_EVERY;
-                    any |= self.poll_cm();
-                }
-            }
         }
         if self.conn.poll_timeout().is_some() {
             self.conn.handle_timeout(Instant::now());
@@ -427,8 +412,7 @@ impl Link {
 
     /// Makes the next [`Self::take_inputs`] read the rdma_cm channel (after a sleep on its fd).
     pub(crate) fn cm_due(&mut self) {
-        self.next_cm_check = Instant::now();
-        self.cm_calls = CM_CLOCK_EVERY;
+        self.cm_check.now();
     }
 
     /// Polls the CQ dry; returns whether anything completed.

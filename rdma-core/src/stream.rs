@@ -26,7 +26,7 @@ use crate::link::{
     check_available, err, poll_ms, DialError, DialStatus, Dialer, Incoming, Link, Refused,
     UpgradeListener,
 };
-use crate::verbs;
+use crate::{tick, verbs};
 
 /// A failure kept for handles that complete with an error (`io::Error` is not `Clone`).
 #[derive(Debug, Clone)]
@@ -612,9 +612,6 @@ impl Stream {
     }
 }
 
-/// Spin turns per clock read in [`block_many`].
-const CLOCK_EVERY: u32 = 16;
-
 /// The blocking engine shared by single-stream calls and [`barrier`]: drive every stream,
 /// spin on their CQs, then arm and sleep on all their fds.
 fn block_many(
@@ -630,15 +627,24 @@ fn block_many(
         if done(ss) {
             return Ok(true);
         }
-        // (the clock every CLOCK_EVERY turns: where the clocksource has no vDSO reader, as
-        // HPET in the soft-RoCE VM, a read is a system call that cost more than the rest of
-        // a turn, and the time from an arrival to its being seen)
-        let spin_end = (!spin.is_zero()).then(|| Instant::now() + spin);
+        // (timed with the spin clock, tick::Clock: the counter on every turn, or the monotonic
+        // clock every MONO_EVERY turns, where a read may be a system call that costs more
+        // than the rest of a turn, and the time from an arrival to its being seen; the spin
+        // starts counting at its first read)
+        let clock = tick::Clock::pick();
+        let every = match clock {
+            tick::Clock::Counter(_) => 1,
+            tick::Clock::Mono => tick::MONO_EVERY,
+        };
+        let mut end = None;
         let mut turn = 0u32;
-        while let Some(end) = spin_end {
+        while !spin.is_zero() {
             turn = turn.wrapping_add(1);
-            if turn.is_multiple_of(CLOCK_EVERY) && Instant::now() >= end {
-                break;
+            if turn.is_multiple_of(every) {
+                let now = clock.now();
+                if now >= *end.get_or_insert(now.saturating_add(clock.span(spin))) {
+                    break;
+                }
             }
             let mut any = false;
             for s in ss.iter_mut() {

@@ -35,7 +35,6 @@ mod signals;
 pub mod spin;
 pub mod stats;
 mod sys;
-pub mod tick;
 pub mod track;
 #[cfg(not(test))]
 pub mod upgrade;

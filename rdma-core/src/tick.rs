@@ -14,8 +14,11 @@
 //! straddle more than [`PAIR_SLACK`] ticks (the thread was interrupted between them) is not
 //! used. A rate outside 50 MHz–20 GHz, or a counter that went backwards, marks the counter
 //! unusable for the process. The counter is not assumed to agree between CPUs: a spin that
-//! sees it go backwards, or jump, treats that as a gap (which [`crate::upgrade`]'s spin then
-//! checks against the thread's involuntary context switches), and a spin is microseconds long.
+//! sees it go backwards, or jump, treats that as a gap (the shim's spin then checks it against
+//! the thread's involuntary context switches), and a spin is microseconds long.
+//!
+//! Users: the shim's spins, the native [`Stream`](crate::Stream)'s spin, and the periodic
+//! unprompted look of a [`Link`](crate::Link) at its rdma_cm channel ([`Periodic`]).
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -71,7 +74,7 @@ impl Clock {
     /// Now, in this clock's units.
     #[inline]
     pub fn now(self) -> u64 {
-        match (self, rdmashim_core::sys::cycles()) {
+        match (self, crate::sys::cycles()) {
             (Clock::Counter(_), Some(t)) => t,
             _ => mono_now(),
         }
@@ -89,13 +92,68 @@ impl Clock {
     }
 }
 
+/// Monotonic-clock reads are made only every this many calls of a loop that checks a time on
+/// every turn ([`Periodic::due`]; the native stream's spin): a read may cost more than the
+/// rest of the turn. The counter is read on every call.
+pub const MONO_EVERY: u32 = 16;
+
+/// Something to do every `period`, asked about on every turn of a busy loop: the counter is
+/// read on each call once it is calibrated, the monotonic clock every [`MONO_EVERY`]th call
+/// before (so it is due up to that many calls late).
+#[derive(Debug, Clone)]
+pub struct Periodic {
+    period: Duration,
+    /// When it is next due, and whether in counter ticks (else nanoseconds); `None`: at once.
+    next: Option<(bool, u64)>,
+    calls: u32,
+}
+
+impl Periodic {
+    /// Due on the first call, then every `period`.
+    pub fn new(period: Duration) -> Periodic {
+        Periodic {
+            period,
+            next: None,
+            calls: 0,
+        }
+    }
+
+    /// Makes the next [`due`](Self::due) return true.
+    pub fn now(&mut self) {
+        self.next = None;
+    }
+
+    /// Whether `period` passed since it was last due (then it counts from now). A counter
+    /// that went backwards by more than a period (another CPU's) makes it due.
+    pub fn due(&mut self) -> bool {
+        let clock = Clock::pick();
+        let counter = matches!(clock, Clock::Counter(_));
+        if !counter && self.next.is_some() {
+            self.calls += 1;
+            if self.calls < MONO_EVERY {
+                return false;
+            }
+        }
+        self.calls = 0;
+        let now = clock.now();
+        let span = clock.span(self.period);
+        match self.next {
+            Some((c, next)) if c == counter && now < next && next - now <= span => false,
+            _ => {
+                self.next = Some((counter, now.saturating_add(span)));
+                true
+            }
+        }
+    }
+}
+
 /// Nanoseconds since [`base`], and a calibration step while the rate is unknown.
 fn mono_now() -> u64 {
-    let Some(t0) = rdmashim_core::sys::cycles().filter(|_| RATE.load(Relaxed) == UNKNOWN) else {
+    let Some(t0) = crate::sys::cycles().filter(|_| RATE.load(Relaxed) == UNKNOWN) else {
         return base().elapsed().as_nanos() as u64;
     };
     let ns = base().elapsed().as_nanos() as u64;
-    if let Some(t1) = rdmashim_core::sys::cycles() {
+    if let Some(t1) = crate::sys::cycles() {
         if t1.wrapping_sub(t0) <= PAIR_SLACK {
             calibrate(t0, ns);
         }
@@ -150,6 +208,28 @@ mod tests {
     }
 
     #[test]
+    fn periodic() {
+        let mut p = Periodic::new(Duration::from_millis(30));
+        assert!(p.due(), "due on the first call");
+        let start = Instant::now();
+        let mut seen = 0;
+        // (whichever clock: the counter may calibrate meanwhile, which makes it due once)
+        while start.elapsed() < Duration::from_millis(100) {
+            if p.due() {
+                seen += 1;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            (1..=5).contains(&seen),
+            "due {seen} times in 100 ms of a 30 ms period"
+        );
+        p.now();
+        assert!(p.due(), "due at once after now()");
+        assert!(!p.due(), "not again before its period");
+    }
+
+    #[test]
     fn calibrates_from_spins_reads() {
         // (the process-wide state: this test owns it in this binary)
         let start = Instant::now();
@@ -157,7 +237,7 @@ mod tests {
             let _ = Clock::pick().now();
             std::thread::sleep(Duration::from_millis(5));
         }
-        if rdmashim_core::sys::cycles().is_none() {
+        if crate::sys::cycles().is_none() {
             assert_eq!(rate(), None);
             return;
         }
