@@ -535,12 +535,17 @@ impl Link {
         }
     }
 
-    /// Performs the core's actions while the send queue has room.
+    /// Performs the core's actions while the send queue has room; when it has none, polls the
+    /// CQ for the completions that free some (a caller that performs without polling first,
+    /// as a send that found ring room at once, relies on this).
     pub(crate) fn perform(&mut self) {
         if self.teardown != Td::Running {
             return;
         }
-        while self.ep.sq_room() > 0 {
+        loop {
+            if self.ep.sq_room() == 0 && (!self.poll_cq() || self.ep.sq_room() == 0) {
+                return;
+            }
             let Some(a) = self.conn.poll_action() else {
                 return;
             };

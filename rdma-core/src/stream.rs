@@ -375,7 +375,6 @@ impl Stream {
                 }
             }
         })?;
-        self.link.perform();
         out.unwrap_or_else(|| Err(err(io::ErrorKind::Other, "send ended without a result")))
     }
 
@@ -432,7 +431,6 @@ impl Stream {
                 },
             }
         })?;
-        self.link.perform();
         out.unwrap_or_else(|| Err(err(io::ErrorKind::Other, "recv ended without a result")))
     }
 
@@ -620,11 +618,22 @@ fn block_many(
     mut done: impl FnMut(&mut [Stream]) -> bool,
 ) -> io::Result<bool> {
     let spin = ss.iter().map(|s| s.cfg.spin).max().unwrap_or_default();
+    // `done` is asked first of all without polling: the bytes a read wants may have arrived
+    // during the previous call's spin, a write may find ring room at once (an unpolled CQ
+    // cannot hold back work requests: `Link::perform` polls it when the send queue is full).
+    // Whenever `done` holds, the core's actions are performed once more before returning:
+    // what it did itself (bytes staged by a send, a credit made due by a read) goes out now.
+    let act = |ss: &mut [Stream]| ss.iter_mut().for_each(|s| s.link.act());
+    if done(ss) {
+        act(ss);
+        return Ok(true);
+    }
     loop {
         for s in ss.iter_mut() {
             s.progress();
         }
         if done(ss) {
+            act(ss);
             return Ok(true);
         }
         // (timed with the spin clock, tick::Clock: the counter on every turn, or the monotonic
@@ -651,11 +660,14 @@ fn block_many(
                 if s.link.poll_cq() {
                     any = true;
                     s.pump();
-                    s.link.act();
                 }
             }
-            if any && done(ss) {
-                return Ok(true);
+            if any {
+                act(ss);
+                if done(ss) {
+                    act(ss);
+                    return Ok(true);
+                }
             }
             std::hint::spin_loop();
         }
@@ -666,6 +678,7 @@ fn block_many(
             s.progress();
         }
         if done(ss) {
+            act(ss);
             return Ok(true);
         }
         let now = Instant::now();
