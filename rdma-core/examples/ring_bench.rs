@@ -11,6 +11,9 @@
 //! Server and client are two threads of one process (perftest runs two processes on the same
 //! device: the data path is the same). Both busy-poll (`spin` = 10 s), as perftest does;
 //! `RING_BENCH_SPIN_US` overrides that.
+//!
+//! Built with `--features timeline`, `lat` also prints where its round trips went (the wire
+//! each way, each side's software; see `rdma-core/src/timeline.rs`).
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -18,6 +21,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rdmashim_core::sys::cycles;
+#[cfg(feature = "timeline")]
+use rdmashim_core::timeline;
 use rdmashim_core::{Listener, Stream, StreamConfig};
 
 fn cfg() -> StreamConfig {
@@ -54,10 +59,16 @@ fn pair(addr: SocketAddr) -> (Stream, Stream) {
 fn lat(addr: SocketAddr, iters: usize, size: usize) {
     let (mut c, mut s) = pair(addr);
     let warm = iters / 10 + 10;
+    #[cfg(feature = "timeline")]
+    timeline::set_side(timeline::Side::Client);
     let server = thread::spawn(move || {
+        #[cfg(feature = "timeline")]
+        timeline::set_side(timeline::Side::Server);
         let mut buf = vec![0u8; size];
         for _ in 0..iters + warm {
             s.read_exact(&mut buf).unwrap();
+            #[cfg(feature = "timeline")]
+            timeline::mark(timeline::Mark::ReadReturned);
             s.write_all(&buf).unwrap();
         }
         s
@@ -78,12 +89,19 @@ fn lat(addr: SocketAddr, iters: usize, size: usize) {
         let k = stamp();
         c.write_all(&buf).unwrap();
         c.read_exact(&mut buf).unwrap();
+        #[cfg(feature = "timeline")]
+        timeline::mark(timeline::Mark::ReadReturned);
         if i >= warm {
             rtts.push(stamp().wrapping_sub(k) as f64);
         }
     }
     let per_sec = stamp().wrapping_sub(start.1) as f64 / start.0.elapsed().as_secs_f64();
     let s = server.join().unwrap();
+    #[cfg(feature = "timeline")]
+    match timeline::report(per_sec / 1e6) {
+        Some(t) => eprint!("{t}"),
+        None => eprintln!("timeline: the two ends' stamp counts differ; no report"),
+    }
     rtts.sort_by(f64::total_cmp);
     let med = rtts[rtts.len() / 2] / per_sec * 1e6 / 2.0;
     let p99 = rtts[rtts.len() * 99 / 100] / per_sec * 1e6 / 2.0;

@@ -30,6 +30,8 @@ pub mod ring;
 pub mod stream;
 pub mod sys;
 pub mod tick;
+#[cfg(feature = "timeline")]
+pub mod timeline;
 pub mod verbs;
 
 pub use error::{Error, Result, Unavailable};

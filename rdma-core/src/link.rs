@@ -462,6 +462,10 @@ impl Link {
                 );
                 return;
             };
+            #[cfg(feature = "timeline")]
+            if wc.byte_len > 0 {
+                crate::timeline::mark(crate::timeline::Mark::DataSeen);
+            }
             // The ring bytes of a DATA are visible once its completion was polled; see
             // "Memory ordering" in docs/protocol.md.
             let _ = self.conn.handle_completion(Completion::WriteImm {
@@ -558,7 +562,18 @@ impl Link {
                 return;
             }
             let rkey = self.conn.peer_ring().map_or(0, |r| r.rkey);
-            if let Err(e) = self.ep.post(&a, rkey) {
+            #[cfg(feature = "timeline")]
+            let data = matches!(a, Action::WriteData { .. });
+            #[cfg(feature = "timeline")]
+            if data {
+                crate::timeline::mark(crate::timeline::Mark::PostCalled);
+            }
+            let posted = self.ep.post(&a, rkey);
+            #[cfg(feature = "timeline")]
+            if data {
+                crate::timeline::mark(crate::timeline::Mark::PostReturned);
+            }
+            if let Err(e) = posted {
                 self.transport_failed(e.to_string());
             }
         }
