@@ -663,7 +663,12 @@ fn block_many(
                 }
             }
             if any {
+                if done(ss) {
+                    act(ss);
+                    return Ok(true);
+                }
                 act(ss);
+                // (what the act did may finish the wait too: a teardown it completed)
                 if done(ss) {
                     act(ss);
                     return Ok(true);
