@@ -624,16 +624,21 @@ fn block_many(
     // Whenever `done` holds, the core's actions are performed once more before returning:
     // what it did itself (bytes staged by a send, a credit made due by a read) goes out now.
     let act = |ss: &mut [Stream]| ss.iter_mut().for_each(|s| s.link.act());
-    if done(ss) {
-        act(ss);
+    let mut finished = |ss: &mut [Stream]| {
+        let d = done(ss);
+        if d {
+            act(ss);
+        }
+        d
+    };
+    if finished(ss) {
         return Ok(true);
     }
     loop {
         for s in ss.iter_mut() {
             s.progress();
         }
-        if done(ss) {
-            act(ss);
+        if finished(ss) {
             return Ok(true);
         }
         // (timed with the spin clock, tick::Clock: the counter on every turn, or the monotonic
@@ -641,10 +646,7 @@ fn block_many(
         // than the rest of a turn, and the time from an arrival to its being seen; the spin
         // starts counting at its first read)
         let clock = tick::Clock::pick();
-        let every = match clock {
-            tick::Clock::Counter(_) => 1,
-            tick::Clock::Mono => tick::MONO_EVERY,
-        };
+        let every = clock.turns_per_read(tick::MONO_EVERY);
         let mut end = None;
         let mut turn = 0u32;
         while !spin.is_zero() {
@@ -663,14 +665,12 @@ fn block_many(
                 }
             }
             if any {
-                if done(ss) {
-                    act(ss);
+                if finished(ss) {
                     return Ok(true);
                 }
                 act(ss);
                 // (what the act did may finish the wait too: a teardown it completed)
-                if done(ss) {
-                    act(ss);
+                if finished(ss) {
                     return Ok(true);
                 }
             }
@@ -682,8 +682,7 @@ fn block_many(
             s.link.arm();
             s.progress();
         }
-        if done(ss) {
-            act(ss);
+        if finished(ss) {
             return Ok(true);
         }
         let now = Instant::now();

@@ -19,8 +19,9 @@ use std::fmt;
 use std::sync::OnceLock;
 
 /// The CPU's time-stamp counter (`rdtsc`); `None` where there is none this crate reads (not
-/// x86_64). Its rate is the caller's to learn (the shim's spin clock, `ring_bench`'s timing):
-/// under clocksources without a vDSO reader (HPET) a monotonic-clock read is a system call.
+/// x86_64). Its rate is the caller's to learn (the spin clock, [`crate::tick`]; `ring_bench`'s
+/// timing): under clocksources without a vDSO reader (HPET) a monotonic-clock read is a system
+/// call.
 #[inline(always)]
 pub fn cycles() -> Option<u64> {
     #[cfg(target_arch = "x86_64")]

@@ -80,6 +80,16 @@ impl Clock {
         }
     }
 
+    /// Turns of a busy loop per read of this clock: 1 for the counter (one instruction),
+    /// `mono_turns` for the monotonic clock (a read may be a system call that costs more than
+    /// the rest of a turn).
+    pub fn turns_per_read(self, mono_turns: u32) -> u32 {
+        match self {
+            Clock::Counter(_) => 1,
+            Clock::Mono => mono_turns,
+        }
+    }
+
     /// `d` in this clock's units.
     pub fn span(self, d: Duration) -> u64 {
         let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
@@ -128,11 +138,9 @@ impl Periodic {
     pub fn due(&mut self) -> bool {
         let clock = Clock::pick();
         let counter = matches!(clock, Clock::Counter(_));
-        if !counter && self.next.is_some() {
-            self.calls += 1;
-            if self.calls < MONO_EVERY {
-                return false;
-            }
+        self.calls += 1;
+        if self.next.is_some() && self.calls < clock.turns_per_read(MONO_EVERY) {
+            return false;
         }
         self.calls = 0;
         let now = clock.now();

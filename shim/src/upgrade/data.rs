@@ -283,10 +283,7 @@ pub(crate) fn spin_wait<T>(
     // (another CPU's) reads as a gap.
     let clock = tick::Clock::pick();
     let gap = clock.span(PREEMPTED_GAP);
-    let every = match clock {
-        tick::Clock::Counter(_) => 1,
-        tick::Clock::Mono => CLOCK_EVERY,
-    };
+    let every = clock.turns_per_read(CLOCK_EVERY);
     let mut end = None;
     let mut last: Option<u64> = None;
     let mut internal = super::INTERNAL_WAKES.load(Ordering::Relaxed);
