@@ -178,10 +178,78 @@ impl SpinGate {
     }
 }
 
+/// Whether a gap in a spinning thread's clock reads means it lost its CPU to another thread,
+/// judged from the thread's count of involuntary context switches (a system call, so read only
+/// at gaps). A gap is also what an interrupt, a hypervisor's steal, or the spin's own work
+/// (a turn that posts a work request, a system call that under emulation lasts as long as a
+/// message's trip) looks like; and the count's last reading may be old (an earlier spin's), so
+/// a switch it shows may have come long before. So within one spin:
+///
+/// - its first gap takes the count as the spin's baseline and counts as a preemption only if
+///   it is at least a scheduler time slice long (`long`: nothing else of ours lasts that
+///   long) and the count moved since its last reading (`moved_since_last_look`);
+/// - every later gap counts as one if the count moved since the spin's baseline (or the
+///   kernel does not tell), and takes the new count as the baseline.
+///
+/// A thread that shares its CPU with the peer it waits for is switched out at every turn of
+/// that peer, so its spins still end as preempted, one gap later at most.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GapJudge {
+    /// The count at this spin's last gap (`Some(None)`: the kernel did not tell).
+    base: Option<Option<u64>>,
+}
+
+impl GapJudge {
+    /// A judge for a new spin.
+    pub const fn new() -> Self {
+        GapJudge { base: None }
+    }
+
+    /// Judges a gap: `switches` is the count now (`None`: unknown), `moved_since_last_look`
+    /// whether it differs from its last reading before this spin, `long` whether the gap
+    /// lasted at least a time slice.
+    pub fn preempted(
+        &mut self,
+        switches: Option<u64>,
+        moved_since_last_look: bool,
+        long: bool,
+    ) -> bool {
+        match self.base.replace(switches) {
+            None => long && moved_since_last_look,
+            Some(base) => switches.is_none() || switches != base,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_first_short_gap_is_the_baseline_not_a_preemption() {
+        let mut j = GapJudge::new();
+        assert!(!j.preempted(Some(7), true, false));
+        // the next gap with no switch since: an interrupt or our own work
+        assert!(!j.preempted(Some(7), true, false));
+        // one with a switch since the baseline: another thread ran here
+        assert!(j.preempted(Some(8), false, false));
+        assert!(!j.preempted(Some(8), false, true));
+    }
+
+    #[test]
+    fn a_first_long_gap_with_a_switch_is_a_preemption() {
+        assert!(GapJudge::new().preempted(Some(3), true, true));
+        assert!(!GapJudge::new().preempted(Some(3), false, true));
+    }
+
+    #[test]
+    fn an_unknown_count_is_judged_conservatively_after_the_first_gap() {
+        let mut j = GapJudge::new();
+        assert!(!j.preempted(None, true, false));
+        assert!(j.preempted(None, true, false));
+        assert!(j.preempted(Some(1), false, false));
+    }
 
     /// Runs `ends` through a gate: how many of the waits it admitted.
     fn drive(g: &SpinGate, ends: impl IntoIterator<Item = SpinEnd>) -> usize {

@@ -227,9 +227,9 @@ fn source(g: &Inner) -> Src {
     }
 }
 
-/// A gap this long between two clock reads of a spinning thread means it lost its CPU to
-/// someone else meanwhile (one turn of the loop takes well under a microsecond on hardware,
-/// a few under qemu TCG).
+/// A gap this long between two clock reads of a spinning thread may mean it lost its CPU to
+/// someone else meanwhile (one idle turn of the loop takes well under a microsecond on
+/// hardware, a few under qemu TCG); [`crate::spin::GapJudge`] decides from its context switches.
 const PREEMPTED_GAP: Duration = Duration::from_micros(40);
 
 /// A spinning thread reads the monotonic clock (for its time limit and [`PREEMPTED_GAP`])
@@ -237,21 +237,23 @@ const PREEMPTED_GAP: Duration = Duration::from_micros(40);
 /// counter ([`tick`]), one instruction, every turn.
 const CLOCK_EVERY: u32 = 4;
 
-/// Whether this thread was switched out involuntarily since it last asked (or this is its
-/// first question, or the kernel does not tell): asked when a spinning thread sees a gap of
-/// over [`PREEMPTED_GAP`] between its clock reads. A gap without such a switch was an
-/// interrupt (a timer tick and its soft-IRQ work take tens of microseconds under emulation,
-/// a few hundred times a second), not someone else running on this CPU, and the spin goes
-/// on; with one, the spin counts as preempted (maybe conservatively: the switch may have come
-/// before this spin). Read only at gaps, not at every spin's start: a getrusage there cost
-/// 64 B ping-pong 3 µs of its 19.
-fn switched_since_last_look() -> bool {
+/// A gap at least this long can only be another thread's time slice (the scheduler gives a
+/// runnable thread 0.75 ms or more) or a hypervisor's steal: nothing of the spin's own (a post
+/// that under emulation runs the peer's side inside the system call, a timer tick's work) lasts
+/// that long. See [`crate::spin::GapJudge`].
+const SLICE_GAP: Duration = Duration::from_millis(1);
+
+/// This thread's count of involuntary context switches now (`None`: the kernel does not
+/// tell), and whether it moved since the thread last asked (or this is its first question):
+/// asked when a spinning thread sees a gap of over [`PREEMPTED_GAP`] between its clock reads,
+/// not at every spin's start (a getrusage there cost 64 B ping-pong 3 µs of its 19).
+fn involuntary_switches() -> (Option<u64>, bool) {
     thread_local! {
         static SEEN: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     }
     let now = net::involuntary_switches();
     let before = SEEN.with(|s| s.replace(now));
-    now.is_none() || before != now
+    (now, now.is_none() || before != now)
 }
 
 /// One look of a spinning wait ([`spin_wait`]).
@@ -283,17 +285,23 @@ pub(crate) fn spin_wait<T>(
     // (another CPU's) reads as a gap.
     let clock = tick::Clock::pick();
     let gap = clock.span(PREEMPTED_GAP);
+    let slice = clock.span(SLICE_GAP);
     let every = clock.turns_per_read(CLOCK_EVERY);
     let mut end = None;
     let mut last: Option<u64> = None;
     let mut internal = super::INTERNAL_WAKES.load(Ordering::Relaxed);
+    let mut judge = crate::spin::GapJudge::new();
     // (a gap during which the shim's own threads woke was theirs: see INTERNAL_WAKES)
     let mut off_cpu = |last: Option<u64>, now: u64| {
         let before =
             std::mem::replace(&mut internal, super::INTERNAL_WAKES.load(Ordering::Relaxed));
-        last.is_some_and(|l| now.wrapping_sub(l) > gap)
-            && switched_since_last_look()
-            && internal == before
+        let Some(span) = last.map(|l| now.wrapping_sub(l)) else {
+            return false;
+        };
+        span > gap && internal == before && {
+            let (switches, moved) = involuntary_switches();
+            judge.preempted(switches, moved, span >= slice)
+        }
     };
     let end_with = |e: SpinEnd| {
         gate.record(e);
