@@ -97,6 +97,11 @@ def median_interval(xs, level=0.95):
     return best
 
 
+def quartiles(xs):
+    """(q1, median, q3) of xs ("inclusive" quartiles; a single value is all three)."""
+    return tuple(statistics.quantiles(xs, n=4, method="inclusive")) if len(xs) > 1 else (xs[0],) * 3
+
+
 def latency_rounds(ok, failed):
     """Per shim tool: the per-round ratios against the device and what they say about the
     target. Rounds where either side has no figure are left out (and counted)."""
@@ -108,8 +113,6 @@ def latency_rounds(ok, failed):
             continue   # (a run without this tool)
         rounds = sorted(set(dev) | set(shim) | {r for r, _ in failed.get(("shim", test), [])}
                         | {r for r, _ in failed.get(("device", LAT_ROUNDS_DEVICE[0]), [])})
-        if not rounds:
-            continue
         pairs = [(r, shim[r], dev[r]) for r in rounds if r in shim and r in dev and dev[r] > 0]
         ratios = [a / b for _, a, b in pairs]
         e = {"test": test, "tool": name, "rounds": len(rounds), "pairs": len(pairs),
@@ -119,11 +122,10 @@ def latency_rounds(ok, failed):
                         for r, m in failed.get((s, t), [])],
              "target": LAT_TARGET}
         if ratios:
-            q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
+            q = quartiles(ratios)
             ci = median_interval(ratios)
             # each side's lower quartile over the rounds: its fast runs, compared with each other
-            lq = [statistics.quantiles(xs, n=4, method="inclusive")[0] if len(xs) > 1 else xs[0]
-                  for xs in ([a for _, a, _ in pairs], [b for _, _, b in pairs])]
+            lq = [quartiles(xs)[0] for xs in ([a for _, a, _ in pairs], [b for _, _, b in pairs])]
             e.update({"shim_median_us": statistics.median(a for _, a, _ in pairs),
                       "device_median_us": statistics.median(b for _, _, b in pairs),
                       "median": statistics.median(ratios), "q1": q[0], "q3": q[2],
