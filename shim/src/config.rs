@@ -7,6 +7,15 @@
 //! | `RDMASHIM_LOG=error\|warn\|info\|debug\|off` | log level (default `warn`) |
 //! | `RDMASHIM_LOG_FILE=PATH` | append log lines to PATH (default: stderr); `%p` becomes the pid |
 //! | `RDMASHIM_STATS=PATH` | write the stats JSON to PATH at exit; `%p` becomes the pid |
+//!
+//! Under secure execution (`AT_SECURE` in the auxiliary vector: a setuid or setgid program, or
+//! one with file capabilities, started by a less privileged user) the environment is the
+//! caller's, not the program's: the shim then takes no setting and no path from it at all
+//! ([`setting`] answers `None` for every variable) and runs with the defaults — logs to stderr,
+//! no stats file. (glibc's loader itself ignores `LD_PRELOAD` entries with a slash for such
+//! programs and loads others only from the system's library directories, and only if the
+//! library is set-user-ID: the shim reaches them only through `/etc/ld.so.preload` or such an
+//! installation.)
 
 use crate::fmtbuf::FixedBuf;
 use core::fmt::Write;
@@ -56,6 +65,8 @@ pub struct Config {
     pub stats_path: Option<Vec<u8>>,
     /// `RDMASHIM_LOG` was set to something unknown (reported once at init).
     pub bad_log_level: bool,
+    /// Secure execution: the environment was not read.
+    pub secure: bool,
 }
 
 impl Default for Config {
@@ -66,6 +77,7 @@ impl Default for Config {
             log_file: None,
             stats_path: None,
             bad_log_level: false,
+            secure: false,
         }
     }
 }
@@ -95,9 +107,30 @@ impl Config {
     }
 
     fn from_env() -> Config {
+        if secure_execution() {
+            return Config {
+                secure: true,
+                ..Config::default()
+            };
+        }
         use std::os::unix::ffi::OsStringExt;
         Config::from_lookup(|k| std::env::var_os(k).map(|v| v.into_vec()))
     }
+}
+
+/// Whether the process runs under secure execution (`getauxval(AT_SECURE)`).
+fn secure_execution() -> bool {
+    static SECURE: OnceLock<bool> = OnceLock::new();
+    *SECURE.get_or_init(crate::sys::secure_execution)
+}
+
+/// The value of the shim's environment variable `name` — the one way the shim reads its
+/// environment — or `None` if unset, or under secure execution.
+pub fn setting(name: &str) -> Option<std::ffi::OsString> {
+    if secure_execution() {
+        return None;
+    }
+    std::env::var_os(name)
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();

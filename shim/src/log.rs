@@ -1,5 +1,7 @@
 //! Logging: never on the pass-through path; each record is formatted into a fixed stack buffer
-//! and written with raw syscalls (errno preserved).
+//! and written with raw syscalls (errno preserved). A record that cannot be written is dropped
+//! and counted (`output.log_dropped` in the stats); writing one never raises SIGPIPE or SIGXFSZ
+//! and never follows a link (`sys::append_log`).
 
 use crate::config::{self, Level};
 use crate::fmtbuf::FixedBuf;
@@ -33,7 +35,9 @@ pub fn emit(level: Level, args: fmt::Arguments<'_>) {
         Some(p) if config::expand_path(p, pid, &mut path) => Some(path.as_bytes()),
         _ => None,
     };
-    crate::sys::append_log(file, b.as_bytes());
+    if crate::sys::append_log(file, b.as_bytes()).is_err() {
+        crate::stats::count_log_dropped();
+    }
 }
 
 /// `shim_log!(Level::Info, "fmt", args...)`: formats only if the level is enabled.

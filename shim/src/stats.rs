@@ -12,7 +12,7 @@
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
 //! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"fallback":N,
 //! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N},
-//! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N}}`
+//! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N}}`
 //! Every hook and every reason is always present (zeros included), in a fixed order.
 
 use crate::guard::Cx;
@@ -99,6 +99,9 @@ static UPGRADED: AtomicU64 = AtomicU64::new(0);
 static FALLBACK: AtomicU64 = AtomicU64::new(0);
 static REASONS: [AtomicU64; FallbackReason::COUNT] =
     [const { AtomicU64::new(0) }; FallbackReason::COUNT];
+/// Log records the shim could not write (a refused or unwritable log file, a full disk,
+/// `RLIMIT_FSIZE`, stderr with no reader): dropped quietly, counted here.
+static LOG_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
 fn shard(cx: Cx) -> Option<&'static Shard> {
@@ -192,6 +195,11 @@ pub fn count_upgraded() {
     UPGRADED.fetch_add(1, Relaxed);
 }
 
+/// Counts one log record that could not be written.
+pub fn count_log_dropped() {
+    LOG_DROPPED.fetch_add(1, Relaxed);
+}
+
 /// Zeroes every counter (the child after fork starts its own record).
 pub fn reset() {
     for s in &SHARD_ARR {
@@ -204,6 +212,7 @@ pub fn reset() {
     UPGRADED.store(0, Relaxed);
     FALLBACK.store(0, Relaxed);
     REASONS.iter().for_each(|c| c.store(0, Relaxed));
+    LOG_DROPPED.store(0, Relaxed);
 }
 
 /// A consistent-enough copy of all counters (each counter is read once; counters of different
@@ -217,6 +226,7 @@ pub struct Snapshot {
     pub reasons: [u64; FallbackReason::COUNT],
     pub bytes: [u64; 4],
     pub waits: [u64; 4],
+    pub log_dropped: u64,
 }
 
 impl Snapshot {
@@ -230,6 +240,7 @@ impl Snapshot {
             reasons: [0; FallbackReason::COUNT],
             bytes: [0; 4],
             waits: [0; 4],
+            log_dropped: 0,
         }
     }
 
@@ -252,6 +263,7 @@ impl Snapshot {
         for (d, c) in s.reasons.iter_mut().zip(REASONS.iter()) {
             *d = c.load(Relaxed);
         }
+        s.log_dropped = LOG_DROPPED.load(Relaxed);
         s
     }
 
@@ -277,7 +289,11 @@ impl Snapshot {
         write_pairs(w, named(&Bytes::ALL, Bytes::name, &self.bytes))?;
         w.write_str("},\"waits\":{")?;
         write_pairs(w, named(&Wait::ALL, Wait::name, &self.waits))?;
-        w.write_str("}}\n")
+        writeln!(
+            w,
+            "}},\"output\":{{\"log_dropped\":{}}}}}",
+            self.log_dropped
+        )
     }
 }
 
@@ -358,6 +374,7 @@ mod tests {
             assert_eq!(v["waits"][k], 0, "{k}");
         }
         assert_eq!(v["waits"]["slept"], 5);
+        assert_eq!(v["output"]["log_dropped"], 0);
     }
 
     #[test]
@@ -369,6 +386,7 @@ mod tests {
         s.waits = [u64::MAX; 4];
         s.upgraded = u64::MAX;
         s.fallback = u64::MAX;
+        s.log_dropped = u64::MAX;
         let mut b = FixedBuf::<JSON_MAX>::new();
         s.write_json(&mut b).unwrap();
         assert!(!b.overflowed());

@@ -35,6 +35,13 @@ impl Drop for ErrnoGuard {
     }
 }
 
+/// Whether the kernel flagged this process for secure execution (`AT_SECURE`: setuid, setgid
+/// or file capabilities gained at exec).
+pub fn secure_execution() -> bool {
+    // SAFETY: getauxval has no preconditions; an absent entry reads as 0.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
 /// getpid(2) (not hooked; glibc does not cache it since 2.25, so it is a real syscall).
 pub fn getpid() -> u32 {
     // SAFETY: getpid has no preconditions.
@@ -86,52 +93,301 @@ pub fn write_all(fd: c_int, mut data: &[u8]) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Appends one log record to `path` (NUL-terminated), or to stderr if `None`. Opening per
-/// record keeps no fd of the shim open in the application (which may close or reuse any fd).
-/// errno is preserved.
-pub fn append_log(path: Option<&[u8]>, data: &[u8]) {
-    let _e = ErrnoGuard::save();
-    match path {
-        None => {
-            let _ = write_all(2, data);
+/// The signals a failed write raises at the writing thread: SIGPIPE (a pipe or socket with no
+/// reader) and SIGXFSZ (a regular file past `RLIMIT_FSIZE`). Both kill by default.
+const WRITE_SIGNALS: [c_int; 2] = [libc::SIGPIPE, libc::SIGXFSZ];
+
+fn sigbit(sig: c_int) -> u64 {
+    1u64 << (sig - 1)
+}
+
+/// rt_sigprocmask(2) on the kernel's 64-bit mask; returns the previous mask.
+fn sigmask(how: c_int, set: u64) -> u64 {
+    let mut old = 0u64;
+    // SAFETY: both pointers are valid 8-byte masks, the kernel's sigset size on Linux.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            how,
+            &set as *const u64,
+            &mut old as *mut u64,
+            8usize,
+        )
+    };
+    old
+}
+
+/// The signals pending for the calling thread or its process.
+fn sigpending() -> u64 {
+    let mut set = 0u64;
+    // SAFETY: set is a valid 8-byte mask.
+    unsafe { libc::syscall(libc::SYS_rt_sigpending, &mut set as *mut u64, 8usize) };
+    set
+}
+
+/// Takes `sig` off the pending set without running a handler (it is blocked here).
+fn sigconsume(sig: c_int) {
+    let set = sigbit(sig);
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid mask, null siginfo (allowed), a zero timeout: returns at once.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigtimedwait,
+            &set as *const u64,
+            core::ptr::null_mut::<libc::siginfo_t>(),
+            &zero as *const libc::timespec,
+            8usize,
+        )
+    };
+}
+
+/// Writes all of `data` to `fd` and never raises a signal at the process: SIGPIPE and SIGXFSZ
+/// are blocked for the write, and one that the write itself raised (EPIPE, EFBIG) is taken off
+/// the thread's pending set before the mask is restored. A signal of that kind that was
+/// already pending stays pending. The shim's own output (log records, the stats file) goes
+/// through here: a sandboxed child with `RLIMIT_FSIZE` 0 and its stderr on a file, or a
+/// program whose stderr pipe has no reader any more, must not die of a line of ours.
+pub fn quiet_write(fd: c_int, data: &[u8]) -> Result<(), Errno> {
+    let set = WRITE_SIGNALS.iter().fold(0, |m, s| m | sigbit(*s));
+    let old = sigmask(libc::SIG_BLOCK, set);
+    let before = sigpending() & set;
+    let r = write_all(fd, data);
+    if let Err(e) = r {
+        let raised = match e.0 {
+            libc::EPIPE => libc::SIGPIPE,
+            libc::EFBIG => libc::SIGXFSZ,
+            _ => 0,
+        };
+        if raised != 0 && before & sigbit(raised) == 0 && sigpending() & sigbit(raised) != 0 {
+            sigconsume(raised);
         }
-        Some(p) => {
-            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
-            if let Ok(fd) = open(p, flags, 0o644) {
-                let _ = write_all(fd, data);
-                close(fd);
-            }
+    }
+    sigmask(libc::SIG_SETMASK, old);
+    r
+}
+
+/// The effective uid (not hooked).
+fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+fn fstat(fd: c_int) -> Result<libc::stat, Errno> {
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer; a bad fd fails with EBADF.
+    check(unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
+    Ok(st)
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the entry itself, never a link's target.
+fn lstat_at(dir: c_int, name: &[u8]) -> Result<libc::stat, Errno> {
+    // SAFETY: as in `fstat`.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: name is NUL-terminated (callers build it so); st is a valid out-pointer.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_newfstatat,
+            dir,
+            name.as_ptr() as *const c_char,
+            &mut st as *mut libc::stat,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(st)
+}
+
+fn unlink_at(dir: c_int, name: &[u8]) {
+    // SAFETY: name is NUL-terminated (callers build it so).
+    unsafe { libc::syscall(libc::SYS_unlinkat, dir, name.as_ptr() as *const c_char, 0) };
+}
+
+/// The directory a file of the shim goes into, opened once (`O_PATH`), so that every later
+/// step names the same directory whatever happens to the path meanwhile, and the file's own
+/// name (NUL-terminated) within it.
+///
+/// The directory must not let others swap entries under the shim: one writable by group or
+/// others is accepted only with the sticky bit (`/tmp`), where nobody can rename or remove
+/// another user's file. Otherwise `EPERM`.
+struct OutDir {
+    fd: c_int,
+    name: crate::fmtbuf::FixedBuf<256>,
+}
+
+impl OutDir {
+    fn open(path: &[u8]) -> Result<OutDir, Errno> {
+        let path = path.strip_suffix(b"\0").ok_or(Errno(libc::EINVAL))?;
+        let (dir, base) = match path.iter().rposition(|b| *b == b'/') {
+            Some(0) => (&b"/"[..], &path[1..]),
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => (&b"."[..], path),
+        };
+        if base.is_empty() || base == b"." || base == b".." || dir.contains(&0) {
+            return Err(Errno(libc::EINVAL));
         }
+        let mut name = crate::fmtbuf::FixedBuf::<256>::new();
+        name.push_bytes(base);
+        name.push_bytes(b"\0");
+        let mut d = crate::fmtbuf::FixedBuf::<4200>::new();
+        d.push_bytes(dir);
+        d.push_bytes(b"\0");
+        if name.overflowed() || d.overflowed() {
+            return Err(Errno(libc::ENAMETOOLONG));
+        }
+        let fd = open(
+            d.as_bytes(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            0,
+        )?;
+        let out = OutDir { fd, name };
+        let st = fstat(fd)?;
+        let others_write = st.st_mode & (libc::S_IWGRP | libc::S_IWOTH) != 0;
+        if others_write && st.st_mode & libc::S_ISVTX == 0 {
+            return Err(Errno(libc::EPERM));
+        }
+        Ok(out)
+    }
+
+    fn name(&self) -> &[u8] {
+        self.name.as_bytes()
+    }
+
+    /// `openat` in this directory.
+    fn open_at(&self, name: &[u8], flags: c_int, mode: libc::mode_t) -> Result<c_int, Errno> {
+        // SAFETY: name is NUL-terminated (built by this module).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                self.fd,
+                name.as_ptr() as *const c_char,
+                flags,
+                mode,
+            )
+        };
+        check(r).map(|fd| fd as c_int)
     }
 }
 
-/// Writes `data` to `path` (NUL-terminated) atomically: a temporary file next to it, then
-/// rename(2). errno is preserved.
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        close(self.fd);
+    }
+}
+
+/// Whether `st` is a regular file of ours with no other name: the only kind of existing file
+/// the shim writes to or replaces.
+fn is_own_file(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == geteuid() && st.st_nlink <= 1
+}
+
+/// Appends one log record to `path` (NUL-terminated), or to stderr if `None`. Opening per
+/// record keeps no fd of the shim open in the application (which may close or reuse any fd).
+/// The file is opened without following a link (`O_NOFOLLOW`), without blocking (a FIFO
+/// planted there is refused), and written only if it is a regular file of ours with one name;
+/// a record that cannot be written is dropped (the caller counts it). errno is preserved.
+pub fn append_log(path: Option<&[u8]>, data: &[u8]) -> Result<(), Errno> {
+    let _e = ErrnoGuard::save();
+    let Some(p) = path else {
+        return quiet_write(2, data);
+    };
+    let dir = OutDir::open(p)?;
+    let flags = libc::O_WRONLY
+        | libc::O_CREAT
+        | libc::O_APPEND
+        | libc::O_NOFOLLOW
+        | libc::O_NONBLOCK
+        | libc::O_NOCTTY
+        | libc::O_CLOEXEC;
+    let fd = dir.open_at(dir.name(), flags, 0o644)?;
+    let r = match fstat(fd) {
+        Ok(st) if is_own_file(&st) => quiet_write(fd, data),
+        Ok(_) => Err(Errno(libc::EPERM)),
+        Err(e) => Err(e),
+    };
+    close(fd);
+    r
+}
+
+/// A name no one can guess in advance, for a temporary file: `getrandom(2)`, or the clock and
+/// the stack's address where that fails.
+fn unguessable() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: v is a valid 8-byte buffer; GRND_NONBLOCK never blocks.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getrandom,
+            &mut v as *mut u64 as *mut u8,
+            8usize,
+            libc::GRND_NONBLOCK,
+        )
+    };
+    if r != 8 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        v = (ts.tv_nsec as u64 ^ (ts.tv_sec as u64).rotate_left(32))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ (&v as *const u64 as u64);
+    }
+    v
+}
+
+/// Writes `data` to `path` (NUL-terminated) atomically: a new file of a name nobody can
+/// predict next to it, created exclusively and without following links (`O_CREAT|O_EXCL|
+/// O_NOFOLLOW`), written through its descriptor, then renamed over `path` within the same
+/// directory handle. An existing `path` is replaced only if it is a regular file of ours with
+/// one name (a link or someone else's file planted there stays as it is, and the stats are not
+/// written); a failed write leaves no temporary file behind. errno is preserved.
 pub fn write_file_atomic(path: &[u8], data: &[u8]) -> Result<(), Errno> {
     let _e = ErrnoGuard::save();
-    let mut tmp = crate::fmtbuf::FixedBuf::<4200>::new();
-    tmp.push_bytes(path.strip_suffix(b"\0").ok_or(Errno(libc::EINVAL))?);
-    tmp.push_bytes(b".tmp\0");
+    let dir = OutDir::open(path)?;
+    match lstat_at(dir.fd, dir.name()) {
+        Ok(st) if !is_own_file(&st) => return Err(Errno(libc::EEXIST)),
+        Ok(_) => {}
+        Err(e) if e.0 == libc::ENOENT => {}
+        Err(e) => return Err(e),
+    }
+    let mut tmp = crate::fmtbuf::FixedBuf::<300>::new();
+    let base = dir.name().strip_suffix(b"\0").unwrap_or(&[]);
+    // `.NAME.tmp.PID.RANDOM`: hidden, and ours alone.
+    let _ = core::fmt::Write::write_fmt(
+        &mut tmp,
+        format_args!(
+            ".{}.tmp.{}.{:016x}\0",
+            core::str::from_utf8(base).unwrap_or("stats"),
+            getpid(),
+            unguessable()
+        ),
+    );
     if tmp.overflowed() {
         return Err(Errno(libc::ENAMETOOLONG));
     }
     let tmp = tmp.as_bytes();
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
-    let fd = open(tmp, flags, 0o644)?;
-    let w = write_all(fd, data);
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let fd = dir.open_at(tmp, flags, 0o644)?;
+    let w = quiet_write(fd, data);
     close(fd);
-    w?;
-    // SAFETY: both paths are NUL-terminated (checked above).
+    if let Err(e) = w {
+        unlink_at(dir.fd, tmp);
+        return Err(e);
+    }
+    // SAFETY: both names are NUL-terminated and relative to the same directory fd.
     let r = unsafe {
         libc::syscall(
             libc::SYS_renameat,
-            libc::AT_FDCWD,
+            dir.fd,
             tmp.as_ptr() as *const c_char,
-            libc::AT_FDCWD,
-            path.as_ptr() as *const c_char,
+            dir.fd,
+            dir.name().as_ptr() as *const c_char,
         )
     };
-    check(r).map(|_| ())
+    check(r).map(|_| ()).inspect_err(|_| unlink_at(dir.fd, tmp))
 }
 
 /// Maps `len` bytes of zeroed anonymous memory (async-signal-safe, unlike malloc).
@@ -213,6 +469,29 @@ mod tests {
         assert_eq!(errno(), Errno(libc::EAGAIN));
         assert!(write_file_atomic(b"no-nul", b"x").is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn quiet_write_raises_no_signal() {
+        let mut fds = [0i32; 2];
+        // SAFETY: fds is a valid array of two ints.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        close(fds[0]);
+        set_errno(Errno(libc::EAGAIN));
+        // A plain write would kill this test process with SIGPIPE here.
+        assert_eq!(quiet_write(fds[1], b"x"), Err(Errno(libc::EPIPE)));
+        assert_eq!(
+            errno(),
+            Errno(libc::EPIPE),
+            "quiet_write leaves errno to its caller"
+        );
+        assert_eq!(sigpending() & sigbit(libc::SIGPIPE), 0, "left pending");
+        assert_eq!(
+            sigmask(libc::SIG_BLOCK, 0) & sigbit(libc::SIGPIPE),
+            0,
+            "mask restored"
+        );
+        close(fds[1]);
     }
 
     #[test]

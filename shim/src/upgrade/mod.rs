@@ -831,7 +831,7 @@ pub fn after_fork_child() {
 
 pub(crate) fn trace() -> bool {
     static T: OnceLock<bool> = OnceLock::new();
-    *T.get_or_init(|| std::env::var_os("RDMASHIM_TRACE").is_some())
+    *T.get_or_init(|| crate::config::setting("RDMASHIM_TRACE").is_some())
 }
 
 // ----- configuration -------------------------------------------------------------------------
@@ -887,7 +887,7 @@ pub(crate) fn spin() -> std::time::Duration {
 
 /// The number in environment variable `name`, if it is set to one.
 pub(crate) fn env_number(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
+    crate::config::setting(name)?.to_str()?.parse().ok()
 }
 
 // ----- entry points for the hooks -----------------------------------------------------------
