@@ -6,11 +6,13 @@
 //! ring cursors ([`ring`]), receive-slot credits ([`credit`]), the per-direction stream state
 //! machines ([`state`]), the [`Connection`] driver that ties them together ([`conn`]), and the
 //! upgrade's own decisions: upgradable addresses, the negative cache, request matching
-//! ([`upgrade`]). It performs no I/O, reads no clock and contains no `unsafe`: the transport
+//! ([`upgrade`]), and the binding of an upgrade to its TCP connection ([`binding`]: the
+//! in-band token, the SYN marker, the handshake's tags). It performs no I/O, reads no clock and contains no `unsafe`: the transport
 //! (verbs/rdma_cm, in `rdmashim-core`) feeds it events and performs the [`Action`]s it emits.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod binding;
 pub mod conn;
 pub mod control;
 pub mod credit;

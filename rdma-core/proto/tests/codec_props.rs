@@ -272,3 +272,67 @@ proptest! {
         prop_assert!(refused);
     }
 }
+
+mod binding_props {
+    use super::*;
+    use rdmashim_proto::binding::*;
+
+    proptest! {
+        /// Any first bytes: the scan never panics, and it is consistent with the magic — bytes
+        /// that do not begin like a token are application bytes, left in the stream; a token
+        /// followed by anything is that token.
+        #[test]
+        fn scan_any_input(data in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let n = data.len().min(TOKEN_MAGIC.len());
+            let looks = data[..n] == TOKEN_MAGIC[..n];
+            match scan_token(&data) {
+                TokenScan::NotToken => prop_assert!(!looks),
+                TokenScan::NeedMore => prop_assert!(looks && data.len() < TOKEN_LEN),
+                TokenScan::Token(t) => {
+                    prop_assert!(looks);
+                    prop_assert_eq!(&t.encode()[..], &data[..TOKEN_LEN]);
+                }
+                TokenScan::Unusable(_) => prop_assert!(looks && data.len() >= TOKEN_LEN),
+            }
+        }
+
+        #[test]
+        fn token_then_anything(key in any::<[u8; KEY_LEN]>(),
+                               rest in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let t = Token { key: BindingKey::from_random(key) };
+            let mut b = t.encode().to_vec();
+            b.extend_from_slice(&rest);
+            prop_assert_eq!(scan_token(&b), TokenScan::Token(t));
+        }
+
+        /// A single flipped bit anywhere in the key, the 4-tuple or the message changes the tag.
+        #[test]
+        fn tag_changes_with_any_bit(key in any::<[u8; KEY_LEN]>(),
+                                    msg in proptest::collection::vec(any::<u8>(), 1..48),
+                                    bit in 0usize..(8 * 48)) {
+            let k = BindingKey::from_random(key);
+            let t = TcpTuple {
+                client: "192.0.2.1:1234".parse().unwrap(),
+                server: "192.0.2.2:80".parse().unwrap(),
+            };
+            let tag = request_tag(&k, &t, &msg);
+            let mut m2 = msg.clone();
+            let i = (bit / 8) % m2.len();
+            m2[i] ^= 1 << (bit % 8);
+            prop_assert!(!tag.verify(&request_tag(&k, &t, &m2)));
+            let mut k2 = key;
+            k2[(bit / 8) % KEY_LEN] ^= 1 << (bit % 8);
+            prop_assert!(!tag.verify(&request_tag(&BindingKey::from_random(k2), &t, &msg)));
+        }
+
+        /// Any header bytes: classified without panicking; only an IPv4/IPv6 header of full
+        /// length is readable.
+        #[test]
+        fn syn_any_input(data in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let v = classify_syn(&data);
+            let readable = matches!(data.first().map(|b| b >> 4), Some(4) if data.len() >= 20)
+                || matches!(data.first().map(|b| b >> 4), Some(6) if data.len() >= 40);
+            prop_assert_eq!(v != SynVerdict::Unreadable, readable);
+        }
+    }
+}
