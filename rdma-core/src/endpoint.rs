@@ -5,10 +5,15 @@
 //! - an RC QP made through rdma_cm, on its own rdma_cm event channel (an accepted id is
 //!   migrated off the listener's channel), so that DISCONNECTED and errors of one connection are
 //!   seen by that connection;
+//! - a protection domain of its own, holding that QP and every registration below, and nothing
+//!   else: the rkey of another connection's ring means nothing on it ([`crate::pool`] says why;
+//!   the PD and the registrations are pooled together, as one [`Kit`]);
 //! - one CQ for sends and receives, with a completion channel whose fd is non-blocking;
-//! - the receive ring: a [`RegisteredRing`] registered with [`Access::RING`]
-//!   (LOCAL_WRITE | REMOTE_WRITE: the only memory of the process a peer can touch);
-//! - the send staging ring, of the *peer's* ring size, registered [`Access::LOCAL`] and indexed
+//! - the receive ring: a [`RegisteredRing`](crate::ring::RegisteredRing) registered with
+//!   [`Access::RING`](crate::verbs::Access::RING) (LOCAL_WRITE | REMOTE_WRITE: the only memory
+//!   of the connection a peer can touch, and only this connection's peer);
+//! - the send staging ring, of the *peer's* ring size, registered
+//!   [`Access::LOCAL`](crate::verbs::Access::LOCAL) and indexed
 //!   by `cursor mod size` (the protocol core never lets a staged byte be overwritten before the
 //!   peer has credited it, which implies its write completed);
 //! - `R` receive slots of [`MAX_CONTROL_LEN`] bytes (every message consumes one receive; only
@@ -22,16 +27,16 @@
 //! teardown fence), so `ibv_post_send` never fails for a full queue.
 
 use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use rdmashim_proto::{Action, ControlMsg, LocalParams, RingDesc, RingSize, MAX_CONTROL_LEN};
 
 use crate::cm::{CmId, EventChannel, QpCaps};
 use crate::error::{Error, Result};
-use crate::pool::{self, Pooled};
-use crate::ring::RegisteredRing;
+use crate::pool::{self, Kit, KitSizes, Pooled};
 use crate::sys::ffi;
-use crate::verbs::{Access, CompChannel, Cq, Pd, RegisteredBuf};
+use crate::verbs::{CompChannel, Cq};
 
 /// Tag bit of a send work request's `wr_id` (receives carry their slot index).
 pub(crate) const SEND_TAG: u64 = 1 << 63;
@@ -50,26 +55,23 @@ pub(crate) struct EndpointSizes {
 }
 
 struct Resources {
-    pd: Arc<Pd>,
+    kit: Pooled,
     comp: Arc<CompChannel>,
     cq: Arc<Cq>,
-    rx: Pooled<RegisteredRing>,
-    recv_bufs: Pooled<RegisteredBuf>,
-    ctl_bufs: Pooled<RegisteredBuf>,
     granted: QpCaps,
 }
 
 /// One connection's verbs objects. Field order is drop order: the id (and with it the QP)
-/// goes first, then the memory the device could still address, then the CQ and channels.
+/// goes first, then the kit — the PD and the memory the device could still address — back to
+/// the pool (no QP is left on its PD, and no work request can touch its memory), then the CQ
+/// and channels.
+///
+/// The kit's fields read as the endpoint's own (`ep.rx`, `ep.tx`, `ep.recv_bufs`: `Deref`).
 pub(crate) struct Endpoint {
     pub id: CmId,
-    pub rx: Pooled<RegisteredRing>,
-    pub tx: Option<Pooled<RegisteredRing>>,
-    pub recv_bufs: Pooled<RegisteredBuf>,
-    ctl_bufs: Pooled<RegisteredBuf>,
+    kit: Pooled,
     pub cq: Arc<Cq>,
     pub comp: Arc<CompChannel>,
-    _pd: Arc<Pd>,
     pub ch: Arc<EventChannel>,
     recv_slots: u16,
     sq_depth: u32,
@@ -98,13 +100,9 @@ impl Endpoint {
         match Self::resources(&mut id, sz) {
             Ok(r) => Ok(Self {
                 id,
-                rx: r.rx,
-                tx: None,
-                recv_bufs: r.recv_bufs,
-                ctl_bufs: r.ctl_bufs,
+                kit: r.kit,
                 cq: r.cq,
                 comp: r.comp,
-                _pd: r.pd,
                 ch,
                 recv_slots: sz.recv_slots,
                 sq_depth: sz.sq_depth.min(r.granted.max_send_wr),
@@ -120,14 +118,22 @@ impl Endpoint {
 
     fn resources(id: &mut CmId, sz: EndpointSizes) -> Result<Resources> {
         let ctx = id.context()?;
-        // One protection domain per device for the whole process, so that registrations can
-        // be reused from connection to connection (crate::pool).
-        let pd = pool::pd_for(&ctx)?;
+        // This connection's kit: a PD of its own with the memory registered on it, pooled or
+        // new (crate::pool). The QP goes on that PD, so the only memory its peer can reach is
+        // this connection's receive ring.
+        let kit = pool::kit(
+            &ctx,
+            KitSizes {
+                ring: sz.ring_size,
+                recv: usize::from(sz.recv_slots) * MAX_CONTROL_LEN,
+                ctl: sz.sq_depth as usize * MAX_CONTROL_LEN,
+            },
+        )?;
         let comp = CompChannel::new(&ctx)?;
         let cqe = (sz.sq_depth + u32::from(sz.recv_slots) + 8) as i32;
         let cq = Cq::new(&ctx, cqe, Some(&comp))?;
         id.create_qp(
-            &pd,
+            &kit.pd,
             &cq,
             &cq,
             QpCaps {
@@ -137,22 +143,17 @@ impl Endpoint {
             },
         )?;
         let granted = id.qp_caps().unwrap_or_default();
-        let rx = pool::ring(&pd, sz.ring_size, Access::RING)?;
-        let recv_bufs = pool::buf(
-            &pd,
-            usize::from(sz.recv_slots) * MAX_CONTROL_LEN,
-            Access::LOCAL,
-        )?;
-        let ctl_bufs = pool::buf(&pd, sz.sq_depth as usize * MAX_CONTROL_LEN, Access::LOCAL)?;
         let slots: Vec<u16> = (0..sz.recv_slots).collect();
-        id.post_recvs(&slots, recv_bufs.mr(), MAX_CONTROL_LEN)?;
+        if let Err(e) = id.post_recvs(&slots, kit.recv_bufs.mr(), MAX_CONTROL_LEN) {
+            // The id (and its QP on the kit's PD) goes back to the caller and lives on: the kit
+            // must not serve another connection beside it.
+            kit.discard();
+            return Err(e);
+        }
         Ok(Resources {
-            pd,
+            kit,
             comp,
             cq,
-            rx,
-            recv_bufs,
-            ctl_bufs,
             granted,
         })
     }
@@ -161,9 +162,9 @@ impl Endpoint {
     pub fn local_params(&self) -> LocalParams {
         LocalParams {
             ring: RingDesc {
-                addr: self.rx.mr().addr() as u64,
-                rkey: self.rx.mr().rkey(),
-                size: RingSize::new(self.rx.size() as u64)
+                addr: self.kit.rx.mr().addr() as u64,
+                rkey: self.kit.rx.mr().rkey(),
+                size: RingSize::new(self.kit.rx.size() as u64)
                     .expect("the ring size was checked when it was mapped"),
             },
             recv_slots: self.recv_slots,
@@ -174,22 +175,13 @@ impl Endpoint {
     /// registered at that size (a dial registers it before the reply, guessing the peer's size
     /// is its own: the reply then costs no registration).
     pub fn ensure_peer_ring(&mut self, size: RingSize) -> Result<()> {
-        if self
-            .tx
-            .as_ref()
-            .is_some_and(|t| t.size() as u64 == size.bytes())
-        {
-            return Ok(());
-        }
-        self.tx = None;
         self.set_peer_ring(size)
     }
 
-    /// Maps and registers the send staging ring once the peer's ring size is known.
+    /// Registers the send staging ring once the peer's ring size is known, on the kit's PD
+    /// (the QP's); a reused kit's staging ring of that size is kept as it is.
     pub fn set_peer_ring(&mut self, size: RingSize) -> Result<()> {
-        let pd = self.rx.mr().pd().clone();
-        self.tx = Some(pool::ring(&pd, size.bytes() as usize, Access::LOCAL)?);
-        Ok(())
+        self.kit.set_tx(size.bytes() as usize)
     }
 
     /// Receive `slot` (its buffer is `MAX_CONTROL_LEN` bytes of `recv_bufs`) is free again:
@@ -211,7 +203,7 @@ impl Endpoint {
         }
         let r = self
             .id
-            .post_recvs(&self.reposts, self.recv_bufs.mr(), MAX_CONTROL_LEN);
+            .post_recvs(&self.reposts, self.kit.recv_bufs.mr(), MAX_CONTROL_LEN);
         self.reposts.clear();
         r
     }
@@ -219,7 +211,7 @@ impl Endpoint {
     /// The payload of a control message received in `slot`.
     pub fn recv_payload(&self, slot: u16, len: u32) -> &[u8] {
         let start = usize::from(slot) * MAX_CONTROL_LEN;
-        &self.recv_bufs.as_slice()[start..start + (len as usize).min(MAX_CONTROL_LEN)]
+        &self.kit.recv_bufs.as_slice()[start..start + (len as usize).min(MAX_CONTROL_LEN)]
     }
 
     /// Whether `wr_id` belongs to a receive slot of this endpoint.
@@ -280,6 +272,7 @@ impl Endpoint {
             } => {
                 let (seq, signaled) = self.next_wr(false);
                 let tx = self
+                    .kit
                     .tx
                     .as_ref()
                     .ok_or(Error::InvalidArgument("no send staging ring"))?;
@@ -299,7 +292,7 @@ impl Endpoint {
                 let (seq, signaled) = self.next_wr(false);
                 self.id.post_write(
                     SEND_TAG | seq,
-                    self.ctl_bufs.mr(),
+                    self.kit.ctl_bufs.mr(),
                     0,
                     0,
                     remote_addr,
@@ -325,11 +318,11 @@ impl Endpoint {
         let bytes = bytes.as_bytes();
         let (seq, signaled) = self.next_wr(false);
         let off = (seq % u64::from(self.sq_depth)) as usize * MAX_CONTROL_LEN;
-        self.ctl_bufs.as_mut_slice()[off..off + bytes.len()].copy_from_slice(bytes);
+        self.kit.ctl_bufs.as_mut_slice()[off..off + bytes.len()].copy_from_slice(bytes);
         // post_send posts inline by itself when the length fits the granted inline size.
         self.id.post_send(
             SEND_TAG | seq,
-            self.ctl_bufs.mr(),
+            self.kit.ctl_bufs.mr(),
             off,
             bytes.len(),
             signaled,
@@ -345,7 +338,7 @@ impl Endpoint {
         let (seq, _) = self.next_wr(true);
         self.id.post_write(
             SEND_TAG | seq,
-            self.ctl_bufs.mr(),
+            self.kit.ctl_bufs.mr(),
             0,
             0,
             peer.addr,
@@ -370,5 +363,304 @@ impl Endpoint {
     /// `true` when the completion's opcode is a receive with immediate.
     pub fn is_write_imm(wc: &ffi::ibv_wc) -> bool {
         wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM
+    }
+}
+
+impl Deref for Endpoint {
+    type Target = Kit;
+    fn deref(&self) -> &Kit {
+        &self.kit
+    }
+}
+
+impl DerefMut for Endpoint {
+    fn deref_mut(&mut self) -> &mut Kit {
+        &mut self.kit
+    }
+}
+
+/// RDMA tier (in the soft-RoCE VM): the peer of one connection cannot reach another
+/// connection's receive ring, whatever it knows of it. Built from endpoints directly (the
+/// forged write needs a queue pair the test can post on), connected through rdma_cm.
+#[cfg(test)]
+mod isolation {
+    use std::collections::HashSet;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rdmashim_proto::RingSize;
+
+    use super::{Endpoint, EndpointSizes};
+    use crate::cm::{event_type as ev, CmId, ConnParam, EventChannel};
+    use crate::sys::ffi;
+    use crate::verbs::{empty_wc, Cq};
+
+    const T: Duration = Duration::from_secs(20);
+    const RING: usize = 64 * 1024;
+    const LEN: usize = 4096;
+
+    fn sizes() -> EndpointSizes {
+        EndpointSizes {
+            ring_size: RING,
+            recv_slots: 16,
+            sq_depth: 16,
+            max_inline: 64,
+        }
+    }
+
+    /// `RDMASHIM_TEST_IP` on the port this test owns; fails (never skips) outside the VM tier.
+    fn test_addr() -> SocketAddr {
+        let dev = std::env::var("RDMASHIM_TEST_DEVICE").unwrap_or_default();
+        assert!(
+            !dev.is_empty()
+                && std::path::Path::new("/sys/class/infiniband")
+                    .join(&dev)
+                    .exists(),
+            "RDMA test selected without a device (RDMASHIM_TEST_DEVICE={dev:?}): run it in the \
+             VM tier (scripts/rdma-vm, or scripts/test)"
+        );
+        let ip = std::env::var("RDMASHIM_TEST_IP")
+            .expect("RDMASHIM_TEST_IP not set: run RDMA tests in the VM tier (scripts/rdma-vm)");
+        let ip = ip.parse().expect("RDMASHIM_TEST_IP is not an IP address");
+        SocketAddr::new(ip, 20000 + (std::process::id() % 1000) as u16 * 16 + 15)
+    }
+
+    /// One connection: both endpoints made as a dial and an accept make them (the server's id
+    /// migrated to a channel of its own), with staging rings of the peer's size.
+    struct Pair {
+        client: Endpoint,
+        server: Endpoint,
+    }
+
+    fn connect(listen_ch: &Arc<EventChannel>, addr: SocketAddr) -> Pair {
+        let ch = EventChannel::new().expect("event channel");
+        let id = CmId::new(&ch).expect("rdma_create_id");
+        id.resolve_addr(None, addr, Duration::from_secs(5))
+            .expect("rdma_resolve_addr");
+        ch.expect(ev::RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED", T)
+            .expect("address resolved");
+        id.resolve_route(Duration::from_secs(5))
+            .expect("rdma_resolve_route");
+        ch.expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED", T)
+            .expect("route resolved");
+        let mut client = Endpoint::new(id, ch.clone(), sizes())
+            .unwrap_or_else(|f| panic!("client endpoint: {}", f.0));
+        client
+            .set_peer_ring(RingSize::new(RING as u64).unwrap())
+            .unwrap();
+        client
+            .id
+            .connect(&ConnParam::default())
+            .expect("rdma_connect");
+
+        let (req, id) = listen_ch.next_event_owned(T).expect("connect request");
+        assert_eq!(
+            req.kind,
+            ev::RDMA_CM_EVENT_CONNECT_REQUEST,
+            "{}",
+            req.name()
+        );
+        let mut id = id.expect("a request carries its id");
+        let sch = EventChannel::new().expect("event channel");
+        id.migrate(&sch).expect("rdma_migrate_id");
+        let mut server = Endpoint::new(id, sch.clone(), sizes())
+            .unwrap_or_else(|f| panic!("server endpoint: {}", f.0));
+        server
+            .set_peer_ring(RingSize::new(RING as u64).unwrap())
+            .unwrap();
+        server
+            .id
+            .accept(&ConnParam::default())
+            .expect("rdma_accept");
+        ch.expect(ev::RDMA_CM_EVENT_ESTABLISHED, "ESTABLISHED", T)
+            .expect("established (client)");
+        sch.expect(ev::RDMA_CM_EVENT_ESTABLISHED, "ESTABLISHED", T)
+            .expect("established (server)");
+        Pair { client, server }
+    }
+
+    fn pattern(seed: u8) -> Vec<u8> {
+        (0..LEN)
+            .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 8) as u8)
+            .collect()
+    }
+
+    fn wait_wc(cq: &Cq, what: &str) -> ffi::ibv_wc {
+        let mut wc = [empty_wc()];
+        let n = cq
+            .wait(&mut wc, T.as_millis() as u64)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(n, 1, "{what}");
+        wc[0]
+    }
+
+    /// `from` stages `bytes` and RDMA-WRITEs them (signaled) to `to`'s ring at `offset` with
+    /// the address and rkey `to` advertises; returns the sender's completion status.
+    fn write(from: &mut Endpoint, to: &Endpoint, offset: usize, bytes: &[u8], imm: bool) -> u32 {
+        let ring = to.local_params().ring;
+        write_to(from, ring.addr + offset as u64, ring.rkey, bytes, imm)
+    }
+
+    fn write_to(from: &mut Endpoint, addr: u64, rkey: u32, bytes: &[u8], imm: bool) -> u32 {
+        let tx = from.tx.as_mut().expect("staging ring");
+        tx.ring_mut()
+            .slice_mut(0, bytes.len())
+            .copy_from_slice(bytes);
+        let tx = from.tx.as_ref().expect("staging ring");
+        let imm = imm.then_some(0x5EED_0001);
+        from.id
+            .post_write(7, tx.mr(), 0, bytes.len(), addr, rkey, imm, true)
+            .expect("ibv_post_send");
+        wait_wc(&from.cq, "the writer's completion").status
+    }
+
+    /// A checked delivery on a healthy connection: the write completes, the receiver gets its
+    /// immediate, and the bytes are in its ring.
+    fn deliver(from: &mut Endpoint, to: &Endpoint, offset: usize, bytes: &[u8]) {
+        let st = write(from, to, offset, bytes, true);
+        assert_eq!(
+            st,
+            ffi::ibv_wc_status::IBV_WC_SUCCESS,
+            "delivery: send status"
+        );
+        let wc = wait_wc(&to.cq, "delivery: receive");
+        assert_eq!(
+            wc.status,
+            ffi::ibv_wc_status::IBV_WC_SUCCESS,
+            "delivery: receive status"
+        );
+        assert_eq!(wc.opcode, ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM);
+        assert!(
+            to.rx.ring().slice(offset, bytes.len()) == bytes,
+            "delivered bytes differ"
+        );
+    }
+
+    fn pd_of(ep: &Endpoint) -> usize {
+        ep.rx.mr().pd().as_ptr() as usize
+    }
+
+    #[test]
+    #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+    fn a_peer_cannot_write_into_another_connections_ring() {
+        let addr = test_addr();
+        let listen_ch = EventChannel::new().expect("event channel");
+        let listener = CmId::new(&listen_ch).expect("rdma_create_id");
+        listener.bind(addr).expect("rdma_bind_addr");
+        listener.listen(8).expect("rdma_listen");
+
+        let mut c1 = connect(&listen_ch, addr);
+        let mut c2 = connect(&listen_ch, addr);
+        let (a, b) = (pattern(1), pattern(2));
+        deliver(&mut c1.client, &c1.server, 0, &a);
+        deliver(&mut c1.server, &c1.client, 0, &b);
+
+        // The attacker: connection 2's client, the peer of c2.server. It knows connection 1's
+        // server ring (address and rkey, as c1.client was told them) and writes into it
+        // through its own queue pair.
+        let victim = c1.server.local_params().ring;
+        let target = 2 * LEN;
+        let before = c1.server.rx.ring().slice(target, LEN).to_vec();
+        let forged = vec![0xEE; LEN];
+        let st = write_to(
+            &mut c2.client,
+            victim.addr + target as u64,
+            victim.rkey,
+            &forged,
+            false,
+        );
+        assert_eq!(
+            st,
+            ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+            "the forged write completed with status {st} (0 = success: it landed in \
+             connection 1's ring)"
+        );
+        assert!(
+            c1.server.rx.ring().slice(target, LEN) == &before[..],
+            "connection 1's ring was written by connection 2's peer"
+        );
+
+        // Only the attacker's connection is dead, at both ends: the queue pair it wrote
+        // through went to the error state (its receives are flushed: a link fails on that),
+        // and its own is in error too (what it posts next is flushed). Connection 1 goes on
+        // carrying bytes, intact, both ways.
+        let wc = wait_wc(
+            &c2.server.cq,
+            "connection 2's server, after the forged write",
+        );
+        assert_eq!(
+            wc.status,
+            ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+            "connection 2's server: {:?}",
+            (wc.status, wc.opcode)
+        );
+        let st = write(&mut c2.client, &c2.server, 0, &a, true);
+        assert_eq!(
+            st,
+            ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+            "the attacker's connection still works"
+        );
+        let (c, d) = (pattern(3), pattern(4));
+        deliver(&mut c1.client, &c1.server, LEN, &c);
+        deliver(&mut c1.server, &c1.client, LEN, &d);
+        assert!(
+            c1.server.rx.ring().slice(0, LEN) == &a[..],
+            "connection 1's first bytes"
+        );
+        assert!(
+            c1.client.rx.ring().slice(0, LEN) == &b[..],
+            "connection 1's first bytes"
+        );
+        assert!(c1.server.rx.ring().slice(target, LEN) == &before[..]);
+        let mut wcs = [empty_wc(); 4];
+        assert_eq!(
+            c1.server.cq.poll(&mut wcs).unwrap(),
+            0,
+            "connection 1: stray completion"
+        );
+        assert_eq!(
+            c1.client.cq.poll(&mut wcs).unwrap(),
+            0,
+            "connection 1: stray completion"
+        );
+
+        // Connection 2 ends; its resources go back to the pool and the next connection takes
+        // them: each endpoint in a protection domain of its own, no live connection's.
+        let pooled_rings: HashSet<usize> = [&c2.client, &c2.server]
+            .iter()
+            .map(|e| e.rx.mr().addr() as usize)
+            .collect();
+        drop(c2);
+        let c3 = connect(&listen_ch, addr);
+        for ep in [&c3.client, &c3.server] {
+            assert!(
+                pooled_rings.contains(&(ep.rx.mr().addr() as usize)),
+                "connection 3 did not reuse connection 2's registrations"
+            );
+        }
+        let live = [
+            pd_of(&c1.client),
+            pd_of(&c1.server),
+            pd_of(&c3.client),
+            pd_of(&c3.server),
+        ];
+        let distinct: HashSet<usize> = live.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            live.len(),
+            "live connections share a PD: {live:x?}"
+        );
+        for ep in [&c3.client, &c3.server] {
+            // SAFETY: a live id with a QP (made by Endpoint::new); only its pd field is read.
+            let qp_pd = unsafe { (*(*ep.id.as_ptr()).qp).pd } as usize;
+            assert_eq!(qp_pd, pd_of(ep), "the queue pair is not on its ring's PD");
+        }
+
+        // And the reused kits carry connection 3 as well, while connection 1 still works.
+        let mut c3 = c3;
+        deliver(&mut c3.client, &c3.server, 0, &c);
+        deliver(&mut c3.server, &c3.client, 0, &d);
+        deliver(&mut c1.client, &c1.server, 2 * LEN, &d);
     }
 }

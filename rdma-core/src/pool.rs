@@ -1,17 +1,32 @@
-//! Per-process reuse of the verbs resources a connection is slow to make.
+//! Per-process reuse of the verbs resources a connection is slow to make, one connection's
+//! worth at a time.
 //!
 //! A memory registration pins and maps its pages in the device: for a 512 KiB ring under
 //! soft-RoCE that is most of the ~15 ms a connection's set-up costs, and a server accepting a
-//! burst of connections pays it serially. So the protection domain is one per device context
-//! (every connection of the process shares it), and the registered rings and buffers of a
-//! connection that ended go back to a bounded pool for the next connection of the same sizes.
+//! burst of connections pays it serially. So what a connection registers — its `Kit`: a
+//! protection domain of its own, and on it the receive ring, the receive buffers, the control
+//! buffer and (once registered) the send staging ring — goes back to a bounded pool, whole,
+//! when the connection ends, and the next connection of the same sizes takes it instead of
+//! registering.
 //!
-//! Safety of reuse: an item goes back only when its [`Pooled`] owner drops, which in an
-//! [`Endpoint`](crate::endpoint) happens after the connection's queue pair was destroyed (field
-//! order), so no work request of the old connection can still touch it. A receive ring keeps
-//! its rkey; the old peer's queue pair was connected to the destroyed one and can no longer
-//! reach it. Stale bytes in a reused ring are never read: readers only read what the new
-//! connection's cursors say was written.
+//! Why a PD per kit, not one per device: a PD is the scope of an rkey. A peer's RDMA WRITE
+//! arrives on our queue pair, and the device checks its rkey and range against the
+//! registrations of *that queue pair's* PD. With one PD shared by every connection, the peer of
+//! connection B could write into connection A's receive ring through B's queue pair, knowing
+//! or guessing A's ring address and rkey (an rkey is an MR index and an 8-bit key; rings are
+//! neighbouring mappings). With the queue pair and the registrations of a connection alone on
+//! their PD, the one memory its peer can reach is that connection's receive ring (its only
+//! REMOTE_WRITE registration); any other rkey fails the check, the writer gets a remote access
+//! error, and its own connection (only it) goes to the error state. A PD costs one command to
+//! the device; the registrations are the slow part, and they travel with their PD.
+//!
+//! A kit belongs to one connection at a time. It goes back only when its `Pooled` owner drops,
+//! which in an `Endpoint` happens after the connection's queue pair was destroyed (field
+//! order): no work request of the old connection can still touch its memory, and the next
+//! connection's queue pair is the only one on its PD. The receive ring
+//! keeps its rkey; the old peer's queue pair was connected to the destroyed one and can no
+//! longer reach the PD. Stale bytes in a reused ring are never read: readers only read what
+//! the new connection's cursors say was written (and staging bytes are sent only once staged).
 //!
 //! Fork: a child (another pid) must not touch its parent's registrations (they are
 //! `MADV_DONTFORK` memory, and deregistering would undo the parent's). The child starts with
@@ -22,67 +37,85 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
 use crate::ring::RegisteredRing;
-use crate::verbs::{Access, Context, Pd, RegisteredBuf};
+use crate::verbs::{page_size, Access, Context, Pd, RegisteredBuf};
 
 /// Most bytes of registered memory kept idle in the pool (they stay pinned: memlock).
 const MAX_POOLED_BYTES: usize = 64 << 20;
 
-/// Something the pool can keep.
-pub(crate) trait Poolable: Sized {
+/// The sizes a kit is asked for by (buffers in whole pages).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct KitSizes {
+    /// Receive ring bytes.
+    pub ring: usize,
+    /// Receive buffer bytes.
+    pub recv: usize,
+    /// Control-send buffer bytes.
+    pub ctl: usize,
+}
+
+/// One connection's protection domain and the memory registered on it.
+pub(crate) struct Kit {
+    /// The receive ring ([`Access::RING`]): the only memory on this PD a peer can write.
+    pub rx: RegisteredRing,
+    /// The send staging ring ([`Access::LOCAL`]), of the peer's ring size, once known
+    /// ([`Kit::set_tx`]); a reused kit brings the one its last connection had.
+    pub tx: Option<RegisteredRing>,
+    /// Receive buffers ([`Access::LOCAL`]).
+    pub recv_bufs: RegisteredBuf,
+    /// Control-send buffer ([`Access::LOCAL`]).
+    pub ctl_bufs: RegisteredBuf,
+    /// This kit's own PD: the connection's queue pair is created on it (every registration
+    /// above holds it too).
+    pub pd: Arc<Pd>,
+}
+
+impl Kit {
+    fn new(ctx: &Arc<Context>, sz: KitSizes) -> Result<Self> {
+        let pd = Pd::new(ctx)?;
+        Ok(Self {
+            rx: RegisteredRing::new(&pd, sz.ring, Access::RING)?,
+            tx: None,
+            recv_bufs: RegisteredBuf::new(&pd, sz.recv, Access::LOCAL)?,
+            ctl_bufs: RegisteredBuf::new(&pd, sz.ctl, Access::LOCAL)?,
+            pd,
+        })
+    }
+
+    /// Makes the send staging ring `size` bytes, on this kit's PD (the queue pair's: a local
+    /// key of another PD would not do); one already of that size is kept.
+    pub fn set_tx(&mut self, size: usize) -> Result<()> {
+        if self.tx.as_ref().is_some_and(|t| t.size() == size) {
+            return Ok(());
+        }
+        self.tx = None; // unpinned before the new one is pinned
+        self.tx = Some(RegisteredRing::new(&self.pd, size, Access::LOCAL)?);
+        Ok(())
+    }
+
     /// Bytes of memory it pins.
-    fn pinned(&self) -> usize;
-    fn into_item(self) -> Item;
-    fn from_item(i: Item) -> Option<Self>;
-}
-
-pub(crate) enum Item {
-    Ring(RegisteredRing),
-    Buf(RegisteredBuf),
-}
-
-impl Poolable for RegisteredRing {
     fn pinned(&self) -> usize {
-        self.size()
+        self.rx.size()
+            + self.tx.as_ref().map_or(0, |t| t.size())
+            + self.recv_bufs.len()
+            + self.ctl_bufs.len()
     }
-    fn into_item(self) -> Item {
-        Item::Ring(self)
-    }
-    fn from_item(i: Item) -> Option<Self> {
-        match i {
-            Item::Ring(r) => Some(r),
-            Item::Buf(_) => None,
-        }
+
+    /// Memory registrations it holds.
+    fn registrations(&self) -> usize {
+        3 + usize::from(self.tx.is_some())
     }
 }
 
-impl Poolable for RegisteredBuf {
-    fn pinned(&self) -> usize {
-        self.len()
-    }
-    fn into_item(self) -> Item {
-        Item::Buf(self)
-    }
-    fn from_item(i: Item) -> Option<Self> {
-        match i {
-            Item::Buf(b) => Some(b),
-            Item::Ring(_) => None,
-        }
-    }
-}
-
-/// What an item is asked for by: its domain, kind, size and access.
+/// What a kit is asked for by: its device context and sizes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Key {
-    pd: usize,
-    ring: bool,
-    len: usize,
-    access: Access,
+    ctx: usize,
+    sizes: KitSizes,
 }
 
 struct Pool {
     pid: u32,
-    pds: Vec<(usize, Arc<Pd>)>,
-    items: Vec<(Key, Item)>,
+    kits: Vec<(Key, Kit)>,
     bytes: usize,
 }
 
@@ -99,113 +132,89 @@ fn with<R>(f: impl FnOnce(&mut Pool) -> R) -> R {
     }
     let p = g.get_or_insert_with(|| Pool {
         pid,
-        pds: Vec::new(),
-        items: Vec::new(),
+        kits: Vec::new(),
         bytes: 0,
     });
     f(p)
 }
 
-/// The process's protection domain on device context `ctx` (allocated on first use).
-pub(crate) fn pd_for(ctx: &Arc<Context>) -> Result<Arc<Pd>> {
-    let key = ctx.as_ptr() as usize;
-    if let Some(pd) = with(|p| {
-        p.pds
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, pd)| pd.clone())
-    }) {
-        return Ok(pd);
-    }
-    let pd = Pd::new(ctx)?;
-    Ok(with(|p| {
-        // (another thread may have made one meanwhile: keep the first)
-        if let Some((_, first)) = p.pds.iter().find(|(k, _)| *k == key) {
-            return first.clone();
-        }
-        p.pds.push((key, pd.clone()));
-        pd
-    }))
-}
-
-fn key_of(pd: &Arc<Pd>, ring: bool, len: usize, access: Access) -> Key {
-    Key {
-        pd: pd.as_ptr() as usize,
-        ring,
-        len,
-        access,
-    }
-}
-
-fn take<T: Poolable>(key: Key) -> Option<T> {
-    with(|p| {
-        let i = p.items.iter().position(|(k, _)| *k == key)?;
-        let (_, item) = p.items.swap_remove(i);
-        let t = T::from_item(item)?;
-        p.bytes -= t.pinned();
-        Some(t)
+/// A kit for one connection on device context `ctx`: a pooled one of the same sizes, or a new
+/// one (a new PD and new registrations). It is this connection's alone until it drops.
+pub(crate) fn kit(ctx: &Arc<Context>, sizes: KitSizes) -> Result<Pooled> {
+    let page = page_size();
+    let pages = |len: usize| len.max(1).div_ceil(page) * page;
+    let key = Key {
+        ctx: ctx.as_ptr() as usize,
+        sizes: KitSizes {
+            ring: sizes.ring,
+            recv: pages(sizes.recv),
+            ctl: pages(sizes.ctl),
+        },
+    };
+    let pooled = with(|p| {
+        let i = p.kits.iter().position(|(k, _)| *k == key)?;
+        let (_, kit) = p.kits.swap_remove(i);
+        p.bytes -= kit.pinned();
+        Some(kit)
+    });
+    let kit = match pooled {
+        Some(kit) => kit,
+        None => Kit::new(ctx, key.sizes)?,
+    };
+    Ok(Pooled {
+        kit: Some(kit),
+        key,
     })
 }
 
-/// A registered ring of `size` bytes with `access` on `pd`: a pooled one, or a new one.
-pub(crate) fn ring(pd: &Arc<Pd>, size: usize, access: Access) -> Result<Pooled<RegisteredRing>> {
-    let key = key_of(pd, true, size, access);
-    let r = match take::<RegisteredRing>(key) {
-        Some(r) => r,
-        None => RegisteredRing::new(pd, size, access)?,
-    };
-    Ok(Pooled { item: Some(r), key })
-}
-
-/// A registered buffer of at least `len` bytes (whole pages) with `access` on `pd`.
-pub(crate) fn buf(pd: &Arc<Pd>, len: usize, access: Access) -> Result<Pooled<RegisteredBuf>> {
-    let page = crate::verbs::page_size();
-    let len = len.max(1).div_ceil(page) * page;
-    let key = key_of(pd, false, len, access);
-    let b = match take::<RegisteredBuf>(key) {
-        Some(b) => b,
-        None => RegisteredBuf::new(pd, len, access)?,
-    };
-    Ok(Pooled { item: Some(b), key })
-}
-
-/// Pooled resources held by the pool right now: (items, bytes).
+/// What the pool holds right now: (memory registrations in its kits, bytes they pin).
 pub fn pooled() -> (usize, usize) {
-    with(|p| (p.items.len(), p.bytes))
+    with(|p| {
+        let regs = p.kits.iter().map(|(_, k)| k.registrations()).sum();
+        (regs, p.bytes)
+    })
 }
 
-/// A pooled item: used as the item itself; goes back to the pool when dropped (or is freed if
+/// A kit in use: used as the kit itself; goes back to the pool when dropped (or is freed if
 /// the pool is full).
-pub(crate) struct Pooled<T: Poolable> {
-    item: Option<T>,
+pub(crate) struct Pooled {
+    kit: Option<Kit>,
     key: Key,
 }
 
-impl<T: Poolable> Deref for Pooled<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        self.item.as_ref().expect("present until drop")
+impl Pooled {
+    /// Frees the kit instead of pooling it: for a kit whose PD may still have a queue pair on
+    /// it (a failed set-up that hands its id back), which no other connection may share.
+    pub fn discard(mut self) {
+        self.kit = None;
     }
 }
 
-impl<T: Poolable> DerefMut for Pooled<T> {
-    fn deref_mut(&mut self) -> &mut T {
-        self.item.as_mut().expect("present until drop")
+impl Deref for Pooled {
+    type Target = Kit;
+    fn deref(&self) -> &Kit {
+        self.kit.as_ref().expect("present until drop")
     }
 }
 
-impl<T: Poolable> Drop for Pooled<T> {
+impl DerefMut for Pooled {
+    fn deref_mut(&mut self) -> &mut Kit {
+        self.kit.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for Pooled {
     fn drop(&mut self) {
-        let Some(t) = self.item.take() else { return };
-        let n = t.pinned();
+        let Some(kit) = self.kit.take() else { return };
+        let n = kit.pinned();
         let key = self.key;
         // Freed here (outside the pool's lock) when there is no room.
         let _spill = with(|p| {
             if p.bytes + n > MAX_POOLED_BYTES {
-                return Some(t);
+                return Some(kit);
             }
             p.bytes += n;
-            p.items.push((key, t.into_item()));
+            p.kits.push((key, kit));
             None
         });
     }
