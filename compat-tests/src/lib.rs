@@ -260,6 +260,17 @@ fn run_stdin(mut cmd: Command, stdin: Stdio, timeout: Duration) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    wait_child_of(child, timeout, &format!("{cmd:?}"))
+}
+
+/// Waits for a spawned `child` (its piped output collected) for at most `timeout`; killed and
+/// a panic after that.
+pub fn wait_child(child: Child, timeout: Duration) -> Output {
+    let desc = format!("pid {}", child.id());
+    wait_child_of(child, timeout, &desc)
+}
+
+fn wait_child_of(child: Child, timeout: Duration, desc: &str) -> Output {
     let deadline = Instant::now() + timeout;
     let id = child.id();
     // Wait in a helper thread so that pipes are drained while we wait.
@@ -271,7 +282,7 @@ fn run_stdin(mut cmd: Command, stdin: Stdio, timeout: Duration) -> Output {
         Ok(out) => out.expect("wait"),
         Err(_) => {
             signal(id, "KILL");
-            panic!("{cmd:?} did not finish within {timeout:?}");
+            panic!("{desc} did not finish within {timeout:?}");
         }
     }
 }

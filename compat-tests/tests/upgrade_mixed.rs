@@ -4,15 +4,18 @@
 //! | client                | server                 | client's stats                          | server's stats       |
 //! |-----------------------|------------------------|-----------------------------------------|----------------------|
 //! | shim                  | shim                   | upgraded                                | upgraded             |
-//! | shim                  | plain                  | `peer_rejected`, then `negative_cache`  | —                    |
-//! | plain                 | shim                   | —                                       | `no_upgrade_request` |
-//! | `RDMASHIM_DISABLE=1`  | shim                   | `disabled`                              | `no_upgrade_request` |
-//! | shim                  | `RDMASHIM_DISABLE=1`   | `peer_rejected`                         | `disabled`           |
+//! | shim                  | plain                  | `plain_peer`, then `negative_cache`     | —                    |
+//! | plain                 | shim                   | —                                       | `plain_peer`         |
+//! | `RDMASHIM_DISABLE=1`  | shim                   | `disabled`                              | `plain_peer`         |
+//! | shim                  | `RDMASHIM_DISABLE=1`   | `plain_peer`                            | `disabled`           |
 //! | shim, no libibverbs   | shim                   | `libraries_missing`                     | `no_upgrade_request` |
-//! | shim                  | shim, no libibverbs    | `peer_rejected`                         | `libraries_missing`  |
+//! | shim                  | shim, no libibverbs    | `plain_peer`                            | `libraries_missing`  |
 //!
-//! (`peer_rejected` for a process's first connection to a host; later ones within the negative
-//! cache's 60 s: `negative_cache`.) And loopback stays `not_upgradable_address`, as on any host.
+//! A plain end is known without any rdma_cm attempt (`docs/protocol.md` 2.9): a server by the
+//! client's unmarked SYN, a client by the server's first bytes, which carry no token (so the
+//! client never dials). (`plain_peer` for a process's first connection to a server; later ones
+//! within the negative cache's 60 s: `negative_cache`.) And loopback stays
+//! `not_upgradable_address`, as on any host.
 //!
 //! The `behave` program's `echo` scenario (and `nonblocking_connect`/`select`, whose server
 //! speaks first) plays each pair; curl and Python's http.server make several connections from
@@ -68,16 +71,16 @@ fn both_shimmed_upgrade() {
     device.delta().assert_carried(c.ring_bytes());
 }
 
-/// A shim client, a plain server: the host rejects the connect request, the client stays on
-/// TCP without the application noticing. Also with a server that speaks first, and with a
-/// non-blocking connect: the client simply completes. (The two short scenarios may end — the
-/// process may exit — before the host's reject arrives: then the connection counts
-/// `closed_early`; it never counts as upgraded or as anything else. The echo's server pauses
-/// after accepting, so there the reject always comes first.)
+/// A shim client, a plain server: the server's first bytes carry no token, so the client
+/// never dials and stays on TCP without the application noticing. Also with a server that
+/// speaks first, and with a non-blocking connect: the client simply completes. (The two short
+/// scenarios may end — the process may exit — before the client read anything of the
+/// server's: then the connection counts `closed_early`; it never counts as upgraded or as
+/// anything else. In the echo the client reads the server's answer.)
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn shim_client_plain_server() {
-    client_stays_tcp(Side::Shim(Via::Preload), Side::Plain, "peer_rejected");
+    client_stays_tcp(Side::Shim(Via::Preload), Side::Plain, "plain_peer");
 }
 
 /// The echo, select and nonblocking_connect scenarios with `client` against `server`, where
@@ -111,7 +114,8 @@ fn client_stays_tcp(client: Side, server: Side, reason: &str) -> Vec<RoleStats> 
     all
 }
 
-/// A plain client, a shim server: no connect request comes for the accepted connection.
+/// A plain client, a shim server: its SYN carried no mark, so the server sends no token and
+/// waits for no request.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn plain_client_shim_server() {
@@ -125,7 +129,7 @@ fn plain_client_shim_server() {
             &ip,
             None,
         );
-        server_of(&r).assert_fallback_reasons(&[("no_upgrade_request", 1)]);
+        server_of(&r).assert_fallback_reasons(&[("plain_peer", 1)]);
     }
 }
 
@@ -143,20 +147,19 @@ fn disabled_client() {
         None,
     );
     client_of(&r).assert_fallback_reasons(&[("disabled", 1)]);
-    server_of(&r).assert_fallback_reasons(&[("no_upgrade_request", 1)]);
+    server_of(&r).assert_fallback_reasons(&[("plain_peer", 1)]);
 }
 
-/// Both shimmed, the server with `RDMASHIM_DISABLE=1`: it does not listen for connect
-/// requests, so the client's is rejected (the server pauses after accepting, so the reject
-/// comes before the client's exchange ends: otherwise it could count `closed_early`).
+/// Both shimmed, the server with `RDMASHIM_DISABLE=1`: it has no rdma_cm listener, so it
+/// sends no token, and the client never dials.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn disabled_server() {
     server_without_rdma(Side::Disabled, "disabled");
 }
 
-/// The echo against a shimmed `server` that has no rdma_cm listener: the client's request is
-/// rejected, the server counts `reason`.
+/// The echo against a shimmed `server` that has no rdma_cm listener: no token comes, the
+/// client counts `plain_peer`, the server `reason`.
 fn server_without_rdma(server: Side, reason: &str) {
     let ip = test_ip();
     let r = behave_roles(
@@ -167,7 +170,7 @@ fn server_without_rdma(server: Side, reason: &str) {
         &ip,
         Some(SETTLE),
     );
-    client_of(&r).assert_fallback_reasons(&[("peer_rejected", 1)]);
+    client_of(&r).assert_fallback_reasons(&[("plain_peer", 1)]);
     server_of(&r).assert_fallback_reasons(&[(reason, 1)]);
 }
 
@@ -189,7 +192,7 @@ fn libraries_missing_client() {
 }
 
 /// Both shimmed, the server without libibverbs: its listen() finds the libraries missing, so
-/// there is no rdma_cm listener, and the client's connect request is rejected.
+/// there is no rdma_cm listener and no token.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn libraries_missing_server() {
@@ -243,8 +246,9 @@ fn http_server(s: &Scratch, ip: &str, shim: bool) -> (Server, String) {
 }
 
 /// One shim curl, three connections to a plain http.server, each started past the upgrade
-/// deadline after the one before (`--rate`): the first is rejected, the later ones skip the
-/// attempt (negative cache). The answers are right either way.
+/// deadline after the one before (`--rate`): the first learns from the server's first bytes
+/// that it runs no shim, the later ones are not even marked (negative cache). The answers are
+/// right either way.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn negative_cache_after_a_plain_server() {
@@ -261,11 +265,11 @@ fn negative_cache_after_a_plain_server() {
     assert_eq!(out, "file 0\n1\nfile 1\n1\nfile 2\n1\n");
     srv.stop();
     s.one_stats("curl")
-        .assert_fallback_reasons(&[("peer_rejected", 1), ("negative_cache", 2)]);
+        .assert_fallback_reasons(&[("plain_peer", 1), ("negative_cache", 2)]);
 }
 
 /// A plain curl against a shim http.server: every accepted connection falls back with
-/// `no_upgrade_request`.
+/// `plain_peer` (no mark on its SYN).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn plain_curl_shim_http_server() {
@@ -280,5 +284,5 @@ fn plain_curl_shim_http_server() {
     assert_eq!(run_ok(c, T), "file 0\n1\nfile 1\n1\n");
     assert!(srv.stop().expect("http.server status").success());
     s.one_stats("httpd")
-        .assert_fallback_reasons(&[("no_upgrade_request", 2)]);
+        .assert_fallback_reasons(&[("plain_peer", 2)]);
 }

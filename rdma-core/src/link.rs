@@ -55,8 +55,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmashim_proto::{
-    Action, Completion, Config, ConnectRequest, Connection, ErrorReason, Reject, RejectReason,
-    RingSize, SendError,
+    Action, Completion, Config, ConfigError, ConnectRequest, Connection, ErrorReason, Proof,
+    Reject, RejectReason, RingSize, SendError,
 };
 
 use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel};
@@ -745,18 +745,38 @@ impl Incoming {
         }
     }
 
-    /// Accepts the request: moves its id to an event channel of its own, builds the endpoint
-    /// with `cfg`'s sizes, sets the peer's ring, starts the core with
-    /// `Connection::accept(cfg.protocol, .., tcp_received, now)` and calls `rdma_accept` with
-    /// the reply. Does not wait: the link is in the handshake (`StreamState::Handshaking`) until
-    /// [`Link::progress`] sees ESTABLISHED (or the first completion). On a local failure the
-    /// request is rejected with `Resources` and the error returned.
-    pub fn accept(self, cfg: &StreamConfig, tcp_received: u64) -> io::Result<Link> {
-        self.answer(cfg, tcp_received).map_err(io::Error::from)
+    /// Accepts the request if it proves `proof` (its tag verifies under the TCP connection's
+    /// key; or it is native, for a native listener): moves its id to an event channel of its
+    /// own, builds the endpoint with `cfg`'s sizes, sets the peer's ring, starts the core with
+    /// `Connection::accept(cfg.protocol, .., proof, tcp_received, now)` and calls
+    /// `rdma_accept` with the reply. Does not wait: the link is in the handshake
+    /// (`StreamState::Handshaking`) until [`Link::progress`] sees ESTABLISHED (or the first
+    /// completion). A request that proves nothing is rejected with `Unproven` (kind
+    /// `PermissionDenied`) before anything is built; on a local failure it is rejected with
+    /// `Resources` and the error returned.
+    pub fn accept(self, cfg: &StreamConfig, tcp_received: u64, proof: &Proof) -> io::Result<Link> {
+        self.answer(cfg, tcp_received, proof)
+            .map_err(io::Error::from)
     }
 
     /// [`Self::accept`], telling this side's failures from the client's.
-    pub(crate) fn answer(mut self, cfg: &StreamConfig, tcp_received: u64) -> Result<Link, Refused> {
+    pub(crate) fn answer(
+        mut self,
+        cfg: &StreamConfig,
+        tcp_received: u64,
+        proof: &Proof,
+    ) -> Result<Link, Refused> {
+        let proven = match proof {
+            Proof::Native => self.request.is_native(),
+            Proof::Bound { key, tuple } => self.request.verify(key, tuple),
+        };
+        if !proven {
+            self.refuse(RejectReason::Unproven);
+            return Err(Refused::Peer(err(
+                io::ErrorKind::PermissionDenied,
+                "the request does not prove it holds the TCP connection",
+            )));
+        }
         let mut id = self.id.take().expect("an unanswered request has its id");
         let refuse = |id: &CmId, e: io::Error| {
             let _ = id.reject(&Reject::new(RejectReason::Resources).encode());
@@ -782,10 +802,18 @@ impl Incoming {
             cfg.protocol,
             ep.local_params(),
             &self.request,
+            proof,
             tcp_received,
             Instant::now(),
         )
-        .map_err(|e| refuse(&ep.id, err(io::ErrorKind::InvalidInput, e.to_string())))?;
+        .map_err(|e| match e {
+            // (checked above; kept exact should the two checks ever differ)
+            ConfigError::Unproven => {
+                let _ = ep.id.reject(&Reject::new(RejectReason::Unproven).encode());
+                Refused::Peer(err(io::ErrorKind::PermissionDenied, e.to_string()))
+            }
+            e => refuse(&ep.id, err(io::ErrorKind::InvalidInput, e.to_string())),
+        })?;
         let param = ConnParam {
             private_data: &reply.encode(),
             ..Default::default()
@@ -810,6 +838,8 @@ pub struct Dialer {
     dst: SocketAddr,
     /// The `client_port` of the request; `None`: the rdma_cm source port (native streams).
     client_port: Option<u16>,
+    /// What binds the request (and what the reply must prove).
+    proof: Proof,
     sizes: EndpointSizes,
     protocol: Config,
     close_timeout: Duration,
@@ -920,15 +950,18 @@ impl fmt::Debug for Dialer {
 impl Dialer {
     /// Starts `rdma_resolve_addr` from `src` (the TCP socket's local IP with port 0; `None`:
     /// any) to `dst` (the TCP peer's IP and the server's port). `client_port` is the TCP
-    /// source port the request carries (not the rdma_cm one). The whole dial must finish by
-    /// now + `cfg.connect_timeout`. Fails cleanly (kind `Unsupported`) without RDMA.
+    /// source port the request carries (not the rdma_cm one); `proof` binds the request to
+    /// that TCP connection (`docs/protocol.md` 2.9), and the reply must prove the same key or
+    /// the dial fails (`Unproven`). The whole dial must finish by now + `cfg.connect_timeout`.
+    /// Fails cleanly (kind `Unsupported`) without RDMA.
     pub fn start(
         src: Option<SocketAddr>,
         dst: SocketAddr,
         client_port: u16,
+        proof: Proof,
         cfg: &StreamConfig,
     ) -> io::Result<Dialer> {
-        Self::begin(src, dst, Some(client_port), cfg)
+        Self::begin(src, dst, Some(client_port), proof, cfg)
     }
 
     /// [`Self::start`]; `client_port` `None` puts the rdma_cm source port in the request.
@@ -936,6 +969,7 @@ impl Dialer {
         src: Option<SocketAddr>,
         dst: SocketAddr,
         client_port: Option<u16>,
+        proof: Proof,
         cfg: &StreamConfig,
     ) -> io::Result<Dialer> {
         check_available()?;
@@ -949,6 +983,7 @@ impl Dialer {
             ch,
             dst,
             client_port,
+            proof,
             sizes,
             protocol: cfg.protocol,
             close_timeout: cfg.close_timeout,
@@ -1086,6 +1121,7 @@ impl Dialer {
         let (conn, req) = Connection::connect(
             self.protocol,
             ep.local_params(),
+            &self.proof,
             client_port,
             self.dst.port(),
             nonce(),

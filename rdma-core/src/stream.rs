@@ -156,7 +156,10 @@ impl Listener {
 
     fn handshake(&self, incoming: Incoming) -> Result<Stream, Refused> {
         let deadline = Instant::now() + self.cfg.connect_timeout;
-        let mut s = Stream::new(incoming.answer(&self.cfg, 0)?, self.cfg);
+        let mut s = Stream::new(
+            incoming.answer(&self.cfg, 0, &rdmashim_proto::Proof::Native)?,
+            self.cfg,
+        );
         let gone = || Refused::Peer(err(io::ErrorKind::ConnectionAborted, "the client left"));
         let ok = s
             .block(Some(deadline), |s| {
@@ -229,7 +232,7 @@ impl Stream {
     /// (naming the reason the server gave); no RDMA on this host is `Unsupported`.
     pub fn connect_with(addr: SocketAddr, cfg: StreamConfig) -> io::Result<Stream> {
         // The request carries the rdma_cm source port: no TCP connection behind it.
-        let mut dial = Dialer::begin(None, addr, None, &cfg)?;
+        let mut dial = Dialer::begin(None, addr, None, rdmashim_proto::Proof::Native, &cfg)?;
         let link = loop {
             match dial.poll(0) {
                 DialStatus::Pending => {

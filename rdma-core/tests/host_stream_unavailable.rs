@@ -5,6 +5,7 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 use rdmashim_core::{Dialer, Listener, Stream, StreamConfig, UpgradeListener};
+use rdmashim_proto::Proof;
 
 fn host_has_rdma() -> bool {
     std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
@@ -48,10 +49,24 @@ fn link_setup_reports_unavailable_without_rdma() {
     let e = UpgradeListener::bind("0.0.0.0:7471".parse().unwrap()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     let cfg = StreamConfig::default();
-    let e = Dialer::start(None, "127.0.0.1:7471".parse().unwrap(), 40000, &cfg).unwrap_err();
+    let e = Dialer::start(
+        None,
+        "127.0.0.1:7471".parse().unwrap(),
+        40000,
+        Proof::Native,
+        &cfg,
+    )
+    .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     let src = Some("127.0.0.1:0".parse().unwrap());
-    let e = Dialer::start(src, "127.0.0.1:7471".parse().unwrap(), 40000, &cfg).unwrap_err();
+    let e = Dialer::start(
+        src,
+        "127.0.0.1:7471".parse().unwrap(),
+        40000,
+        Proof::Native,
+        &cfg,
+    )
+    .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(
         e.to_string().contains("no RDMA device") || e.to_string().contains("RDMA libraries"),

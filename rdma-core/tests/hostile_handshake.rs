@@ -11,13 +11,13 @@ use std::time::Duration;
 use rdmashim_core::cm::{event_type as ev, ConnParam};
 use rdmashim_core::{Listener, Stream};
 use rdmashim_proto::handshake::CONNECT_REQUEST_LEN;
-use rdmashim_proto::{ConnectRequest, Flags, Reject, RejectReason, RingDesc, RingSize};
+use rdmashim_proto::{ConnectRequest, Flags, Reject, RejectReason, RingDesc, RingSize, Tag};
 
 const T: Duration = Duration::from_secs(20);
 
 fn good_request() -> [u8; CONNECT_REQUEST_LEN] {
     ConnectRequest {
-        flags: Flags::empty(),
+        flags: Flags::NATIVE,
         client_port: 1,
         server_port: 2,
         nonce: 42,
@@ -27,6 +27,7 @@ fn good_request() -> [u8; CONNECT_REQUEST_LEN] {
             size: RingSize::from_log2(16).unwrap(),
         },
         recv_slots: 8,
+        tag: Tag::ZERO,
     }
     .encode()
 }
@@ -65,8 +66,14 @@ fn bad_requests_are_rejected_with_reasons_and_the_listener_keeps_serving() {
     let good = good_request();
     let mut wrong_magic = good;
     wrong_magic[..4].copy_from_slice(b"XXXX");
+    // Version 1: the unbound handshake of older peers.
     let mut wrong_version = good;
-    wrong_version[4] = 2;
+    wrong_version[4] = 1;
+    // Not native (it names a TCP connection, with a tag no key here can verify): a native
+    // listener has no TCP connection to bind it to.
+    let mut bound = good;
+    bound[7] = 0;
+    bound[36..52].copy_from_slice(&[0x77; 16]);
     let mut bad_ring = good;
     bad_ring[32] = 30; // ring_log2 out of range
     let mut trailing = good.to_vec();
@@ -82,6 +89,11 @@ fn bad_requests_are_rejected_with_reasons_and_the_listener_keeps_serving() {
             RejectReason::UnsupportedVersion,
         ),
         ("bad ring size", bad_ring.to_vec(), RejectReason::Malformed),
+        (
+            "bound, at a native listener",
+            bound.to_vec(),
+            RejectReason::Unproven,
+        ),
         ("trailing bytes", trailing, RejectReason::Malformed),
         (
             "garbage",

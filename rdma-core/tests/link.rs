@@ -20,7 +20,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use rdmashim_core::verbs::poll_fds;
 use rdmashim_core::{DialError, DialStatus, Dialer, Link, StreamConfig, UpgradeListener};
-use rdmashim_proto::{ConnectRequest, Recv, RejectReason, SendError, StreamState};
+use rdmashim_proto::{
+    BindingKey, ConnectRequest, Proof, Recv, RejectReason, SendError, StreamState, TcpTuple,
+};
 use sha2::{Digest, Sha256};
 
 /// Upper bound for each phase (the VM is emulated and slow).
@@ -38,6 +40,35 @@ fn cfg() -> StreamConfig {
 /// This host's RDMA address with port 0: the dialer's source.
 fn src() -> Option<SocketAddr> {
     Some(SocketAddr::new(support::ip(), 0))
+}
+
+/// The binding of a test connection from TCP port `client_port` to `dst`: what the shim's
+/// token gives both ends (here both ends simply agree on it).
+fn proof(client_port: u16, dst: SocketAddr) -> Proof {
+    proof_with([0x5a; 16], client_port, dst)
+}
+
+fn proof_with(key: [u8; 16], client_port: u16, dst: SocketAddr) -> Proof {
+    Proof::Bound {
+        key: BindingKey::from_random(key),
+        tuple: TcpTuple {
+            client: SocketAddr::new(support::ip(), client_port),
+            server: dst,
+        },
+    }
+}
+
+/// The request `dialer`'s dial makes at `listener` (the dial still pending meanwhile).
+fn next_request(listener: &UpgradeListener, dialer: &mut Dialer) -> rdmashim_core::Incoming {
+    let deadline = Instant::now() + PHASE;
+    loop {
+        if let Some(i) = listener.next().expect("next") {
+            return i;
+        }
+        assert!(matches!(dialer.poll(0), DialStatus::Pending));
+        assert!(Instant::now() < deadline, "no request came");
+        sleep_on(&[listener.fd(), dialer.fd()], Duration::from_millis(100));
+    }
 }
 
 /// Sleeps in `poll(2)` on `fds` for at most `timeout` (at least 1 ms).
@@ -74,7 +105,8 @@ fn connect_pair(
     client_port: u16,
 ) -> (Link, Link, Seen) {
     let cfg = cfg();
-    let mut dialer = Dialer::start(src(), dst, client_port, &cfg).expect("Dialer::start");
+    let mut dialer = Dialer::start(src(), dst, client_port, proof(client_port, dst), &cfg)
+        .expect("Dialer::start");
     let deadline = Instant::now() + PHASE;
     let (mut client, mut server, mut seen) = (None, None::<Link>, None);
     loop {
@@ -91,7 +123,8 @@ fn connect_pair(
                     request: *incoming.request(),
                     source: incoming.source(),
                 });
-                server = Some(incoming.accept(&cfg, 0).expect("Incoming::accept"));
+                let p = proof(incoming.request().client_port, dst);
+                server = Some(incoming.accept(&cfg, 0, &p).expect("Incoming::accept"));
             }
         }
         if let Some(s) = server.as_mut() {
@@ -350,7 +383,8 @@ fn dial_to_a_port_without_listener_fails_fast() {
     let _ = support::device();
     let dst = support::addr(10);
     let t0 = Instant::now();
-    let mut dialer = Dialer::start(src(), dst, 41001, &cfg()).expect("Dialer::start");
+    let mut dialer =
+        Dialer::start(src(), dst, 41001, proof(41001, dst), &cfg()).expect("Dialer::start");
     let e = finish_dial(&mut dialer).expect_err("nobody listens there");
     let took = t0.elapsed();
     assert!(
@@ -374,16 +408,9 @@ fn request_names_the_tcp_port_and_the_dialer_and_rejects_reach_it() {
         (41002, Some(RejectReason::NoMatchingTcp)),
         (41003, None), // dropped: Resources
     ] {
-        let mut dialer = Dialer::start(src(), dst, port, &cfg()).expect("Dialer::start");
-        let deadline = Instant::now() + PHASE;
-        let incoming = loop {
-            if let Some(i) = listener.next().expect("next") {
-                break i;
-            }
-            assert!(matches!(dialer.poll(0), DialStatus::Pending));
-            assert!(Instant::now() < deadline, "no request came");
-            sleep_on(&[listener.fd(), dialer.fd()], Duration::from_millis(100));
-        };
+        let mut dialer =
+            Dialer::start(src(), dst, port, proof(port, dst), &cfg()).expect("Dialer::start");
+        let incoming = next_request(&listener, &mut dialer);
         assert_eq!(incoming.request().client_port, port);
         assert_eq!(incoming.request().server_port, dst.port());
         assert_eq!(
@@ -413,5 +440,37 @@ fn request_names_the_tcp_port_and_the_dialer_and_rejects_reach_it() {
         "the rdma_cm address of the client"
     );
     assert_eq!(server.peer_addr(), client.local_addr());
+    assert_eq!(client.conn().state(), StreamState::Switching);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_request_that_cannot_prove_the_binding_is_rejected_unproven() {
+    let _ = support::device();
+    let dst = support::addr(12);
+    let listener = UpgradeListener::bind(dst).expect("UpgradeListener::bind");
+    // A forger's request for TCP port 41010: right ports, a key of its own (it never read
+    // the connection's token), and a native request naming the same connection.
+    for forged in [
+        proof_with([0xa5; 16], 41010, dst),
+        proof_with([0x5a; 16], 41011, dst), // the real key, another connection's port
+        Proof::Native,
+    ] {
+        let mut dialer = Dialer::start(src(), dst, 41010, forged, &cfg()).expect("Dialer::start");
+        let incoming = next_request(&listener, &mut dialer);
+        assert_eq!(incoming.request().client_port, 41010);
+        let e = incoming
+            .accept(&cfg(), 0, &proof(41010, dst))
+            .expect_err("a forged request is never accepted");
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        let e = finish_dial(&mut dialer).expect_err("rejected");
+        assert!(
+            matches!(e, DialError::Rejected(Some(RejectReason::Unproven))),
+            "{e:?}"
+        );
+    }
+    // The real client, after all that, still upgrades.
+    let (client, _server, seen) = connect_pair(&listener, dst, 41010);
+    assert_eq!(seen.request.client_port, 41010);
     assert_eq!(client.conn().state(), StreamState::Switching);
 }

@@ -210,6 +210,92 @@ pub fn epoll_wait(
     check(r)
 }
 
+/// Whether a read of `fd` would not block now (data, or the end of the stream, or an error).
+pub fn readable_now(fd: c_int) -> bool {
+    poll_now(fd, libc::POLLIN) & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Sleeps `ms` milliseconds (poll(2) on nothing).
+pub fn nap_ms(ms: c_int) {
+    let _ = poll(&mut [], ms);
+}
+
+/// An `int` socket option.
+pub fn get_int_opt(fd: c_int, level: c_int, name: c_int) -> Result<c_int, Errno> {
+    let mut v: c_int = 0;
+    let mut len = size_of::<c_int>() as socklen_t;
+    // SAFETY: v/len are valid out-parameters for an int option.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd,
+            level,
+            name,
+            &mut v as *mut c_int,
+            &mut len as *mut socklen_t,
+        )
+    };
+    check(r).map(|_| v)
+}
+
+/// Sets an `int` socket option.
+pub fn set_int_opt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Result<(), Errno> {
+    // SAFETY: v is a valid int for the option's length.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_setsockopt,
+            fd,
+            level,
+            name,
+            &v as *const c_int,
+            size_of::<c_int>() as socklen_t,
+        )
+    };
+    check(r).map(|_| ())
+}
+
+/// `TCP_SAVED_SYN` of an accepted socket: the SYN's IP and TCP headers, copied into `buf`
+/// (the kernel frees its copy). Returns the length; 0 if no SYN was saved.
+pub fn saved_syn(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
+    let mut len = buf.len() as socklen_t;
+    // SAFETY: buf/len are a valid out-buffer of that length.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_SAVED_SYN,
+            buf.as_mut_ptr(),
+            &mut len as *mut socklen_t,
+        )
+    };
+    check(r).map(|_| (len as usize).min(buf.len()))
+}
+
+/// Fills `buf` from the kernel's CSPRNG (`getrandom(2)`, never blocking once the pool is
+/// initialised; `GRND_NONBLOCK` so that an early-boot process fails instead of waiting).
+pub fn random(buf: &mut [u8]) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: rest is a writable slice of its length.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_getrandom,
+                rest.as_mut_ptr(),
+                rest.len(),
+                libc::GRND_NONBLOCK,
+            )
+        };
+        match check(r) {
+            Ok(n) => done += n,
+            Err(e) if e.0 == libc::EINTR => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// SO_RCVTIMEO / SO_SNDTIMEO as milliseconds (None: no timeout).
 pub fn sock_timeout_ms(fd: c_int, name: c_int) -> Option<c_int> {
     let mut tv = libc::timeval {

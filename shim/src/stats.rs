@@ -12,7 +12,8 @@
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
 //! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"fallback":N,
 //! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N},
-//! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N}}`
+//! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N},
+//! "security":{"unproven_requests":N}}`
 //! Every hook and every reason is always present (zeros included), in a fixed order.
 
 use crate::guard::Cx;
@@ -102,6 +103,9 @@ static REASONS: [AtomicU64; FallbackReason::COUNT] =
 /// Log records the shim could not write (a refused or unwritable log file, a full disk,
 /// `RLIMIT_FSIZE`, stderr with no reader): dropped quietly, counted here.
 static LOG_DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Server side: rdma_cm requests for one of this process's connections that could not prove
+/// their sender holds it (`docs/protocol.md` 2.8: a forger's), rejected.
+static UNPROVEN_REQUESTS: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
 fn shard(cx: Cx) -> Option<&'static Shard> {
@@ -195,6 +199,11 @@ pub fn count_upgraded() {
     UPGRADED.fetch_add(1, Relaxed);
 }
 
+/// Counts one rejected request that could not prove the binding.
+pub fn count_unproven_request() {
+    UNPROVEN_REQUESTS.fetch_add(1, Relaxed);
+}
+
 /// Counts one log record that could not be written.
 pub fn count_log_dropped() {
     LOG_DROPPED.fetch_add(1, Relaxed);
@@ -213,6 +222,7 @@ pub fn reset() {
     FALLBACK.store(0, Relaxed);
     REASONS.iter().for_each(|c| c.store(0, Relaxed));
     LOG_DROPPED.store(0, Relaxed);
+    UNPROVEN_REQUESTS.store(0, Relaxed);
 }
 
 /// A consistent-enough copy of all counters (each counter is read once; counters of different
@@ -227,6 +237,7 @@ pub struct Snapshot {
     pub bytes: [u64; 4],
     pub waits: [u64; 4],
     pub log_dropped: u64,
+    pub unproven_requests: u64,
 }
 
 impl Snapshot {
@@ -241,6 +252,7 @@ impl Snapshot {
             bytes: [0; 4],
             waits: [0; 4],
             log_dropped: 0,
+            unproven_requests: 0,
         }
     }
 
@@ -264,6 +276,7 @@ impl Snapshot {
             *d = c.load(Relaxed);
         }
         s.log_dropped = LOG_DROPPED.load(Relaxed);
+        s.unproven_requests = UNPROVEN_REQUESTS.load(Relaxed);
         s
     }
 
@@ -291,8 +304,8 @@ impl Snapshot {
         write_pairs(w, named(&Wait::ALL, Wait::name, &self.waits))?;
         writeln!(
             w,
-            "}},\"output\":{{\"log_dropped\":{}}}}}",
-            self.log_dropped
+            "}},\"output\":{{\"log_dropped\":{}}},\"security\":{{\"unproven_requests\":{}}}}}",
+            self.log_dropped, self.unproven_requests
         )
     }
 }
@@ -375,6 +388,7 @@ mod tests {
         }
         assert_eq!(v["waits"]["slept"], 5);
         assert_eq!(v["output"]["log_dropped"], 0);
+        assert_eq!(v["security"]["unproven_requests"], 0);
     }
 
     #[test]
@@ -387,6 +401,7 @@ mod tests {
         s.upgraded = u64::MAX;
         s.fallback = u64::MAX;
         s.log_dropped = u64::MAX;
+        s.unproven_requests = u64::MAX;
         let mut b = FixedBuf::<JSON_MAX>::new();
         s.write_json(&mut b).unwrap();
         assert!(!b.overflowed());

@@ -52,7 +52,7 @@ pub const MARK_HOPS: u8 = 30;
 
 /// A connection's binding secret: 128 random bits the server shim chose and sent only over that
 /// TCP connection. Its `Debug` shows no byte of it.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct BindingKey([u8; KEY_LEN]);
 
 impl BindingKey {
@@ -73,11 +73,15 @@ impl fmt::Debug for BindingKey {
     }
 }
 
-/// A truncated HMAC. Compared in constant time.
-#[derive(Clone, Copy)]
+/// A truncated HMAC. Checked in constant time with [`Tag::verify`] (`==` is for tests and
+/// round trips).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Tag(pub [u8; TAG_LEN]);
 
 impl Tag {
+    /// The zero tag of a native handshake.
+    pub const ZERO: Tag = Tag([0; TAG_LEN]);
+
     /// Constant-time equality (no early exit on the first differing byte).
     pub fn verify(&self, other: &Tag) -> bool {
         self.0
@@ -114,6 +118,20 @@ impl Token {
         b[16..].copy_from_slice(&self.key.0);
         b
     }
+}
+
+/// What binds one handshake: nothing (a native stream), or a key and the TCP connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// A native stream: no TCP connection behind it (the handshake sets `NATIVE`).
+    Native,
+    /// An upgrade of the TCP connection `tuple`, whose key is `key`.
+    Bound {
+        /// The key the server sent in its token.
+        key: BindingKey,
+        /// The connection, as the sockets see it.
+        tuple: TcpTuple,
+    },
 }
 
 /// What the first bytes of a server's direction are, as far as `scan_token` can tell.

@@ -17,6 +17,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::binding::{BindingKey, Proof, Tag};
 use crate::control::ControlMsg;
 use crate::credit::{CreditPolicy, RxSlots, TxSlots};
 use crate::handshake::{AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RingDesc};
@@ -73,6 +74,10 @@ pub struct LocalParams {
 pub enum ConfigError {
     /// Fewer receives than [`MIN_RECV_SLOTS`].
     TooFewRecvSlots(u16),
+    /// The request to accept does not prove the binding the server asked for: its tag does
+    /// not verify, or it is native where a TCP connection is named (or the other way round).
+    /// Answer it with `Reject(Unproven)`.
+    Unproven,
 }
 
 impl fmt::Display for ConfigError {
@@ -80,6 +85,9 @@ impl fmt::Display for ConfigError {
         match self {
             ConfigError::TooFewRecvSlots(n) => {
                 write!(f, "{n} receive slots; at least {MIN_RECV_SLOTS} needed")
+            }
+            ConfigError::Unproven => {
+                write!(f, "the request does not prove it holds the TCP connection")
             }
         }
     }
@@ -307,6 +315,8 @@ enum Life {
     /// Client: connect request sent, waiting for ESTABLISHED (with the reply) or a reject.
     Connecting {
         request: ConnectRequest,
+        /// The key the reply's tag must verify under (`None`: a native handshake).
+        key: Option<BindingKey>,
         deadline: Instant,
     },
     /// Server: accepted; waiting for ESTABLISHED (or the first completion).
@@ -415,11 +425,14 @@ impl Connection {
 
     /// Client side: starts an upgrade of the TCP connection `client_port → server_port`.
     /// `tcp_received` is how many bytes the application has read from the socket so far (the
-    /// shim keeps counting with [`Self::note_tcp_read`]). Returns the request to encode into
-    /// `rdma_connect`'s private data.
+    /// shim keeps counting with [`Self::note_tcp_read`]). `proof` binds the request to the TCP
+    /// connection (its tag), or marks it native; the reply must prove the same. Returns the
+    /// request to encode into `rdma_connect`'s private data.
+    #[allow(clippy::too_many_arguments)]
     pub fn connect(
         cfg: Config,
         local: LocalParams,
+        proof: &Proof,
         client_port: u16,
         server_port: u16,
         nonce: u64,
@@ -433,9 +446,21 @@ impl Connection {
             nonce,
             ring: local.ring,
             recv_slots: local.recv_slots,
+            tag: Tag::ZERO,
+        };
+        let (request, key) = match proof {
+            Proof::Native => (
+                ConnectRequest {
+                    flags: Flags::NATIVE,
+                    ..request
+                },
+                None,
+            ),
+            Proof::Bound { key, tuple } => (request.bound(key, tuple), Some(*key)),
         };
         let life = Life::Connecting {
             request,
+            key,
             deadline: now + cfg.handshake_timeout,
         };
         let conn = Self::new(cfg, Side::Client, local, nonce, life, tcp_received)?;
@@ -443,14 +468,24 @@ impl Connection {
     }
 
     /// Server side: accepts a decoded request that the shim matched to an accepted TCP
-    /// connection. Returns the reply to encode into `rdma_accept`'s private data.
+    /// connection, if it proves `proof` (a bound request's tag verifies under the connection's
+    /// key; a native request for a native listener): else [`ConfigError::Unproven`]. Returns
+    /// the reply to encode into `rdma_accept`'s private data, tagged to match.
     pub fn accept(
         cfg: Config,
         local: LocalParams,
         request: &ConnectRequest,
+        proof: &Proof,
         tcp_received: u64,
         now: Instant,
     ) -> Result<(Self, AcceptReply), ConfigError> {
+        let proven = match proof {
+            Proof::Native => request.is_native(),
+            Proof::Bound { key, tuple } => request.verify(key, tuple),
+        };
+        if !proven {
+            return Err(ConfigError::Unproven);
+        }
         let life = Life::Accepted {
             deadline: now + cfg.handshake_timeout,
         };
@@ -465,6 +500,14 @@ impl Connection {
             nonce: request.nonce,
             ring: local.ring,
             recv_slots: local.recv_slots,
+            tag: Tag::ZERO,
+        };
+        let reply = match proof {
+            Proof::Native => AcceptReply {
+                flags: Flags::NATIVE,
+                ..reply
+            },
+            Proof::Bound { key, .. } => reply.bound(key, &request.tag),
         };
         Ok((conn, reply))
     }
@@ -474,7 +517,7 @@ impl Connection {
     /// Client: `RDMA_CM_EVENT_ESTABLISHED` with the server's private data. Hand this over before
     /// any completion of the connection.
     pub fn handle_accept(&mut self, private_data: &[u8]) -> Result<(), ErrorReason> {
-        let Life::Connecting { request, .. } = self.life else {
+        let Life::Connecting { request, key, .. } = self.life else {
             return self.error().map_or(Ok(()), Err);
         };
         let reply = match AcceptReply::decode(private_data) {
@@ -488,6 +531,13 @@ impl Connection {
                     got: reply.nonce,
                 })),
             );
+        }
+        let proven = match key {
+            None => reply.flags.contains(Flags::NATIVE),
+            Some(k) => reply.verify(&k, &request.tag),
+        };
+        if !proven {
+            return Err(self.fail(ErrorReason::Handshake(HandshakeError::Unproven)));
         }
         self.peer = Some(Peer {
             ring: reply.ring,

@@ -12,10 +12,17 @@
 //! Flags: the low byte of the 16-bit flags field holds "must understand" bits, the high byte
 //! "may ignore" bits. A decoder rejects unknown must-understand bits
 //! ([`DecodeError::UnknownFlags`]) and keeps unknown may-ignore bits as they are (so re-encoding
-//! a decoded message reproduces it byte for byte). Version 1 defines no flag.
+//! a decoded message reproduces it byte for byte). Version 2 defines one must-understand flag,
+//! [`Flags::NATIVE`].
+//!
+//! Version 2 (`docs/protocol.md` 2.9) appends a [`Tag`] to the request and the reply: an HMAC
+//! under the key the server sent in-band on the TCP connection ([`crate::binding`]), which
+//! binds the upgrade to that connection. A native stream (no TCP connection behind it) sets
+//! `NATIVE` and carries a zero tag.
 
 use std::fmt;
 
+use crate::binding::{self, BindingKey, Tag, TcpTuple, TAG_LEN};
 use crate::error::DecodeError;
 use crate::ring::RingSize;
 use crate::wire::{check_padding, Reader, Writer};
@@ -28,10 +35,14 @@ pub const KIND_ACCEPT_REPLY: u8 = 2;
 /// Kind byte of a [`Reject`].
 pub const KIND_REJECT: u8 = 3;
 
-/// Encoded length of a version-1 [`ConnectRequest`] (rdma_cm allows 56 bytes).
-pub const CONNECT_REQUEST_LEN: usize = 36;
-/// Encoded length of a version-1 [`AcceptReply`] (rdma_cm allows 196 bytes).
-pub const ACCEPT_REPLY_LEN: usize = 32;
+/// Where a [`ConnectRequest`]'s tag starts: the bytes before it are what the tag covers.
+pub const REQUEST_TAG_AT: usize = 36;
+/// Encoded length of a version-2 [`ConnectRequest`] (rdma_cm allows 56 bytes).
+pub const CONNECT_REQUEST_LEN: usize = REQUEST_TAG_AT + TAG_LEN;
+/// Where an [`AcceptReply`]'s tag starts.
+pub const REPLY_TAG_AT: usize = 32;
+/// Encoded length of a version-2 [`AcceptReply`] (rdma_cm allows 196 bytes).
+pub const ACCEPT_REPLY_LEN: usize = REPLY_TAG_AT + TAG_LEN;
 /// Encoded length of a [`Reject`] (rdma_cm allows 148 bytes).
 pub const REJECT_LEN: usize = 8;
 
@@ -42,8 +53,11 @@ pub struct Flags(u16);
 impl Flags {
     /// Bits a receiver must understand: unknown ones make it reject the message.
     pub const REQUIRED_MASK: u16 = 0x00ff;
-    /// Must-understand bits defined by this version (none in version 1).
-    pub const KNOWN_REQUIRED: u16 = 0;
+    /// Must-understand bits defined by this version.
+    pub const KNOWN_REQUIRED: u16 = Self::NATIVE.0;
+    /// A native stream's handshake: no TCP connection behind it, so nothing to bind to and a
+    /// zero tag. A shim's listener rejects such a request; a native listener accepts only them.
+    pub const NATIVE: Flags = Flags(0x0001);
 
     /// No flag set.
     pub const fn empty() -> Self {
@@ -58,6 +72,16 @@ impl Flags {
     /// The raw bits.
     pub const fn bits(self) -> u16 {
         self.0
+    }
+
+    /// Whether every bit of `other` is set here.
+    pub const fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// These flags with `other`'s bits added.
+    pub const fn with(self, other: Flags) -> Flags {
+        Flags(self.0 | other.0)
     }
 
     fn check(bits: u16) -> Result<Self, DecodeError> {
@@ -95,6 +119,9 @@ pub struct ConnectRequest {
     pub ring: RingDesc,
     /// Receives the client has posted before connecting: the server's initial message credit.
     pub recv_slots: u16,
+    /// [`binding::request_tag`] over the TCP 4-tuple and the bytes before it (zero if
+    /// [`Flags::NATIVE`]).
+    pub tag: Tag,
 }
 
 /// Server → client, in the private data of `rdma_accept`.
@@ -108,6 +135,9 @@ pub struct AcceptReply {
     pub ring: RingDesc,
     /// Receives the server has posted before accepting: the client's initial message credit.
     pub recv_slots: u16,
+    /// [`binding::reply_tag`] over the request's tag and the bytes before it (zero if
+    /// [`Flags::NATIVE`]).
+    pub tag: Tag,
 }
 
 /// Why a server refused an upgrade.
@@ -125,6 +155,9 @@ pub enum RejectReason {
     Disabled,
     /// The TCP connection is already upgraded or being upgraded.
     Duplicate,
+    /// The request does not prove that its sender holds the TCP connection (its tag does not
+    /// verify, the connection got no key, or a native request where a TCP connection is named).
+    Unproven,
     /// A code this version does not know (sent by a newer peer); still a rejection.
     Other(u8),
 }
@@ -139,6 +172,7 @@ impl RejectReason {
             RejectReason::Resources => 4,
             RejectReason::Disabled => 5,
             RejectReason::Duplicate => 6,
+            RejectReason::Unproven => 7,
             RejectReason::Other(c) => c,
         }
     }
@@ -153,6 +187,7 @@ impl RejectReason {
             4 => RejectReason::Resources,
             5 => RejectReason::Disabled,
             6 => RejectReason::Duplicate,
+            7 => RejectReason::Unproven,
             c => RejectReason::Other(c),
         })
     }
@@ -175,6 +210,7 @@ impl fmt::Display for RejectReason {
             RejectReason::Resources => write!(f, "out of resources"),
             RejectReason::Disabled => write!(f, "upgrades disabled"),
             RejectReason::Duplicate => write!(f, "connection already upgraded"),
+            RejectReason::Unproven => write!(f, "no proof of holding the TCP connection"),
             RejectReason::Other(c) => write!(f, "reject reason {c}"),
         }
     }
@@ -212,6 +248,9 @@ pub enum HandshakeError {
         /// The nonce in the reply.
         got: u64,
     },
+    /// The reply's tag does not verify: its sender is not the server that holds the TCP
+    /// connection (or a native reply answered a bound request, or the other way round).
+    Unproven,
 }
 
 impl fmt::Display for HandshakeError {
@@ -223,6 +262,9 @@ impl fmt::Display for HandshakeError {
                     f,
                     "reply nonce {got:#x} does not match request {expected:#x}"
                 )
+            }
+            HandshakeError::Unproven => {
+                write!(f, "the reply does not prove it comes from the TCP peer")
             }
         }
     }
@@ -282,8 +324,34 @@ fn write_ring<const N: usize>(w: &mut Writer<N>, ring: &RingDesc, recv_slots: u1
         .u16(recv_slots);
 }
 
+fn read_tag(r: &mut Reader<'_>) -> Result<Tag, DecodeError> {
+    let mut t = [0u8; TAG_LEN];
+    for b in t.iter_mut() {
+        *b = r.u8()?;
+    }
+    Ok(Tag(t))
+}
+
 impl ConnectRequest {
-    /// Encodes the request (version 1 layout).
+    /// The request with its tag computed: under `key` for the TCP connection `tuple`.
+    pub fn bound(mut self, key: &BindingKey, tuple: &TcpTuple) -> Self {
+        self.tag = binding::request_tag(key, tuple, &self.encode()[..REQUEST_TAG_AT]);
+        self
+    }
+
+    /// Whether the tag verifies under `key` for `tuple` (constant-time). A native request
+    /// never does.
+    pub fn verify(&self, key: &BindingKey, tuple: &TcpTuple) -> bool {
+        !self.flags.contains(Flags::NATIVE)
+            && binding::request_tag(key, tuple, &self.encode()[..REQUEST_TAG_AT]).verify(&self.tag)
+    }
+
+    /// Whether this is a native stream's request (no TCP connection behind it).
+    pub fn is_native(&self) -> bool {
+        self.flags.contains(Flags::NATIVE)
+    }
+
+    /// Encodes the request (version 2 layout).
     pub fn encode(&self) -> [u8; CONNECT_REQUEST_LEN] {
         let mut w = Writer::<CONNECT_REQUEST_LEN>::new();
         w.bytes(&MAGIC)
@@ -294,6 +362,7 @@ impl ConnectRequest {
             .u16(self.server_port)
             .u64(self.nonce);
         write_ring(&mut w, &self.ring, self.recv_slots);
+        w.bytes(&self.tag.0);
         let (buf, len) = w.finish();
         debug_assert_eq!(len, CONNECT_REQUEST_LEN);
         buf
@@ -307,6 +376,7 @@ impl ConnectRequest {
         let server_port = r.u16()?;
         let nonce = r.u64()?;
         let (ring, recv_slots) = read_ring(&mut r)?;
+        let tag = read_tag(&mut r)?;
         Ok(ConnectRequest {
             flags,
             client_port,
@@ -314,12 +384,27 @@ impl ConnectRequest {
             nonce,
             ring,
             recv_slots,
+            tag,
         })
     }
 }
 
 impl AcceptReply {
-    /// Encodes the reply (version 1 layout).
+    /// The reply with its tag computed: under `key`, answering a request tagged `request_tag`.
+    pub fn bound(mut self, key: &BindingKey, request_tag: &Tag) -> Self {
+        self.tag = binding::reply_tag(key, request_tag, &self.encode()[..REPLY_TAG_AT]);
+        self
+    }
+
+    /// Whether the tag verifies under `key` for the request tagged `request_tag`
+    /// (constant-time). A native reply never does.
+    pub fn verify(&self, key: &BindingKey, request_tag: &Tag) -> bool {
+        !self.flags.contains(Flags::NATIVE)
+            && binding::reply_tag(key, request_tag, &self.encode()[..REPLY_TAG_AT])
+                .verify(&self.tag)
+    }
+
+    /// Encodes the reply (version 2 layout).
     pub fn encode(&self) -> [u8; ACCEPT_REPLY_LEN] {
         let mut w = Writer::<ACCEPT_REPLY_LEN>::new();
         w.bytes(&MAGIC)
@@ -328,6 +413,7 @@ impl AcceptReply {
             .u16(self.flags.bits())
             .u64(self.nonce);
         write_ring(&mut w, &self.ring, self.recv_slots);
+        w.bytes(&self.tag.0);
         let (buf, len) = w.finish();
         debug_assert_eq!(len, ACCEPT_REPLY_LEN);
         buf
@@ -339,11 +425,13 @@ impl AcceptReply {
         let flags = Flags::check(r.u16()?)?;
         let nonce = r.u64()?;
         let (ring, recv_slots) = read_ring(&mut r)?;
+        let tag = read_tag(&mut r)?;
         Ok(AcceptReply {
             flags,
             nonce,
             ring,
             recv_slots,
+            tag,
         })
     }
 }
@@ -398,6 +486,7 @@ mod tests {
                 size: RingSize::new(1 << 16).unwrap(),
             },
             recv_slots: 64,
+            tag: Tag([0xee; TAG_LEN]),
         }
     }
 
@@ -405,7 +494,7 @@ mod tests {
     fn connect_request_layout() {
         let b = req().encode();
         assert_eq!(&b[0..4], b"RDSH");
-        assert_eq!(b[4], 1);
+        assert_eq!(b[4], 2);
         assert_eq!(b[5], KIND_CONNECT_REQUEST);
         assert_eq!(&b[6..8], &[0, 0]);
         assert_eq!(&b[8..10], &40000u16.to_be_bytes());
@@ -416,7 +505,55 @@ mod tests {
         assert_eq!(b[32], 16);
         assert_eq!(b[33], 0);
         assert_eq!(&b[34..36], &64u16.to_be_bytes());
+        assert_eq!(&b[36..52], &[0xee; 16]);
+        assert_eq!(b.len(), 52);
         assert!(b.len() <= 56);
+    }
+
+    #[test]
+    fn tags_bind_request_and_reply() {
+        let key = BindingKey::from_random([3; 16]);
+        let tuple = TcpTuple {
+            client: "10.0.0.1:40000".parse().unwrap(),
+            server: "10.0.0.2:6379".parse().unwrap(),
+        };
+        let r = req().bound(&key, &tuple);
+        assert!(r.verify(&key, &tuple));
+        let decoded = ConnectRequest::decode(&r.encode()).unwrap();
+        assert!(decoded.verify(&key, &tuple), "the tag survives the wire");
+        assert!(!r.verify(&BindingKey::from_random([4; 16]), &tuple));
+        // Any field changed after tagging breaks it: the port of another connection, the ring.
+        assert!(!ConnectRequest {
+            client_port: 40001,
+            ..r
+        }
+        .verify(&key, &tuple));
+        assert!(!ConnectRequest {
+            ring: RingDesc { rkey: 9, ..r.ring },
+            ..r
+        }
+        .verify(&key, &tuple));
+        // A native request proves nothing, whatever its tag.
+        let native = ConnectRequest {
+            flags: Flags::NATIVE,
+            ..r
+        };
+        assert!(native.is_native() && !native.verify(&key, &tuple));
+        let reply = AcceptReply {
+            flags: Flags::empty(),
+            nonce: r.nonce,
+            ring: r.ring,
+            recv_slots: 8,
+            tag: Tag::ZERO,
+        }
+        .bound(&key, &r.tag);
+        assert!(reply.verify(&key, &r.tag));
+        assert!(
+            !reply.verify(&key, &Tag::ZERO),
+            "bound to the request's tag"
+        );
+        assert!(!AcceptReply { nonce: 1, ..reply }.verify(&key, &r.tag));
+        assert_eq!(AcceptReply::decode(&reply.encode()), Ok(reply));
     }
 
     #[test]
@@ -424,10 +561,10 @@ mod tests {
         let mut padded = [0u8; 56];
         padded[..CONNECT_REQUEST_LEN].copy_from_slice(&req().encode());
         assert_eq!(ConnectRequest::decode(&padded), Ok(req()));
-        padded[50] = 1;
+        padded[54] = 1;
         assert_eq!(
             ConnectRequest::decode(&padded),
-            Err(DecodeError::TrailingBytes { offset: 50 })
+            Err(DecodeError::TrailingBytes { offset: 54 })
         );
     }
 
@@ -437,8 +574,8 @@ mod tests {
         assert_eq!(ConnectRequest::decode(&[]), Err(DecodeError::Empty));
         assert_eq!(ConnectRequest::decode(&[0; 56]), Err(DecodeError::Empty));
         assert_eq!(
-            ConnectRequest::decode(&good[..35]),
-            Err(DecodeError::Truncated { need: 36, got: 35 })
+            ConnectRequest::decode(&good[..51]),
+            Err(DecodeError::Truncated { need: 52, got: 51 })
         );
         assert!(matches!(
             ConnectRequest::decode(&good[..3]),
@@ -450,11 +587,12 @@ mod tests {
             ConnectRequest::decode(&b),
             Err(DecodeError::BadMagic(_))
         ));
+        // A version-1 request (no tag) is refused: it could prove nothing.
         let mut b = good;
-        b[4] = 2;
+        b[4] = 1;
         assert_eq!(
             ConnectRequest::decode(&b),
-            Err(DecodeError::UnsupportedVersion(2))
+            Err(DecodeError::UnsupportedVersion(1))
         );
         let mut b = good;
         b[5] = KIND_ACCEPT_REPLY;
@@ -466,11 +604,14 @@ mod tests {
             })
         );
         let mut b = good;
-        b[7] = 0x01; // must-understand bit 0
+        b[7] = 0x02; // must-understand bit 1 (bit 0 is NATIVE)
         assert_eq!(
             ConnectRequest::decode(&b),
-            Err(DecodeError::UnknownFlags(1))
+            Err(DecodeError::UnknownFlags(2))
         );
+        let mut b = good;
+        b[7] = 0x01;
+        assert!(ConnectRequest::decode(&b).unwrap().is_native());
         let mut b = good;
         b[6] = 0x80; // may-ignore bit 15: kept
         let d = ConnectRequest::decode(&b).unwrap();
@@ -507,8 +648,11 @@ mod tests {
                 size: RingSize::new(4096).unwrap(),
             },
             recv_slots: 4,
+            tag: Tag([0x11; TAG_LEN]),
         };
         let b = r.encode();
+        assert_eq!(b.len(), 48);
+        assert_eq!(&b[32..48], &[0x11; 16]);
         assert_eq!(b[5], KIND_ACCEPT_REPLY);
         assert_eq!(&b[8..16], &7u64.to_be_bytes());
         assert_eq!(b[28], 12);
@@ -535,6 +679,7 @@ mod tests {
             RejectReason::Resources,
             RejectReason::Disabled,
             RejectReason::Duplicate,
+            RejectReason::Unproven,
             RejectReason::Other(200),
         ] {
             let m = Reject::new(reason);

@@ -24,6 +24,7 @@ pub mod state;
 pub mod upgrade;
 mod wire;
 
+pub use binding::{BindingKey, Proof, Tag, TcpTuple};
 pub use conn::{
     Action, Completion, Config, ConfigError, Connection, ConsumeError, LocalParams, Readiness,
     Recv, SendError, SendGrant, Side, Stats,
@@ -43,6 +44,6 @@ pub use state::{
 /// First four bytes of every handshake message.
 pub const MAGIC: [u8; 4] = *b"RDSH";
 /// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Fewest receives a side may post (the credit rules need at least 4; see [`credit`]).
 pub const MIN_RECV_SLOTS: u16 = 4;

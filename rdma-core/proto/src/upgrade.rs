@@ -331,7 +331,8 @@ pub enum RequestOutcome<R, C> {
     },
     /// Kept until its connection is accepted (or [`Matcher::expire`] gives it back).
     Pending,
-    /// A request for that 4-tuple is already pending: reject this one as a duplicate.
+    /// [`MAX_REQUESTS_PER_TUPLE`] requests for that 4-tuple are already pending: reject this
+    /// one as a duplicate.
     Duplicate(R),
     /// Too many pending requests: reject it (resources).
     Full(R),
@@ -347,12 +348,22 @@ pub enum Expired<R, C> {
     Accepted(TupleKey, C),
 }
 
+/// Most requests kept pending for one 4-tuple. More than one: anyone can send a request that
+/// names a tuple (`docs/protocol.md` 2.8), and a forger's request that came first must not turn
+/// the real client's into a duplicate. The caller verifies each request it is handed against
+/// the connection's key and, when one fails, hands the connection back to
+/// [`Matcher::on_accepted`], which gives it the next.
+pub const MAX_REQUESTS_PER_TUPLE: usize = 4;
+
 /// The server's rendezvous between rdma_cm connect requests and accepted TCP connections.
 /// Either may come first; each waits a bounded time for the other.
 #[derive(Debug)]
 pub struct Matcher<R, C> {
     cfg: MatcherConfig,
-    requests: HashMap<TupleKey, (R, Instant)>,
+    /// Pending requests per tuple, oldest first.
+    requests: HashMap<TupleKey, Vec<(R, Instant)>>,
+    /// How many requests `requests` holds in all.
+    pending: usize,
     accepted: HashMap<TupleKey, (C, Instant)>,
 }
 
@@ -362,6 +373,7 @@ impl<R, C> Matcher<R, C> {
         Matcher {
             cfg,
             requests: HashMap::new(),
+            pending: 0,
             accepted: HashMap::new(),
         }
     }
@@ -371,21 +383,34 @@ impl<R, C> Matcher<R, C> {
         if let Some((conn, _)) = self.accepted.remove(&key) {
             return RequestOutcome::Matched { req, conn };
         }
-        if self.requests.contains_key(&key) {
+        if self
+            .requests
+            .get(&key)
+            .is_some_and(|v| v.len() >= MAX_REQUESTS_PER_TUPLE)
+        {
             return RequestOutcome::Duplicate(req);
         }
-        if self.requests.len() >= self.cfg.max_requests {
+        if self.pending >= self.cfg.max_requests {
             return RequestOutcome::Full(req);
         }
         self.requests
-            .insert(key, (req, now + self.cfg.request_wait));
+            .entry(key)
+            .or_default()
+            .push((req, now + self.cfg.request_wait));
+        self.pending += 1;
         RequestOutcome::Pending
     }
 
-    /// The application accepted the TCP connection `key` at `now`. Returns the pending request
-    /// that matches it, or keeps `conn` waiting for one.
+    /// The application accepted the TCP connection `key` at `now` (or the caller hands it
+    /// back after the request it was given did not verify). Returns the oldest pending request
+    /// for it, or keeps `conn` waiting for one.
     pub fn on_accepted(&mut self, key: TupleKey, conn: C, now: Instant) -> Option<(R, C)> {
-        if let Some((req, _)) = self.requests.remove(&key) {
+        if let Some(v) = self.requests.get_mut(&key) {
+            let (req, _) = v.remove(0);
+            if v.is_empty() {
+                self.requests.remove(&key);
+            }
+            self.pending -= 1;
             return Some((req, conn));
         }
         self.accepted
@@ -419,12 +444,18 @@ impl<R, C> Matcher<R, C> {
         let due: Vec<TupleKey> = self
             .requests
             .iter()
-            .filter(|(_, (_, t))| *t <= now)
+            .filter(|(_, v)| v.iter().any(|(_, t)| *t <= now))
             .map(|(k, _)| *k)
             .collect();
         for k in due {
-            if let Some((r, _)) = self.requests.remove(&k) {
-                out.push(Expired::Request(k, r));
+            let Some(v) = self.requests.remove(&k) else {
+                continue;
+            };
+            let (gone, kept): (Vec<_>, Vec<_>) = v.into_iter().partition(|(_, t)| *t <= now);
+            self.pending -= gone.len();
+            out.extend(gone.into_iter().map(|(r, _)| Expired::Request(k, r)));
+            if !kept.is_empty() {
+                self.requests.insert(k, kept);
             }
         }
         let due: Vec<TupleKey> = self
@@ -445,6 +476,7 @@ impl<R, C> Matcher<R, C> {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.requests
             .values()
+            .flatten()
             .map(|(_, t)| *t)
             .chain(self.accepted.values().map(|(_, t)| *t))
             .min()
@@ -452,7 +484,7 @@ impl<R, C> Matcher<R, C> {
 
     /// Pending requests.
     pub fn pending_requests(&self) -> usize {
-        self.requests.len()
+        self.pending
     }
 
     /// Accepted connections waiting for a request.
@@ -660,10 +692,6 @@ mod tests {
         let t0 = Instant::now();
         let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
         assert_eq!(m.on_request(key(1), "req1", t0), RequestOutcome::Pending);
-        assert_eq!(
-            m.on_request(key(1), "again", t0),
-            RequestOutcome::Duplicate("again")
-        );
         assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(3)));
         assert_eq!(
             m.on_accepted(key(2), 20, t0),
@@ -673,6 +701,40 @@ mod tests {
         assert_eq!(m.on_accepted(key(1), 10, t0), Some(("req1", 10)));
         assert_eq!(m.pending_requests(), 0);
         assert_eq!(m.waiting_accepted(), 1);
+    }
+
+    /// A forger's request that came first does not shut the real one out: both wait, the
+    /// connection is offered the oldest, and handed back (its request did not verify) the next.
+    #[test]
+    fn several_requests_for_one_tuple_are_offered_in_turn() {
+        let t0 = Instant::now();
+        let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
+        let names = ["forged1", "forged2", "forged3", "real"];
+        for (i, r) in names.iter().enumerate() {
+            let at = t0 + Duration::from_millis(i as u64);
+            assert_eq!(m.on_request(key(1), *r, at), RequestOutcome::Pending);
+        }
+        assert_eq!(
+            m.on_request(key(1), "fifth", t0),
+            RequestOutcome::Duplicate("fifth")
+        );
+        assert_eq!(m.pending_requests(), 4);
+        let mut conn = 10;
+        for want in names {
+            let (r, c) = m.on_accepted(key(1), conn, t0).expect("a request to try");
+            assert_eq!((r, c), (want, 10));
+            conn = c;
+        }
+        assert_eq!(m.on_accepted(key(1), conn, t0), None, "waits for more");
+        assert_eq!((m.pending_requests(), m.waiting_accepted()), (0, 1));
+        // Expiry takes only the due ones of a tuple.
+        let mut m: Matcher<&str, u32> = Matcher::new(MatcherConfig::default());
+        m.on_request(key(2), "old", t0);
+        m.on_request(key(2), "new", t0 + Duration::from_secs(2));
+        let gone = m.expire(t0 + Duration::from_secs(3));
+        assert_eq!(gone, vec![Expired::Request(key(2), "old")]);
+        assert_eq!(m.pending_requests(), 1);
+        assert_eq!(m.on_accepted(key(2), 7, t0), Some(("new", 7)));
     }
 
     #[test]

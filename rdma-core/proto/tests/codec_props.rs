@@ -19,9 +19,10 @@ fn ring_desc() -> impl Strategy<Value = RingDesc> {
     })
 }
 
-/// Flags a decoder accepts: known must-understand bits (none in v1) and any may-ignore bits.
+/// Flags a decoder accepts: known must-understand bits (NATIVE) and any may-ignore bits.
 fn flags() -> impl Strategy<Value = Flags> {
-    any::<u8>().prop_map(|hi| Flags::from_bits_retain(u16::from(hi) << 8))
+    (any::<u8>(), any::<bool>())
+        .prop_map(|(hi, native)| Flags::from_bits_retain(u16::from(hi) << 8 | u16::from(native)))
 }
 
 fn connect_request() -> impl Strategy<Value = ConnectRequest> {
@@ -32,15 +33,17 @@ fn connect_request() -> impl Strategy<Value = ConnectRequest> {
         any::<u64>(),
         ring_desc(),
         MIN_RECV_SLOTS..=u16::MAX,
+        any::<[u8; 16]>(),
     )
         .prop_map(
-            |(flags, client_port, server_port, nonce, ring, recv_slots)| ConnectRequest {
+            |(flags, client_port, server_port, nonce, ring, recv_slots, tag)| ConnectRequest {
                 flags,
                 client_port,
                 server_port,
                 nonce,
                 ring,
                 recv_slots,
+                tag: Tag(tag),
             },
         )
 }
@@ -51,12 +54,14 @@ fn accept_reply() -> impl Strategy<Value = AcceptReply> {
         any::<u64>(),
         ring_desc(),
         MIN_RECV_SLOTS..=u16::MAX,
+        any::<[u8; 16]>(),
     )
-        .prop_map(|(flags, nonce, ring, recv_slots)| AcceptReply {
+        .prop_map(|(flags, nonce, ring, recv_slots, tag)| AcceptReply {
             flags,
             nonce,
             ring,
             recv_slots,
+            tag: Tag(tag),
         })
 }
 

@@ -6,6 +6,9 @@ use std::time::{Duration, Instant};
 
 use rdmashim_proto::*;
 
+mod common;
+use common::proof;
+
 const A_RING: u64 = 0x1000_0000;
 const B_RING: u64 = 0x2000_0000;
 
@@ -23,10 +26,20 @@ fn local(addr: u64, log2: u8, slots: u16) -> LocalParams {
 /// Client `a` and server `b`, established (not switched).
 fn established(log2: u8, slots: u16, cfg: Config) -> (Connection, Connection) {
     let now = Instant::now();
-    let (mut a, req) =
-        Connection::connect(cfg, local(A_RING, log2, slots), 1234, 80, 42, 0, now).unwrap();
+    let (mut a, req) = Connection::connect(
+        cfg,
+        local(A_RING, log2, slots),
+        &proof(),
+        1234,
+        80,
+        42,
+        0,
+        now,
+    )
+    .unwrap();
     let req = ConnectRequest::decode(&req.encode()).unwrap();
-    let (mut b, reply) = Connection::accept(cfg, local(B_RING, log2, slots), &req, 0, now).unwrap();
+    let (mut b, reply) =
+        Connection::accept(cfg, local(B_RING, log2, slots), &req, &proof(), 0, now).unwrap();
     a.handle_accept(&reply.encode()).unwrap();
     b.handle_established();
     (a, b)
@@ -143,8 +156,17 @@ fn handshake_then_switch() {
 #[test]
 fn reject_with_reason_falls_back() {
     let now = Instant::now();
-    let (mut a, _) =
-        Connection::connect(Config::default(), local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
+    let (mut a, _) = Connection::connect(
+        Config::default(),
+        local(A_RING, 12, 4),
+        &proof(),
+        1,
+        2,
+        3,
+        0,
+        now,
+    )
+    .unwrap();
     a.handle_reject(&Reject::new(RejectReason::NoMatchingTcp).encode());
     assert_eq!(
         a.error(),
@@ -164,6 +186,7 @@ fn reject_without_rdmashim_data() {
         let (mut a, _) = Connection::connect(
             Config::default(),
             local(A_RING, 12, 4),
+            &proof(),
             1,
             2,
             3,
@@ -181,8 +204,10 @@ fn reject_without_rdmashim_data() {
 fn bad_replies() {
     let now = Instant::now();
     let cfg = Config::default();
-    let (mut a, req) = Connection::connect(cfg, local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
-    let (_b, mut reply) = Connection::accept(cfg, local(B_RING, 12, 4), &req, 0, now).unwrap();
+    let (mut a, req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
+    let (_b, mut reply) =
+        Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
     reply.nonce ^= 1;
     assert_eq!(
         a.handle_accept(&reply.encode()),
@@ -191,7 +216,8 @@ fn bad_replies() {
             got: 2
         }))
     );
-    let (mut a, _) = Connection::connect(cfg, local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
+    let (mut a, _) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
     assert_eq!(
         a.handle_accept(&[1, 2, 3]),
         Err(ErrorReason::Handshake(HandshakeError::Decode(
@@ -208,8 +234,9 @@ fn handshake_timeout() {
         handshake_timeout: Duration::from_millis(500),
         ..Config::default()
     };
-    let (mut a, req) = Connection::connect(cfg, local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
-    let (mut b, _) = Connection::accept(cfg, local(B_RING, 12, 4), &req, 0, now).unwrap();
+    let (mut a, req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
+    let (mut b, _) = Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
     for c in [&mut a, &mut b] {
         assert_eq!(c.poll_timeout(), Some(now + Duration::from_millis(500)));
         c.handle_timeout(now + Duration::from_millis(499));
@@ -228,6 +255,7 @@ fn tcp_ends_during_handshake() {
     let (mut a, _) = Connection::connect(
         Config::default(),
         local(A_RING, 12, 4),
+        &proof(),
         1,
         2,
         3,
@@ -245,6 +273,7 @@ fn too_few_slots() {
         Connection::connect(
             Config::default(),
             local(A_RING, 12, 3),
+            &proof(),
             1,
             2,
             3,
@@ -260,8 +289,10 @@ fn too_few_slots() {
 fn server_established_by_first_completion() {
     let now = Instant::now();
     let cfg = Config::default();
-    let (mut a, req) = Connection::connect(cfg, local(A_RING, 12, 4), 1, 2, 3, 0, now).unwrap();
-    let (mut b, reply) = Connection::accept(cfg, local(B_RING, 12, 4), &req, 0, now).unwrap();
+    let (mut a, req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
+    let (mut b, reply) =
+        Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
     a.handle_accept(&reply.encode()).unwrap();
     assert_eq!(b.state(), StreamState::Handshaking);
     assert!(b.commit_switch(0).is_err(), "no commit before established");
@@ -276,6 +307,7 @@ fn client_completion_before_established() {
     let (mut a, _) = Connection::connect(
         Config::default(),
         local(A_RING, 12, 4),
+        &proof(),
         1,
         2,
         3,
@@ -911,4 +943,98 @@ fn only_credits_with_slots_return_slots() {
     }
     let acts: Vec<Action> = std::iter::from_fn(|| b.poll_action()).collect();
     assert!(acts.iter().any(Action::returns_slots), "{acts:?}");
+}
+
+/// A proof with another key: what a forger or a squatter has (it never saw the token).
+fn forged() -> Proof {
+    match proof() {
+        Proof::Bound { tuple, .. } => Proof::Bound {
+            key: BindingKey::from_random([0xa5; 16]),
+            tuple,
+        },
+        Proof::Native => unreachable!(),
+    }
+}
+
+#[test]
+fn a_request_that_cannot_prove_the_binding_is_not_accepted() {
+    let now = Instant::now();
+    let cfg = Config::default();
+    // A forger's request (its own key) for the connection: the server refuses it.
+    let (_f, forged_req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &forged(), 1, 2, 3, 0, now).unwrap();
+    assert_eq!(
+        Connection::accept(cfg, local(B_RING, 12, 4), &forged_req, &proof(), 0, now).err(),
+        Some(ConfigError::Unproven)
+    );
+    // The same request for another 4-tuple (the real key, another connection's ports).
+    let other = match proof() {
+        Proof::Bound { key, tuple } => Proof::Bound {
+            key,
+            tuple: TcpTuple {
+                client: "10.0.0.1:1235".parse().unwrap(),
+                ..tuple
+            },
+        },
+        Proof::Native => unreachable!(),
+    };
+    let (_o, other_req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &other, 1, 2, 3, 0, now).unwrap();
+    assert!(Connection::accept(cfg, local(B_RING, 12, 4), &other_req, &proof(), 0, now).is_err());
+    // A native request where a TCP connection is named, and a bound one at a native listener.
+    let (_n, native_req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &Proof::Native, 1, 2, 3, 0, now).unwrap();
+    assert!(native_req.is_native());
+    assert!(Connection::accept(cfg, local(B_RING, 12, 4), &native_req, &proof(), 0, now).is_err());
+    let (_r, real_req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
+    assert!(
+        Connection::accept(cfg, local(B_RING, 12, 4), &real_req, &Proof::Native, 0, now).is_err()
+    );
+    // Natively, both ends agree.
+    let (mut a, _) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &Proof::Native, 1, 2, 3, 0, now).unwrap();
+    let (_b, reply) = Connection::accept(
+        cfg,
+        local(B_RING, 12, 4),
+        &native_req,
+        &Proof::Native,
+        0,
+        now,
+    )
+    .unwrap();
+    a.handle_accept(&reply.encode()).unwrap();
+}
+
+#[test]
+fn a_reply_that_cannot_prove_the_binding_leaves_the_client_on_tcp() {
+    let now = Instant::now();
+    let cfg = Config::default();
+    // A squatter answers the real client's request with a reply under a key of its own.
+    let (mut a, req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
+    let (_q, mut reply) =
+        Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
+    reply = reply.bound(&BindingKey::from_random([0xa5; 16]), &req.tag);
+    assert_eq!(
+        a.handle_accept(&reply.encode()),
+        Err(ErrorReason::Handshake(HandshakeError::Unproven))
+    );
+    assert!(a.can_fall_back(), "nothing was committed: TCP goes on");
+    assert_eq!(a.send(1), Err(SendError::ViaTcp));
+    // A native reply to a bound request proves nothing either.
+    let (mut a, req) =
+        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
+    let (_q, reply) =
+        Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
+    let native = AcceptReply {
+        flags: Flags::NATIVE,
+        tag: Tag::ZERO,
+        ..reply
+    };
+    assert_eq!(
+        a.handle_accept(&native.encode()),
+        Err(ErrorReason::Handshake(HandshakeError::Unproven))
+    );
+    assert!(a.can_fall_back());
 }

@@ -7,6 +7,9 @@ use std::time::Instant;
 use proptest::prelude::*;
 use rdmashim_proto::*;
 
+mod common;
+use common::proof;
+
 #[derive(Clone, Debug)]
 enum Op {
     Imm(u32, Option<u32>),
@@ -77,8 +80,9 @@ fn conn(server: bool, log2: u8, slots: u16) -> Connection {
         recv_slots: slots,
     };
     let (mut a, req) =
-        Connection::connect(Config::default(), local(0x1000), 1, 2, 3, 0, now).unwrap();
-    let (b, reply) = Connection::accept(Config::default(), local(0x2000), &req, 0, now).unwrap();
+        Connection::connect(Config::default(), local(0x1000), &proof(), 1, 2, 3, 0, now).unwrap();
+    let (b, reply) =
+        Connection::accept(Config::default(), local(0x2000), &req, &proof(), 0, now).unwrap();
     if server {
         b
     } else {

@@ -22,6 +22,9 @@ use std::time::Instant;
 use proptest::prelude::*;
 use rdmashim_proto::*;
 
+mod common;
+use common::proof;
+
 /// SplitMix64: a tiny deterministic generator for the schedule.
 struct Rng(u64);
 
@@ -258,6 +261,7 @@ impl Sim {
         let (conn, req) = Connection::connect(
             sim.a.p.cfg,
             sim.a.local(),
+            &proof(),
             40000,
             6379,
             0xfeed_f00d,
@@ -284,6 +288,7 @@ impl Sim {
             self.b.p.cfg,
             self.b.local(),
             &req,
+            &proof(),
             self.b.tcp_read,
             self.now,
         )

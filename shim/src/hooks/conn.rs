@@ -144,15 +144,48 @@ fn sockaddr_of(addr: *const sockaddr, len: socklen_t) -> Option<std::net::Socket
     }
 }
 
+/// Before connect() on TCP candidate `fd` (entry `e`) to `addr`: marks the SYN the call will
+/// send if the connection may be upgraded (`docs/protocol.md` 2.9). Undo with [`unmark_syn`]
+/// right after the call. errno is preserved.
+pub(crate) fn mark_syn(
+    fd: c_int,
+    e: FdEntry,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> Option<crate::upgrade::Mark> {
+    let _e = ErrnoGuard::save();
+    if e.has(flags::EPOLLED) || e.has(flags::COUNTED) || probe::host_reason().is_some() {
+        return None;
+    }
+    let peer = sockaddr_of(addr, len)?;
+    let _s = crate::guard::Section::enter();
+    if !crate::upgrade::may_upgrade_to(peer) {
+        return None;
+    }
+    crate::upgrade::mark_syn(fd, peer)
+}
+
+/// After the connect() of [`mark_syn`]: the socket's options as the application left them.
+/// errno is preserved.
+pub(crate) fn unmark_syn(fd: c_int, m: Option<crate::upgrade::Mark>) {
+    if let Some(m) = m {
+        let _e = ErrnoGuard::save();
+        let _s = crate::guard::Section::enter();
+        crate::upgrade::unmark_syn(fd, m);
+    }
+}
+
 /// connect() on TCP candidate `fd` (entry `e`) succeeded or is in progress (`pending`): starts
 /// its upgrade (the entry becomes `Upgraded`; the connection counts itself once decided) and
-/// returns true, or remembers why not and returns false. errno is preserved.
+/// returns true, or remembers why not and returns false. `marked`: its SYN carried the mark.
+/// errno is preserved.
 pub(crate) fn start_client(
     fd: c_int,
     e: FdEntry,
     addr: *const sockaddr,
     len: socklen_t,
     pending: bool,
+    marked: bool,
 ) -> bool {
     let _e = ErrnoGuard::save();
     if probe::host_reason().is_some() {
@@ -166,7 +199,7 @@ pub(crate) fn start_client(
         return false;
     };
     let _s = crate::guard::Section::enter();
-    match crate::upgrade::start_client_to(fd, peer, pending) {
+    match crate::upgrade::start_client_to(fd, peer, pending, marked) {
         Ok(slot) => {
             TABLE.update(fd, |e| {
                 (e.kind() == Kind::TcpCandidate).then(|| {
@@ -217,24 +250,33 @@ pub(crate) fn start_server(l: FdEntry, nfd: c_int) -> bool {
     }
 }
 
-/// listen() succeeded on TCP socket `fd`: an rdma_cm listener beside it, if this host can.
-pub(crate) fn start_listener(fd: c_int) {
+/// listen() is about to be called on TCP candidate `fd`: if this host can upgrade, the socket
+/// keeps its connections' SYNs from now on (for the client's mark; none arrives unsaved).
+/// Returns whether it does. errno is preserved.
+pub(crate) fn save_syns(fd: c_int) -> bool {
     let _e = ErrnoGuard::save();
     if probe::host_reason().is_some() {
-        return;
+        return false;
     }
     let _s = crate::guard::Section::enter();
-    // (the rdma_cm listener needs the libraries now: loaded here if the engine has not yet)
-    if !probe::load_libraries() {
-        return;
-    }
-    let Some(addr) = crate::net::local_addr(fd) else {
-        return;
-    };
-    if crate::upgrade::start_listener(fd, addr) {
+    crate::upgrade::save_syns(fd, true)
+}
+
+/// listen() succeeded on TCP socket `fd`: an rdma_cm listener beside it, if this host can.
+/// `saving`: [`save_syns`] was set; it is cleared again if the listener gets no rdma_cm side.
+pub(crate) fn start_listener(fd: c_int, saving: bool) {
+    let _e = ErrnoGuard::save();
+    let _s = crate::guard::Section::enter();
+    let listening = probe::host_reason().is_none()
+        // (the rdma_cm listener needs the libraries now: loaded here if the engine has not yet)
+        && probe::load_libraries()
+        && crate::net::local_addr(fd).is_some_and(|addr| crate::upgrade::start_listener(fd, addr));
+    if listening {
         TABLE.update(fd, |e| {
             (e.kind() == Kind::Listening).then(|| e.with_flags(flags::RDMA_LISTENER))
         });
+    } else if saving {
+        crate::upgrade::save_syns(fd, false);
     }
 }
 

@@ -60,14 +60,19 @@ hook! {
     id: Listen;
     fallback: syscall(SYS_listen; fd, backlog);
     |real, cx| {
+        let candidate = conn::entry_or_classify(fd).kind() == Kind::TcpCandidate;
+        let saving = candidate && conn::save_syns(fd);
         // SAFETY: the caller's arguments.
         let r = unsafe { real(fd, backlog) };
         if r == 0 {
             let e = conn::entry_or_classify(fd);
             if e.kind() == Kind::TcpCandidate {
                 TABLE.update(fd, |e| (e.kind() == Kind::TcpCandidate).then(|| e.with_kind(Kind::Listening)));
-                conn::start_listener(fd);
+                conn::start_listener(fd, saving);
             }
+        } else if saving {
+            let _e = crate::sys::ErrnoGuard::save();
+            crate::upgrade::save_syns(fd, false);
         }
         Handled(r)
     }
@@ -125,12 +130,15 @@ hook! {
         if e.kind() != Kind::TcpCandidate {
             return PassThrough;
         }
+        let mark = conn::mark_syn(fd, e, addr, len);
+        let marked = mark.is_some();
         // SAFETY: the caller's arguments.
         let r = unsafe { real(fd, addr, len) };
+        conn::unmark_syn(fd, mark);
         let started = matches!(crate::sys::errno().0, libc::EINPROGRESS | libc::EINTR);
         if (r == 0 || started)
             && !e.has(flags::COUNTED)
-            && conn::start_client(fd, e, addr, len, r != 0)
+            && conn::start_client(fd, e, addr, len, r != 0, marked)
         {
             return Handled(r);
         }

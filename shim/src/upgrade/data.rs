@@ -525,6 +525,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
     }
     // (the lock of a spin that found something, which had just driven the link: not again)
     let mut held = None;
+    let mut naps = 0u32;
     loop {
         let mut g = match held.take() {
             Some(g) => g,
@@ -539,6 +540,29 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 g
             }
         };
+        // A client's first bytes from the server may be its token: out of the stream first.
+        take_token(c, &mut g, fd);
+        if g.token == super::binding::TokenWait::Awaiting && net::readable_now(fd) {
+            // Part of a token (it is written whole and arrives in one segment, so this is a
+            // moment at most): its bytes are not the application's; the rest follows. A
+            // peer that never sends it gets its bytes read as data after TOKEN_PATIENCE.
+            naps += 1;
+            if naps > TOKEN_PATIENCE_MS {
+                super::give_up_token(c, &mut g);
+                token_decided(c);
+                continue;
+            }
+            drop(g);
+            if nonblocking(c, fd, flags) {
+                return if got > 0 {
+                    Ok(got)
+                } else {
+                    Err(Errno(libc::EAGAIN))
+                };
+            }
+            net::nap_ms(1);
+            continue;
+        }
         let src = source(&g);
         let sock_events: i16;
         match src {
@@ -860,9 +884,39 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
     }
 }
 
+/// How many 1 ms naps a blocked read waits for the rest of a token that began to arrive.
+const TOKEN_PATIENCE_MS: u32 = 200;
+
+/// While a client waits for the server's token, takes it out of the stream if it is there
+/// (see [`super::see_token`]; `fd`: any fd of the socket) before anything of that direction
+/// reaches the application, and tells the engine once the wait is decided.
+pub(crate) fn take_token(c: &Conn, g: &mut Inner, fd: c_int) {
+    if g.token != super::binding::TokenWait::Awaiting {
+        return;
+    }
+    // (a connect still in progress, or failed: no byte of the server's yet, and an EOF is
+    // the failed connect's, not a plain server's; the engine decides the connect first)
+    if g.pending.is_some() && super::pending_outcome(g) != Some(true) {
+        return;
+    }
+    super::see_token(c, g, fd);
+    if g.token != super::binding::TokenWait::Awaiting {
+        token_decided(c);
+    }
+}
+
+/// Tells the engine that `c`'s wait for the token was decided by an application thread.
+fn token_decided(c: &Conn) {
+    let engine = super::world_if_created().and_then(|w| w.engine_if_started());
+    if let (Some(e), Some(arc)) = (engine, super::lookup(c.slot)) {
+        e.token_decided(arc);
+    }
+}
+
 /// FIONREAD: bytes a read would return now.
 pub fn fionread(c: &Conn, fd: c_int) -> Result<c_int, Errno> {
     let mut g = c.lock();
+    take_token(c, &mut g, fd);
     c.drive(&mut g, false);
     match source(&g) {
         Src::Tcp(limit) => {

@@ -20,18 +20,20 @@
 //!
 //! The engine thread marks itself as shim-internal: the hooks it reaches pass straight through.
 
+use super::binding::TokenWait;
 use super::{fallback_reason, link_config, Conn, Inner, Phase, UNARMED_MAX};
 use crate::config::Level;
 use crate::net;
 use crate::reason::FallbackReason;
 use crate::shim_log;
+use crate::stats;
 use core::ffi::c_int;
 use rdmashim_core::link::{DialError, DialStatus, Dialer, Incoming, Link, UpgradeListener};
 use rdmashim_proto::upgrade::{
     Expired, Matcher, MatcherConfig, NegativeCache, NegativeCacheConfig, PeerFailure,
     RequestOutcome, TupleKey,
 };
-use rdmashim_proto::RejectReason;
+use rdmashim_proto::{Proof, RejectReason, TcpTuple};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,6 +48,8 @@ const COMP: u64 = 3;
 const CM: u64 = 4;
 const SOCK: u64 = 5;
 const PEND: u64 = 6;
+/// A client's private socket duplicate, watched for the server's token.
+const TOKEN: u64 = 7;
 
 fn token(kind: u64, value: u32) -> u64 {
     (kind << 32) | u64::from(value)
@@ -60,6 +64,9 @@ enum Cmd {
     /// The application closed the last fd of the connection; the private duplicate of its
     /// socket (if the ring needs a teardown first) comes along.
     Closed(Arc<Conn>, Option<c_int>),
+    /// An application thread decided a client's wait for the token (it read the first bytes
+    /// of the server's direction): stop watching, and dial if the token came and it is time.
+    Token(Arc<Conn>),
 }
 
 /// Work for the setup thread (see the module's documentation). The connection is in
@@ -67,7 +74,7 @@ enum Cmd {
 /// socket when it was handed over (it may read more meanwhile: the link catches up).
 enum Job {
     /// Answer a connect request matched to a connection (queued at the given time).
-    Accept(Incoming, Arc<Conn>, u64, Instant),
+    Accept(Box<Incoming>, Arc<Conn>, u64, Instant),
 }
 
 /// A finished [`Job`], for the engine thread.
@@ -89,7 +96,12 @@ fn run_job(job: Job) -> Done {
                 return Done::Accepted(c, Err(e));
             }
             let peer = c.peer;
-            let r = inc.accept(link_config(), tcp_received);
+            let Some((key, tuple)) = c.bound else {
+                inc.reject(RejectReason::Unproven);
+                let e = std::io::Error::other("no key for the connection");
+                return Done::Accepted(c, Err(e));
+            };
+            let r = inc.accept(link_config(), tcp_received, &Proof::Bound { key, tuple });
             shim_log!(
                 Level::Debug,
                 "accept {peer}: {:?} after {:?} queued",
@@ -170,6 +182,20 @@ pub fn negative_cached(peer: SocketAddr) -> bool {
     let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
     // (on every connect to an upgradable address: the coarse clock, no system call)
     n.check(peer, net::coarse_instant()).is_some()
+}
+
+/// A client's server sent application bytes first, no token: no shim serves that port (or it
+/// cannot upgrade). The negative cache keeps later connections to it unmarked for a while, as
+/// after a reject.
+pub fn plain_peer(peer: SocketAddr) {
+    if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
+        let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
+        n.record(
+            canonical(peer),
+            PeerFailure::Rejected,
+            net::coarse_instant(),
+        );
+    }
 }
 
 /// A connection to `peer` was upgraded: the negative cache forgets the peer's failures and
@@ -342,6 +368,11 @@ impl Engine {
             now
         };
         self.push(Cmd::Dial(c, watch, at, !wait), !wait);
+    }
+
+    /// An application thread decided `c`'s wait for the server's token (see [`Cmd::Token`]).
+    pub fn token_decided(&self, c: Arc<Conn>) {
+        self.push(Cmd::Token(c), true);
     }
 
     /// A probe dial ended.
@@ -583,6 +614,7 @@ fn run(epfd: c_int, wake: c_int) {
                 CM => st.cm_event(value),
                 SOCK => st.sock_event(value),
                 PEND => st.pend_event(value),
+                TOKEN => st.token_event(value),
                 _ => {}
             }
         }
@@ -688,6 +720,7 @@ impl State {
                     }
                 }
                 Cmd::Closed(c, sock) => self.on_closed(c, sock),
+                Cmd::Token(c) => self.token_event(c.slot),
             }
         }
     }
@@ -701,6 +734,23 @@ impl State {
                 ..Tracked::new(c.clone())
             },
         );
+        // The server's token: watched from now on (edge-triggered: each arrival once), and
+        // looked for at once (it may be there already).
+        {
+            let mut g = c.lock();
+            if let Some(fd) = g.token_sock {
+                let ev = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+                if net::epoll_ctl(self.epfd, libc::EPOLL_CTL_ADD, fd, ev, token(TOKEN, c.slot))
+                    .is_err()
+                {
+                    self.end_token_watch(&mut g);
+                    self.end_pending(&mut g);
+                    c.fall_back(&mut g, FallbackReason::Resources);
+                    return;
+                }
+            }
+        }
+        self.token_event(c.slot);
         if let Some(fd) = watch {
             let mut g = c.lock();
             g.pending = Some(fd);
@@ -717,6 +767,48 @@ impl State {
             return;
         }
         self.begin_dial(&c, at);
+    }
+
+    /// Stops watching a client's socket for the token (closes the private duplicate: it must
+    /// never keep the connection open after the application closed it).
+    fn end_token_watch(&self, g: &mut Inner) {
+        if let Some(fd) = g.token_sock.take() {
+            let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+            net::close(fd);
+        }
+    }
+
+    /// The server's direction of client `slot` may have its first bytes (or an application
+    /// thread read them): looks for the token while the wait lasts; once it is decided, stops
+    /// watching, and dials if the token came and the dial is due (`dial_now` waited for it).
+    fn token_event(&mut self, slot: u32) {
+        let Some(t) = self.conns.get(&slot) else {
+            return;
+        };
+        let c = t.conn.clone();
+        let at = t.dial_at;
+        let mut g = c.lock();
+        if g.pending.is_some() {
+            // (its connect's outcome first: `pend_event` looks again once it succeeded)
+            return;
+        }
+        if g.token == TokenWait::Awaiting {
+            if let Some(fd) = g.token_sock {
+                super::see_token(&c, &mut g, fd);
+            }
+        }
+        if g.token == TokenWait::Awaiting && !g.closed && !c.fell_back.load(Ordering::Acquire) {
+            return;
+        }
+        self.end_token_watch(&mut g);
+        let due = matches!(g.token, TokenWait::Got(_))
+            && matches!(g.phase, Phase::Queued)
+            && g.pending.is_none()
+            && at.is_some_and(|a| a <= net::coarse_instant());
+        drop(g);
+        if due {
+            self.dial_now(&c);
+        }
     }
 
     /// Stops watching the pending connect of a connection (closes the private duplicate).
@@ -741,10 +833,12 @@ impl State {
             Some(true) => {
                 self.end_pending(&mut g);
                 drop(g);
+                self.token_event(slot);
                 self.begin_dial(&c, at);
             }
             Some(false) => {
                 self.end_pending(&mut g);
+                self.end_token_watch(&mut g);
                 c.abandon(&mut g);
             }
         }
@@ -776,9 +870,29 @@ impl State {
             }
             true
         };
-        if !still_wanted(&mut c.lock()) {
-            return;
-        }
+        // The request is tagged with the key of the server's token: no token yet, no dial (the
+        // token's arrival dials, `token_event`); no token at all, no dial ever.
+        let proof = {
+            let mut g = c.lock();
+            if !still_wanted(&mut g) {
+                return;
+            }
+            if g.token == TokenWait::Awaiting {
+                if let Some(fd) = g.token_sock {
+                    super::see_token(c, &mut g, fd);
+                }
+            }
+            match g.token {
+                TokenWait::Got(key) => Proof::Bound {
+                    key,
+                    tuple: TcpTuple {
+                        client: c.local,
+                        server: c.peer,
+                    },
+                },
+                TokenWait::Awaiting | TokenWait::None => return,
+            }
+        };
         // Outside the connection's lock, so that the application's calls on it go on (over
         // TCP) meanwhile: the process's first dial loads the libraries (here, not in the
         // application's connect; the connections queued before the verdict learn it here,
@@ -787,7 +901,7 @@ impl State {
         let t0 = Instant::now();
         let started = crate::probe::load_libraries().then(|| {
             let src = SocketAddr::new(c.local.ip(), 0);
-            Dialer::start(Some(src), c.peer, c.local.port(), link_config())
+            Dialer::start(Some(src), c.peer, c.local.port(), proof, link_config())
         });
         if super::trace() {
             shim_log!(
@@ -815,7 +929,7 @@ impl State {
                     token(DIAL, c.slot),
                 )
                 .is_ok();
-                g.phase = Phase::Dialing(d);
+                g.phase = Phase::Dialing(Box::new(d));
                 if !ok {
                     c.fall_back(&mut g, FallbackReason::Resources);
                     return;
@@ -1055,8 +1169,35 @@ impl State {
         }
     }
 
-    /// A connect request matched connection `c`: the setup thread answers it (see [`Job`]).
+    /// A connect request matched connection `c`: the setup thread answers it (see [`Job`]) if
+    /// it proves the binding — its tag verifies under the key of the token this side wrote on
+    /// the connection. One that does not (a forger's, or one for a connection that got no
+    /// token) is rejected `Unproven` and counted, and the connection waits on for the real
+    /// request (the next pending one is offered at once).
     fn accept(&mut self, inc: Incoming, c: Arc<Conn>) {
+        let proven = c
+            .bound
+            .as_ref()
+            .is_some_and(|(k, t)| inc.request().verify(k, t));
+        if !proven {
+            stats::count_unproven_request();
+            shim_log!(
+                Level::Info,
+                "server {} <- {}: a request for this connection from {:?} could not prove it holds it; rejected",
+                c.local,
+                c.peer,
+                inc.source()
+            );
+            inc.reject(RejectReason::Unproven);
+            let key = self.conns.get(&c.slot).and_then(|t| t.key);
+            let waiting = !c.lock().closed;
+            if let (Some(key), true) = (key, waiting) {
+                if let Some((next, c)) = self.matcher.on_accepted(key, c, Instant::now()) {
+                    self.accept(next, c);
+                }
+            }
+            return;
+        }
         let mut g = c.lock();
         if g.closed || !matches!(g.phase, Phase::Awaiting) {
             inc.reject(RejectReason::NoMatchingTcp);
@@ -1065,7 +1206,7 @@ impl State {
         g.phase = Phase::Setup;
         let tcp_received = g.tcp_received;
         drop(g);
-        self.hand_over(Job::Accept(inc, c, tcp_received, Instant::now()));
+        self.hand_over(Job::Accept(Box::new(inc), c, tcp_received, Instant::now()));
     }
 
     fn comp_event(&mut self, slot: u32) {
@@ -1125,6 +1266,7 @@ impl State {
         let probe = t.probe;
         {
             let mut g = c.lock();
+            self.end_token_watch(&mut g);
             if g.pending.is_some() {
                 // Closed while its TCP connect was in progress: a connection if the connect
                 // had succeeded (closed before its upgrade), else none.
@@ -1282,6 +1424,7 @@ impl State {
         {
             let mut g = c.lock();
             self.end_pending(&mut g);
+            self.end_token_watch(&mut g);
             if let Phase::Dialing(_) | Phase::Queued | Phase::Setup = g.phase {
                 c.fall_back(
                     &mut g,

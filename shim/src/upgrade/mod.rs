@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod attrs;
+mod binding;
 pub mod data;
 mod engine;
 pub mod ready;
@@ -33,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
 pub use attrs::before_fork;
+pub(crate) use binding::Mark;
 pub use engine::Engine;
 
 /// Lowest fd number for the shim's own eventfds and private socket duplicates.
@@ -41,7 +43,7 @@ const PRIVATE_FD_MIN: c_int = 1000;
 /// Where one connection's upgrade stands.
 pub(crate) enum Phase {
     /// Client: rdma_cm connect under way (the dialer is driven by the engine).
-    Dialing(Dialer),
+    Dialing(Box<Dialer>),
     /// Client: waiting for the engine to start the dial.
     Queued,
     /// Server: waiting for the client's connect request (in the engine's matcher).
@@ -82,6 +84,14 @@ pub(crate) struct Inner {
     /// Client whose TCP connect is still in progress: a private duplicate of the socket that
     /// the engine watches for its outcome (the dial starts once it succeeded).
     pub pending: Option<c_int>,
+    /// Client: the wait for the server's token (the first bytes of its direction).
+    pub token: binding::TokenWait,
+    /// Client: a private duplicate of the socket the engine watches for the token while
+    /// it waits; closed once it is decided (by the engine).
+    pub token_sock: Option<c_int>,
+    /// Client: the token was taken out of the stream and no readiness has been reported since
+    /// (an event of its arrival may still be queued in an epoll set: see `ready`).
+    pub token_taken: bool,
     /// Since when (coarse clock, ms) the link's CQ has been left unarmed by an application
     /// thread that woke from a blocking wait (see [`Conn::on_wake`]); `None`: armed, or
     /// nobody's business yet.
@@ -127,6 +137,9 @@ pub struct Conn {
     pub side: Side,
     pub peer: SocketAddr,
     pub local: SocketAddr,
+    /// Server: the key sent in the connection's token and the 4-tuple a request must be
+    /// tagged for (`docs/protocol.md` 2.9).
+    pub(crate) bound: Option<(rdmashim_proto::BindingKey, rdmashim_proto::TcpTuple)>,
     /// Readable when ring data, EOF or an error is there for the reader.
     pub rd_efd: c_int,
     /// Readable when the ring has room for the writer (or writing would fail at once).
@@ -165,6 +178,7 @@ pub struct Conn {
 }
 
 impl Conn {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         slot: u32,
         fd: c_int,
@@ -172,6 +186,8 @@ impl Conn {
         peer: SocketAddr,
         local: SocketAddr,
         phase: Phase,
+        bound: Option<(rdmashim_proto::BindingKey, rdmashim_proto::TcpTuple)>,
+        token: binding::TokenWait,
     ) -> Option<Conn> {
         let (rd_efd, wr_efd) = world_if_created()
             .and_then(|w| w.reuse_efds())
@@ -182,6 +198,7 @@ impl Conn {
             side,
             peer,
             local,
+            bound,
             rd_efd,
             wr_efd,
             fds: AtomicU32::new(1),
@@ -207,6 +224,9 @@ impl Conn {
                 rd_mark: 0,
                 unsure: None,
                 pending: None,
+                token,
+                token_sock: None,
+                token_taken: false,
                 unarmed: None,
                 comp_unwatched: false,
             }),
@@ -612,6 +632,44 @@ fn side_name(s: Side) -> &'static str {
     }
 }
 
+/// Client, waiting for the server's token: looks at the first bytes of the server's direction
+/// on `fd` (an fd of the connection's socket) and records what they said — the key, or the
+/// fallback (application bytes first: no shim there). Call with the lock held, before any byte
+/// of that direction is read for the application; tell the engine when this decided it
+/// ([`Engine::token_decided`]).
+pub(crate) fn see_token(c: &Conn, g: &mut Inner, fd: c_int) {
+    match binding::look(fd) {
+        binding::Seen::Nothing => {}
+        binding::Seen::Token(k) => {
+            g.token = binding::TokenWait::Got(k);
+            g.token_taken = true;
+        }
+        binding::Seen::Unusable => {
+            g.token = binding::TokenWait::None;
+            g.token_taken = true;
+            c.fall_back(g, FallbackReason::ProtocolError);
+        }
+        binding::Seen::Plain => {
+            g.token = binding::TokenWait::None;
+            c.fall_back(g, FallbackReason::PlainPeer);
+            engine::plain_peer(c.peer);
+        }
+        binding::Seen::Ended => {
+            g.token = binding::TokenWait::None;
+            c.fall_back(g, FallbackReason::ClosedEarly);
+        }
+    }
+}
+
+/// Client: the server's token did not complete in time (a part of one, and no more): what
+/// came is the application's, and the connection stays TCP.
+pub(crate) fn give_up_token(c: &Conn, g: &mut Inner) {
+    if g.token == binding::TokenWait::Awaiting {
+        g.token = binding::TokenWait::None;
+        c.fall_back(g, FallbackReason::ProtocolError);
+    }
+}
+
 /// The stats reason for a handshake that failed before anything was committed.
 pub(crate) fn fallback_reason(r: ErrorReason) -> FallbackReason {
     match r {
@@ -619,6 +677,9 @@ pub(crate) fn fallback_reason(r: ErrorReason) -> FallbackReason {
         ErrorReason::Rejected(Some(RejectReason::Disabled)) => FallbackReason::Disabled,
         ErrorReason::Rejected(_) => FallbackReason::PeerRejected,
         ErrorReason::HandshakeTimeout => FallbackReason::UpgradeTimeout,
+        ErrorReason::Handshake(rdmashim_proto::HandshakeError::Unproven) => {
+            FallbackReason::UnprovenPeer
+        }
         ErrorReason::Handshake(_) | ErrorReason::Protocol(_) => FallbackReason::ProtocolError,
         ErrorReason::TcpClosed => FallbackReason::ClosedEarly,
         ErrorReason::Transport | ErrorReason::Reset | ErrorReason::PeerVanished => {
@@ -913,29 +974,88 @@ pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
 /// the TCP handshake to succeed (watched on a private duplicate of the socket): a refused or
 /// timed-out connect never touches rdma_cm, counts as no connection and leaves the negative
 /// cache alone.
-pub fn start_client_to(fd: c_int, peer: SocketAddr, pending: bool) -> Result<u32, FallbackReason> {
+///
+/// `marked`: the connect's SYN carried the mark ([`mark_syn`]); a connection whose SYN did not
+/// stays TCP (the application set its TTL or PMTU mode itself). The dial also waits for the
+/// server's token (the first bytes of its direction; `docs/protocol.md` 2.9), watched on a
+/// second private duplicate of the socket; a server that sends application bytes first runs
+/// no shim, and is never dialed.
+pub fn start_client_to(
+    fd: c_int,
+    peer: SocketAddr,
+    pending: bool,
+    marked: bool,
+) -> Result<u32, FallbackReason> {
     // (the cheap verdict first: a connection to a cached peer costs no system call here)
     peer_verdict(peer)?;
+    if !marked {
+        return Err(FallbackReason::UnsupportedOption);
+    }
     let local = net::local_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
     let w = world().ok_or(FallbackReason::Resources)?;
     let engine = w.engine().ok_or(FallbackReason::Resources)?;
+    let dup = || net::dup_private(fd, PRIVATE_FD_MIN).map_err(|_| FallbackReason::Resources);
+    let token_sock = dup()?;
     let watch = if pending {
-        Some(net::dup_private(fd, PRIVATE_FD_MIN).map_err(|_| FallbackReason::Resources)?)
+        match dup() {
+            Ok(d) => Some(d),
+            Err(r) => {
+                net::close(token_sock);
+                return Err(r);
+            }
+        }
     } else {
         None
     };
-    let Some(conn) = w.insert(|slot| Conn::new(slot, fd, Side::Client, peer, local, Phase::Queued))
-    else {
-        if let Some(d) = watch {
+    let Some(conn) = w.insert(|slot| {
+        Conn::new(
+            slot,
+            fd,
+            Side::Client,
+            peer,
+            local,
+            Phase::Queued,
+            None,
+            binding::TokenWait::Awaiting,
+        )
+    }) else {
+        for d in watch.into_iter().chain([token_sock]) {
             net::close(d);
         }
         return Err(FallbackReason::Resources);
     };
     // Known at once (not only once the engine has the command): a process that exits before
     // then still sees that the connect was pending (and a refused one is no connection).
-    conn.lock().pending = watch;
+    {
+        let mut g = conn.lock();
+        g.pending = watch;
+        g.token_sock = Some(token_sock);
+    }
     engine.dial(conn.clone(), watch);
     Ok(conn.slot)
+}
+
+/// Client: whether a connect of a TCP candidate to `peer` may be upgraded at all (the peer's
+/// address and the negative cache), so that its SYN is worth marking.
+pub fn may_upgrade_to(peer: SocketAddr) -> bool {
+    peer_verdict(peer).is_ok()
+}
+
+/// Client: marks the SYN of the connect of `fd` to `peer` that is about to be made (see
+/// `docs/protocol.md` 2.9); the marker comes off with [`unmark_syn`] right after the call.
+pub(crate) fn mark_syn(fd: c_int, peer: SocketAddr) -> Option<binding::Mark> {
+    binding::mark(fd, peer)
+}
+
+/// Client: the connect call returned; the socket's options are as the application left them.
+pub(crate) fn unmark_syn(fd: c_int, m: binding::Mark) {
+    binding::unmark(fd, m)
+}
+
+/// Server: `listen()` is about to be called on `fd`: keep the SYNs of its connections (for the
+/// marker), or (`on = false`) stop, when it got no rdma_cm side after all.
+pub fn save_syns(fd: c_int, on: bool) -> bool {
+    binding::save_syns(fd, on)
 }
 
 /// Server: `nfd` was accepted on a listening socket that has an rdma_cm side. Creates the
@@ -956,8 +1076,21 @@ pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
     if rdmashim_proto::upgrade::upgradable(net::canonical_ip(peer.ip())).is_err() {
         return Err(FallbackReason::NotUpgradableAddress);
     }
+    // (a client shim marked the SYN; the token goes out before the application sees the fd)
+    let bound = binding::on_accept(nfd, peer, local)?;
     let conn = w
-        .insert(|slot| Conn::new(slot, nfd, Side::Server, peer, local, Phase::Awaiting))
+        .insert(|slot| {
+            Conn::new(
+                slot,
+                nfd,
+                Side::Server,
+                peer,
+                local,
+                Phase::Awaiting,
+                Some(bound),
+                binding::TokenWait::None,
+            )
+        })
         .ok_or(FallbackReason::Resources)?;
     engine.accepted(conn.clone());
     Ok(conn.slot)

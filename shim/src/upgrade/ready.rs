@@ -704,10 +704,36 @@ pub(crate) fn after_change(c: &Conn, g: &mut Inner) {
     }
 }
 
+/// A client's socket while the server's token is (or was) at its head: its readability may
+/// be the token's alone. While the wait lasts, the token is taken out here (through `fd`, the
+/// application's fd of the socket), and the socket reads as readable only if something is left
+/// for the application (a part of a token is not: the rest follows at once). Once someone
+/// took the token, the first readiness reported after is checked the same way: an
+/// edge-triggered event of its arrival may have been queued before the engine took it.
+fn without_token(c: &Conn, g: &mut Inner, fd: c_int, kernel: u32) -> u32 {
+    if kernel & EV_IN == 0 {
+        return kernel;
+    }
+    let awaiting = g.token == super::binding::TokenWait::Awaiting;
+    if !awaiting && !std::mem::take(&mut g.token_taken) {
+        return kernel;
+    }
+    if awaiting {
+        super::data::take_token(c, g, fd);
+        g.token_taken = false;
+    }
+    if g.token == super::binding::TokenWait::Awaiting || !net::readable_now(fd) {
+        kernel & !EV_IN
+    } else {
+        kernel
+    }
+}
+
 /// The connection's readiness in epoll bits. `kernel`: the socket's own events if they are
 /// known (a socket source fired, or a poll of it), else 0.
-fn bits(c: &Conn, kernel: u32) -> u32 {
+fn bits(c: &Conn, fd: c_int, kernel: u32) -> u32 {
     let mut g = c.lock();
+    let kernel = without_token(c, &mut g, fd, kernel);
     c.drive(&mut g, false);
     let Phase::Linked(l) = &mut g.phase else {
         return kernel;
@@ -802,7 +828,7 @@ pub fn translate_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize) -> 
             continue;
         }
         let kernel = if src == SRC_SOCK { ev.events } else { 0 };
-        let b = bits(&conn, kernel) & (app | EV_ERR | EV_HUP);
+        let b = bits(&conn, fd, kernel) & (app | EV_ERR | EV_HUP);
         if super::trace() {
             crate::shim_log!(
                 crate::config::Level::Debug,
@@ -1035,7 +1061,7 @@ fn poll_pass(
             if wt {
                 sock_ev |= p.events & libc::POLLOUT;
             }
-            if bits(c, 0) & (want | EV_ERR | EV_HUP) != 0 {
+            if bits(c, p.fd, 0) & (want | EV_ERR | EV_HUP) != 0 {
                 ready_now = true;
             }
             let sock = real.len();
@@ -1100,7 +1126,7 @@ fn poll_pass(
                 Some(e) => {
                     let k = from_poll(real[e.sock].revents);
                     let want = from_poll(p.events);
-                    p.revents = to_poll(bits(&e.conn, k) & (want | EV_ERR | EV_HUP))
+                    p.revents = to_poll(bits(&e.conn, p.fd, k) & (want | EV_ERR | EV_HUP))
                         | (real[e.sock].revents & libc::POLLNVAL);
                     ri = e.sock + 1 + e.efds.iter().flatten().count();
                 }

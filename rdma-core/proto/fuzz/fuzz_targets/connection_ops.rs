@@ -28,9 +28,9 @@ fuzz_target!(|input: &[u8]| {
         recv_slots: 4 + u16::from(slots % 16),
     };
     let (mut c, req) =
-        Connection::connect(Config::default(), local(0x1000), 1, 2, 3, 0, now).unwrap();
+        Connection::connect(Config::default(), local(0x1000), &proof(), 1, 2, 3, 0, now).unwrap();
     if mode & 1 == 1 {
-        c = Connection::accept(Config::default(), local(0x2000), &req, 0, now)
+        c = Connection::accept(Config::default(), local(0x2000), &req, &proof(), 0, now)
             .unwrap()
             .0;
     } else if mode & 2 == 2 {
@@ -111,3 +111,14 @@ fuzz_target!(|input: &[u8]| {
         failed = c.error();
     }
 });
+
+/// The binding both ends of a test connection share (as the shim's token gives it to them).
+fn proof() -> Proof {
+    Proof::Bound {
+        key: BindingKey::from_random([0x5a; 16]),
+        tuple: TcpTuple {
+            client: "10.0.0.1:1234".parse().unwrap(),
+            server: "10.0.0.2:80".parse().unwrap(),
+        },
+    }
+}
