@@ -7,11 +7,16 @@
 //! | `RDMASHIM_LOG=error\|warn\|info\|debug\|off` | log level (default `warn`) |
 //! | `RDMASHIM_LOG_FILE=PATH` | append log lines to PATH (default: stderr); `%p` becomes the pid |
 //! | `RDMASHIM_STATS=PATH` | write the stats JSON to PATH at exit; `%p` becomes the pid |
+//! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
+//!
+//! Every value is checked: a boolean is a boolean in any case, a number a whole number in its
+//! range; anything else gets one warning naming the variable, the value and what is accepted
+//! (logged once by the constructor), and the default (or the nearest bound).
 //!
 //! Under secure execution (`AT_SECURE` in the auxiliary vector: a setuid or setgid program, or
 //! one with file capabilities, started by a less privileged user) the environment is the
 //! caller's, not the program's: the shim then takes no setting and no path from it at all
-//! ([`setting`] answers `None` for every variable) and runs with the defaults — logs to stderr,
+//! and runs with the defaults — logs to stderr,
 //! no stats file. (glibc's loader itself ignores `LD_PRELOAD` entries with a slash for such
 //! programs and loads others only from the system's library directories, and only if the
 //! library is set-user-ID: the shim reaches them only through `/etc/ld.so.preload` or such an
@@ -54,7 +59,8 @@ impl Level {
     }
 }
 
-/// The parsed configuration.
+/// The parsed configuration: every `RDMASHIM_*` variable, read once (the shim reads its
+/// environment nowhere else).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub disabled: bool,
@@ -63,8 +69,18 @@ pub struct Config {
     pub log_file: Option<Vec<u8>>,
     /// Stats path pattern (may contain `%p`); `None` means no stats file.
     pub stats_path: Option<Vec<u8>>,
-    /// `RDMASHIM_LOG` was set to something unknown (reported once at init).
-    pub bad_log_level: bool,
+    /// `RDMASHIM_RING_KIB`: the receive ring of an upgraded connection, KiB.
+    pub ring_kib: u64,
+    /// `RDMASHIM_DIAL_DELAY_MS`.
+    pub dial_delay_ms: u64,
+    /// `RDMASHIM_SPIN_US`.
+    pub spin_us: u64,
+    /// `RDMASHIM_NEGATIVE_CACHE_SECS` (`None`: the cache's own periods).
+    pub negative_cache_secs: Option<u64>,
+    /// `RDMASHIM_TRACE` is set.
+    pub trace: bool,
+    /// What was wrong with the variables, one line each (the constructor logs them once).
+    pub warnings: Vec<String>,
     /// Secure execution: the environment was not read.
     pub secure: bool,
 }
@@ -76,7 +92,12 @@ impl Default for Config {
             log_level: Level::Warn,
             log_file: None,
             stats_path: None,
-            bad_log_level: false,
+            ring_kib: RING_KIB.default,
+            dial_delay_ms: DIAL_DELAY_MS.default,
+            spin_us: SPIN_US.default,
+            negative_cache_secs: None,
+            trace: false,
+            warnings: Vec::new(),
             secure: false,
         }
     }
@@ -87,22 +108,115 @@ pub const ENV_DISABLE: &str = "RDMASHIM_DISABLE";
 pub const ENV_LOG: &str = "RDMASHIM_LOG";
 pub const ENV_LOG_FILE: &str = "RDMASHIM_LOG_FILE";
 pub const ENV_STATS: &str = "RDMASHIM_STATS";
+pub const ENV_TRACE: &str = "RDMASHIM_TRACE";
+
+/// A numeric setting: its variable, accepted range and default.
+pub struct Number {
+    pub name: &'static str,
+    pub min: u64,
+    pub max: u64,
+    pub default: u64,
+}
+
+pub const RING_KIB: Number = Number {
+    name: "RDMASHIM_RING_KIB",
+    min: 4,
+    max: 8192,
+    default: 512,
+};
+pub const DIAL_DELAY_MS: Number = Number {
+    name: "RDMASHIM_DIAL_DELAY_MS",
+    min: 0,
+    max: 1000,
+    default: 10,
+};
+pub const SPIN_US: Number = Number {
+    name: "RDMASHIM_SPIN_US",
+    min: 0,
+    max: 10_000,
+    default: 500,
+};
+pub const NEGATIVE_CACHE_SECS: Number = Number {
+    name: "RDMASHIM_NEGATIVE_CACHE_SECS",
+    min: 0,
+    max: u32::MAX as u64,
+    default: 0,
+};
+
+/// A boolean as people write one: `1/0`, `true/false`, `yes/no`, `on/off` (any case; empty is
+/// false). `None` for anything else.
+pub fn parse_bool(v: &[u8]) -> Option<bool> {
+    match v.to_ascii_lowercase().as_slice() {
+        b"1" | b"true" | b"yes" | b"on" => Some(true),
+        b"" | b"0" | b"false" | b"no" | b"off" => Some(false),
+        _ => None,
+    }
+}
+
+impl Number {
+    /// The value of `raw` (the variable's text), and the warning it deserves: one that is not
+    /// a whole number gets the default, one outside the range the nearest bound.
+    pub fn parse(&self, raw: &[u8]) -> (u64, Option<String>) {
+        let text = String::from_utf8_lossy(raw);
+        let accepted = format!("a whole number from {} to {}", self.min, self.max);
+        match text.trim().parse::<u64>() {
+            Ok(n) if (self.min..=self.max).contains(&n) => (n, None),
+            Ok(n) => {
+                let v = n.clamp(self.min, self.max);
+                let w = format!("{}={text}: out of range ({accepted}); using {v}", self.name);
+                (v, Some(w))
+            }
+            Err(_) => {
+                let w = format!(
+                    "{}={text}: not {accepted}; using the default, {}",
+                    self.name, self.default
+                );
+                (self.default, Some(w))
+            }
+        }
+    }
+}
 
 impl Config {
     /// Parses the configuration from a variable lookup.
     pub fn from_lookup(get: impl Fn(&str) -> Option<Vec<u8>>) -> Config {
         let mut c = Config::default();
         if let Some(v) = get(ENV_DISABLE) {
-            c.disabled = !matches!(v.as_slice(), b"" | b"0" | b"false" | b"no" | b"off");
+            c.disabled = parse_bool(&v).unwrap_or_else(|| {
+                c.warnings.push(format!(
+                    "{ENV_DISABLE}={}: not a boolean (1/0, true/false, yes/no, on/off); upgrades are disabled",
+                    String::from_utf8_lossy(&v)
+                ));
+                true
+            });
         }
         if let Some(v) = get(ENV_LOG) {
             match Level::parse(v.to_ascii_lowercase().as_slice()) {
                 Some(l) => c.log_level = l,
-                None => c.bad_log_level = true,
+                None => c.warnings.push(format!(
+                    "{ENV_LOG}={}: unknown level (error, warn, info, debug, off); using warn",
+                    String::from_utf8_lossy(&v)
+                )),
             }
         }
         c.log_file = get(ENV_LOG_FILE).filter(|v| !v.is_empty() && !v.contains(&0));
         c.stats_path = get(ENV_STATS).filter(|v| !v.is_empty() && !v.contains(&0));
+        let mut number = |n: &Number| {
+            get(n.name).map(|raw| {
+                let (v, w) = n.parse(&raw);
+                c.warnings.extend(w);
+                v
+            })
+        };
+        let ring = number(&RING_KIB);
+        let dial = number(&DIAL_DELAY_MS);
+        let spin = number(&SPIN_US);
+        let neg = number(&NEGATIVE_CACHE_SECS);
+        c.ring_kib = ring.unwrap_or(RING_KIB.default);
+        c.dial_delay_ms = dial.unwrap_or(DIAL_DELAY_MS.default);
+        c.spin_us = spin.unwrap_or(SPIN_US.default);
+        c.negative_cache_secs = neg;
+        c.trace = get(ENV_TRACE).is_some();
         c
     }
 
@@ -122,15 +236,6 @@ impl Config {
 fn secure_execution() -> bool {
     static SECURE: OnceLock<bool> = OnceLock::new();
     *SECURE.get_or_init(crate::sys::secure_execution)
-}
-
-/// The value of the shim's environment variable `name` — the one way the shim reads its
-/// environment — or `None` if unset, or under secure execution.
-pub fn setting(name: &str) -> Option<std::ffi::OsString> {
-    if secure_execution() {
-        return None;
-    }
-    std::env::var_os(name)
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -196,9 +301,62 @@ mod tests {
         assert!(!cfg(&[("RDMASHIM_DISABLE", "0")]).disabled);
         assert!(!cfg(&[("RDMASHIM_DISABLE", "")]).disabled);
         let bad = cfg(&[("RDMASHIM_LOG", "loud")]);
-        assert!(bad.bad_log_level);
+        assert_eq!(bad.warnings.len(), 1, "{:?}", bad.warnings);
+        assert!(bad.warnings[0].contains("RDMASHIM_LOG=loud"));
         assert_eq!(bad.log_level, Level::Warn);
         assert_eq!(cfg(&[("RDMASHIM_STATS", "")]).stats_path, None);
+    }
+
+    #[test]
+    fn booleans_are_booleans() {
+        for (v, want) in [
+            ("1", true),
+            ("TRUE", true),
+            ("Yes", true),
+            ("on", true),
+            ("FALSE", false),
+            ("0", false),
+            ("No", false),
+            ("off", false),
+            ("", false),
+        ] {
+            let c = cfg(&[("RDMASHIM_DISABLE", v)]);
+            assert_eq!(c.disabled, want, "{v:?}");
+            assert!(c.warnings.is_empty(), "{v:?}: {:?}", c.warnings);
+        }
+        // Anything else: disabled (it was asked for by name), and said so.
+        let c = cfg(&[("RDMASHIM_DISABLE", "please")]);
+        assert!(c.disabled);
+        assert!(c.warnings[0].starts_with("RDMASHIM_DISABLE=please: not a boolean"));
+    }
+
+    #[test]
+    fn numbers_are_checked() {
+        let c = cfg(&[
+            ("RDMASHIM_RING_KIB", "banana"),
+            ("RDMASHIM_SPIN_US", "-5"),
+            ("RDMASHIM_DIAL_DELAY_MS", "4000"),
+            ("RDMASHIM_NEGATIVE_CACHE_SECS", " 30 "),
+        ]);
+        assert_eq!(
+            (
+                c.ring_kib,
+                c.spin_us,
+                c.dial_delay_ms,
+                c.negative_cache_secs
+            ),
+            (512, 500, 1000, Some(30))
+        );
+        assert_eq!(c.warnings.len(), 3, "{:?}", c.warnings);
+        assert!(c.warnings[0].contains(
+            "RDMASHIM_RING_KIB=banana: not a whole number from 4 to 8192; using the default, 512"
+        ));
+        assert!(c.warnings[1].contains("RDMASHIM_DIAL_DELAY_MS=4000: out of range"));
+        assert!(c.warnings[1].ends_with("using 1000"));
+        assert!(c.warnings[2].contains("RDMASHIM_SPIN_US=-5"));
+        let ok = cfg(&[("RDMASHIM_RING_KIB", "64"), ("RDMASHIM_TRACE", "")]);
+        assert_eq!((ok.ring_kib, ok.trace), (64, true));
+        assert!(ok.warnings.is_empty());
     }
 
     #[test]

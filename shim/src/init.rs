@@ -36,12 +36,8 @@ extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, _envp: *con
         PID.store(sys::getpid(), Ordering::Relaxed);
         // SAFETY: registers static functions as the fork prepare and child handlers.
         unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
-        if cfg.bad_log_level {
-            shim_log!(
-                Level::Warn,
-                "{}: unknown level, using warn",
-                config::ENV_LOG
-            );
+        for w in &cfg.warnings {
+            shim_log!(Level::Warn, "{w}");
         }
         shim_log!(
             Level::Debug,

@@ -234,8 +234,7 @@ impl Engine {
             net::close(wake);
             return None;
         }
-        let cfg =
-            NegativeCacheConfig::with_override(super::env_number("RDMASHIM_NEGATIVE_CACHE_SECS"));
+        let cfg = NegativeCacheConfig::with_override(crate::config::get().negative_cache_secs);
         let e = Engine {
             epfd,
             wake,

@@ -891,8 +891,7 @@ pub fn after_fork_child() {
 }
 
 pub(crate) fn trace() -> bool {
-    static T: OnceLock<bool> = OnceLock::new();
-    *T.get_or_init(|| crate::config::setting("RDMASHIM_TRACE").is_some())
+    crate::config::get().trace
 }
 
 // ----- configuration -------------------------------------------------------------------------
@@ -902,8 +901,8 @@ pub(crate) fn link_config() -> &'static StreamConfig {
     static CFG: OnceLock<StreamConfig> = OnceLock::new();
     CFG.get_or_init(|| {
         let mut c = StreamConfig::default();
-        let kib = env_number("RDMASHIM_RING_KIB").map_or(512, |k| k.min(1 << 20) as usize);
-        let bytes = (kib.clamp(4, 8192) * 1024).next_power_of_two();
+        let kib = crate::config::get().ring_kib as usize;
+        let bytes = (kib * 1024).next_power_of_two();
         c.ring_size = bytes.min(8 << 20);
         // The dial (resolution, request, the server's reply) and the handshake: longer than
         // the server's wait for the application's accept() (3 s), so a busy server that
@@ -920,11 +919,7 @@ pub(crate) fn link_config() -> &'static StreamConfig {
 /// rdma_cm work. 0 dials at once.
 pub(crate) fn dial_delay() -> std::time::Duration {
     static D: OnceLock<std::time::Duration> = OnceLock::new();
-    *D.get_or_init(|| {
-        std::time::Duration::from_millis(
-            env_number("RDMASHIM_DIAL_DELAY_MS").unwrap_or(10).min(1000),
-        )
-    })
+    *D.get_or_init(|| std::time::Duration::from_millis(crate::config::get().dial_delay_ms))
 }
 
 /// The longest a blocked data call busy-polls before it sleeps (`RDMASHIM_SPIN_US`, default
@@ -941,14 +936,7 @@ pub(crate) fn dial_delay() -> std::time::Duration {
 /// a few waits (64 B 159 µs, as without a spin).
 pub(crate) fn spin() -> std::time::Duration {
     static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| {
-        std::time::Duration::from_micros(env_number("RDMASHIM_SPIN_US").unwrap_or(500).min(10_000))
-    })
-}
-
-/// The number in environment variable `name`, if it is set to one.
-pub(crate) fn env_number(name: &str) -> Option<u64> {
-    crate::config::setting(name)?.to_str()?.parse().ok()
+    *SPIN.get_or_init(|| std::time::Duration::from_micros(crate::config::get().spin_us))
 }
 
 // ----- entry points for the hooks -----------------------------------------------------------
