@@ -768,13 +768,18 @@ impl State {
         self.begin_dial(&c, at);
     }
 
-    /// Stops watching a client's socket for the token (closes the private duplicate: it must
-    /// never keep the connection open after the application closed it).
-    fn end_token_watch(&self, g: &mut Inner) {
-        if let Some(fd) = g.token_sock.take() {
+    /// Stops watching a private duplicate of a connection's socket, if `sock` holds one, and
+    /// closes it (it must never keep the connection open after the application closed it).
+    fn unwatch(&self, sock: &mut Option<c_int>) {
+        if let Some(fd) = sock.take() {
             let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
             net::close(fd);
         }
+    }
+
+    /// Stops watching a client's socket for the token.
+    fn end_token_watch(&self, g: &mut Inner) {
+        self.unwatch(&mut g.token_sock);
     }
 
     /// The server's direction of client `slot` may have its first bytes (or an application
@@ -810,12 +815,9 @@ impl State {
         }
     }
 
-    /// Stops watching the pending connect of a connection (closes the private duplicate).
+    /// Stops watching the pending connect of a connection.
     fn end_pending(&self, g: &mut Inner) {
-        if let Some(fd) = g.pending.take() {
-            let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
-            net::close(fd);
-        }
+        self.unwatch(&mut g.pending);
     }
 
     /// The pending TCP connect of `slot` made progress: connected (dial now), failed (the
