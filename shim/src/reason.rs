@@ -56,7 +56,7 @@ reasons! {
     ProtocolError = "protocol_error": "the peer sent a malformed or unsupported handshake",
     NegativeCache = "negative_cache": "a recent attempt to this peer failed; not retried yet",
     TransportUnavailable = "transport_unavailable": "the connection could not be handed to the upgrade engine",
-    NoUpgradeRequest = "no_upgrade_request": "server side: no RDMA connect request came for the accepted connection (the client has no shim or no RDMA)",
+    NoUpgradeRequest = "no_upgrade_request": "server side: the client marked its SYN and got the token, but no RDMA connect request came for the accepted connection (the client closed it first, or its dial failed or was given up: no RDMA libraries or route there)",
     ClosedEarly = "closed_early": "the application closed the connection before its upgrade completed",
     InheritedListener = "inherited_listener": "server side: accepted on a listening socket whose RDMA side belongs to another process (made before a fork: a prefork server's workers)",
     PlainPeer = "plain_peer": "the other end runs no shim, or will not upgrade this connection (server: the client's SYN carried no rdmashim mark; client: the server's first bytes carried no rdmashim token)",

@@ -302,7 +302,7 @@ pub struct MatcherConfig {
     /// (it may still sit in the kernel's backlog of a busy server). Default 3 s.
     pub request_wait: Duration,
     /// How long an accepted TCP connection waits for its connect request before it is decided
-    /// that the client has no shim. Default 5 s (the client sends its request right after its
+    /// that no request will come. Default 5 s (the client sends its request right after its
     /// connect completes; address resolution under load can take a while).
     pub accepted_wait: Duration,
     /// Most pending requests (a flood of bogus requests is rejected, not stored). Default 1024.
@@ -343,8 +343,8 @@ pub enum RequestOutcome<R, C> {
 pub enum Expired<R, C> {
     /// No accepted TCP connection matched in time: reject the request (no matching TCP).
     Request(TupleKey, R),
-    /// No request came for an accepted connection: the client has no shim (or no RDMA); the
-    /// connection stays TCP.
+    /// No request came for an accepted connection (its client closed it first, or could not
+    /// dial); the connection stays TCP.
     Accepted(TupleKey, C),
 }
 
