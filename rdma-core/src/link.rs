@@ -766,11 +766,7 @@ impl Incoming {
         tcp_received: u64,
         proof: &Proof,
     ) -> Result<Link, Refused> {
-        let proven = match proof {
-            Proof::Native => self.request.is_native(),
-            Proof::Bound { key, tuple } => self.request.verify(key, tuple),
-        };
-        if !proven {
+        if !self.request.proves(proof) {
             self.refuse(RejectReason::Unproven);
             return Err(Refused::Peer(err(
                 io::ErrorKind::PermissionDenied,

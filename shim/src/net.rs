@@ -220,22 +220,28 @@ pub fn nap_ms(ms: c_int) {
     let _ = poll(&mut [], ms);
 }
 
-/// An `int` socket option.
-pub fn get_int_opt(fd: c_int, level: c_int, name: c_int) -> Result<c_int, Errno> {
-    let mut v: c_int = 0;
-    let mut len = size_of::<c_int>() as socklen_t;
-    // SAFETY: v/len are valid out-parameters for an int option.
+/// getsockopt(2) into `buf`; returns how many bytes the kernel wrote.
+fn getsockopt_buf(fd: c_int, level: c_int, name: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
+    let mut len = buf.len() as socklen_t;
+    // SAFETY: buf/len are a valid out-buffer of that length.
     let r = unsafe {
         libc::syscall(
             libc::SYS_getsockopt,
             fd,
             level,
             name,
-            &mut v as *mut c_int,
+            buf.as_mut_ptr(),
             &mut len as *mut socklen_t,
         )
     };
-    check(r).map(|_| v)
+    check(r).map(|_| (len as usize).min(buf.len()))
+}
+
+/// An `int` socket option.
+pub fn get_int_opt(fd: c_int, level: c_int, name: c_int) -> Result<c_int, Errno> {
+    let mut b = [0u8; size_of::<c_int>()];
+    getsockopt_buf(fd, level, name, &mut b)?;
+    Ok(c_int::from_ne_bytes(b))
 }
 
 /// Sets an `int` socket option.
@@ -257,43 +263,7 @@ pub fn set_int_opt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Result<(),
 /// `TCP_SAVED_SYN` of an accepted socket: the SYN's IP and TCP headers, copied into `buf`
 /// (the kernel frees its copy). Returns the length; 0 if no SYN was saved.
 pub fn saved_syn(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
-    let mut len = buf.len() as socklen_t;
-    // SAFETY: buf/len are a valid out-buffer of that length.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_getsockopt,
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_SAVED_SYN,
-            buf.as_mut_ptr(),
-            &mut len as *mut socklen_t,
-        )
-    };
-    check(r).map(|_| (len as usize).min(buf.len()))
-}
-
-/// Fills `buf` from the kernel's CSPRNG (`getrandom(2)`, never blocking once the pool is
-/// initialised; `GRND_NONBLOCK` so that an early-boot process fails instead of waiting).
-pub fn random(buf: &mut [u8]) -> Result<(), Errno> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        // SAFETY: rest is a writable slice of its length.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_getrandom,
-                rest.as_mut_ptr(),
-                rest.len(),
-                libc::GRND_NONBLOCK,
-            )
-        };
-        match check(r) {
-            Ok(n) => done += n,
-            Err(e) if e.0 == libc::EINTR => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    getsockopt_buf(fd, libc::IPPROTO_TCP, libc::TCP_SAVED_SYN, buf)
 }
 
 /// SO_RCVTIMEO / SO_SNDTIMEO as milliseconds (None: no timeout).

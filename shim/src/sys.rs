@@ -311,20 +311,38 @@ pub fn append_log(path: Option<&[u8]>, data: &[u8]) -> Result<(), Errno> {
     r
 }
 
-/// A name no one can guess in advance, for a temporary file: `getrandom(2)`, or the clock and
+/// Fills `buf` from the kernel's CSPRNG (`getrandom(2)`, never blocking once the pool is
+/// initialised; `GRND_NONBLOCK` so that an early-boot process fails instead of waiting).
+pub fn random(buf: &mut [u8]) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: rest is a writable slice of its length.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_getrandom,
+                rest.as_mut_ptr(),
+                rest.len(),
+                libc::GRND_NONBLOCK,
+            )
+        };
+        match check(r) {
+            Ok(n) => done += n as usize,
+            Err(e) if e.0 == libc::EINTR => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A name no one can guess in advance, for a temporary file: [`random`], or the clock and
 /// the stack's address where that fails.
 fn unguessable() -> u64 {
+    let mut b = [0u8; 8];
     let mut v = 0u64;
-    // SAFETY: v is a valid 8-byte buffer; GRND_NONBLOCK never blocks.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_getrandom,
-            &mut v as *mut u64 as *mut u8,
-            8usize,
-            libc::GRND_NONBLOCK,
-        )
-    };
-    if r != 8 {
+    if random(&mut b).is_ok() {
+        v = u64::from_ne_bytes(b);
+    } else {
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,

@@ -479,11 +479,7 @@ impl Connection {
         tcp_received: u64,
         now: Instant,
     ) -> Result<(Self, AcceptReply), ConfigError> {
-        let proven = match proof {
-            Proof::Native => request.is_native(),
-            Proof::Bound { key, tuple } => request.verify(key, tuple),
-        };
-        if !proven {
+        if !request.proves(proof) {
             return Err(ConfigError::Unproven);
         }
         let life = Life::Accepted {

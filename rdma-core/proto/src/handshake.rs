@@ -346,6 +346,15 @@ impl ConnectRequest {
             && binding::request_tag(key, tuple, &self.encode()[..REQUEST_TAG_AT]).verify(&self.tag)
     }
 
+    /// Whether the request proves `proof`: for a TCP connection, its tag verifies under the
+    /// connection's key and 4-tuple; for a native listener, it is native.
+    pub fn proves(&self, proof: &crate::binding::Proof) -> bool {
+        match proof {
+            crate::binding::Proof::Native => self.is_native(),
+            crate::binding::Proof::Bound { key, tuple } => self.verify(key, tuple),
+        }
+    }
+
     /// Whether this is a native stream's request (no TCP connection behind it).
     pub fn is_native(&self) -> bool {
         self.flags.contains(Flags::NATIVE)

@@ -105,7 +105,7 @@ pub(crate) fn on_accept(
         return Err(FallbackReason::PlainPeer);
     }
     let mut k = [0u8; KEY_LEN];
-    net::random(&mut k).map_err(|_| FallbackReason::Resources)?;
+    crate::sys::random(&mut k).map_err(|_| FallbackReason::Resources)?;
     let key = BindingKey::from_random(k);
     let token = Token { key }.encode();
     // A fresh socket's send buffer is empty and far larger than 32 bytes: the token goes out

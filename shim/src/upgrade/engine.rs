@@ -184,6 +184,16 @@ pub fn negative_cached(peer: SocketAddr) -> bool {
     n.check(peer, net::coarse_instant()).is_some()
 }
 
+/// A client still waiting for the server's token: looks for it through the engine's own
+/// duplicate of the socket.
+fn look_for_token(c: &Conn, g: &mut Inner) {
+    if g.token == TokenWait::Awaiting {
+        if let Some(fd) = g.token_sock {
+            super::see_token(c, g, fd);
+        }
+    }
+}
+
 /// A client's server sent application bytes first, no token: no shim serves that port (or it
 /// cannot upgrade). The negative cache keeps later connections to it unmarked for a while, as
 /// after a reject.
@@ -796,11 +806,7 @@ impl State {
             // (its connect's outcome first: `pend_event` looks again once it succeeded)
             return;
         }
-        if g.token == TokenWait::Awaiting {
-            if let Some(fd) = g.token_sock {
-                super::see_token(&c, &mut g, fd);
-            }
-        }
+        look_for_token(&c, &mut g);
         if g.token == TokenWait::Awaiting && !g.closed && !c.fell_back.load(Ordering::Acquire) {
             return;
         }
@@ -878,11 +884,7 @@ impl State {
             if !still_wanted(&mut g) {
                 return;
             }
-            if g.token == TokenWait::Awaiting {
-                if let Some(fd) = g.token_sock {
-                    super::see_token(c, &mut g, fd);
-                }
-            }
+            look_for_token(c, &mut g);
             match g.token {
                 TokenWait::Got(key) => Proof::Bound {
                     key,
@@ -1178,8 +1180,7 @@ impl State {
     fn accept(&mut self, inc: Incoming, c: Arc<Conn>) {
         let proven = c
             .bound
-            .as_ref()
-            .is_some_and(|(k, t)| inc.request().verify(k, t));
+            .is_some_and(|(key, tuple)| inc.request().proves(&Proof::Bound { key, tuple }));
         if !proven {
             stats::count_unproven_request();
             shim_log!(

@@ -964,7 +964,7 @@ pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
 /// cache alone.
 ///
 /// `marked`: the connect's SYN carried the mark ([`mark_syn`]); a connection whose SYN did not
-/// stays TCP (the application set its TTL or PMTU mode itself). The dial also waits for the
+/// (its TTL or PMTU mode could not be set) stays TCP. The dial also waits for the
 /// server's token (the first bytes of its direction; `docs/protocol.md` 2.9), watched on a
 /// second private duplicate of the socket; a server that sends application bytes first runs
 /// no shim, and is never dialed.
