@@ -310,6 +310,93 @@ pub struct Stats {
     pub messages_received: u64,
 }
 
+/// Why [`Connection::switch_back`] cannot return the connection to TCP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchBackError {
+    /// The peer did not announce [`Flags::SWITCH_BACK`] (an older peer).
+    Unsupported,
+    /// The upgrade is still in its handshake: fall back instead (nothing reached the ring).
+    NotEstablished,
+    /// The wire is done (closed, or failed): nothing left to switch back.
+    Ended,
+    /// The peer closed; what it wrote to the ring before its Close is only in the local ring
+    /// and must be read from there.
+    PeerClosed,
+}
+
+impl fmt::Display for SwitchBackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SwitchBackError::Unsupported => write!(f, "the peer cannot switch back to TCP"),
+            SwitchBackError::NotEstablished => write!(f, "the upgrade is not established"),
+            SwitchBackError::Ended => write!(f, "the ring side has ended"),
+            SwitchBackError::PeerClosed => write!(f, "the peer closed on the ring"),
+        }
+    }
+}
+
+impl std::error::Error for SwitchBackError {}
+
+/// What the shim must write to the TCP socket, before any application byte, once a switch
+/// back is agreed ([`Connection::resume_due`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// The staged stream bytes `[cursor, cursor + len)` (index the staging area with the
+    /// cursor, as for [`Action::WriteData`]); report with [`Connection::resumed`].
+    Write {
+        /// Stream cursor of the first byte.
+        cursor: u64,
+        /// Bytes still to write.
+        len: u64,
+    },
+    /// Then `shutdown(SHUT_WR)` on the socket: the write side had been shut on the ring;
+    /// report with [`Connection::resumed_shutdown`].
+    ShutdownWrite,
+}
+
+/// A switch back to TCP (protocol §8.5), from its start on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Back {
+    /// Our read cursor in the peer's stream when we stopped reading the ring (sent in our
+    /// SwitchBack: the peer goes on over TCP from there).
+    stopped_at: u64,
+    /// Our SwitchBack was handed to the transport.
+    posted: bool,
+    /// The peer's SwitchBack arrived: its read cursor in our stream, where our continuation
+    /// on TCP starts.
+    peer_read: Option<u64>,
+    /// TCP bytes read past the peer's pre-switch part while stopped: its continuation.
+    cont_read: u64,
+    /// The shim read EOF from TCP while switching back.
+    tcp_eof: bool,
+    /// `shutdown(SHUT_WR)` while switching back.
+    shut: bool,
+    /// Left to write to TCP once agreed: staged bytes from `resume_at` to `resume_end`,
+    /// then a shutdown if `resume_shut`.
+    resume_at: u64,
+    resume_end: u64,
+    resume_shut: bool,
+}
+
+impl Back {
+    /// Starts a switch back, reading stopped at `stopped_at`. A SwitchOver not posted yet never
+    /// will be: the peer then reads the whole of our stream on TCP.
+    fn new(stopped_at: u64, switch_pending: &mut Option<u64>) -> Back {
+        *switch_pending = None;
+        Back {
+            stopped_at,
+            posted: false,
+            peer_read: None,
+            cont_read: 0,
+            tcp_eof: false,
+            shut: false,
+            resume_at: 0,
+            resume_end: 0,
+            resume_shut: false,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Life {
     /// Client: connect request sent, waiting for ESTABLISHED (with the reply) or a reject.
@@ -368,6 +455,12 @@ pub struct Connection {
     teardown: Teardown,
     /// Barriers requested locally / posted / received from the peer (epochs, from 1).
     barriers: Barriers,
+    /// The peer announced [`Flags::SWITCH_BACK`].
+    peer_switch_back: bool,
+    /// We announced it (a bound handshake).
+    own_switch_back: bool,
+    /// The switch back to TCP, once started (by us or by the peer).
+    back: Option<Back>,
     stats: Stats,
 }
 
@@ -419,6 +512,9 @@ impl Connection {
             local_read_shut: false,
             teardown: Teardown::No,
             barriers: Barriers::default(),
+            peer_switch_back: false,
+            own_switch_back: false,
+            back: None,
             stats: Stats::default(),
         })
     }
@@ -456,14 +552,22 @@ impl Connection {
                 },
                 None,
             ),
-            Proof::Bound { key, tuple } => (request.bound(key, tuple), Some(*key)),
+            Proof::Bound { key, tuple } => (
+                ConnectRequest {
+                    flags: Flags::SWITCH_BACK,
+                    ..request
+                }
+                .bound(key, tuple),
+                Some(*key),
+            ),
         };
         let life = Life::Connecting {
             request,
             key,
             deadline: now + cfg.handshake_timeout,
         };
-        let conn = Self::new(cfg, Side::Client, local, nonce, life, tcp_received)?;
+        let mut conn = Self::new(cfg, Side::Client, local, nonce, life, tcp_received)?;
+        conn.own_switch_back = request.flags.contains(Flags::SWITCH_BACK);
         Ok((conn, request))
     }
 
@@ -486,6 +590,7 @@ impl Connection {
             deadline: now + cfg.handshake_timeout,
         };
         let mut conn = Self::new(cfg, Side::Server, local, request.nonce, life, tcp_received)?;
+        conn.peer_switch_back = request.flags.contains(Flags::SWITCH_BACK);
         conn.peer = Some(Peer {
             ring: request.ring,
             tx: TxCursors::new(request.ring.size),
@@ -503,8 +608,13 @@ impl Connection {
                 flags: Flags::NATIVE,
                 ..reply
             },
-            Proof::Bound { key, .. } => reply.bound(key, &request.tag),
+            Proof::Bound { key, .. } => AcceptReply {
+                flags: Flags::SWITCH_BACK,
+                ..reply
+            }
+            .bound(key, &request.tag),
         };
+        conn.own_switch_back = reply.flags.contains(Flags::SWITCH_BACK);
         Ok((conn, reply))
     }
 
@@ -540,6 +650,7 @@ impl Connection {
             tx: TxCursors::new(reply.ring.size),
             slots: TxSlots::new(reply.recv_slots),
         });
+        self.peer_switch_back = key.is_some() && reply.flags.contains(Flags::SWITCH_BACK);
         self.life = Life::Established;
         Ok(())
     }
@@ -580,6 +691,12 @@ impl Connection {
     /// direction to the ring: a SwitchOver stating that count goes out before any ring data.
     /// Only once established.
     pub fn commit_switch(&mut self, tcp_bytes_sent: u64) -> Result<(), InvalidTransition> {
+        if self.back.is_some() {
+            return Err(InvalidTransition {
+                state: "SwitchingBack",
+                event: "Commit",
+            });
+        }
         if self.life != Life::Established {
             return Err(InvalidTransition {
                 state: self.life_name(),
@@ -595,6 +712,17 @@ impl Connection {
     /// caller copies that many into its staging area at the grant's cursor. The write itself
     /// comes out of [`Self::poll_action`] (consecutive sends are coalesced).
     pub fn send(&mut self, len: usize) -> Result<SendGrant, SendError> {
+        if let Some(b) = self.back {
+            // Switching back: nothing more goes to the ring, and the application's bytes go to
+            // TCP only after the continuation ([`Self::resume_due`]) — at once if this
+            // direction never left TCP.
+            let agreed = self.life != Life::Established;
+            if (!agreed && self.tx_state != TxState::Tcp)
+                || (agreed && (b.resume_at < b.resume_end || b.resume_shut))
+            {
+                return Err(SendError::WouldBlock);
+            }
+        }
         match self.life {
             Life::Failed(r) if !self.can_fall_back() => return Err(SendError::Failed(r)),
             Life::Connecting { .. } | Life::Accepted { .. } | Life::Failed(_) => {
@@ -647,6 +775,11 @@ impl Connection {
     /// `shutdown(SHUT_WR)`: ShutdownWrite goes out after the queued bytes; the peer reads them,
     /// then EOF, and may keep sending. Requires the switch (commit first if still on TCP).
     pub fn shutdown_write(&mut self) -> Result<(), InvalidTransition> {
+        if let (Some(b), Life::Established) = (self.back.as_mut(), self.life) {
+            // Nothing more goes on the ring: the shutdown follows the continuation on TCP.
+            b.shut = true;
+            return Ok(());
+        }
         match self.life {
             Life::Established => {
                 self.tx_state = self.tx_state.on(TxEvent::Shutdown)?;
@@ -679,6 +812,11 @@ impl Connection {
 
     fn close_inner(&mut self, reset: bool, drop_unsent: bool) {
         self.local_read_shut = true;
+        if self.back.is_some() {
+            // Nothing more goes on the ring; the shim writes the continuation (unless it
+            // resets the socket) and closes TCP after it.
+            return;
+        }
         self.discard_readable();
         match self.life {
             Life::Connecting { .. } | Life::Accepted { .. } => self.enter_closed(),
@@ -701,6 +839,93 @@ impl Connection {
         }
     }
 
+    // ----- switching back to TCP (protocol §8.5) ---------------------------------------------
+
+    /// Whether the peer announced that it can switch back ([`Flags::SWITCH_BACK`]).
+    pub fn peer_can_switch_back(&self) -> bool {
+        self.peer_switch_back
+    }
+
+    /// Returns the connection to its TCP socket at exact stream offsets, both directions,
+    /// with the peer's help: we stop reading the ring (what the peer wrote past our read
+    /// cursor comes again on TCP) and post nothing more to it but a `SwitchBack`; once the
+    /// peer's arrives, our own stream goes on over TCP from the peer's read cursor
+    /// ([`Self::resume_due`]), and the wire is done. Meanwhile sends would block and reads go
+    /// to TCP. For a process that must give the ring up while the connection lives on: a fork
+    /// child that takes the socket over, an `exec`, a ring that cannot go on.
+    pub fn switch_back(&mut self) -> Result<(), SwitchBackError> {
+        if self.back.is_some() {
+            return Ok(());
+        }
+        match self.life {
+            Life::Connecting { .. } | Life::Accepted { .. } => {
+                return Err(SwitchBackError::NotEstablished)
+            }
+            Life::Closed | Life::Failed(_) => return Err(SwitchBackError::Ended),
+            Life::Established => {}
+        }
+        if !self.peer_switch_back {
+            return Err(SwitchBackError::Unsupported);
+        }
+        if matches!(
+            self.rx_state,
+            RxState::Finished {
+                fin: PeerFin::Close,
+                ..
+            }
+        ) {
+            return Err(SwitchBackError::PeerClosed);
+        }
+        self.back = Some(Back::new(self.rx.tail(), &mut self.switch_pending));
+        Ok(())
+    }
+
+    /// A switch back is under way (started by either side) and not yet agreed by both.
+    pub fn switching_back(&self) -> bool {
+        self.back.is_some() && self.life == Life::Established
+    }
+
+    /// The connection went back to TCP and the continuation is written: from now on it is a
+    /// plain TCP connection (the ring stays only for bytes nobody will read).
+    pub fn switched_back(&self) -> bool {
+        self.back.is_some() && self.life == Life::Closed && self.resume_due().is_none()
+    }
+
+    /// What to write to the TCP socket before any application byte, once the switch back is
+    /// agreed; `None` before that and once done.
+    pub fn resume_due(&self) -> Option<Resume> {
+        let b = self.back?;
+        if self.life != Life::Closed {
+            return None;
+        }
+        if b.resume_at < b.resume_end {
+            Some(Resume::Write {
+                cursor: b.resume_at,
+                len: b.resume_end - b.resume_at,
+            })
+        } else if b.resume_shut {
+            Some(Resume::ShutdownWrite)
+        } else {
+            None
+        }
+    }
+
+    /// `n` bytes of a [`Resume::Write`] went to the socket.
+    pub fn resumed(&mut self, n: u64) {
+        if let Some(b) = self.back.as_mut() {
+            b.resume_at = (b.resume_at + n).min(b.resume_end);
+        }
+    }
+
+    /// The [`Resume::ShutdownWrite`] was done.
+    pub fn resumed_shutdown(&mut self) {
+        if let Some(b) = self.back.as_mut() {
+            if b.resume_at == b.resume_end {
+                b.resume_shut = false;
+            }
+        }
+    }
+
     // ----- receiving -------------------------------------------------------------------------
 
     /// Where the application's next bytes come from.
@@ -720,6 +945,21 @@ impl Connection {
         }
         if self.local_read_shut {
             return Recv::Eof;
+        }
+        if let (Some(b), Life::Established) = (self.back, self.life) {
+            // Stopped: what the peer sent on TCP before its switch, then its continuation, all
+            // on TCP. After a TCP EOF, EOF once it is known to end the continuation (not a
+            // peer that vanished with our unread bytes in the ring).
+            return if !b.tcp_eof {
+                Recv::Tcp { limit: None }
+            } else if b.peer_read.is_some()
+                || b.cont_read > 0
+                || matches!(self.rx_state, RxState::Tcp { .. })
+            {
+                Recv::Eof
+            } else {
+                Recv::WouldBlock
+            };
         }
         match self.rx_state {
             RxState::Tcp { .. } => Recv::Tcp { limit: None },
@@ -765,6 +1005,27 @@ impl Connection {
     /// The shim read `n` bytes from the TCP socket (before the upgrade, or while draining up
     /// to the peer's SwitchOver count).
     pub fn note_tcp_read(&mut self, n: u64) -> Result<(), ErrorReason> {
+        if let (Some(b), Life::Established) = (self.back.as_mut(), self.life) {
+            // Stopped: the peer's pre-switch bytes go through the state machine, what follows
+            // them is its continuation.
+            let pre = match self.rx_state {
+                RxState::Tcp { .. } => n,
+                RxState::Draining { remaining }
+                | RxState::Finished {
+                    tcp_remaining: remaining,
+                    ..
+                } => n.min(remaining),
+                RxState::Ring => 0,
+            };
+            b.cont_read += n - pre;
+            if pre > 0 {
+                self.rx_state = self
+                    .rx_state
+                    .on(RxEvent::TcpRead(pre))
+                    .expect("within the pre-switch part");
+            }
+            return Ok(());
+        }
         match self.rx_state.on(RxEvent::TcpRead(n)) {
             Ok(s) => {
                 self.rx_state = s;
@@ -862,10 +1123,18 @@ impl Connection {
             Completion::Recv { payload } => {
                 match ControlMsg::decode(payload).map_err(|e| v(Violation::Decode(e)))? {
                     ControlMsg::SwitchOver { tcp_bytes_sent } => {
-                        self.rx_state = self
-                            .rx_state
-                            .on(RxEvent::SwitchOver { tcp_bytes_sent })
-                            .map_err(v)?;
+                        self.rx_state = match (self.back.as_mut(), self.rx_state) {
+                            // Stopped, and already read past the bytes it declares: the rest
+                            // was the peer's continuation (it came on TCP before this did).
+                            (Some(b), RxState::Tcp { received }) if tcp_bytes_sent < received => {
+                                b.cont_read += received - tcp_bytes_sent;
+                                RxState::Ring
+                            }
+                            _ => self
+                                .rx_state
+                                .on(RxEvent::SwitchOver { tcp_bytes_sent })
+                                .map_err(v)?,
+                        };
                     }
                     ControlMsg::ShutdownWrite { ring_bytes } => {
                         self.check_fin_cursor(ring_bytes)?;
@@ -877,6 +1146,14 @@ impl Connection {
                     ControlMsg::Close { reset: true, .. } => return Err(ErrorReason::Reset),
                     ControlMsg::Close { ring_bytes, .. } => {
                         self.check_fin_cursor(ring_bytes)?;
+                        if let Some(b) = self.back {
+                            if b.cont_read > 0 || b.peer_read.is_some() {
+                                return Err(v(Violation::CloseAfterSwitchBack));
+                            }
+                            // The peer closed before it saw our SwitchBack: it will send no
+                            // continuation, so what it wrote is read from the ring after all.
+                            self.back = None;
+                        }
                         self.rx_state =
                             self.rx_state.on(RxEvent::Fin(PeerFin::Close)).map_err(v)?;
                     }
@@ -885,6 +1162,34 @@ impl Connection {
                             .credit_to(read_cursor)
                             .map_err(|e| v(Violation::BadCredit(e)))?;
                         peer.slots.restore(slots).map_err(v)?;
+                    }
+                    ControlMsg::SwitchBack {
+                        ring_bytes,
+                        read_cursor,
+                    } => {
+                        if ring_bytes != self.rx.head() {
+                            return Err(v(Violation::SwitchBackCursorMismatch {
+                                declared: ring_bytes,
+                                received: self.rx.head(),
+                            }));
+                        }
+                        if !(peer.tx.acked()..=peer.tx.posted()).contains(&read_cursor) {
+                            return Err(v(Violation::SwitchBackReadCursor {
+                                declared: read_cursor,
+                                acked: peer.tx.acked(),
+                                posted: peer.tx.posted(),
+                            }));
+                        }
+                        if self.back.is_some_and(|b| b.peer_read.is_some()) {
+                            return Err(v(Violation::DuplicateSwitchBack));
+                        }
+                        if !self.own_switch_back {
+                            return Err(v(Violation::UnannouncedSwitchBack));
+                        }
+                        let back = self
+                            .back
+                            .get_or_insert(Back::new(self.rx.tail(), &mut self.switch_pending));
+                        back.peer_read = Some(read_cursor);
                     }
                     ControlMsg::Barrier { .. } => self.barriers.received += 1,
                     ControlMsg::Ignored { .. } => {}
@@ -909,6 +1214,20 @@ impl Connection {
     /// completion first: a peer that closed cleanly is then already seen as closed, and this
     /// call changes nothing.
     pub fn handle_transport_error(&mut self) {
+        if let (Some(b), Life::Established) = (self.back, self.life) {
+            if b.peer_read.is_none()
+                && b.cont_read == 0
+                && matches!(self.rx_state, RxState::Tcp { .. })
+            {
+                // Switching back, and the peer, which never moved its stream to the ring, tore
+                // its queue pair down without a SwitchBack: it closed (its FIN is or will be
+                // on TCP). Nobody will read a continuation; what it sent is all on TCP.
+                self.back = None;
+                self.peer_read_closed = true;
+                self.enter_closed();
+                return;
+            }
+        }
         if !matches!(self.life, Life::Closed | Life::Failed(_)) {
             self.fail(ErrorReason::Transport);
         }
@@ -920,6 +1239,13 @@ impl Connection {
     /// our further writes fail with EPIPE). If it switched but the ring did not end, it
     /// vanished ([`ErrorReason::PeerVanished`]). During the handshake, the upgrade is abandoned.
     pub fn handle_tcp_eof(&mut self) -> Result<(), ErrorReason> {
+        if let (Some(b), Life::Established) = (self.back.as_mut(), self.life) {
+            // Switching back: the EOF ends the peer's TCP stream, continuation included; reads
+            // report it once that is certain ([`Self::recv`]). Our own continuation still
+            // needs the peer's SwitchBack, so nothing closes here.
+            b.tcp_eof = true;
+            return Ok(());
+        }
         match self.life {
             Life::Connecting { .. } | Life::Accepted { .. } => {
                 Err(self.fail(ErrorReason::TcpClosed))
@@ -971,6 +1297,23 @@ impl Connection {
             return Some(a);
         }
         let peer = self.peer.as_mut()?;
+        if let Some(b) = self.back.as_mut() {
+            // Switching back: the SwitchBack is the last stream message (credits still go
+            // out until the peer's arrives). Like a credit it may take the last slot: after
+            // it we need nothing from the peer but its own SwitchBack.
+            if b.posted || !peer.slots.can_post_credit(true) {
+                return None;
+            }
+            peer.slots.take();
+            b.posted = true;
+            let msg = ControlMsg::SwitchBack {
+                ring_bytes: peer.tx.posted(),
+                read_cursor: b.stopped_at,
+            };
+            self.stats.control_sent += 1;
+            self.after_state_change();
+            return Some(Action::Send(msg));
+        }
         if let Some(tcp_bytes_sent) = self.switch_pending {
             if !peer.slots.can_post_message() {
                 return None;
@@ -1110,6 +1453,21 @@ impl Connection {
         if self.life != Life::Established {
             return;
         }
+        if let Some(b) = self.back {
+            if let (true, Some(from)) = (b.posted, b.peer_read) {
+                self.finish_back(b, from);
+                return;
+            }
+            let both_fins = matches!(self.tx_state, TxState::Finished(_))
+                && matches!(self.rx_state, RxState::Finished { fin, .. } if fin != PeerFin::TcpFin);
+            if !(both_fins && b.peer_read.is_none() && b.cont_read == 0) {
+                return;
+            }
+            // Both write sides had ended on the ring before the switch back could happen: the
+            // peer is done with the wire and will not answer. Nothing moves to TCP; what it
+            // wrote is read from the ring after all.
+            self.back = None;
+        }
         let peer_fin = match self.rx_state {
             RxState::Finished { fin, .. } => Some(fin),
             _ => None,
@@ -1126,6 +1484,29 @@ impl Connection {
         if done {
             self.enter_closed();
         }
+    }
+
+    /// Both SwitchBacks are through: the ring is done, both directions go on over TCP. Ours
+    /// from the peer's read cursor: the staged bytes from there are written to TCP first
+    /// (then a shutdown, if our write side was shut).
+    fn finish_back(&mut self, mut b: Back, from: u64) {
+        b.resume_at = from;
+        b.resume_end = self.peer.as_ref().map_or(from, |p| p.tx.head());
+        b.resume_shut = b.shut || self.tx_state.is_shut();
+        self.back = Some(b);
+        // Unread ring bytes are the peer's to send again; nothing is read from the ring now.
+        let n = self.rx.readable();
+        self.rx.consume(n);
+        self.tx_state = TxState::Tcp;
+        self.rx_state = if b.tcp_eof {
+            RxState::Finished {
+                tcp_remaining: 0,
+                fin: PeerFin::TcpFin,
+            }
+        } else {
+            RxState::Tcp { received: 0 }
+        };
+        self.enter_closed();
     }
 
     fn life_name(&self) -> &'static str {
@@ -1147,7 +1528,9 @@ impl Connection {
             Life::Failed(r) => StreamState::Error(r),
             Life::Closed => StreamState::Closed,
             Life::Established => {
-                if self.tx_state.is_shut() {
+                if self.back.is_some() {
+                    StreamState::Switching
+                } else if self.tx_state.is_shut() {
                     StreamState::LocalShut
                 } else if self.rx_state.is_finished() {
                     StreamState::PeerShut
@@ -1205,6 +1588,17 @@ impl Connection {
 
     /// Poll/epoll readiness (see [`Readiness`]).
     pub fn readiness(&self) -> Readiness {
+        if self.back.is_some() && !self.switched_back() && self.error().is_none() {
+            // Switching back: reads on TCP (or EOF, once certain); writes wait for the
+            // continuation.
+            let recv = self.recv();
+            return Readiness {
+                readable: matches!(recv, Recv::Eof),
+                read_via_tcp: matches!(recv, Recv::Tcp { .. }),
+                write_via_tcp: self.life == Life::Established && self.tx_state == TxState::Tcp,
+                ..Readiness::default()
+            };
+        }
         if self.can_fall_back() {
             return Readiness {
                 read_via_tcp: true,

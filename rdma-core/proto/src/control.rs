@@ -15,7 +15,8 @@
 //! | 2    | ShutdownWrite | ring_bytes: u64 (final tx cursor)     | -           | 12     |
 //! | 3    | Close         | ring_bytes: u64 (final tx cursor)     | bit0 RESET  | 12     |
 //! | 4    | CreditUpdate  | read_cursor: u64, slots: u32          | -           | 16     |
-//! | 5-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
+//! | 5    | SwitchBack    | ring_bytes: u64, read_cursor: u64     | -           | 20     |
+//! | 6-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
 //! | 128   | Barrier       | epoch: u64 (1, 2, … per direction)    | -           | 12     |
 //! | 129-255 | (may ignore → [`ControlMsg::Ignored`], any body)   |          |             | ≤ 64   |
 //!
@@ -35,6 +36,7 @@ const KIND_SWITCH_OVER: u8 = 1;
 const KIND_SHUTDOWN_WRITE: u8 = 2;
 const KIND_CLOSE: u8 = 3;
 const KIND_CREDIT_UPDATE: u8 = 4;
+const KIND_SWITCH_BACK: u8 = 5;
 /// Kind byte of [`ControlMsg::Barrier`] (a may-ignore kind).
 pub const KIND_BARRIER: u8 = 128;
 /// Kinds at or above this may be ignored by a receiver that does not know them.
@@ -70,6 +72,17 @@ pub enum ControlMsg {
         read_cursor: u64,
         /// Receives re-posted since the previous credit.
         slots: u32,
+    },
+    /// The sender returns the connection to TCP (protocol §8.5): it posted `ring_bytes` stream
+    /// bytes into the ring in all and posts no more stream messages; it stopped reading the
+    /// receiver's ring at `read_cursor`, so the receiver's stream goes on over TCP from that
+    /// cursor. Only after it has both sent and received a SwitchBack does a side write its
+    /// continuation to TCP. Sent only to a peer that announced [`crate::Flags::SWITCH_BACK`].
+    SwitchBack {
+        /// Stream bytes the sender wrote into the ring in total (all before this message).
+        ring_bytes: u64,
+        /// The receiver's stream cursor at which the sender stopped reading the ring.
+        read_cursor: u64,
     },
     /// The sender reached a barrier (the native API's `barrier`); `epoch` counts the sender's
     /// barriers on this connection, from 1. It follows the data the sender accepted before it.
@@ -120,6 +133,16 @@ impl ControlMsg {
                     .u64(read_cursor)
                     .u32(slots);
             }
+            ControlMsg::SwitchBack {
+                ring_bytes,
+                read_cursor,
+            } => {
+                w.u8(KIND_SWITCH_BACK)
+                    .u8(0)
+                    .u16(0)
+                    .u64(ring_bytes)
+                    .u64(read_cursor);
+            }
             ControlMsg::Barrier { epoch } => {
                 w.u8(KIND_BARRIER).u8(0).u16(0).u64(epoch);
             }
@@ -152,6 +175,7 @@ impl ControlMsg {
             KIND_SWITCH_OVER | KIND_SHUTDOWN_WRITE | KIND_BARRIER => (12, 0),
             KIND_CLOSE => (12, CLOSE_RESET),
             KIND_CREDIT_UPDATE => (16, 0),
+            KIND_SWITCH_BACK => (20, 0),
             0 if input.iter().all(|&b| b == 0) => return Err(DecodeError::Empty),
             k => return Err(DecodeError::UnknownKind(k)),
         };
@@ -173,6 +197,10 @@ impl ControlMsg {
                 reset: flags & CLOSE_RESET != 0,
             },
             KIND_BARRIER => ControlMsg::Barrier { epoch: r.u64()? },
+            KIND_SWITCH_BACK => ControlMsg::SwitchBack {
+                ring_bytes: r.u64()?,
+                read_cursor: r.u64()?,
+            },
             _ => ControlMsg::CreditUpdate {
                 read_cursor: r.u64()?,
                 slots: r.u32()?,
@@ -205,6 +233,19 @@ mod tests {
         .encode();
         assert_eq!(b.as_bytes().len(), 16);
         assert!(b.as_bytes().len() <= MAX_CONTROL_LEN);
+        let b = ControlMsg::SwitchBack {
+            ring_bytes: 0x0102,
+            read_cursor: 0x0304,
+        }
+        .encode();
+        assert_eq!(
+            b.as_bytes(),
+            &[5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0, 0, 3, 4]
+        );
+        assert_eq!(
+            ControlMsg::decode(&[5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2]),
+            Err(DecodeError::Truncated { need: 20, got: 12 })
+        );
         let b = ControlMsg::Barrier { epoch: 0x0102 }.encode();
         assert_eq!(b.as_bytes(), &[128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
         assert_eq!(

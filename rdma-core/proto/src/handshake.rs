@@ -13,7 +13,7 @@
 //! "may ignore" bits. A decoder rejects unknown must-understand bits
 //! ([`DecodeError::UnknownFlags`]) and keeps unknown may-ignore bits as they are (so re-encoding
 //! a decoded message reproduces it byte for byte). Version 2 defines one must-understand flag,
-//! [`Flags::NATIVE`].
+//! [`Flags::NATIVE`], and one may-ignore flag, [`Flags::SWITCH_BACK`].
 //!
 //! Version 2 (`docs/protocol.md` 2.9) appends a [`Tag`] to the request and the reply: an HMAC
 //! under the key the server sent in-band on the TCP connection ([`crate::binding`]), which
@@ -58,6 +58,9 @@ impl Flags {
     /// A native stream's handshake: no TCP connection behind it, so nothing to bind to and a
     /// zero tag. A shim's listener rejects such a request; a native listener accepts only them.
     pub const NATIVE: Flags = Flags(0x0001);
+    /// May ignore: the sender understands `SwitchBack` (protocol §8.5), so the other side may
+    /// return the connection to TCP. A side sends a SwitchBack only to a peer that set it.
+    pub const SWITCH_BACK: Flags = Flags(0x0100);
 
     /// No flag set.
     pub const fn empty() -> Self {

@@ -27,7 +27,7 @@ mod wire;
 pub use binding::{BindingKey, Proof, Tag, TcpTuple};
 pub use conn::{
     Action, Completion, Config, ConfigError, Connection, ConsumeError, LocalParams, Readiness,
-    Recv, SendError, SendGrant, Side, Stats,
+    Recv, Resume, SendError, SendGrant, Side, Stats, SwitchBackError,
 };
 pub use control::{ControlBytes, ControlMsg, MAX_CONTROL_LEN};
 pub use credit::CreditPolicy;

@@ -242,6 +242,28 @@ pub enum Violation {
     },
     /// A completion was handed over before the connection was established (client side).
     CompletionBeforeEstablished,
+    /// A SwitchBack states another ring total than the DATA received before it.
+    SwitchBackCursorMismatch {
+        /// Total declared.
+        declared: u64,
+        /// Total received.
+        received: u64,
+    },
+    /// A SwitchBack's read cursor is outside what we posted and what was acknowledged.
+    SwitchBackReadCursor {
+        /// Cursor declared.
+        declared: u64,
+        /// Our stream acknowledged so far.
+        acked: u64,
+        /// Our stream posted so far.
+        posted: u64,
+    },
+    /// A second SwitchBack.
+    DuplicateSwitchBack,
+    /// A SwitchBack on a connection whose handshake did not announce it.
+    UnannouncedSwitchBack,
+    /// A ring Close after the peer began its continuation on TCP.
+    CloseAfterSwitchBack,
 }
 
 impl fmt::Display for Violation {
@@ -274,6 +296,25 @@ impl fmt::Display for Violation {
             }
             Violation::CompletionBeforeEstablished => {
                 write!(f, "completion before the connection was established")
+            }
+            Violation::SwitchBackCursorMismatch { declared, received } => write!(
+                f,
+                "SwitchBack declares {declared} ring bytes, {received} received"
+            ),
+            Violation::SwitchBackReadCursor {
+                declared,
+                acked,
+                posted,
+            } => write!(
+                f,
+                "SwitchBack read cursor {declared} outside [{acked}, {posted}]"
+            ),
+            Violation::DuplicateSwitchBack => write!(f, "second SwitchBack"),
+            Violation::UnannouncedSwitchBack => {
+                write!(f, "SwitchBack on a connection that did not announce it")
+            }
+            Violation::CloseAfterSwitchBack => {
+                write!(f, "Close after the continuation began on TCP")
             }
         }
     }

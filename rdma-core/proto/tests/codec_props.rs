@@ -91,6 +91,12 @@ fn control() -> impl Strategy<Value = ControlMsg> {
         (any::<u64>(), any::<u32>())
             .prop_map(|(read_cursor, slots)| ControlMsg::CreditUpdate { read_cursor, slots }),
         any::<u64>().prop_map(|epoch| ControlMsg::Barrier { epoch }),
+        (any::<u64>(), any::<u64>()).prop_map(|(ring_bytes, read_cursor)| {
+            ControlMsg::SwitchBack {
+                ring_bytes,
+                read_cursor,
+            }
+        }),
         (FIRST_IGNORABLE_KIND + 1..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
     ]
 }

@@ -1038,3 +1038,276 @@ fn a_reply_that_cannot_prove_the_binding_leaves_the_client_on_tcp() {
     );
     assert!(a.can_fall_back());
 }
+
+// ----- switching back to TCP (protocol §8.5) ----------------------------------------------------
+
+/// `a` sends `n` bytes on the ring (accepted and posted), `b` receives them.
+fn ring_bytes(a: &mut Connection, b: &mut Connection, n: usize) {
+    let g = a.send(n).unwrap();
+    assert_eq!(g.len, n);
+    flow(a, b).unwrap();
+}
+
+#[test]
+fn switch_back_returns_both_directions_at_the_read_cursors() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    ring_bytes(&mut a, &mut b, 100);
+    ring_bytes(&mut b, &mut a, 50);
+    // b's application read 30 of a's 100 bytes; a's read all 50 of b's.
+    b.consume(30).unwrap();
+    a.consume(50).unwrap();
+    // a accepted 10 more bytes it has not posted yet.
+    assert_eq!(a.send(10).unwrap().len, 10);
+    a.switch_back().unwrap();
+    assert!(a.switching_back());
+    assert_eq!(a.state(), StreamState::Switching);
+    assert_eq!(
+        a.send(1),
+        Err(SendError::WouldBlock),
+        "nothing before the continuation"
+    );
+    assert_eq!(a.recv(), Recv::Tcp { limit: None });
+    let r = a.readiness();
+    assert!(r.read_via_tcp && !r.writable && !r.write_via_tcp);
+
+    let out = flow(&mut a, &mut b).unwrap();
+    assert_eq!(
+        out,
+        vec![Action::Send(ControlMsg::SwitchBack {
+            ring_bytes: 100,
+            read_cursor: 50
+        })],
+        "no data after the switch back started"
+    );
+    assert!(b.switching_back(), "the peer joins in");
+    let out = flow(&mut b, &mut a).unwrap();
+    assert!(out.contains(&Action::Send(ControlMsg::SwitchBack {
+        ring_bytes: 50,
+        read_cursor: 30
+    })));
+    assert!(out.contains(&Action::Teardown));
+    assert_eq!(teardowns(&mut a), 1);
+    // a goes on from b's read cursor: 70 posted and 10 unposted bytes, then new ones.
+    assert_eq!(
+        a.resume_due(),
+        Some(Resume::Write {
+            cursor: 30,
+            len: 80
+        })
+    );
+    assert_eq!(a.send(1), Err(SendError::WouldBlock));
+    a.resumed(80);
+    assert_eq!(a.resume_due(), None);
+    assert!(a.switched_back());
+    assert_eq!(a.send(1), Err(SendError::ViaTcp));
+    // b read everything of a's stream: nothing to send again.
+    assert_eq!(b.resume_due(), None);
+    assert!(b.switched_back());
+    for c in [&a, &b] {
+        assert_eq!(c.state(), StreamState::Closed);
+        assert_eq!(c.recv(), Recv::Tcp { limit: None });
+        let r = c.readiness();
+        assert!(r.read_via_tcp && r.write_via_tcp && !r.hup && !r.error);
+    }
+}
+
+#[test]
+fn switch_back_after_shutdown_shuts_tcp_after_the_continuation() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    ring_bytes(&mut a, &mut b, 20);
+    a.shutdown_write().unwrap();
+    flow(&mut a, &mut b).unwrap();
+    b.switch_back().unwrap();
+    settle(&mut a, &mut b);
+    // b read none of a's 20 bytes: a sends them again on TCP, then shuts TCP down.
+    assert_eq!(a.resume_due(), Some(Resume::Write { cursor: 0, len: 20 }));
+    a.resumed(20);
+    assert_eq!(a.resume_due(), Some(Resume::ShutdownWrite));
+    a.resumed_shutdown();
+    assert!(a.switched_back() && b.switched_back());
+    assert_eq!(b.recv(), Recv::Tcp { limit: None });
+}
+
+#[test]
+fn switch_back_before_switch_over_is_posted() {
+    let (mut a, mut b) = established(12, 8, Config::default());
+    a.commit_switch(7).unwrap();
+    assert_eq!(a.send(5).unwrap().len, 5);
+    a.switch_back().unwrap();
+    assert!(
+        a.commit_switch(7).is_err(),
+        "no second switch while switching back"
+    );
+    let (from_a, _) = settle(&mut a, &mut b);
+    assert!(
+        !from_a
+            .iter()
+            .any(|x| matches!(x, Action::Send(ControlMsg::SwitchOver { .. }))),
+        "the pending SwitchOver is dropped"
+    );
+    // b never saw a switch: a's 5 staged bytes follow its 7 TCP bytes on TCP.
+    assert_eq!(a.resume_due(), Some(Resume::Write { cursor: 0, len: 5 }));
+    assert_eq!(b.rx_state(), RxState::Tcp { received: 0 });
+}
+
+#[test]
+fn switch_back_needs_an_established_peer_that_announced_it() {
+    let (mut a, _b) = established(12, 8, Config::default());
+    assert!(a.peer_can_switch_back());
+    let now = Instant::now();
+    let (mut c, _req) = Connection::connect(
+        Config::default(),
+        local(A_RING, 12, 8),
+        &proof(),
+        1234,
+        80,
+        42,
+        0,
+        now,
+    )
+    .unwrap();
+    assert_eq!(c.switch_back(), Err(SwitchBackError::NotEstablished));
+    a.close();
+    assert_eq!(a.switch_back(), Err(SwitchBackError::Ended));
+
+    // A reply without the flag (an older peer): no switch back with it.
+    let (mut a, req) = Connection::connect(
+        Config::default(),
+        local(A_RING, 12, 8),
+        &proof(),
+        1234,
+        80,
+        42,
+        0,
+        now,
+    )
+    .unwrap();
+    assert!(req.flags.contains(Flags::SWITCH_BACK));
+    let (_b, reply) = Connection::accept(
+        Config::default(),
+        local(B_RING, 12, 8),
+        &req,
+        &proof(),
+        0,
+        now,
+    )
+    .unwrap();
+    let Proof::Bound { key, .. } = proof() else {
+        unreachable!()
+    };
+    let old = AcceptReply {
+        flags: Flags::empty(),
+        ..reply
+    }
+    .bound(&key, &req.tag);
+    a.handle_accept(&old.encode()).unwrap();
+    assert!(!a.peer_can_switch_back());
+    assert_eq!(a.switch_back(), Err(SwitchBackError::Unsupported));
+}
+
+#[test]
+fn peer_close_before_its_switch_back_is_read_from_the_ring() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    ring_bytes(&mut b, &mut a, 40);
+    a.consume(10).unwrap();
+    a.switch_back().unwrap();
+    // b closes before it sees a's SwitchBack: it will send no continuation.
+    b.close();
+    flow(&mut b, &mut a).unwrap();
+    assert!(!a.switching_back(), "the switch back is off");
+    assert_eq!(
+        a.recv(),
+        Recv::Ring {
+            offset: 10,
+            len: 30
+        }
+    );
+    a.consume(30).unwrap();
+    assert_eq!(a.recv(), Recv::Eof);
+    assert_eq!(a.send(1), Err(SendError::PeerClosed));
+}
+
+#[test]
+fn tcp_eof_while_switching_back_waits_for_certainty() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    ring_bytes(&mut b, &mut a, 40);
+    a.switch_back().unwrap();
+    flow(&mut a, &mut b).unwrap();
+    // The peer's TCP ended, but its SwitchBack has not arrived: 40 bytes may be its
+    // continuation's or lost with a vanished peer. Not EOF yet.
+    a.handle_tcp_eof().unwrap();
+    assert_eq!(a.recv(), Recv::WouldBlock);
+    assert!(!a.readiness().readable);
+    flow(&mut b, &mut a).unwrap();
+    assert!(a.switched_back());
+    assert!(matches!(a.recv(), Recv::Eof));
+}
+
+#[test]
+fn switch_back_violations() {
+    // Declares more ring bytes than arrived.
+    let (mut a, mut b) = open(12, 8, Config::default());
+    ring_bytes(&mut b, &mut a, 10);
+    let bad = ControlMsg::SwitchBack {
+        ring_bytes: 11,
+        read_cursor: 0,
+    };
+    let r = deliver(&Action::Send(bad), &mut a);
+    expect_violation(
+        &mut a,
+        r,
+        Violation::SwitchBackCursorMismatch {
+            declared: 11,
+            received: 10,
+        },
+    );
+    // A read cursor beyond what we posted.
+    let (mut a, mut b) = open(12, 8, Config::default());
+    ring_bytes(&mut a, &mut b, 10);
+    let bad = ControlMsg::SwitchBack {
+        ring_bytes: 0,
+        read_cursor: 11,
+    };
+    let r = deliver(&Action::Send(bad), &mut a);
+    expect_violation(
+        &mut a,
+        r,
+        Violation::SwitchBackReadCursor {
+            declared: 11,
+            acked: 0,
+            posted: 10,
+        },
+    );
+    // Twice.
+    let (mut a, _b) = open(12, 8, Config::default());
+    a.switch_back().unwrap();
+    let once = ControlMsg::SwitchBack {
+        ring_bytes: 0,
+        read_cursor: 0,
+    };
+    deliver(&Action::Send(once), &mut a).unwrap();
+    let (mut a, _b) = open(12, 8, Config::default());
+    deliver(&Action::Send(once), &mut a).unwrap();
+    let r = deliver(&Action::Send(once), &mut a);
+    expect_violation(&mut a, r, Violation::DuplicateSwitchBack);
+}
+
+#[test]
+fn native_streams_never_switch_back() {
+    let now = Instant::now();
+    let cfg = Config::default();
+    let (mut a, req) =
+        Connection::connect(cfg, local(A_RING, 12, 8), &Proof::Native, 0, 0, 9, 0, now).unwrap();
+    assert!(!req.flags.contains(Flags::SWITCH_BACK));
+    let (mut b, reply) =
+        Connection::accept(cfg, local(B_RING, 12, 8), &req, &Proof::Native, 0, now).unwrap();
+    a.handle_accept(&reply.encode()).unwrap();
+    b.handle_established();
+    assert_eq!(a.switch_back(), Err(SwitchBackError::Unsupported));
+    let msg = ControlMsg::SwitchBack {
+        ring_bytes: 0,
+        read_cursor: 0,
+    };
+    let r = deliver(&Action::Send(msg), &mut b);
+    expect_violation(&mut b, r, Violation::UnannouncedSwitchBack);
+}
