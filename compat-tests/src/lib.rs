@@ -917,6 +917,19 @@ pub fn behave_roles(
     ip: &str,
     settle: Option<Duration>,
 ) -> RoleStats {
+    behave_roles_env(bin, scenario, client, server, ip, settle, &[])
+}
+
+/// [`behave_roles`] with variables set in the client's environment (the shim's own, say).
+pub fn behave_roles_env(
+    bin: &str,
+    scenario: &str,
+    client: Side,
+    server: Side,
+    ip: &str,
+    settle: Option<Duration>,
+    client_env: &[(&str, &str)],
+) -> RoleStats {
     use std::io::BufRead;
     let s = Scratch::new(&format!("behave-{scenario}"));
     let cmd = |role: &str, side: Side| -> Command {
@@ -962,7 +975,7 @@ pub fn behave_roles(
         }
     };
     let mut cli = cmd("client", client);
-    cli.arg(&port);
+    cli.arg(&port).envs(client_env.iter().copied());
     let client_out = run(cli, T);
     let id = child.id();
     if !client_out.status.success() {

@@ -737,6 +737,74 @@ mod fork {
     }
 }
 
+/// fork per connection (inetd-style servers, PostgreSQL's postmaster, git and rsync daemons):
+/// the server accepts and forks at once; the child serves the connection (an echo of a stream
+/// large enough to outlast the client's upgrade attempt) while the parent closes its copy and
+/// waits. The client pauses after the greeting, so that an upgrade attempt of its own comes
+/// while the child serves.
+mod fork_serve {
+    use super::*;
+
+    const N: usize = 256 * 1024;
+
+    pub fn server(s: TcpStream) {
+        let fd = s.into_raw_fd();
+        // SAFETY: the child serves the connection and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = std::panic::catch_unwind(|| serve(fd)).map_or(1, |()| 0);
+            // SAFETY: ends the child without the parent's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        // SAFETY: the parent's copy, closed at once (the child holds the connection).
+        unsafe { libc::close(fd) };
+        let mut st = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "the child that served the connection failed ({st:#x})"
+        );
+    }
+
+    fn serve(fd: RawFd) {
+        // SAFETY: the inherited fd, ours alone in this process.
+        let mut s = unsafe { TcpStream::from_raw_fd(fd) };
+        assert_eq!(read_exact_fd(fd, 5), b"hello");
+        s.write_all(b"world").unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => s.write_all(&buf[..n]).unwrap(),
+                Err(e) => panic!("child read: {e}"),
+            }
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"hello").unwrap();
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 5), b"world");
+        sleep_ms(1500);
+        let data = rdmashim_compat_tests::random_bytes(N, 0xf0f5);
+        let mut w = s.try_clone().unwrap();
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || {
+            for chunk in sent.chunks(7919) {
+                w.write_all(chunk).unwrap();
+            }
+            w.shutdown(Shutdown::Write).unwrap();
+        });
+        let got = read_to_eof(&mut s);
+        writer.join().unwrap();
+        assert_eq!(got.len(), N, "echo length");
+        assert!(got == data, "echo corrupted");
+    }
+}
+
 /// dup2 onto another number shares the connection; closing one copy keeps it open; closing the
 /// last one ends it (the peer sees EOF).
 mod dup2 {
@@ -1387,6 +1455,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("peek_waitall", peek_waitall::server, peek_waitall::client),
     ("threads", threads::server, threads::client),
     ("fork", fork::server, fork::client),
+    ("fork_serve", fork_serve::server, fork_serve::client),
     ("dup2", dup2::server, dup2::client),
     ("sendfile", sendfile::server, sendfile::client),
     ("peer_death", peer_death::server, peer_death::client),

@@ -33,7 +33,6 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
-pub use attrs::before_fork;
 pub(crate) use binding::Mark;
 pub use engine::Engine;
 
@@ -876,6 +875,56 @@ pub(crate) fn pending_outcome(g: &Inner) -> Option<bool> {
 /// Whether `slot` names a connection of this process (not one inherited from a parent).
 pub fn slot_is_ours(slot: u32) -> bool {
     slot & INDEX_MASK != 0 && slot >> INDEX_BITS == generation()
+}
+
+/// Before a fork (the `pthread_atfork` prepare handler, in the forking thread): connections
+/// from now on may share their socket with the child, and whichever process goes on with one
+/// must find TCP's semantics. A connection whose upgrade is still undecided and whose ring
+/// nothing can have reached settles on TCP now (reason `forked`), so that the child's copy of
+/// this process's memory already says so and the child uses the socket as plain TCP: a server
+/// that accepts, then forks a process to serve the connection (inetd-style servers,
+/// PostgreSQL's backends, git and rsync daemons) waits for no request (its client's comes to
+/// this process, which rejects it), and a client that connects, then forks, dials nobody.
+/// Those are a server's accepted connection waiting for its client's request, and a client's
+/// connection whose dial has not started and whose server token is already out of the stream
+/// (one still on its way must be taken out by this process's shim: it stays as it is).
+/// Connections past that point (a request being answered, a dial under way, the ring) are left
+/// to the child's own handling (docs/upgrade.md, process models). Never waits for a lock: one
+/// held elsewhere (the engine, a thread of a forking signal handler) leaves its connection as
+/// it is.
+pub fn before_fork() {
+    attrs::before_fork();
+    let Some(w) = world_if_created() else {
+        return;
+    };
+    let Some(slab) = retry(|| w.slab.try_read().ok()) else {
+        return;
+    };
+    for c in slab.conns.iter().flatten() {
+        let Some(mut g) = retry(|| c.try_lock()) else {
+            continue;
+        };
+        let settle = match g.phase {
+            Phase::Awaiting => true,
+            Phase::Queued => g.token != binding::TokenWait::Awaiting && g.pending.is_none(),
+            _ => false,
+        };
+        if settle && !g.closed {
+            c.fall_back(&mut g, FallbackReason::Forked);
+        }
+    }
+}
+
+/// `f` until it gives something, a few hundred times at most (a lock held for a moment by
+/// another thread).
+fn retry<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    for _ in 0..200 {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        std::thread::yield_now();
+    }
+    None
 }
 
 /// In a fork child: the next generation's world (created lazily); the parent's connections
