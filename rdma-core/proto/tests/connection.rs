@@ -1155,7 +1155,7 @@ fn switch_back_needs_an_established_peer_that_announced_it() {
     let (mut a, _b) = established(12, 8, Config::default());
     assert!(a.peer_can_switch_back());
     let now = Instant::now();
-    let (mut c, _req) = Connection::connect(
+    let (mut c, req) = Connection::connect(
         Config::default(),
         local(A_RING, 12, 8),
         &proof(),
@@ -1171,17 +1171,6 @@ fn switch_back_needs_an_established_peer_that_announced_it() {
     assert_eq!(a.switch_back(), Err(SwitchBackError::Ended));
 
     // A reply without the flag (an older peer): no switch back with it.
-    let (mut a, req) = Connection::connect(
-        Config::default(),
-        local(A_RING, 12, 8),
-        &proof(),
-        1234,
-        80,
-        42,
-        0,
-        now,
-    )
-    .unwrap();
     assert!(req.flags.contains(Flags::SWITCH_BACK));
     let (_b, reply) = Connection::accept(
         Config::default(),
@@ -1200,9 +1189,9 @@ fn switch_back_needs_an_established_peer_that_announced_it() {
         ..reply
     }
     .bound(&key, &req.tag);
-    a.handle_accept(&old.encode()).unwrap();
-    assert!(!a.peer_can_switch_back());
-    assert_eq!(a.switch_back(), Err(SwitchBackError::Unsupported));
+    c.handle_accept(&old.encode()).unwrap();
+    assert!(!c.peer_can_switch_back());
+    assert_eq!(c.switch_back(), Err(SwitchBackError::Unsupported));
 }
 
 #[test]
