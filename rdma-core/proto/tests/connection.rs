@@ -23,6 +23,18 @@ fn local(addr: u64, log2: u8, slots: u16) -> LocalParams {
     }
 }
 
+/// A client's connect and the server's accept of its request, both proving `proof` (4 KiB
+/// rings, 4 receives each); neither has seen the other's answer yet.
+fn exchange(
+    cfg: Config,
+    proof: &Proof,
+    now: Instant,
+) -> (Connection, ConnectRequest, Connection, AcceptReply) {
+    let (a, req) = Connection::connect(cfg, local(A_RING, 12, 4), proof, 1, 2, 3, 0, now).unwrap();
+    let (b, reply) = Connection::accept(cfg, local(B_RING, 12, 4), &req, proof, 0, now).unwrap();
+    (a, req, b, reply)
+}
+
 /// Client `a` and server `b`, established (not switched).
 fn established(log2: u8, slots: u16, cfg: Config) -> (Connection, Connection) {
     let now = Instant::now();
@@ -204,10 +216,7 @@ fn reject_without_rdmashim_data() {
 fn bad_replies() {
     let now = Instant::now();
     let cfg = Config::default();
-    let (mut a, req) =
-        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
-    let (_b, mut reply) =
-        Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
+    let (mut a, _req, _b, mut reply) = exchange(cfg, &proof(), now);
     reply.nonce ^= 1;
     assert_eq!(
         a.handle_accept(&reply.encode()),
@@ -234,9 +243,7 @@ fn handshake_timeout() {
         handshake_timeout: Duration::from_millis(500),
         ..Config::default()
     };
-    let (mut a, req) =
-        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
-    let (mut b, _) = Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
+    let (mut a, _, mut b, _) = exchange(cfg, &proof(), now);
     for c in [&mut a, &mut b] {
         assert_eq!(c.poll_timeout(), Some(now + Duration::from_millis(500)));
         c.handle_timeout(now + Duration::from_millis(499));
@@ -289,10 +296,7 @@ fn too_few_slots() {
 fn server_established_by_first_completion() {
     let now = Instant::now();
     let cfg = Config::default();
-    let (mut a, req) =
-        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
-    let (mut b, reply) =
-        Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
+    let (mut a, _, mut b, reply) = exchange(cfg, &proof(), now);
     a.handle_accept(&reply.encode()).unwrap();
     assert_eq!(b.state(), StreamState::Handshaking);
     assert!(b.commit_switch(0).is_err(), "no commit before established");
@@ -1011,10 +1015,7 @@ fn a_reply_that_cannot_prove_the_binding_leaves_the_client_on_tcp() {
     let now = Instant::now();
     let cfg = Config::default();
     // A squatter answers the real client's request with a reply under a key of its own.
-    let (mut a, req) =
-        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
-    let (_q, mut reply) =
-        Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
+    let (mut a, req, _q, mut reply) = exchange(cfg, &proof(), now);
     reply = reply.bound(&BindingKey::from_random([0xa5; 16]), &req.tag);
     assert_eq!(
         a.handle_accept(&reply.encode()),
@@ -1023,10 +1024,7 @@ fn a_reply_that_cannot_prove_the_binding_leaves_the_client_on_tcp() {
     assert!(a.can_fall_back(), "nothing was committed: TCP goes on");
     assert_eq!(a.send(1), Err(SendError::ViaTcp));
     // A native reply to a bound request proves nothing either.
-    let (mut a, req) =
-        Connection::connect(cfg, local(A_RING, 12, 4), &proof(), 1, 2, 3, 0, now).unwrap();
-    let (_q, reply) =
-        Connection::accept(cfg, local(B_RING, 12, 4), &req, &proof(), 0, now).unwrap();
+    let (mut a, _, _q, reply) = exchange(cfg, &proof(), now);
     let native = AcceptReply {
         flags: Flags::NATIVE,
         tag: Tag::ZERO,
@@ -1154,33 +1152,13 @@ fn switch_back_before_switch_over_is_posted() {
 fn switch_back_needs_an_established_peer_that_announced_it() {
     let (mut a, _b) = established(12, 8, Config::default());
     assert!(a.peer_can_switch_back());
-    let now = Instant::now();
-    let (mut c, req) = Connection::connect(
-        Config::default(),
-        local(A_RING, 12, 8),
-        &proof(),
-        1234,
-        80,
-        42,
-        0,
-        now,
-    )
-    .unwrap();
+    let (mut c, req, _b, reply) = exchange(Config::default(), &proof(), Instant::now());
     assert_eq!(c.switch_back(), Err(SwitchBackError::NotEstablished));
     a.close();
     assert_eq!(a.switch_back(), Err(SwitchBackError::Ended));
 
     // A reply without the flag (an older peer): no switch back with it.
     assert!(req.flags.contains(Flags::SWITCH_BACK));
-    let (_b, reply) = Connection::accept(
-        Config::default(),
-        local(B_RING, 12, 8),
-        &req,
-        &proof(),
-        0,
-        now,
-    )
-    .unwrap();
     let Proof::Bound { key, .. } = proof() else {
         unreachable!()
     };
@@ -1285,11 +1263,8 @@ fn switch_back_violations() {
 fn native_streams_never_switch_back() {
     let now = Instant::now();
     let cfg = Config::default();
-    let (mut a, req) =
-        Connection::connect(cfg, local(A_RING, 12, 8), &Proof::Native, 0, 0, 9, 0, now).unwrap();
+    let (mut a, req, mut b, reply) = exchange(cfg, &Proof::Native, now);
     assert!(!req.flags.contains(Flags::SWITCH_BACK));
-    let (mut b, reply) =
-        Connection::accept(cfg, local(B_RING, 12, 8), &req, &Proof::Native, 0, now).unwrap();
     a.handle_accept(&reply.encode()).unwrap();
     b.handle_established();
     assert_eq!(a.switch_back(), Err(SwitchBackError::Unsupported));
