@@ -1,7 +1,9 @@
 //! Signals and the shim's own waits and threads. A busy-poll that stands in for a wait a
 //! signal would interrupt holds the asynchronous signals back while it spins
 //! ([`SignalsHeld`]), so that one arriving meanwhile is seen and the call can fail with EINTR as
-//! the wait would have; the shim's threads block them for good ([`spawn_internal`]), so that
+//! the wait would have; a blocking socket call's sleep holds them too and wakes on a signalfd,
+//! so that it knows before the handler runs whether the kernel would restart the call
+//! ([`Delivery`]: SA_RESTART); the shim's threads block them for good ([`spawn_internal`]), so that
 //! a signal sent to the process always lands on one of the application's threads.
 #![allow(unsafe_code)]
 
@@ -24,9 +26,37 @@ const SYNCHRONOUS: [c_int; 6] = [
     libc::SIGSYS,
 ];
 
-/// Signals whose default action is to do nothing: with that disposition they interrupt no
-/// wait.
-const IGNORED_BY_DEFAULT: [c_int; 4] = [libc::SIGCHLD, libc::SIGCONT, libc::SIGURG, libc::SIGWINCH];
+/// What a pending signal does to a blocking call when it is delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// No handler runs (ignored, or a default action — nothing, stop, or the end of the
+    /// process): a wait goes on as if nothing happened.
+    Unseen,
+    /// A handler runs, installed with `SA_RESTART`: a blocking socket call without a timeout
+    /// is restarted by the kernel (a wait for readiness never is).
+    Restarting,
+    /// A handler runs, without `SA_RESTART`: the call fails with EINTR.
+    Interrupting,
+}
+
+/// How signal `s` is delivered now (its disposition, read with sigaction).
+fn delivery(s: c_int) -> Delivery {
+    // SAFETY: sigaction with a null new action only reads the disposition into `act`.
+    let act = unsafe {
+        let mut act: libc::sigaction = core::mem::zeroed();
+        if libc::sigaction(s, core::ptr::null(), &mut act) != 0 {
+            return Delivery::Unseen;
+        }
+        act
+    };
+    if act.sa_sigaction == libc::SIG_IGN || act.sa_sigaction == libc::SIG_DFL {
+        Delivery::Unseen
+    } else if act.sa_flags & libc::SA_RESTART != 0 {
+        Delivery::Restarting
+    } else {
+        Delivery::Interrupting
+    }
+}
 
 impl SignalsHeld {
     /// Blocks the asynchronous signals in the calling thread until [`release`](Self::release),
@@ -49,29 +79,62 @@ impl SignalsHeld {
         }
     }
 
-    /// Whether a signal that the thread's own mask lets through, and whose disposition is not
-    /// to ignore it, is pending now: it arrived while held, and the wait this thread stands
-    /// for would have been interrupted by it.
+    /// Whether a signal that the thread's own mask lets through, and that runs a handler, is
+    /// pending now: it arrived while held, and the wait this thread stands for would have been
+    /// interrupted by it.
     pub fn interrupted(&self) -> bool {
+        self.pending() != Delivery::Unseen
+    }
+
+    /// What the signals pending now, among those the thread's own mask lets through, do to a
+    /// blocking call once they are let go: [`Delivery::Interrupting`] if any of them runs a
+    /// handler without `SA_RESTART`, else [`Delivery::Restarting`] if any runs one with it.
+    pub fn pending(&self) -> Delivery {
         let _e = ErrnoGuard::save();
-        // SAFETY: sigpending writes a valid sigset_t; sigismember reads initialised sets;
-        // sigaction with a null new action only reads the disposition into `act`.
-        unsafe {
+        // SAFETY: sigpending writes a valid sigset_t; sigismember reads initialised sets.
+        let pending = unsafe {
             let mut pending: libc::sigset_t = core::mem::zeroed();
             if libc::sigpending(&mut pending) != 0 {
-                return false;
+                return Delivery::Unseen;
             }
-            (1..=libc::SIGRTMAX()).any(|s| {
-                if libc::sigismember(&pending, s) != 1 || libc::sigismember(&self.old, s) == 1 {
-                    return false;
+            pending
+        };
+        let mut worst = Delivery::Unseen;
+        for s in 1..=libc::SIGRTMAX() {
+            // SAFETY: both sets are initialised.
+            let let_through = unsafe {
+                libc::sigismember(&pending, s) == 1 && libc::sigismember(&self.old, s) != 1
+            };
+            if !let_through {
+                continue;
+            }
+            match delivery(s) {
+                Delivery::Interrupting => return Delivery::Interrupting,
+                Delivery::Restarting => worst = Delivery::Restarting,
+                Delivery::Unseen => {}
+            }
+        }
+        worst
+    }
+
+    /// A signalfd (non-blocking, close-on-exec) that becomes readable when one of the
+    /// asynchronous signals the thread's own mask lets through is pending: while they are
+    /// held, a wait that includes it ends when one arrives, and [`pending`](Self::pending)
+    /// then tells what it does. The caller closes it.
+    pub fn signalfd(&self) -> Option<c_int> {
+        let _e = ErrnoGuard::save();
+        // SAFETY: sigset_t is plain data edited by sigfillset/sigdelset/sigismember;
+        // signalfd(-1, ..) only reads the set and makes a new descriptor.
+        unsafe {
+            let mut set: libc::sigset_t = core::mem::zeroed();
+            libc::sigfillset(&mut set);
+            for s in 1..=libc::SIGRTMAX() {
+                if libc::sigismember(&self.old, s) == 1 || SYNCHRONOUS.contains(&s) {
+                    libc::sigdelset(&mut set, s);
                 }
-                let mut act: libc::sigaction = core::mem::zeroed();
-                if libc::sigaction(s, core::ptr::null(), &mut act) != 0 {
-                    return true;
-                }
-                let h = act.sa_sigaction;
-                !(h == libc::SIG_IGN || (h == libc::SIG_DFL && IGNORED_BY_DEFAULT.contains(&s)))
-            })
+            }
+            let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
+            (fd >= 0).then_some(fd)
         }
     }
 

@@ -1142,6 +1142,198 @@ mod wait_signal {
     }
 }
 
+/// A blocking read or write that a signal handler interrupts is restarted by the kernel when
+/// the handler was installed with SA_RESTART and the socket has no timeout for the call, and
+/// fails with EINTR otherwise (signal(7)) — whether it spins first or sleeps, on the ring as
+/// on TCP. Programs that install handlers with `signal()` (glibc: BSD semantics, SA_RESTART)
+/// — a fork-per-connection server's SIGCHLD, a timer — rely on never seeing that EINTR. After
+/// a ping-pong (under the shim over RDMA its waits learn to spin), the client waits in a
+/// blocking `recv` for an answer the server delays by 300 ms, while a timer's SIGALRM arrives:
+/// every 5 ms with SA_RESTART (the recv returns the answer), once without (EINTR, and the next
+/// recv gets the answer), once with SA_RESTART on a socket with SO_RCVTIMEO (EINTR); then it
+/// writes 16 MiB while the server does not read for 300 ms and alarms arrive every 5 ms with
+/// SA_RESTART (no send fails; every byte arrives in order).
+mod restart {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    const MSG: usize = 64;
+    const ROUNDS: usize = 50;
+    const DELAY: Duration = Duration::from_millis(300);
+    const BULK: usize = 16 << 20;
+
+    pub fn server(mut s: TcpStream) {
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut buf = [0u8; MSG];
+        for _ in 0..ROUNDS {
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+        }
+        // three delayed answers
+        for i in 0..3u8 {
+            let mut cmd = [0u8; 1];
+            s.read_exact(&mut cmd).unwrap();
+            assert_eq!(cmd[0], b'a' + i, "command {i}");
+            std::thread::sleep(DELAY);
+            s.write_all(&pattern(MSG, i)).unwrap();
+        }
+        // a bulk write it does not read at first
+        let mut cmd = [0u8; 1];
+        s.read_exact(&mut cmd).unwrap();
+        assert_eq!(cmd[0], b'w');
+        std::thread::sleep(DELAY);
+        let mut got = vec![0u8; BULK];
+        s.read_exact(&mut got).unwrap();
+        assert!(
+            got == pattern(BULK, 7),
+            "the bulk write came back different"
+        );
+        s.write_all(b"k").unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    static ALARMS: AtomicU32 = AtomicU32::new(0);
+
+    extern "C" fn on_alarm(_: libc::c_int) {
+        ALARMS.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// SIGALRM's handler, with or without SA_RESTART.
+    fn handler(restart: bool) {
+        // SAFETY: a handler that only touches an atomic.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_alarm as extern "C" fn(libc::c_int) as usize;
+            act.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+            libc::sigemptyset(&mut act.sa_mask);
+            assert_eq!(
+                libc::sigaction(libc::SIGALRM, &act, std::ptr::null_mut()),
+                0
+            );
+        }
+    }
+
+    /// ITIMER_REAL: first after `first_us`, then every `every_us` (0: once; both 0: off).
+    fn timer(first_us: i64, every_us: i64) {
+        let tv = |us: i64| libc::timeval {
+            tv_sec: (us / 1_000_000) as libc::time_t,
+            tv_usec: (us % 1_000_000) as libc::suseconds_t,
+        };
+        let it = libc::itimerval {
+            it_interval: tv(every_us),
+            it_value: tv(first_us),
+        };
+        // SAFETY: a valid itimerval.
+        let rc = unsafe { libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut()) };
+        assert_eq!(rc, 0, "setitimer errno {}", errno());
+    }
+
+    /// One blocking recv of at most MSG bytes: its result and errno.
+    fn recv_once(fd: RawFd, buf: &mut [u8; MSG]) -> (isize, i32) {
+        let n = recv_flags(fd, buf, 0);
+        (n, errno())
+    }
+
+    /// The rest of a MSG-byte answer after its first `n` bytes, blocking, retrying EINTR.
+    fn rest(fd: RawFd, buf: &mut [u8; MSG], mut n: usize) {
+        while n < MSG {
+            let k = recv_flags(fd, &mut buf[n..], 0);
+            match k {
+                k if k > 0 => n += k as usize,
+                -1 if errno() == libc::EINTR => {}
+                k => panic!("recv {k}, errno {}", errno()),
+            }
+        }
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let fd = s.as_raw_fd();
+        for i in 0..ROUNDS {
+            let msg = pattern(MSG, i as u8 ^ 0x55);
+            s.write_all(&msg).unwrap();
+            let mut got = [0u8; MSG];
+            s.read_exact(&mut got).unwrap();
+            assert!(got[..] == msg[..], "round {i} came back different");
+        }
+        let mut buf = [0u8; MSG];
+
+        // 1. SA_RESTART, alarms every 5 ms: the recv is restarted until the answer comes.
+        handler(true);
+        let before = ALARMS.load(Ordering::SeqCst);
+        s.write_all(b"a").unwrap();
+        timer(5_000, 5_000);
+        let (n, e) = recv_once(fd, &mut buf);
+        timer(0, 0);
+        let alarms = ALARMS.load(Ordering::SeqCst) - before;
+        assert!(
+            n > 0,
+            "SA_RESTART: recv returned {n} (errno {e}) after {alarms} alarms"
+        );
+        assert!(alarms >= 10, "only {alarms} alarms arrived during the wait");
+        rest(fd, &mut buf, n as usize);
+        assert!(
+            buf[..] == pattern(MSG, 0)[..],
+            "answer 1 came back different"
+        );
+
+        // 2. no SA_RESTART, one alarm: EINTR, the handler ran, the answer is still there.
+        handler(false);
+        let before = ALARMS.load(Ordering::SeqCst);
+        s.write_all(b"b").unwrap();
+        timer(30_000, 0);
+        let (n, e) = recv_once(fd, &mut buf);
+        assert!(
+            n == -1 && e == libc::EINTR,
+            "no SA_RESTART: recv returned {n} (errno {e})"
+        );
+        assert_eq!(ALARMS.load(Ordering::SeqCst), before + 1, "the handler ran");
+        rest(fd, &mut buf, 0);
+        assert!(
+            buf[..] == pattern(MSG, 1)[..],
+            "answer 2 came back different"
+        );
+
+        // 3. SA_RESTART but SO_RCVTIMEO set: EINTR all the same.
+        handler(true);
+        s.set_read_timeout(Some(T)).unwrap();
+        s.write_all(b"c").unwrap();
+        timer(30_000, 0);
+        let (n, e) = recv_once(fd, &mut buf);
+        assert!(
+            n == -1 && e == libc::EINTR,
+            "SA_RESTART with SO_RCVTIMEO: recv returned {n} (errno {e})"
+        );
+        rest(fd, &mut buf, 0);
+        assert!(
+            buf[..] == pattern(MSG, 2)[..],
+            "answer 3 came back different"
+        );
+        s.set_read_timeout(None).unwrap();
+
+        // 4. a blocking write of 16 MiB the server does not read for a while, alarms every
+        // 5 ms with SA_RESTART: no send fails, whatever it returns.
+        s.write_all(b"w").unwrap();
+        let bulk = pattern(BULK, 7);
+        let before = ALARMS.load(Ordering::SeqCst);
+        timer(5_000, 5_000);
+        let mut off = 0;
+        while off < BULK {
+            let n = send_flags(fd, &bulk[off..], 0);
+            assert!(n > 0, "SA_RESTART: send returned {n} (errno {})", errno());
+            off += n as usize;
+        }
+        timer(0, 0);
+        let alarms = ALARMS.load(Ordering::SeqCst) - before;
+        assert!(alarms >= 3, "only {alarms} alarms arrived during the write");
+        let mut k = [0u8; 1];
+        s.read_exact(&mut k).unwrap();
+        assert_eq!(&k, b"k");
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+}
+
 /// A prefork server: the listening socket is made before the server forks its workers, and
 /// only the workers accept (nginx, Apache prefork, gunicorn). Each of two workers accepts one
 /// connection and echoes blocks on it for a few seconds (past the shim's wait for an upgrade
@@ -1461,6 +1653,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("peer_death", peer_death::server, peer_death::client),
     ("echo", echo::server, echo::client),
     ("wait_signal", wait_signal::server, wait_signal::client),
+    ("restart", restart::server, restart::client),
 ];
 
 /// Scenarios whose server role takes the listening socket itself.

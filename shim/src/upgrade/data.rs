@@ -11,12 +11,14 @@
 //!   so the switch-over offset is exact whichever side writes first;
 //! - the kernel's semantics are kept: partial reads, MSG_PEEK, MSG_WAITALL, EAGAIN for
 //!   non-blocking sockets and MSG_DONTWAIT, SO_RCVTIMEO/SO_SNDTIMEO (EAGAIN at expiry), EINTR
-//!   when a signal interrupts a wait, EPIPE + SIGPIPE (unless MSG_NOSIGNAL), ECONNRESET.
+//!   when a signal handler interrupts a wait (a restart for one with SA_RESTART when the
+//!   socket has no timeout), EPIPE + SIGPIPE (unless MSG_NOSIGNAL), ECONNRESET.
 
 use super::{Conn, Inner, Phase};
 use crate::net;
 use crate::outcome::Errno;
 use crate::reason::FallbackReason;
+use crate::signals::Delivery;
 use crate::spin::SpinEnd;
 use crate::stats::{self, Bytes, Wait};
 use core::ffi::c_int;
@@ -376,6 +378,16 @@ pub(crate) fn spin_wait_interruptible<T>(
     Ok(found)
 }
 
+/// How a sleep that did not fail ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slept {
+    /// Something may be ready (or the wait was spurious): look again.
+    Woke,
+    /// A handler installed with `SA_RESTART` ran: the call returns what it has moved so far,
+    /// or, if nothing, goes on waiting, as the kernel restarts it.
+    Restart,
+}
+
 /// How a blocked call waits.
 struct Waiter {
     deadline: Option<Option<Instant>>,
@@ -419,7 +431,12 @@ impl Waiter {
     }
 
     /// Sleeps on `sock` (for `sock_events`, if any), `efd` and the link's completion channel
-    /// until one is ready, the socket timeout passes (EAGAIN) or a signal arrives (EINTR).
+    /// until one is ready, the socket timeout passes (EAGAIN) or a signal handler runs: EINTR,
+    /// or [`Slept::Restart`] for a handler installed with `SA_RESTART` when the socket has no
+    /// timeout for the call — where the kernel restarts a blocking socket call (signal(7)).
+    /// Such a sleep holds the signals back and waits on a signalfd too, so that it knows which
+    /// signal ended it before its handler runs; without one (no descriptor to spare) every
+    /// handler interrupts, as a wait for readiness would.
     ///
     /// Waiting on the completion channel here, not only on `efd`, saves the hop through the
     /// engine thread (its wake-up, then ours) on every blocking read and write: while this
@@ -429,7 +446,7 @@ impl Waiter {
     /// lost; the CQ is left unarmed while this thread goes on with the connection
     /// ([`Conn::on_wake`]), so the completions it causes (the reply, the credits) raise no event
     /// for the engine to take.
-    fn sleep(&mut self, c: &Conn, fd: c_int, sock_events: i16, efd: c_int) -> Result<(), Errno> {
+    fn sleep(&mut self, c: &Conn, fd: c_int, sock_events: i16, efd: c_int) -> Result<Slept, Errno> {
         let deadline = *self.deadline.get_or_insert_with(|| {
             c.attrs
                 .timeout_ms(fd, self.opt)
@@ -456,7 +473,7 @@ impl Waiter {
                     l.arm();
                     if l.progress(false) {
                         c.settle(g);
-                        return Ok(());
+                        return Ok(Slept::Woke);
                     }
                     if c.sleepers.fetch_add(1, Ordering::SeqCst) == 0 {
                         c.comp_off_engine(l, &mut g.comp_unwatched);
@@ -468,6 +485,19 @@ impl Waiter {
             // (from here on, whoever changes the connection's readiness wakes `efd`)
             c.watch_efds(g);
             comp
+        };
+        let held = deadline
+            .is_none()
+            .then(crate::signals::SignalsHeld::hold)
+            .flatten();
+        let sfd = held.as_ref().and_then(|h| h.signalfd());
+        let held = match (held, sfd) {
+            (Some(h), Some(_)) => Some(h),
+            (Some(h), None) => {
+                h.release();
+                None
+            }
+            (None, _) => None,
         };
         let mut p = [
             libc::pollfd {
@@ -481,14 +511,28 @@ impl Waiter {
                 revents: 0,
             },
             libc::pollfd {
+                fd: sfd.unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
                 fd,
                 events: sock_events,
                 revents: 0,
             },
         ];
-        let n = if sock_events != 0 { 3 } else { 2 };
+        let n = if sock_events != 0 { 4 } else { 3 };
         stats::count_wait_at(stats::fd_shard(fd), Wait::Slept);
         let r = net::poll(&mut p[..n], timeout);
+        // (what a signal that arrived does, read before its handler runs at the release)
+        let signal = held.map(|h| {
+            let d = h.pending();
+            h.release();
+            d
+        });
+        if let Some(s) = sfd {
+            net::close(s);
+        }
         c.unwatch_efds();
         if comp.is_some() {
             let mut g = c.lock();
@@ -497,10 +541,12 @@ impl Waiter {
             // whoever arms it for the engine puts it back: `Conn::on_completions`)
             c.on_wake(&mut g, last);
         }
-        match r {
-            Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => Err(Errno(libc::EAGAIN)),
-            Ok(_) => Ok(()),
-            Err(e) => Err(e),
+        match (r, signal) {
+            (_, Some(Delivery::Interrupting)) => Err(Errno(libc::EINTR)),
+            (_, Some(Delivery::Restarting)) => Ok(Slept::Restart),
+            (Ok(0), _) if deadline.is_some_and(|d| Instant::now() >= d) => Err(Errno(libc::EAGAIN)),
+            (Ok(_), _) => Ok(Slept::Woke),
+            (Err(e), _) => Err(e),
         }
     }
 }
@@ -667,8 +713,11 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
         if held.is_some() {
             continue;
         }
-        if let Err(e) = waiter.sleep(c, fd, sock_events, c.rd_efd) {
-            return if got > 0 { Ok(got) } else { Err(e) };
+        match waiter.sleep(c, fd, sock_events, c.rd_efd) {
+            Ok(Slept::Woke) => {}
+            Ok(Slept::Restart) if got == 0 => {}
+            Ok(Slept::Restart) => return Ok(got),
+            Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
         }
     }
 }
@@ -796,8 +845,11 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 continue;
             }
         }
-        if let Err(e) = waiter.sleep(c, fd, sock_events, c.wr_efd) {
-            return if sent > 0 { Ok(sent) } else { Err(e) };
+        match waiter.sleep(c, fd, sock_events, c.wr_efd) {
+            Ok(Slept::Woke) => {}
+            Ok(Slept::Restart) if sent == 0 => {}
+            Ok(Slept::Restart) => return Ok(sent),
+            Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
         }
     }
 }
