@@ -119,7 +119,7 @@ pub fn require(prog: &str) -> Option<PathBuf> {
             eprintln!("SKIP: {prog} not installed");
             return None;
         }
-        panic!("{prog} is not installed (apt-get install redis-server redis-tools iperf3 curl python3)");
+        panic!("{prog} is not installed (scripts/setup installs the programs the tests use)");
     }
     found
 }
