@@ -1334,6 +1334,187 @@ mod restart {
     }
 }
 
+/// epoll hands every event back with the data the application registered, whatever that data
+/// is — also values shaped like the tags the shim gives its own registrations (its magic
+/// 0x5d4d in the top 16 bits, a source, an fd number), which it must never take for its own
+/// (dropping the event, or reporting it as another fd's), nor give out for the application's.
+/// The client registers its socket, two pipes and an eventfd in one set, with data that looks
+/// like a tag of the socket's (for a pipe), of a pipe's (for the socket), of the pipe itself,
+/// and all ones; then each source alone, then all of them at once, must come back as
+/// exactly the events of the sources that are ready, each with its own data; after an
+/// EPOLL_CTL_MOD to plain data and a DEL, the same. Over RDMA the socket is upgraded.
+mod epoll_data {
+    use super::*;
+
+    const ROUNDS: usize = 20;
+    const MAGIC: u64 = 0x5d4d << 48;
+
+    pub fn server(mut s: TcpStream) {
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut b = [0u8; 16];
+        loop {
+            let n = s.read(&mut b).unwrap();
+            if n == 0 {
+                break;
+            }
+            s.write_all(&b[..n]).unwrap();
+        }
+    }
+
+    fn ctl(ep: RawFd, op: i32, fd: RawFd, data: u64) {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: data,
+        };
+        // SAFETY: valid epoll fd, fd and event.
+        let rc = unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) };
+        assert_eq!(rc, 0, "epoll_ctl op {op} fd {fd} errno {}", errno());
+    }
+
+    /// Waits until the events of exactly `want` (data values) have come, each once, readable.
+    fn expect(ep: RawFd, want: &[u64], what: &str) {
+        let mut got: Vec<u64> = Vec::new();
+        let deadline = Instant::now() + T;
+        while got.len() < want.len() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: got {got:x?}, want {want:x?}"
+            );
+            let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+            // SAFETY: evs has room for 8 events.
+            let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, 1000) };
+            assert!(n >= 0, "epoll_wait errno {}", errno());
+            for e in &evs[..n as usize] {
+                let (d, bits) = ({ e.u64 }, { e.events });
+                assert!(
+                    want.contains(&d) && !got.contains(&d),
+                    "{what}: event {bits:#x} with data {d:#x}, want {want:x?}, had {got:x?}"
+                );
+                assert!(
+                    bits & libc::EPOLLIN as u32 != 0,
+                    "{what}: {d:#x}: {bits:#x}"
+                );
+                got.push(d);
+            }
+        }
+        // (level-triggered: nothing else is ready, so nothing else may come)
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: as above.
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, 0) };
+        let extra: Vec<u64> = evs[..n.max(0) as usize].iter().map(|e| e.u64).collect();
+        assert!(
+            extra.iter().all(|d| want.contains(d)),
+            "{what}: unexpected events {extra:x?}"
+        );
+    }
+
+    fn pipe() -> (RawFd, RawFd) {
+        let mut p = [0; 2];
+        // SAFETY: p has room for two fds.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        (p[0], p[1])
+    }
+
+    fn put(fd: RawFd) {
+        // SAFETY: one byte from a live buffer.
+        assert_eq!(unsafe { libc::write(fd, b"p".as_ptr().cast(), 1) }, 1);
+    }
+
+    fn take(fd: RawFd, n: usize) {
+        let mut b = [0u8; 16];
+        // SAFETY: b has room for 16 bytes.
+        let k = unsafe { libc::read(fd, b.as_mut_ptr().cast(), n) };
+        assert_eq!(k, n as isize, "read {fd}: errno {}", errno());
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let fd = s.as_raw_fd();
+        let (a_r, a_w) = pipe();
+        let (b_r, b_w) = pipe();
+        // SAFETY: plain eventfd and epoll_create1.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        // SAFETY: as above.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(efd >= 0 && ep >= 0);
+        let d_sock = MAGIC | a_r as u64;
+        let d_a = MAGIC | 1 << 40 | fd as u64;
+        let d_b = MAGIC | 4 << 40 | b_r as u64;
+        let d_e = u64::MAX;
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, d_sock);
+        ctl(ep, libc::EPOLL_CTL_ADD, a_r, d_a);
+        ctl(ep, libc::EPOLL_CTL_ADD, b_r, d_b);
+        ctl(ep, libc::EPOLL_CTL_ADD, efd, d_e);
+        let eventfd_take = || {
+            let mut v = 0u64;
+            // SAFETY: eventfd reads 8 bytes.
+            let k = unsafe { libc::read(efd, (&mut v as *mut u64).cast(), 8) };
+            assert_eq!(k, 8);
+        };
+        let eventfd_put = || {
+            let v = 1u64;
+            // SAFETY: eventfd writes 8 bytes.
+            let k = unsafe { libc::write(efd, (&v as *const u64).cast(), 8) };
+            assert_eq!(k, 8);
+        };
+        let mut all = |d_sock: u64, d_a: u64, what: &str| {
+            for i in 0..ROUNDS {
+                s.write_all(&[i as u8]).unwrap();
+                expect(ep, &[d_sock], &format!("{what}: socket alone, round {i}"));
+                take(fd, 1);
+            }
+            put(a_w);
+            expect(ep, &[d_a], &format!("{what}: pipe a alone"));
+            take(a_r, 1);
+            put(b_w);
+            expect(ep, &[d_b], &format!("{what}: pipe b alone"));
+            take(b_r, 1);
+            eventfd_put();
+            expect(ep, &[d_e], &format!("{what}: eventfd alone"));
+            eventfd_take();
+            s.write_all(b"x").unwrap();
+            put(a_w);
+            put(b_w);
+            eventfd_put();
+            // (the echo first, so that all four are ready at once)
+            let mut b = [0u8; 1];
+            let deadline = Instant::now() + T;
+            while poll1(fd, libc::POLLIN, 100) & libc::POLLIN == 0 {
+                assert!(Instant::now() < deadline, "{what}: no echo");
+            }
+            expect(
+                ep,
+                &[d_sock, d_a, d_b, d_e],
+                &format!("{what}: all at once"),
+            );
+            s.read_exact(&mut b).unwrap();
+            take(a_r, 1);
+            take(b_r, 1);
+            eventfd_take();
+        };
+        all(d_sock, d_a, "tag-shaped data");
+        // the socket's and pipe a's data made plain, pipe b's changed to another tag shape
+        let (p_sock, p_a) = (7, 8);
+        ctl(ep, libc::EPOLL_CTL_MOD, fd, p_sock);
+        ctl(ep, libc::EPOLL_CTL_MOD, a_r, p_a);
+        all(p_sock, p_a, "after MOD");
+        // pipe b out of the set: its readiness reaches no one
+        // SAFETY: a DEL needs no event.
+        let rc = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, b_r, std::ptr::null_mut()) };
+        assert_eq!(rc, 0);
+        put(b_w);
+        put(a_w);
+        expect(ep, &[p_a], "after DEL");
+        for f in [a_r, a_w, b_r, b_w, efd, ep] {
+            // SAFETY: fds of ours.
+            unsafe { libc::close(f) };
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+}
+
 /// A prefork server: the listening socket is made before the server forks its workers, and
 /// only the workers accept (nginx, Apache prefork, gunicorn). Each of two workers accepts one
 /// connection and echoes blocks on it for a few seconds (past the shim's wait for an upgrade
@@ -1654,6 +1835,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("echo", echo::server, echo::client),
     ("wait_signal", wait_signal::server, wait_signal::client),
     ("restart", restart::server, restart::client),
+    ("epoll_data", epoll_data::server, epoll_data::client),
 ];
 
 /// Scenarios whose server role takes the listening socket itself.

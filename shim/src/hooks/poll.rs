@@ -118,11 +118,16 @@ hook! {
 
 hook! {
     /// epoll_ctl(2): an fd under the upgrade is registered with its eventfds (tagged); a TCP
-    /// socket added before it is connected is marked (its upgrade is not attempted).
+    /// socket added before it is connected is marked (its upgrade is not attempted); any
+    /// other fd whose data could be taken for a tag is registered under one of the
+    /// application's own (`ready::epoll_ctl_app`).
     fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
     id: EpollCtl;
     fallback: syscall(SYS_epoll_ctl; epfd, op, fd, ev);
-    fast: not_tcp(fd);
+    fast: when(
+        !TABLE.get(fd).is_tcp_stream() && plain_data(op, ev),
+        crate::stats::fd_shard(fd)
+    );
     |_real, _cx| {
         let e = TABLE.get(fd);
         if e.kind() == Kind::TcpCandidate && op == libc::EPOLL_CTL_ADD && !e.has(flags::COUNTED) {
@@ -135,6 +140,27 @@ hook! {
     }
 }
 
+/// Whether an epoll_wait needs no translation: no connection is under the upgrade and no
+/// registration of the application's is under a tag.
+fn wait_plain() -> bool {
+    crate::fdtable::no_upgrades() && crate::upgrade::ready::no_app_tags()
+}
+
+/// Whether an epoll_ctl needs nothing of the shim for a plain fd: its data cannot be taken
+/// for a tag, and no registration is under one.
+fn plain_data(op: c_int, ev: *const epoll_event) -> bool {
+    if !crate::upgrade::ready::no_app_tags() {
+        return false;
+    }
+    if op == libc::EPOLL_CTL_DEL || ev.is_null() {
+        return true;
+    }
+    // SAFETY: the application's epoll_event for an ADD or MOD (epoll_ctl's contract: the
+    // kernel reads it too); read unaligned, as the struct is packed.
+    let data = unsafe { core::ptr::read_unaligned(ev) }.u64;
+    !crate::upgrade::ready::looks_tagged(data)
+}
+
 type EpollPwaitFn =
     unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const sigset_t) -> c_int;
 
@@ -143,7 +169,7 @@ hook! {
     fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
     id: EpollWait;
     fallback: syscall(SYS_epoll_wait; epfd, ev, max, timeout);
-    fast: when(crate::fdtable::no_upgrades(), crate::stats::fd_shard(epfd));
+    fast: when(wait_plain(), crate::stats::fd_shard(epfd));
     |real, _cx| {
         // SAFETY: the caller's arguments with a possibly shorter timeout.
         up::epoll_wait(epfd, ev, max, timeout, true, |e, m, t| unsafe { real(epfd, e, m, t) })
@@ -155,7 +181,7 @@ hook! {
     fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, ss: *const sigset_t) -> c_int;
     id: EpollPwait;
     fallback: syscall(SYS_epoll_pwait; epfd, ev, max, timeout, ss, 8usize);
-    fast: when(crate::fdtable::no_upgrades(), crate::stats::fd_shard(epfd));
+    fast: when(wait_plain(), crate::stats::fd_shard(epfd));
     |real, _cx| {
         let real: EpollPwaitFn = real;
         // SAFETY: the caller's arguments with a possibly shorter timeout.
@@ -168,7 +194,7 @@ hook! {
     fn epoll_pwait2(epfd: c_int, ev: *mut epoll_event, max: c_int, tmo: *const timespec, ss: *const sigset_t) -> c_int;
     id: EpollPwait2;
     fallback: syscall(SYS_epoll_pwait2; epfd, ev, max, tmo, ss, 8usize);
-    fast: when(crate::fdtable::no_upgrades(), crate::stats::fd_shard(epfd));
+    fast: when(wait_plain(), crate::stats::fd_shard(epfd));
     |real, _cx| {
         let ms = if tmo.is_null() {
             -1

@@ -385,24 +385,26 @@ pub(crate) fn select(
     Some(Outcome::Handled(count))
 }
 
-/// epoll_ctl for an fd under the upgrade (`Some`), or `None` to pass through.
+/// epoll_ctl for an fd under the upgrade, or for another whose data could be taken for a tag
+/// (`Some`), or `None` to pass through.
 pub(crate) fn epoll_ctl(
     epfd: c_int,
     op: c_int,
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> Option<Outcome<c_int>> {
-    let Up::Conn(c) = of_fd(fd) else {
-        return None;
-    };
-    let e = if ev.is_null() {
+    let e = if ev.is_null() || op == libc::EPOLL_CTL_DEL {
         None
     } else {
         // SAFETY: the application's epoll_event (epoll_ctl's contract).
         let v = unsafe { *ev };
         Some((v.events, v.u64))
     };
-    Some(match ready::epoll_ctl(&c, epfd, op, fd, e) {
+    let r = match of_fd(fd) {
+        Up::Conn(c) => ready::epoll_ctl(&c, epfd, op, fd, e),
+        _ => ready::epoll_ctl_app(epfd, op, fd, e)?,
+    };
+    Some(match r {
         Ok(()) => Outcome::Handled(0),
         Err(e) => Outcome::Fail(e),
     })

@@ -36,12 +36,87 @@ const SRC_WR: u64 = 2;
 /// The link's completion channel, in the application's epoll set (see [`epoll_ctl`]).
 const SRC_COMP: u64 = 3;
 
+/// An application's own registration whose data carries [`TAG_MAGIC`] (see [`AppTag`]).
+const SRC_APP: u64 = 4;
+
 fn tag(src: u64, fd: c_int) -> u64 {
     (TAG_MAGIC << 48) | (src << 40) | u64::from(fd as u32)
 }
 
 fn untag(data: u64) -> Option<(u64, c_int)> {
     (data >> 48 == TAG_MAGIC).then_some(((data >> 40) & 0xff, data as u32 as c_int))
+}
+
+/// Whether an application's epoll data could be taken for one of the shim's tags.
+pub fn looks_tagged(data: u64) -> bool {
+    data >> 48 == TAG_MAGIC
+}
+
+/// An application's registration, of an fd the upgrade does not manage, whose data carries
+/// the tags' magic in its top 16 bits: it is made under a tag of its own ([`SRC_APP`]) and
+/// given its data back when its events come, so that no event of the application is ever
+/// taken for one of the shim's — which would drop it, or report it as another fd's — and
+/// none of the shim's for the application's. Rare (an application's data is mostly a small
+/// number or a pointer, whose top bits are zero), so a list under a lock does.
+struct AppTag {
+    epfd: c_int,
+    fd: c_int,
+    data: u64,
+}
+
+static APP_TAGS: std::sync::Mutex<Vec<AppTag>> = std::sync::Mutex::new(Vec::new());
+/// How many [`APP_TAGS`] there are: while none, the hooks' fast paths need not look.
+static APP_TAGGED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether no application registration is under a tag of the shim's.
+pub fn no_app_tags() -> bool {
+    APP_TAGGED.load(Ordering::Relaxed) == 0
+}
+
+/// epoll_ctl for an fd the upgrade does not manage, when its data looks like a tag or one of
+/// its registrations is under one ([`AppTag`]); `None` to pass the call through. `ev`: the
+/// application's events and data (none for DEL).
+pub fn epoll_ctl_app(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: Option<(u32, u64)>,
+) -> Option<Result<(), Errno>> {
+    let mut t = APP_TAGS.lock().unwrap_or_else(|p| p.into_inner());
+    let at = t.iter().position(|a| a.epfd == epfd && a.fd == fd);
+    let r = match (op, ev) {
+        (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, Some((events, data))) if looks_tagged(data) => {
+            let r = net::epoll_ctl(epfd, op, fd, events, tag(SRC_APP, fd));
+            if r.is_ok() {
+                match at {
+                    Some(i) => t[i].data = data,
+                    None => t.push(AppTag { epfd, fd, data }),
+                }
+            }
+            r
+        }
+        _ => {
+            // A DEL, or new data that needs no tag, for a registration under one (or one
+            // the kernel dropped with its file: an ADD under the same number finds it).
+            let i = at?;
+            let (events, data) = ev.unwrap_or((0, 0));
+            let r = net::epoll_ctl(epfd, op, fd, events, data);
+            if r.is_ok() || op == libc::EPOLL_CTL_DEL {
+                t.swap_remove(i);
+            }
+            r
+        }
+    };
+    APP_TAGGED.store(t.len(), Ordering::Relaxed);
+    Some(r)
+}
+
+/// The application's data of its registration of `fd` in `epfd` under a tag, if any.
+fn app_tag_data(epfd: c_int, fd: c_int) -> Option<u64> {
+    let t = APP_TAGS.lock().unwrap_or_else(|p| p.into_inner());
+    t.iter()
+        .find(|a| a.epfd == epfd && a.fd == fd)
+        .map(|a| a.data)
 }
 
 const EV_IN: u32 = libc::EPOLLIN as u32;
@@ -617,6 +692,11 @@ pub fn arm_for_epoll(epfd: c_int) {
 /// The epoll fd `epfd` is being closed: forget its registrations.
 pub fn forget_epoll(epfd: c_int) {
     unpark(|p| p.epfd == epfd);
+    if !no_app_tags() {
+        let mut t = APP_TAGS.lock().unwrap_or_else(|p| p.into_inner());
+        t.retain(|a| a.epfd != epfd);
+        APP_TAGGED.store(t.len(), Ordering::Relaxed);
+    }
     // (the number's next set learns afresh)
     if let Some(s) = set_spin(epfd) {
         s.gate.reset();
@@ -786,15 +866,33 @@ fn bits(c: &Conn, fd: c_int, kernel: u32) -> u32 {
 /// Translates the `n` events epoll_wait returned in `evs` for epoll set `epfd`; returns how
 /// many are left for the application (in place).
 pub fn translate_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize) -> usize {
-    let Some(w) = super::world_if_created() else {
+    let world = super::world_if_created();
+    if world.is_none() && no_app_tags() {
         return n;
-    };
+    }
     let mut out = 0;
     let mut seen: Vec<(c_int, usize)> = Vec::new();
     for i in 0..n {
         let ev = evs[i];
         let data = ev.u64;
         let Some((src, fd)) = untag(data) else {
+            evs[out] = ev;
+            out += 1;
+            continue;
+        };
+        if src == SRC_APP {
+            // (none: the registration was replaced or dropped since the event came)
+            if let Some(d) = app_tag_data(epfd, fd) {
+                evs[out] = libc::epoll_event {
+                    events: ev.events,
+                    u64: d,
+                };
+                out += 1;
+            }
+            continue;
+        }
+        let Some(w) = world else {
+            // (no registration of the shim's exists: not a tag)
             evs[out] = ev;
             out += 1;
             continue;
