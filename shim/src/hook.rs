@@ -88,6 +88,7 @@ hooks! {
     Closefrom = "closefrom",
     Fork = "fork",
     Execve = "execve",
+    Fdopen = "fdopen",
 }
 
 #[cfg(test)]

@@ -37,6 +37,10 @@ macro_rules! cret_minus_one {
 }
 cret_minus_one!(i32, i64, isize);
 
+impl<T> CRet for *mut T {
+    const FAILURE: Option<Self> = Some(core::ptr::null_mut());
+}
+
 impl CRet for () {
     const FAILURE: Option<Self> = None;
 }

@@ -1515,6 +1515,94 @@ mod epoll_data {
     }
 }
 
+/// stdio on a socket: both ends wrap their socket in a `FILE` (`fdopen`) and talk in lines
+/// with `fputs`/`fflush`/`fgets`, as many small C servers do; glibc's stdio moves the bytes
+/// with its internal read and write, which a preload never sees. The client sends lines of
+/// growing length, each echoed and compared, checks that `fileno` names its socket, shuts its
+/// write side down through it, reads the server's last line and EOF (the server `fclose`s
+/// its stream at EOF), and `fclose`s its own.
+mod stdio {
+    use super::*;
+    use std::ffi::{CStr, CString};
+
+    const LINES: usize = 500;
+
+    fn open(fd: RawFd) -> *mut libc::FILE {
+        // SAFETY: a socket of ours; the mode is NUL-terminated.
+        let f = unsafe { libc::fdopen(fd, c"r+".as_ptr()) };
+        assert!(!f.is_null(), "fdopen errno {}", errno());
+        // SAFETY: a live stream.
+        assert_eq!(unsafe { libc::fileno(f) }, fd, "fileno of the stream");
+        f
+    }
+
+    /// One line (without its newline) or None at EOF.
+    fn line(f: *mut libc::FILE) -> Option<Vec<u8>> {
+        let mut buf = vec![0 as libc::c_char; 4096];
+        // SAFETY: buf has room for 4096 bytes; f is a live stream.
+        let p = unsafe { libc::fgets(buf.as_mut_ptr(), buf.len() as i32, f) };
+        if p.is_null() {
+            // SAFETY: a live stream.
+            let failed = unsafe { libc::ferror(f) };
+            assert_eq!(failed, 0, "fgets failed: errno {}", errno());
+            return None;
+        }
+        // SAFETY: fgets NUL-terminated it.
+        let mut v = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes().to_vec();
+        assert_eq!(v.pop(), Some(b'\n'), "a line without its newline");
+        Some(v)
+    }
+
+    fn put(f: *mut libc::FILE, text: &[u8]) {
+        let c = CString::new([text, b"\n"].concat()).unwrap();
+        // SAFETY: a NUL-terminated string and a live stream.
+        unsafe {
+            assert!(libc::fputs(c.as_ptr(), f) >= 0, "fputs errno {}", errno());
+            assert_eq!(libc::fflush(f), 0, "fflush errno {}", errno());
+        }
+    }
+
+    fn text(i: usize) -> Vec<u8> {
+        pattern(1 + i * 7 % 3000, i as u8)
+            .iter()
+            .map(|b| b'a' + b % 26)
+            .collect()
+    }
+
+    pub fn server(s: TcpStream) {
+        let f = open(s.into_raw_fd());
+        let mut n = 0;
+        while let Some(l) = line(f) {
+            put(f, &l);
+            n += 1;
+        }
+        assert_eq!(n, LINES, "lines echoed");
+        put(f, b"bye");
+        // SAFETY: the stream, closed once (its socket with it).
+        assert_eq!(unsafe { libc::fclose(f) }, 0, "fclose errno {}", errno());
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let s = TcpStream::connect(addr).unwrap();
+        let fd = s.into_raw_fd();
+        let f = open(fd);
+        for i in 0..LINES {
+            let t = text(i);
+            put(f, &t);
+            assert!(
+                line(f).as_deref() == Some(&t[..]),
+                "line {i} came back different"
+            );
+        }
+        // SAFETY: the stream's socket (fileno checked), write side shut down.
+        assert_eq!(unsafe { libc::shutdown(libc::fileno(f), libc::SHUT_WR) }, 0);
+        assert_eq!(line(f).as_deref(), Some(&b"bye"[..]));
+        assert_eq!(line(f), None, "EOF after the server's fclose");
+        // SAFETY: the stream, closed once.
+        assert_eq!(unsafe { libc::fclose(f) }, 0, "fclose errno {}", errno());
+    }
+}
+
 /// A prefork server: the listening socket is made before the server forks its workers, and
 /// only the workers accept (nginx, Apache prefork, gunicorn). Each of two workers accepts one
 /// connection and echoes blocks on it for a few seconds (past the shim's wait for an upgrade
@@ -1836,6 +1924,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("wait_signal", wait_signal::server, wait_signal::client),
     ("restart", restart::server, restart::client),
     ("epoll_data", epoll_data::server, epoll_data::client),
+    ("stdio", stdio::server, stdio::client),
 ];
 
 /// Scenarios whose server role takes the listening socket itself.

@@ -24,6 +24,7 @@ mod io;
 mod poll;
 mod process;
 mod socket;
+mod stdio;
 mod up;
 
 pub(crate) use conn::{sweep_pending_connects, PID};
