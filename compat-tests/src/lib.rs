@@ -1058,20 +1058,26 @@ pub fn behave_roles_env(
 ///   rings (the server settles first, so that its part of the scenario runs on the upgraded
 ///   connection; `peer_death`'s killed server writes no stats);
 /// - elsewhere, with the host's fallback reason.
-pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) {
-    behave_conns(bin, scenario, via, ip, 1);
+pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) -> RoleStats {
+    behave_conns(bin, scenario, via, ip, 1)
 }
 
 /// [`behave`] for a scenario that makes `conns` connections (each side's stats must account
-/// for that many).
-pub fn behave_conns(bin: &str, scenario: &str, via: Option<Via>, ip: &str, conns: u64) {
+/// for that many). Returns the roles' stats, for checks of the scenario's own.
+pub fn behave_conns(
+    bin: &str,
+    scenario: &str,
+    via: Option<Via>,
+    ip: &str,
+    conns: u64,
+) -> RoleStats {
     let side = via.map_or(Side::Plain, Side::Shim);
     let over_rdma =
         via.is_some() && std::env::var("RDMASHIM_TEST_IP").is_ok_and(|t| !t.is_empty() && t == ip);
     let device = over_rdma.then(|| DeviceCounters::read(&test_device()));
     let r = behave_roles(bin, scenario, side, side, ip, over_rdma.then_some(SETTLE));
     if via.is_none() {
-        return;
+        return r;
     }
     let check = |role: &str, st: &Stats| {
         assert_eq!(
@@ -1110,6 +1116,7 @@ pub fn behave_conns(bin: &str, scenario: &str, via: Option<Via>, ip: &str, conns
     if let (Some(before), Some(c)) = (device, &r.client) {
         before.delta().assert_carried(c.ring_bytes());
     }
+    r
 }
 
 /// `len` pseudo-random bytes from `seed` (xorshift64), each made by `byte` from the generator's
