@@ -436,6 +436,32 @@ impl CmId {
         Self::check(rc, "rdma_resolve_route")
     }
 
+    /// Address, then route, resolution, each waited for on `ch` (this id's channel) for at
+    /// most `wait`; `op_timeout` is rdma_cm's own for each. The blocking form of a dial's
+    /// first two steps, for tools and tests that set up a connection by hand (the shim's
+    /// dialer drives them without blocking).
+    pub fn resolve_blocking(
+        &self,
+        ch: &EventChannel,
+        dst: SocketAddr,
+        op_timeout: Duration,
+        wait: Duration,
+    ) -> Result<()> {
+        self.resolve_addr(None, dst, op_timeout)?;
+        ch.expect(
+            event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
+            "ADDR_RESOLVED",
+            wait,
+        )?;
+        self.resolve_route(op_timeout)?;
+        ch.expect(
+            event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
+            "ROUTE_RESOLVED",
+            wait,
+        )?;
+        Ok(())
+    }
+
     /// The device context rdma_cm bound this id to (after address resolution, or on a
     /// connect request's id).
     pub fn context(&self) -> Result<Arc<Context>> {

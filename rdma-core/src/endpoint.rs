@@ -436,14 +436,8 @@ mod isolation {
     fn connect(listen_ch: &Arc<EventChannel>, addr: SocketAddr) -> Pair {
         let ch = EventChannel::new().expect("event channel");
         let id = CmId::new(&ch).expect("rdma_create_id");
-        id.resolve_addr(None, addr, Duration::from_secs(5))
-            .expect("rdma_resolve_addr");
-        ch.expect(ev::RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED", T)
-            .expect("address resolved");
-        id.resolve_route(Duration::from_secs(5))
-            .expect("rdma_resolve_route");
-        ch.expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED", T)
-            .expect("route resolved");
+        id.resolve_blocking(&ch, addr, Duration::from_secs(5), T)
+            .expect("address and route resolved");
         let mut client = Endpoint::new(id, ch.clone(), sizes())
             .unwrap_or_else(|f| panic!("client endpoint: {}", f.0));
         client

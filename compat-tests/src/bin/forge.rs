@@ -288,14 +288,8 @@ fn raw_request(dst: SocketAddr, private_data: &[u8]) -> Result<Raw, String> {
     let t = Duration::from_secs(10);
     let ch = EventChannel::new().map_err(err("channel"))?;
     let mut id = CmId::new(&ch).map_err(err("id"))?;
-    id.resolve_addr(None, dst, Duration::from_secs(5))
+    id.resolve_blocking(&ch, dst, Duration::from_secs(5), t)
         .map_err(err("resolve"))?;
-    ch.expect(ev::RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED", t)
-        .map_err(err("resolve"))?;
-    id.resolve_route(Duration::from_secs(5))
-        .map_err(err("route"))?;
-    ch.expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED", t)
-        .map_err(err("route"))?;
     let ctx = id.context().map_err(err("context"))?;
     let pd = Pd::new(&ctx).map_err(err("pd"))?;
     let cq = Cq::new(&ctx, 16, None).map_err(err("cq"))?;

@@ -59,20 +59,14 @@ pub struct RawClient {
 
 /// See [`RawClient`].
 pub fn raw_client(addr: SocketAddr) -> RawClient {
-    use rdmashim_core::cm::{event_type as ev, CmId, EventChannel, QpCaps};
+    use rdmashim_core::cm::{CmId, EventChannel, QpCaps};
     use rdmashim_core::verbs::{Cq, Pd};
     use std::time::Duration;
     const T: Duration = Duration::from_secs(20);
     let ch = EventChannel::new().expect("rdma_create_event_channel");
     let mut id = CmId::new(&ch).expect("rdma_create_id");
-    id.resolve_addr(None, addr, Duration::from_secs(5))
-        .expect("rdma_resolve_addr");
-    ch.expect(ev::RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED", T)
-        .expect("address resolved");
-    id.resolve_route(Duration::from_secs(5))
-        .expect("rdma_resolve_route");
-    ch.expect(ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED", T)
-        .expect("route resolved");
+    id.resolve_blocking(&ch, addr, Duration::from_secs(5), T)
+        .expect("address and route resolved");
     let ctx = id.context().expect("the id's device");
     let pd = Pd::new(&ctx).expect("ibv_alloc_pd");
     let cq = Cq::new(&ctx, 64, None).expect("ibv_create_cq");
