@@ -118,10 +118,8 @@ impl SignalsHeld {
     }
 
     /// A signalfd (non-blocking, close-on-exec) that becomes readable when one of the
-    /// asynchronous signals the thread's own mask lets through is pending: while they are
-    /// held, a wait that includes it ends when one arrives, and [`pending`](Self::pending)
-    /// then tells what it does. The caller closes it.
-    pub fn signalfd(&self) -> Option<c_int> {
+    /// asynchronous signals the thread's own mask lets through is pending ([`SignalWatch`]).
+    fn signalfd(&self) -> Option<c_int> {
         let _e = ErrnoGuard::save();
         // SAFETY: sigset_t is plain data edited by sigfillset/sigdelset/sigismember;
         // signalfd(-1, ..) only reads the set and makes a new descriptor.
@@ -146,6 +144,44 @@ impl SignalsHeld {
         unsafe {
             libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, core::ptr::null_mut());
         }
+    }
+}
+
+/// The asynchronous signals held back, and a signalfd of those the thread's own mask lets
+/// through: a wait that includes [`fd`](Self::fd) ends when one arrives, and
+/// [`finish`](Self::finish) tells what it does before letting it go (its handler runs then).
+pub struct SignalWatch {
+    held: SignalsHeld,
+    fd: c_int,
+}
+
+impl SignalWatch {
+    /// Holds the signals and opens the signalfd; `None` (nothing held) if either fails.
+    pub fn start() -> Option<SignalWatch> {
+        let held = SignalsHeld::hold()?;
+        match held.signalfd() {
+            Some(fd) => Some(SignalWatch { held, fd }),
+            None => {
+                held.release();
+                None
+            }
+        }
+    }
+
+    /// The signalfd, to wait on.
+    pub fn fd(&self) -> c_int {
+        self.fd
+    }
+
+    /// What the signals that arrived do to a blocking call ([`SignalsHeld::pending`]); then
+    /// closes the signalfd and lets them go.
+    pub fn finish(self) -> Delivery {
+        let d = self.held.pending();
+        let _e = ErrnoGuard::save();
+        // SAFETY: the signalfd this watch opened, closed once.
+        unsafe { libc::close(self.fd) };
+        self.held.release();
+        d
     }
 }
 

@@ -388,6 +388,18 @@ enum Slept {
     Restart,
 }
 
+/// What a blocked call that has moved `moved` bytes does after a sleep: `None` to look
+/// again, or what it returns — the bytes moved, if any, in place of an error or a restart
+/// (the kernel returns a partial count then too).
+fn after_sleep(slept: Result<Slept, Errno>, moved: usize) -> Option<Result<usize, Errno>> {
+    match slept {
+        Ok(Slept::Woke) => None,
+        Ok(Slept::Restart) if moved == 0 => None,
+        Ok(Slept::Restart) => Some(Ok(moved)),
+        Err(e) => Some(if moved > 0 { Ok(moved) } else { Err(e) }),
+    }
+}
+
 /// How a blocked call waits.
 struct Waiter {
     deadline: Option<Option<Instant>>,
@@ -486,19 +498,10 @@ impl Waiter {
             c.watch_efds(g);
             comp
         };
-        let held = deadline
+        let watch = deadline
             .is_none()
-            .then(crate::signals::SignalsHeld::hold)
+            .then(crate::signals::SignalWatch::start)
             .flatten();
-        let sfd = held.as_ref().and_then(|h| h.signalfd());
-        let held = match (held, sfd) {
-            (Some(h), Some(_)) => Some(h),
-            (Some(h), None) => {
-                h.release();
-                None
-            }
-            (None, _) => None,
-        };
         let mut p = [
             libc::pollfd {
                 fd: efd,
@@ -511,7 +514,7 @@ impl Waiter {
                 revents: 0,
             },
             libc::pollfd {
-                fd: sfd.unwrap_or(-1),
+                fd: watch.as_ref().map_or(-1, |w| w.fd()),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -524,15 +527,8 @@ impl Waiter {
         let n = if sock_events != 0 { 4 } else { 3 };
         stats::count_wait_at(stats::fd_shard(fd), Wait::Slept);
         let r = net::poll(&mut p[..n], timeout);
-        // (what a signal that arrived does, read before its handler runs at the release)
-        let signal = held.map(|h| {
-            let d = h.pending();
-            h.release();
-            d
-        });
-        if let Some(s) = sfd {
-            net::close(s);
-        }
+        // (what a signal that arrived does, read before its handler runs)
+        let signal = watch.map(crate::signals::SignalWatch::finish);
         c.unwatch_efds();
         if comp.is_some() {
             let mut g = c.lock();
@@ -713,11 +709,8 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
         if held.is_some() {
             continue;
         }
-        match waiter.sleep(c, fd, sock_events, c.rd_efd) {
-            Ok(Slept::Woke) => {}
-            Ok(Slept::Restart) if got == 0 => {}
-            Ok(Slept::Restart) => return Ok(got),
-            Err(e) => return if got > 0 { Ok(got) } else { Err(e) },
+        if let Some(r) = after_sleep(waiter.sleep(c, fd, sock_events, c.rd_efd), got) {
+            return r;
         }
     }
 }
@@ -845,11 +838,8 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 continue;
             }
         }
-        match waiter.sleep(c, fd, sock_events, c.wr_efd) {
-            Ok(Slept::Woke) => {}
-            Ok(Slept::Restart) if sent == 0 => {}
-            Ok(Slept::Restart) => return Ok(sent),
-            Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
+        if let Some(r) = after_sleep(waiter.sleep(c, fd, sock_events, c.wr_efd), sent) {
+            return r;
         }
     }
 }

@@ -44,10 +44,10 @@ fn tag(src: u64, fd: c_int) -> u64 {
 }
 
 fn untag(data: u64) -> Option<(u64, c_int)> {
-    (data >> 48 == TAG_MAGIC).then_some(((data >> 40) & 0xff, data as u32 as c_int))
+    looks_tagged(data).then_some(((data >> 40) & 0xff, data as u32 as c_int))
 }
 
-/// Whether an application's epoll data could be taken for one of the shim's tags.
+/// Whether epoll data could be one of the shim's tags (an application's, too: [`AppTag`]).
 pub fn looks_tagged(data: u64) -> bool {
     data >> 48 == TAG_MAGIC
 }
