@@ -1246,6 +1246,30 @@ mod restart {
         }
     }
 
+    /// Asks for delayed answer `i` and waits in a blocking recv that one alarm, 30 ms later,
+    /// must interrupt (EINTR, the handler ran once); then the answer is read whole.
+    fn interrupted(s: &mut TcpStream, buf: &mut [u8; MSG], i: u8, what: &str) {
+        let fd = s.as_raw_fd();
+        let before = ALARMS.load(Ordering::SeqCst);
+        s.write_all(&[b'a' + i]).unwrap();
+        timer(30_000, 0);
+        let (n, e) = recv_once(fd, buf);
+        assert!(
+            n == -1 && e == libc::EINTR,
+            "{what}: recv returned {n} (errno {e})"
+        );
+        assert_eq!(
+            ALARMS.load(Ordering::SeqCst),
+            before + 1,
+            "{what}: the handler ran"
+        );
+        rest(fd, buf, 0);
+        assert!(
+            buf[..] == pattern(MSG, i)[..],
+            "{what}: answer {i} came back different"
+        );
+    }
+
     pub fn client(addr: SocketAddr) {
         let mut s = TcpStream::connect(addr).unwrap();
         let fd = s.as_raw_fd();
@@ -1279,36 +1303,12 @@ mod restart {
 
         // 2. no SA_RESTART, one alarm: EINTR, the handler ran, the answer is still there.
         handler(false);
-        let before = ALARMS.load(Ordering::SeqCst);
-        s.write_all(b"b").unwrap();
-        timer(30_000, 0);
-        let (n, e) = recv_once(fd, &mut buf);
-        assert!(
-            n == -1 && e == libc::EINTR,
-            "no SA_RESTART: recv returned {n} (errno {e})"
-        );
-        assert_eq!(ALARMS.load(Ordering::SeqCst), before + 1, "the handler ran");
-        rest(fd, &mut buf, 0);
-        assert!(
-            buf[..] == pattern(MSG, 1)[..],
-            "answer 2 came back different"
-        );
+        interrupted(&mut s, &mut buf, 1, "no SA_RESTART");
 
         // 3. SA_RESTART but SO_RCVTIMEO set: EINTR all the same.
         handler(true);
         s.set_read_timeout(Some(T)).unwrap();
-        s.write_all(b"c").unwrap();
-        timer(30_000, 0);
-        let (n, e) = recv_once(fd, &mut buf);
-        assert!(
-            n == -1 && e == libc::EINTR,
-            "SA_RESTART with SO_RCVTIMEO: recv returned {n} (errno {e})"
-        );
-        rest(fd, &mut buf, 0);
-        assert!(
-            buf[..] == pattern(MSG, 2)[..],
-            "answer 3 came back different"
-        );
+        interrupted(&mut s, &mut buf, 2, "SA_RESTART with SO_RCVTIMEO");
         s.set_read_timeout(None).unwrap();
 
         // 4. a blocking write of 16 MiB the server does not read for a while, alarms every
