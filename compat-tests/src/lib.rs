@@ -444,6 +444,8 @@ pub struct Stats {
     pub pid: u64,
     pub calls: BTreeMap<String, u64>,
     pub upgraded: u64,
+    /// Upgraded connections that went back to TCP (a switch back, protocol §8.5).
+    pub switched_back: u64,
     pub fallback: u64,
     pub reasons: BTreeMap<String, u64>,
     pub bytes: BTreeMap<String, u64>,
@@ -484,6 +486,9 @@ impl Stats {
             pid: v["pid"].as_u64().expect("pid"),
             calls: map(&v["calls"], "calls"),
             upgraded: conns["upgraded"].as_u64().expect("connections.upgraded"),
+            switched_back: conns["switched_back"]
+                .as_u64()
+                .expect("connections.switched_back"),
             fallback: conns["fallback"].as_u64().expect("connections.fallback"),
             reasons: map(&conns["fallback_reasons"], "fallback_reasons"),
             bytes: map(&v["bytes"], "bytes"),

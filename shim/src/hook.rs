@@ -89,6 +89,14 @@ hooks! {
     Fork = "fork",
     Execve = "execve",
     Fdopen = "fdopen",
+    Execv = "execv",
+    Execvp = "execvp",
+    Execvpe = "execvpe",
+    Fexecve = "fexecve",
+    PosixSpawn = "posix_spawn",
+    PosixSpawnp = "posix_spawnp",
+    System = "system",
+    Popen = "popen",
 }
 
 #[cfg(test)]

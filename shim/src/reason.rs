@@ -62,6 +62,7 @@ reasons! {
     InheritedListener = "inherited_listener": "server side: accepted on a listening socket whose RDMA side belongs to another process (made before a fork: a prefork server's workers)",
     PlainPeer = "plain_peer": "the other end runs no shim, or will not upgrade this connection (server: the client's SYN carried no rdmashim mark; client: the server's first bytes carried no rdmashim token)",
     UnprovenPeer = "unproven_peer": "client side: the RDMA peer that answered could not prove it holds the TCP connection's other end (its reply's tag did not verify: another process on the server's host holds the port's rdma_cm side)",
+    Exec = "exec": "the process replaced its image (exec, or spawned a child that inherits the socket) while the connection's upgrade was undecided; it stays TCP, which the new image can use",
 }
 
 /// Which kind of address a connection's peer has, as far as upgrading is concerned.

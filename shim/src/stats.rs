@@ -10,7 +10,7 @@
 //! Connection counters are rare events and live in plain global atomics.
 //!
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
-//! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"fallback":N,
+//! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"fallback":N,
 //! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N},
 //! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N},
 //! "security":{"unproven_requests":N}}`
@@ -97,6 +97,7 @@ impl Shard {
 
 static SHARD_ARR: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
 static UPGRADED: AtomicU64 = AtomicU64::new(0);
+static SWITCHED_BACK: AtomicU64 = AtomicU64::new(0);
 static FALLBACK: AtomicU64 = AtomicU64::new(0);
 static REASONS: [AtomicU64; FallbackReason::COUNT] =
     [const { AtomicU64::new(0) }; FallbackReason::COUNT];
@@ -199,6 +200,11 @@ pub fn count_upgraded() {
     UPGRADED.fetch_add(1, Relaxed);
 }
 
+/// Counts one upgraded connection returned to TCP (protocol §8.5), either side's doing.
+pub fn count_switched_back() {
+    SWITCHED_BACK.fetch_add(1, Relaxed);
+}
+
 /// Counts one rejected request that could not prove the binding.
 pub fn count_unproven_request() {
     UNPROVEN_REQUESTS.fetch_add(1, Relaxed);
@@ -219,6 +225,7 @@ pub fn reset() {
             .for_each(|c| c.store(0, Relaxed));
     }
     UPGRADED.store(0, Relaxed);
+    SWITCHED_BACK.store(0, Relaxed);
     FALLBACK.store(0, Relaxed);
     REASONS.iter().for_each(|c| c.store(0, Relaxed));
     LOG_DROPPED.store(0, Relaxed);
@@ -232,6 +239,7 @@ pub struct Snapshot {
     pub pid: u32,
     pub calls: [u64; Hook::COUNT],
     pub upgraded: u64,
+    pub switched_back: u64,
     pub fallback: u64,
     pub reasons: [u64; FallbackReason::COUNT],
     pub bytes: [u64; 4],
@@ -247,6 +255,7 @@ impl Snapshot {
             pid,
             calls: [0; Hook::COUNT],
             upgraded: 0,
+            switched_back: 0,
             fallback: 0,
             reasons: [0; FallbackReason::COUNT],
             bytes: [0; 4],
@@ -271,6 +280,7 @@ impl Snapshot {
             }
         }
         s.upgraded = UPGRADED.load(Relaxed);
+        s.switched_back = SWITCHED_BACK.load(Relaxed);
         s.fallback = FALLBACK.load(Relaxed);
         for (d, c) in s.reasons.iter_mut().zip(REASONS.iter()) {
             *d = c.load(Relaxed);
@@ -291,8 +301,8 @@ impl Snapshot {
         write_pairs(w, Hook::ALL.iter().map(|h| (h.name(), self.calls_of(*h))))?;
         write!(
             w,
-            "}},\"connections\":{{\"upgraded\":{},\"fallback\":{},\"fallback_reasons\":{{",
-            self.upgraded, self.fallback
+            "}},\"connections\":{{\"upgraded\":{},\"switched_back\":{},\"fallback\":{},\"fallback_reasons\":{{",
+            self.upgraded, self.switched_back, self.fallback
         )?;
         write_pairs(
             w,
@@ -335,7 +345,7 @@ fn write_pairs<W: Write>(
 }
 
 /// Upper bound of the JSON size, for the fixed buffer the writer uses.
-pub const JSON_MAX: usize = 64 + (Hook::COUNT + FallbackReason::COUNT + 8) * (24 + 21) + 160;
+pub const JSON_MAX: usize = 64 + (Hook::COUNT + FallbackReason::COUNT + 9) * (24 + 21) + 160;
 
 #[cfg(test)]
 mod tests {

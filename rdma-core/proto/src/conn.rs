@@ -880,6 +880,14 @@ impl Connection {
         Ok(())
     }
 
+    /// A switch back was started (by either side) and is not off: from now on until the
+    /// connection is plain TCP ([`Self::switched_back`]), the ring is left for good — unless
+    /// the peer's ring Close came first and the switch back is off again (8.5's races), or
+    /// the connection fails.
+    pub fn back_started(&self) -> bool {
+        self.back.is_some()
+    }
+
     /// A switch back is under way (started by either side) and not yet agreed by both.
     pub fn switching_back(&self) -> bool {
         self.back.is_some() && self.life == Life::Established

@@ -6,15 +6,20 @@
 //! our memory, and a hook frame would be torn down under the parent; instead every hook that
 //! would change the fd table or write stats first checks it is not in such a child.
 //!
-//! exec: the new image has no shim state. Before a (non-vfork-child) execve the stats record is
-//! written, so a process that execs still leaves one; if the new image runs under the shim too
-//! it overwrites the same (pid-named) file at its exit. This is also where the upgrade must
-//! demote upgraded fds without FD_CLOEXEC back to plain TCP, or refuse such upgrades.
+//! exec: the new image has no shim state. Before any exec — `execve`, and `execv`, `execvp`,
+//! `execvpe`, `fexecve` and the C `execl`/`execlp`/`execle` (csrc/exec.c), which glibc routes
+//! around `execve`'s symbol — every upgraded connection that an fd without FD_CLOEXEC refers
+//! to goes back to TCP at exact offsets (protocol §8.5), so the new image finds a plain TCP
+//! socket in the state the stream is in; and the stats record is written, so a process that
+//! execs still leaves one (if the new image runs under the shim too it overwrites the same
+//! pid-named file at its exit). `posix_spawn`, `posix_spawnp`, `system` and `popen` start a
+//! child that inherits the fds and execs through glibc's internals: the same return to TCP
+//! happens in the parent first (which goes on with the connections, as TCP).
 
 use super::conn;
 use super::hook;
 use crate::outcome::Outcome::PassThrough;
-use core::ffi::c_char;
+use core::ffi::{c_char, c_int};
 use libc::pid_t;
 
 hook! {
@@ -30,19 +35,138 @@ hook! {
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> i32;
     id: Execve;
     fallback: syscall(SYS_execve; path, argv, envp);
+    |_real, _cx| { before_exec(); PassThrough }
+}
+
+hook! {
+    /// execv(3): glibc calls its internal execve, which no preload sees.
+    fn execv(path: *const c_char, argv: *const *const c_char) -> i32;
+    id: Execv;
+    fallback: enosys;
+    |_real, _cx| { before_exec(); PassThrough }
+}
+
+hook! {
+    /// execvp(3) (also reached by the C `execlp`, csrc/exec.c).
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> i32;
+    id: Execvp;
+    fallback: enosys;
+    |_real, _cx| { before_exec(); PassThrough }
+}
+
+hook! {
+    /// execvpe(3).
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> i32;
+    id: Execvpe;
+    fallback: enosys;
+    |_real, _cx| { before_exec(); PassThrough }
+}
+
+hook! {
+    /// fexecve(3).
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> i32;
+    id: Fexecve;
+    fallback: enosys;
+    |_real, _cx| { before_exec(); PassThrough }
+}
+
+hook! {
+    /// posix_spawn(3): the child (a vfork-like clone) execs with glibc's internal execve; its
+    /// inherited sockets must be plain TCP before it exists, so the connections go back to
+    /// TCP in the parent — which keeps them, as TCP (docs/upgrade.md, process models).
+    fn posix_spawn(
+        pid: *mut libc::pid_t,
+        path: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    id: PosixSpawn;
+    fallback: enosys;
+    |_real, _cx| { before_spawn(); PassThrough }
+}
+
+hook! {
+    /// posix_spawnp(3): as `posix_spawn`.
+    fn posix_spawnp(
+        pid: *mut libc::pid_t,
+        file: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    id: PosixSpawnp;
+    fallback: enosys;
+    |_real, _cx| { before_spawn(); PassThrough }
+}
+
+hook! {
+    /// system(3): `/bin/sh` is spawned with glibc's internal posix_spawn; as `posix_spawn`.
+    fn system(command: *const c_char) -> c_int;
+    id: System;
+    fallback: enosys;
     |_real, _cx| {
-        if !conn::in_foreign_child() {
-            let _s = crate::guard::Section::enter();
-            let _e = crate::sys::ErrnoGuard::save();
-            crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
-                if e.kind() == crate::fdtable::Kind::Upgraded && crate::upgrade::slot_is_ours(e.slot()) {
-                    if let Some(c) = crate::upgrade::lookup(e.slot()) {
-                        crate::upgrade::data::abort_for_exec(&c, fd);
-                    }
-                }
-            });
-            crate::init::write_stats();
+        // (`system(NULL)` only asks whether a shell exists)
+        if !command.is_null() {
+            before_spawn();
         }
         PassThrough
     }
+}
+
+hook! {
+    /// popen(3): as `system`.
+    fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE;
+    id: Popen;
+    fallback: enosys;
+    |_real, _cx| { before_spawn(); PassThrough }
+}
+
+/// Before this process's image is replaced: every upgraded connection that an fd without
+/// FD_CLOEXEC refers to goes back to TCP (the new image has no ring: it uses the socket), and
+/// the stats record is written (the new image starts its own). Not in a vfork child (our
+/// memory is the parent's) nor in a fork child (the rings are the parent's).
+fn before_exec() {
+    if conn::in_foreign_child() {
+        return;
+    }
+    let _s = crate::guard::Section::enter();
+    let _e = crate::sys::ErrnoGuard::save();
+    hand_back_inherited("exec");
+    crate::init::write_stats();
+}
+
+/// Before a child is spawned that inherits this process's fds and execs: as [`before_exec`],
+/// without the stats record (this process goes on).
+fn before_spawn() {
+    if conn::in_foreign_child() {
+        return;
+    }
+    let _s = crate::guard::Section::enter();
+    let _e = crate::sys::ErrnoGuard::save();
+    hand_back_inherited("spawn");
+}
+
+/// Returns to TCP every upgraded connection of this process an fd without FD_CLOEXEC refers
+/// to (`what`: exec or spawn, for the log).
+fn hand_back_inherited(what: &'static str) {
+    if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut conns: Vec<(std::sync::Arc<crate::upgrade::Conn>, c_int)> = Vec::new();
+    crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
+        if e.kind() == crate::fdtable::Kind::Upgraded
+            && crate::upgrade::slot_is_ours(e.slot())
+            && !crate::net::is_cloexec(fd)
+        {
+            if let Some(c) = crate::upgrade::lookup(e.slot()) {
+                if !conns.iter().any(|(k, _)| std::sync::Arc::ptr_eq(k, &c)) {
+                    conns.push((c, fd));
+                }
+            }
+        }
+    });
+    crate::upgrade::data::hand_back_all(&conns, what);
 }

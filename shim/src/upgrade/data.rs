@@ -476,7 +476,7 @@ impl Waiter {
         };
         // Arm, then look once more (a completion between the last look and the arm raises no
         // event): if that found something, the caller re-checks instead of sleeping.
-        let comp = {
+        let (comp, backing) = {
             let mut guard = c.lock();
             let g = &mut *guard;
             c.armed(g);
@@ -496,7 +496,15 @@ impl Waiter {
             };
             // (from here on, whoever changes the connection's readiness wakes `efd`)
             c.watch_efds(g);
-            comp
+            (comp, g.back != super::Back::None)
+        };
+        // Switching back to TCP: the eventfds are retired (signaled for good), and the end of
+        // the switch is nobody's event: a nap, then a look.
+        let (efd, timeout) = if backing {
+            let nap = super::BACK_NAP;
+            (-1, if timeout < 0 { nap } else { timeout.min(nap) })
+        } else {
+            (efd, timeout)
         };
         let watch = deadline
             .is_none()
@@ -555,6 +563,7 @@ fn nonblocking(c: &Conn, fd: c_int, flags: c_int) -> bool {
 /// MSG_* flags.
 pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<usize, Errno> {
     c.uses.fetch_add(1, Ordering::Relaxed);
+    c.fd_hint.store(fd, Ordering::Relaxed);
     let total = buf.total();
     let peek = flags & libc::MSG_PEEK != 0;
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
@@ -718,6 +727,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
 /// send/write/writev/sendmsg/sendfile on a connection under the upgrade.
 pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<usize, Errno> {
     c.uses.fetch_add(1, Ordering::Relaxed);
+    c.fd_hint.store(fd, Ordering::Relaxed);
     let total = buf.total();
     let tcp_flags = flags | libc::MSG_DONTWAIT;
     let shard = stats::fd_shard(fd);
@@ -908,6 +918,13 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
         }
         _ => false,
     };
+    if let (Phase::Linked(l), None) = (&g.phase, g.back_sock) {
+        if l.conn().back_started() {
+            // Closed while switching back: the continuation still goes out (the socket is
+            // closed after it, when the engine lets its own duplicate go).
+            g.back_sock = net::dup_private(fd, super::PRIVATE_FD_MIN).ok();
+        }
+    }
     c.settle(&mut g);
     drop(g);
     super::ready::forget_conn(c, fd);
@@ -1021,14 +1038,59 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
     }
 }
 
-/// Before execve: an fd of a connection whose bytes are on the ring cannot be handed to a new
-/// program image (it has no shim state, and the connection cannot go back to TCP). Unless the
-/// fd is close-on-exec, the ring is reset (the peer sees ECONNRESET) and the socket shut down
-/// (the new image reads EOF and gets EPIPE) instead of a silently truncated stream.
-pub fn abort_for_exec(c: &Conn, fd: c_int) {
-    if net::is_cloexec(fd) {
-        return;
+/// How long an exec (or a spawn) waits for its connections to be back on TCP before it resets
+/// those that are not.
+const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
+
+/// Before an exec, or a spawn whose child inherits the sockets (`what`, for the log): returns
+/// each connection of `conns` (with an fd of the application's that refers to it) to plain
+/// TCP, so that whatever image uses the socket next finds the stream where it is. A connection
+/// whose upgrade is undecided stays TCP (reason `exec`); one in its handshake or being set up
+/// is waited for, then switched back; one on the ring switches back (protocol §8.5: one round
+/// trip, then the continuation is written). Waits until all are plain TCP, at most
+/// [`HAND_BACK_WAIT`]; a connection that cannot go back (its peer cannot switch back, or
+/// closed on the ring, or it failed) or did not in time is reset: the new image sees a dead
+/// socket rather than a stream with a hole.
+pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str) {
+    let deadline = Instant::now() + HAND_BACK_WAIT;
+    let mut left: Vec<&(Arc<Conn>, c_int)> = conns.iter().collect();
+    loop {
+        left.retain(|(c, fd)| {
+            let mut g = c.lock();
+            c.drive(&mut g, true);
+            match &g.phase {
+                Phase::Fallen => false,
+                Phase::Queued | Phase::Awaiting => {
+                    c.fall_back(&mut g, FallbackReason::Exec);
+                    false
+                }
+                Phase::Dialing(_) | Phase::Setup => true,
+                Phase::Linked(l) if l.conn().back_started() => true,
+                Phase::Linked(l) if l.conn().state() == StreamState::Handshaking => true,
+                Phase::Linked(_) => match c.hand_back(&mut g, *fd) {
+                    Ok(()) => !matches!(g.phase, Phase::Fallen),
+                    Err(e) => {
+                        drop(g);
+                        reset_inherited(c, *fd, what, &e.to_string());
+                        false
+                    }
+                },
+            }
+        });
+        if left.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        net::nap_ms(1);
     }
+    for (c, fd) in left {
+        reset_inherited(c, *fd, what, "not back on TCP in time");
+    }
+}
+
+/// A connection that an exec's new image (or a spawned child) would inherit and that cannot
+/// go back to TCP: reset, so that whoever uses the socket sees ECONNRESET, not a stream with
+/// a hole.
+fn reset_inherited(c: &Conn, fd: c_int, what: &str, why: &str) {
     let mut g = c.lock();
     if let Phase::Linked(l) = &mut g.phase {
         l.conn_mut().abort();
@@ -1037,7 +1099,7 @@ pub fn abort_for_exec(c: &Conn, fd: c_int) {
         let _ = net::shutdown(fd, libc::SHUT_RDWR);
         crate::shim_log!(
             crate::config::Level::Warn,
-            "execve: fd {fd} was on RDMA and is not close-on-exec; reset"
+            "{what}: fd {fd} is on RDMA and not close-on-exec, and cannot go back to TCP ({why}); reset"
         );
     }
 }

@@ -654,7 +654,16 @@ fn key_of(c: &Conn) -> TupleKey {
 fn phase_timer(g: &Inner) -> Option<Instant> {
     match &g.phase {
         Phase::Dialing(d) => Some(d.deadline()),
-        Phase::Linked(l) => l.next_timer(),
+        Phase::Linked(l) => {
+            let t = l.next_timer();
+            if l.conn().resume_due().is_some() {
+                // (a switch back's continuation the socket did not take whole: again soon)
+                let again = Instant::now() + Duration::from_millis(super::BACK_NAP as u64);
+                Some(t.map_or(again, |t| t.min(again)))
+            } else {
+                t
+            }
+        }
         Phase::Fallen => g.unsure.map(|(_, at)| at),
         _ => None,
     }
@@ -1396,7 +1405,10 @@ impl State {
                     // Closed by the application: done once torn down (or past its deadline).
                     Some((_, deadline)) => {
                         let live = match &g.phase {
-                            Phase::Linked(l) => !l.is_disconnected(),
+                            // (and a switch back's continuation written first)
+                            Phase::Linked(l) => {
+                                !l.is_disconnected() || l.conn().resume_due().is_some()
+                            }
                             // (a dial goes on after close; it ends by its own deadline)
                             Phase::Dialing(_) | Phase::Queued => g.closed,
                             // (the setup thread's job comes back)

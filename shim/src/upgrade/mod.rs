@@ -56,6 +56,27 @@ pub(crate) enum Phase {
     Fallen,
 }
 
+/// How far the shim has carried out a return of the connection to TCP (protocol §8.5, asked
+/// by either side: [`Conn::hand_back`] here, or the peer's `SwitchBack`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Back {
+    /// No switch back (or it was called off: the peer closed on the ring first).
+    None,
+    /// Started: reads go to the socket, writes wait for the agreement and the continuation.
+    /// The eventfds are retired ([`ready::retire_efds`]): every wait on the connection looks
+    /// at the socket from now on, and the blocking ones at most [`BACK_NAP`] at a time.
+    Switching,
+    /// Agreed and the continuation written: the connection is TCP in both directions (the
+    /// socket's epoll registrations have EPOLLOUT again); the link is still being torn down,
+    /// after which the connection is [`Phase::Fallen`] (counted `switched_back`).
+    Resumed,
+}
+
+/// The longest a blocking wait on a connection that is switching back sleeps before it looks
+/// again (its eventfds are retired, and the moment the continuation is written is nobody's
+/// event). A switch back takes one round trip, and the connection is then plain TCP.
+pub(crate) const BACK_NAP: c_int = 2;
+
 /// The state behind a connection's lock.
 pub(crate) struct Inner {
     pub phase: Phase,
@@ -76,6 +97,13 @@ pub(crate) struct Inner {
     /// `messages_received` at the last read signal (a new arrival re-signals for edge-triggered
     /// waiters).
     pub rd_mark: u64,
+    /// The return to TCP, as far as it was carried out.
+    pub back: Back,
+    /// A private duplicate of the socket, from the start of a switch back until the
+    /// connection is plain TCP: the continuation (`Resume`) is written through it by whichever
+    /// thread settles the connection — the engine's included, which cannot trust an fd of the
+    /// application's (closed and reused meanwhile).
+    pub back_sock: Option<c_int>,
     /// Fell back because the peer went away during the handshake, reason not counted yet: if
     /// the connection ends soon (the peer's TCP end, or our close), it simply ended before
     /// its upgrade was decided (`closed_early`); else, at the given time, `reason` holds.
@@ -221,6 +249,8 @@ impl Conn {
                 rd_set: false,
                 wr_set: false,
                 rd_mark: 0,
+                back: Back::None,
+                back_sock: None,
                 unsure: None,
                 pending: None,
                 token,
@@ -347,9 +377,15 @@ impl Conn {
     /// dropped and data calls go straight to the socket.
     fn to_tcp(&self, g: &mut Inner) {
         self.armed(g);
+        if matches!(g.phase, Phase::Linked(_)) {
+            ready::link_down(self);
+        }
         g.phase = Phase::Fallen;
         self.fell_back.store(true, Ordering::Release);
         self.clear_efds(g);
+        if let Some(s) = g.back_sock.take() {
+            net::close(s);
+        }
     }
 
     /// The link's completion channel is (or may be) readable: takes its events, re-arms the
@@ -477,7 +513,164 @@ impl Conn {
             link.progress(false);
             self.count_upgraded();
         }
+        if g.back != Back::None || link.conn().back_started() {
+            self.settle_back(g);
+        }
         self.sync_efds(g);
+    }
+
+    /// Returns the connection to TCP (protocol §8.5) on this side's initiative: for a process
+    /// about to give its ring up while the socket lives on (`exec`). `fd`: an fd of the
+    /// application's that refers to the connection (the continuation is written through a
+    /// private duplicate of it). Driven to its end by whoever settles the connection (the
+    /// engine on its events, the caller through [`Conn::drive`]); done once the phase is
+    /// [`Phase::Fallen`].
+    pub(crate) fn hand_back(
+        &self,
+        g: &mut Inner,
+        fd: c_int,
+    ) -> Result<(), rdmashim_proto::SwitchBackError> {
+        let Phase::Linked(l) = &mut g.phase else {
+            return Ok(());
+        };
+        l.conn_mut().switch_back()?;
+        if g.back_sock.is_none() {
+            g.back_sock = net::dup_private(fd, PRIVATE_FD_MIN).ok();
+        }
+        self.drive(g, false);
+        Ok(())
+    }
+
+    /// Carries out a switch back the link has started (either side's; see [`Back`]): retires
+    /// the eventfds and gives the socket back to epoll registrations, writes the continuation
+    /// once agreed, gives EPOLLOUT back once it is written, and makes the connection plain TCP
+    /// once the link is torn down (its last message, our `SwitchBack`, delivered).
+    fn settle_back(&self, g: &mut Inner) {
+        let Phase::Linked(l) = &g.phase else {
+            return;
+        };
+        if !l.conn().back_started() {
+            // Called off (the peer's ring Close came before its SwitchBack): the ring goes on
+            // to its end, its readiness through the eventfds again.
+            if g.back == Back::Switching {
+                g.back = Back::None;
+                ready::restore_efds(self, g);
+            }
+            return;
+        }
+        if g.back == Back::None {
+            g.back = Back::Switching;
+            shim_log!(
+                Level::Debug,
+                "{} {} -> {}: switching back to TCP",
+                side_name(self.side),
+                self.local,
+                self.peer
+            );
+            ready::retire_efds(self, g);
+        }
+        self.write_resume(g);
+        let (switched, disconnected) = match &g.phase {
+            Phase::Linked(l) => (l.conn().switched_back(), l.is_disconnected()),
+            _ => return,
+        };
+        if !switched {
+            return;
+        }
+        if g.back == Back::Switching {
+            g.back = Back::Resumed;
+            ready::unmask_out(self, g);
+        }
+        if disconnected {
+            stats::count_switched_back();
+            shim_log!(
+                Level::Debug,
+                "{} {} -> {}: back on TCP",
+                side_name(self.side),
+                self.local,
+                self.peer
+            );
+            self.to_tcp(g);
+        }
+    }
+
+    /// Writes what is due of the continuation ([`rdmashim_proto::Resume`]) through the
+    /// private duplicate, without blocking: what the socket does not take now is written by
+    /// the next settle (the engine retries every [`BACK_NAP`] ms while some is due).
+    fn write_resume(&self, g: &mut Inner) {
+        use rdmashim_proto::Resume;
+        loop {
+            let Phase::Linked(l) = &g.phase else {
+                return;
+            };
+            let Some(due) = l.conn().resume_due() else {
+                return;
+            };
+            let Some(fd) = self.back_fd(g) else {
+                return;
+            };
+            let Phase::Linked(l) = &mut g.phase else {
+                return;
+            };
+            match due {
+                Resume::Write { cursor, len } => {
+                    let len = usize::try_from(len).unwrap_or(usize::MAX);
+                    let r = match l.staging(cursor, len) {
+                        Some(bytes) => {
+                            net::send(fd, bytes, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                        }
+                        None => Err(crate::outcome::Errno(libc::EIO)),
+                    };
+                    match r {
+                        Ok(n) => l.conn_mut().resumed(n as u64),
+                        Err(e) if e.0 == libc::EAGAIN => return,
+                        Err(e) => {
+                            // The TCP connection is gone (reset, or never to be written
+                            // again): so is what was left to write; the application's next
+                            // call on the socket gets the kernel's error.
+                            shim_log!(
+                                Level::Debug,
+                                "{} -> {}: continuation not written: errno {}",
+                                self.local,
+                                self.peer,
+                                e.0
+                            );
+                            l.conn_mut().resumed(len as u64);
+                        }
+                    }
+                }
+                Resume::ShutdownWrite => {
+                    let _ = net::shutdown(fd, libc::SHUT_WR);
+                    l.conn_mut().resumed_shutdown();
+                }
+            }
+        }
+    }
+
+    /// The private duplicate of the socket for the continuation, made now (from the
+    /// application's fd the connection was last seen through, if the fd table still says so
+    /// and the duplicate is the connection's socket) if there is none yet.
+    fn back_fd(&self, g: &mut Inner) -> Option<c_int> {
+        if g.back_sock.is_none() && !g.closed {
+            let fd = self.fd_hint.load(Ordering::Relaxed);
+            let e = crate::fdtable::TABLE.get(fd);
+            if e.kind() == crate::fdtable::Kind::Upgraded && e.slot() == self.slot {
+                if let Ok(d) = net::dup_private(fd, PRIVATE_FD_MIN) {
+                    let same = |a: Option<SocketAddr>, b: SocketAddr| {
+                        a.is_some_and(|a| {
+                            a.port() == b.port()
+                                && net::canonical_ip(a.ip()) == net::canonical_ip(b.ip())
+                        })
+                    };
+                    if same(net::peer_addr(d), self.peer) && same(net::local_addr(d), self.local) {
+                        g.back_sock = Some(d);
+                    } else {
+                        net::close(d);
+                    }
+                }
+            }
+        }
+        g.back_sock
     }
 
     /// A thread is about to wait on the eventfds (called with the lock held, before it
@@ -541,6 +734,10 @@ impl Conn {
         let Phase::Linked(link) = &g.phase else {
             return;
         };
+        if g.back != Back::None {
+            // (retired: see `Back::Switching`)
+            return;
+        }
         let c = link.conn();
         let r = c.readiness();
         let rd = !r.read_via_tcp && (r.readable || r.hup || r.error || r.rdhup);
@@ -598,6 +795,10 @@ impl Drop for Conn {
         // are set only through `sync_efds`, which records it); nobody else can hold them: a
         // poll of them holds a reference to this connection. One that was in a set may still
         // be, in a duplicate of that set's epoll fd that the registry does not know: closed.
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = inner.back_sock.take() {
+            net::close(s);
+        }
         let epolled = self.efd_watchers.load(Ordering::SeqCst) & EFDS_EPOLLED != 0;
         if !epolled && slot_is_ours(self.slot) {
             self.clear_efds(&mut self.lock());

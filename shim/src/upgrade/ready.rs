@@ -151,7 +151,9 @@ struct Reg {
 /// event loops that DEL and ADD a connection on every request (redis' `ae`) pay one system
 /// call for each instead of two. EPOLLEXCLUSIVE keeps the socket (the kernel validates it).
 fn needs_socket(g: &Inner, app: u32) -> bool {
+    // (a connection switching back to TCP has its eventfds retired: the socket it is)
     let switched = g.committed
+        && g.back == super::Back::None
         && match &g.phase {
             Phase::Linked(l) => {
                 let r = l.conn().readiness();
@@ -410,14 +412,16 @@ pub fn epoll_ctl(
                 }
             }
             let old = old.unwrap_or(0);
+            // (retired eventfds, of a connection switching back, are in no set)
+            let efds = g.back == super::Back::None;
             let rd = set_efd_from(
                 epfd,
                 c.rd_efd,
                 SRC_RD,
                 fd,
                 events,
-                wants_rd(events),
-                wants_rd(old),
+                efds && wants_rd(events),
+                efds && wants_rd(old),
                 old,
             );
             let wr = set_efd_from(
@@ -426,8 +430,8 @@ pub fn epoll_ctl(
                 SRC_WR,
                 fd,
                 events,
-                wants_wr(events),
-                wants_wr(old),
+                efds && wants_wr(events),
+                efds && wants_wr(old),
                 old,
             );
             if !sock && prior.is_none() {
@@ -664,6 +668,34 @@ pub(crate) fn link_up(c: &Conn, comp: c_int) -> bool {
     any
 }
 
+/// `c`'s link is about to be dropped (its lock held): its completion channel leaves the
+/// application's epoll sets it is in (registrations and parked), while its number is still
+/// its own — once closed, the number may name a file of the application's, which a later
+/// EPOLL_CTL_DEL of ours would take out of the set.
+pub(crate) fn link_down(c: &Conn) {
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+    for ((epfd, _), reg) in r.regs.iter_mut() {
+        if let (true, Some(comp)) = (is(&reg.conn, c), reg.comp) {
+            let _ = net::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, comp, 0, 0);
+            reg.comp = None;
+            c.comp_in_app.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let before = r.parked.len();
+    r.parked.retain(|p| {
+        let mine = is(&p.conn, c);
+        if mine {
+            let _ = net::epoll_ctl(p.epfd, libc::EPOLL_CTL_DEL, p.comp, 0, 0);
+            c.comp_in_app.fetch_sub(1, Ordering::SeqCst);
+        }
+        !mine
+    });
+    PARKED.fetch_sub(before - r.parked.len(), Ordering::SeqCst);
+}
+
 /// Before a wait on epoll set `epfd`: arms the CQs of its connections that an application
 /// thread left unarmed ([`Conn::on_wake`]), so that their completions wake this wait (through
 /// the engine and the eventfds). (A set nested in another is covered by the engine's own
@@ -763,7 +795,7 @@ pub fn forget_conn(c: &Arc<Conn>, closing: c_int) {
 /// After a change of `c` (called with its lock held): once this side writes on the ring,
 /// EPOLLOUT comes off the socket's registrations.
 pub(crate) fn after_change(c: &Conn, g: &mut Inner) {
-    if !g.committed || c.out_masked.load(Ordering::Acquire) {
+    if !g.committed || g.back == super::Back::Resumed || c.out_masked.load(Ordering::Acquire) {
         return;
     }
     c.out_masked.store(true, Ordering::Release);
@@ -773,6 +805,100 @@ pub(crate) fn after_change(c: &Conn, g: &mut Inner) {
     let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
     for ((epfd, fd), reg) in &r.regs {
         if is(&reg.conn, c) && !reg.disarmed && reg.sock {
+            let _ = net::epoll_ctl(
+                *epfd,
+                libc::EPOLL_CTL_MOD,
+                *fd,
+                sock_events(reg.events, c),
+                tag(SRC_SOCK, *fd),
+            );
+        }
+    }
+}
+
+/// `c` began to switch back to TCP (see [`super::Back::Switching`]; called with its lock
+/// held): its eventfds leave every epoll registration (reads are the socket's now, and writes
+/// wait for the continuation, after which they are the socket's too: [`unmask_out`]), a
+/// registration without the socket gets it, and the eventfds are signaled once, for good, so
+/// that every thread asleep on them looks again — at the socket — and none sleeps on them
+/// again (the waits leave them out while the switch lasts). Until [`restore_efds`] (the switch
+/// back called off) or the end of the connection, nothing sets or clears them.
+pub(crate) fn retire_efds(c: &Conn, g: &mut Inner) {
+    if let Some(w) = super::world_if_created() {
+        let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        for ((epfd, fd), reg) in r.regs.iter_mut() {
+            if !is(&reg.conn, c) {
+                continue;
+            }
+            let _ = net::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, c.rd_efd, 0, 0);
+            let _ = net::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, c.wr_efd, 0, 0);
+            if !reg.sock && !reg.disarmed {
+                let added = net::epoll_ctl(
+                    *epfd,
+                    libc::EPOLL_CTL_ADD,
+                    *fd,
+                    sock_events(reg.events, c),
+                    tag(SRC_SOCK, *fd),
+                );
+                reg.sock = added.is_ok();
+            }
+        }
+    }
+    net::eventfd_signal(c.rd_efd);
+    net::eventfd_signal(c.wr_efd);
+    // (cleared when the connection becomes plain TCP: `Conn::to_tcp`)
+    g.rd_set = true;
+    g.wr_set = true;
+}
+
+/// A switch back of `c` was called off (lock held): the eventfds come back to its epoll
+/// registrations at the levels of the ring side's readiness.
+pub(crate) fn restore_efds(c: &Conn, g: &mut Inner) {
+    net::eventfd_clear(c.rd_efd);
+    net::eventfd_clear(c.wr_efd);
+    g.rd_set = false;
+    g.wr_set = false;
+    if let Some(w) = super::world_if_created() {
+        let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        for ((epfd, fd), reg) in &r.regs {
+            if is(&reg.conn, c) && !reg.disarmed {
+                set_efd(
+                    *epfd,
+                    c.rd_efd,
+                    SRC_RD,
+                    *fd,
+                    reg.events,
+                    wants_rd(reg.events),
+                    false,
+                );
+                set_efd(
+                    *epfd,
+                    c.wr_efd,
+                    SRC_WR,
+                    *fd,
+                    reg.events,
+                    wants_wr(reg.events),
+                    false,
+                );
+            }
+        }
+    }
+    c.sync_efds(g);
+}
+
+/// `c`'s writes are the socket's again (its switch back wrote the continuation; lock held):
+/// the socket's epoll registrations get EPOLLOUT back, if the application asked for it (the
+/// change reports a socket that is writable at once, also to an edge-triggered waiter).
+pub(crate) fn unmask_out(c: &Conn, _g: &mut Inner) {
+    if !c.out_masked.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+    for ((epfd, fd), reg) in &r.regs {
+        if is(&reg.conn, c) && !reg.disarmed && reg.sock && wants_wr(reg.events) {
             let _ = net::epoll_ctl(
                 *epfd,
                 libc::EPOLL_CTL_MOD,
@@ -989,17 +1115,34 @@ fn from_poll(p: i16) -> u32 {
         .fold(0, |b, (e, _)| b | e)
 }
 
-/// The directions of `c` still served by its socket (read, write), and whether the
-/// connection may still move a direction onto the ring (it is not settled on TCP for good).
-fn via_tcp(c: &Conn) -> (bool, bool, bool) {
+/// How a poll-family wait watches a connection.
+struct Via {
+    /// The directions served by its socket.
+    read: bool,
+    write: bool,
+    /// A direction may still move onto the ring (the connection is not settled on TCP).
+    may_switch: bool,
+    /// Switching back to TCP: the eventfds are retired, and the wait looks again every
+    /// [`super::BACK_NAP`] ms.
+    backing: bool,
+}
+
+/// How a poll-family wait watches `c` (see [`Via`]).
+fn via_tcp(c: &Conn) -> Via {
     let g = c.lock();
-    match &g.phase {
+    let (read, write, may_switch) = match &g.phase {
         Phase::Linked(l) => {
             let r = l.conn().readiness();
-            (r.read_via_tcp, r.write_via_tcp, true)
+            (r.read_via_tcp, r.write_via_tcp, g.back == super::Back::None)
         }
         Phase::Fallen => (true, true, false),
         _ => (true, true, true),
+    };
+    Via {
+        read,
+        write,
+        may_switch,
+        backing: g.back != super::Back::None && matches!(g.phase, Phase::Linked(_)),
     }
 }
 
@@ -1138,6 +1281,7 @@ fn poll_pass(
         let mut real: Vec<libc::pollfd> = Vec::with_capacity(fds.len() + 4);
         let mut plan: Vec<Option<Entry>> = Vec::with_capacity(fds.len());
         let mut ready_now = false;
+        let mut nap = false;
         for (p, c) in fds.iter().zip(conns) {
             let Some(c) = c else {
                 real.push(libc::pollfd {
@@ -1149,7 +1293,13 @@ fn poll_pass(
                 continue;
             };
             let want = from_poll(p.events);
-            let (rt, wt, may_switch) = via_tcp(c);
+            let Via {
+                read: rt,
+                write: wt,
+                may_switch,
+                backing,
+            } = via_tcp(c);
+            nap |= backing;
             let mut sock_ev = 0i16;
             if rt {
                 sock_ev |= p.events & (libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI);
@@ -1172,7 +1322,7 @@ fn poll_pass(
             // A direction still on TCP may move to the ring during the wait (the link comes
             // up, the peer's SwitchOver arrives): its eventfd is watched too, or bytes that
             // then arrive on the ring would not wake this wait.
-            if (!rt || may_switch) && wants_rd(want) {
+            if (!rt || may_switch) && !backing && wants_rd(want) {
                 efds[0] = Some(real.len());
                 real.push(libc::pollfd {
                     fd: c.rd_efd,
@@ -1180,7 +1330,7 @@ fn poll_pass(
                     revents: 0,
                 });
             }
-            if (!wt || may_switch) && wants_wr(want) {
+            if (!wt || may_switch) && !backing && wants_wr(want) {
                 efds[1] = Some(real.len());
                 real.push(libc::pollfd {
                     fd: c.wr_efd,
@@ -1195,16 +1345,24 @@ fn poll_pass(
             }));
         }
         let left = total.map(|t| t.saturating_sub(elapsed()));
+        // (a connection switching back: its eventfds are retired, and the end of the switch
+        // is nobody's event; `left` stays the call's own, for the expiry below)
+        let nap_left = if nap {
+            let n = Duration::from_millis(super::BACK_NAP as u64);
+            Some(left.map_or(n, |l| l.min(n)))
+        } else {
+            left
+        };
         let r = if ready_now {
             net::poll(&mut real, 0)
         } else {
             match &timeout {
                 Timeout::Ms(_) => net::poll(
                     &mut real,
-                    left.map_or(-1, |l| l.as_millis().min(i32::MAX as u128) as c_int),
+                    nap_left.map_or(-1, |l| l.as_millis().min(i32::MAX as u128) as c_int),
                 ),
                 Timeout::Ts(_, mask) => {
-                    let ts = left.map(|l| libc::timespec {
+                    let ts = nap_left.map(|l| libc::timespec {
                         tv_sec: l.as_secs() as libc::time_t,
                         tv_nsec: l.subsec_nanos() as libc::c_long,
                     });
