@@ -1892,6 +1892,153 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (ss, len as libc::socklen_t)
 }
 
+/// exec and spawn with a live connection (servers that re-exec themselves per connection, CGI,
+/// a helper that writes to the client): the socket survives the exec (no FD_CLOEXEC) and the
+/// new image goes on with the stream where the old one left it; a child started by
+/// `system()` writes into the stream at an exact point, between the parent's bytes. The client
+/// streams a large body while reading the echo, so that bytes are in flight both ways at the
+/// moment of the exec or spawn.
+mod handover {
+    use super::*;
+
+    /// Bytes the client sends (and gets back).
+    pub const N: usize = 6 * 1024 * 1024 + 12_345;
+    /// Bytes the first image (or the parent, before it spawns) echoes.
+    pub const FIRST: usize = 2 * 1024 * 1024 + 777;
+    /// What the spawned child writes.
+    pub const CHILD: &[u8] = b"[child]";
+
+    /// Echoes exactly `n` bytes of the stream on `fd` (reads never ask for more).
+    pub fn echo(fd: RawFd, n: usize) {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut done = 0;
+        while done < n {
+            let want = (n - done).min(buf.len());
+            let r = recv_flags(fd, &mut buf[..want], 0);
+            assert!(r > 0, "echo: recv {r} (errno {}) at {done}/{n}", errno());
+            write_all_fd(fd, &buf[..r as usize]);
+            done += r as usize;
+        }
+    }
+
+    /// Echoes until the client's EOF, then ends our direction.
+    pub fn echo_rest(fd: RawFd) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let r = recv_flags(fd, &mut buf, 0);
+            assert!(r >= 0, "echo: recv errno {}", errno());
+            if r == 0 {
+                break;
+            }
+            write_all_fd(fd, &buf[..r as usize]);
+        }
+        // SAFETY: plain shutdown of our socket.
+        assert_eq!(unsafe { libc::shutdown(fd, libc::SHUT_WR) }, 0);
+    }
+
+    fn write_all_fd(fd: RawFd, mut b: &[u8]) {
+        while !b.is_empty() {
+            let r = send_flags(fd, b, libc::MSG_NOSIGNAL);
+            assert!(r > 0, "send {r} (errno {})", errno());
+            b = &b[r as usize..];
+        }
+    }
+
+    /// Makes `fd` survive an exec.
+    fn inheritable(fd: RawFd) {
+        // SAFETY: fcntl on our own fd.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
+    }
+
+    /// exec: the server echoes the first part, then replaces its image (with `execv`, which
+    /// glibc routes around `execve`'s symbol) by `behave exec_image FD`, which echoes the rest.
+    pub fn exec_server(s: TcpStream) {
+        let fd = s.into_raw_fd();
+        assert_eq!(read_exact_fd(fd, 5), b"hello");
+        write_all_fd(fd, b"world");
+        echo(fd, FIRST);
+        inheritable(fd);
+        // (the new image writes no stats file: the first image's record stays the server's)
+        std::env::remove_var("RDMASHIM_STATS");
+        let exe = std::ffi::CString::new("/proc/self/exe").unwrap();
+        let args: Vec<std::ffi::CString> = ["behave", "exec_image", &fd.to_string()]
+            .iter()
+            .map(|a| std::ffi::CString::new(*a).unwrap())
+            .collect();
+        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        // SAFETY: NUL-terminated strings and a NULL-terminated vector that outlive the call.
+        unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
+        panic!("execv: errno {}", errno());
+    }
+
+    /// The image the exec started: the rest of the echo on the inherited fd.
+    pub fn exec_image(fd: RawFd) {
+        echo_rest(fd);
+        println!("ok exec server");
+    }
+
+    /// spawn: the server echoes the first part, then `system()` runs a shell that writes
+    /// [`CHILD`] to the inherited socket, then the server echoes the rest.
+    pub fn spawn_server(s: TcpStream) {
+        let fd = s.as_raw_fd();
+        assert_eq!(read_exact_fd(fd, 5), b"hello");
+        write_all_fd(fd, b"world");
+        echo(fd, FIRST);
+        inheritable(fd);
+        // (the shell writes no stats file of its own: the server's is the one the test reads)
+        let stats = std::env::var_os("RDMASHIM_STATS");
+        std::env::remove_var("RDMASHIM_STATS");
+        let cmd = format!("printf '%s' '{}' >&{fd}", String::from_utf8_lossy(CHILD));
+        let cmd = std::ffi::CString::new(cmd).unwrap();
+        // SAFETY: a NUL-terminated command.
+        let st = unsafe { libc::system(cmd.as_ptr()) };
+        if let Some(v) = stats {
+            std::env::set_var("RDMASHIM_STATS", v);
+        }
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "system: {st:#x}"
+        );
+        echo_rest(fd);
+        drop(s);
+    }
+
+    fn client(addr: SocketAddr, child: &[u8]) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"hello").unwrap();
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 5), b"world");
+        let data = rdmashim_compat_tests::random_bytes(N, 0xec0);
+        let mut w = s.try_clone().unwrap();
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || {
+            for chunk in sent.chunks(9973) {
+                w.write_all(chunk).unwrap();
+            }
+            w.shutdown(Shutdown::Write).unwrap();
+        });
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("read the echo to EOF");
+        writer.join().unwrap();
+        let mut want = data[..FIRST].to_vec();
+        want.extend_from_slice(child);
+        want.extend_from_slice(&data[FIRST..]);
+        assert_eq!(got.len(), want.len(), "echo length");
+        if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+            panic!("echo differs from byte {i} on (of {})", want.len());
+        }
+    }
+
+    pub fn exec_client(addr: SocketAddr) {
+        client(addr, b"");
+    }
+
+    pub fn spawn_client(addr: SocketAddr) {
+        client(addr, CHILD);
+    }
+}
+
 type Server = fn(TcpStream);
 type ListenerServer = fn(TcpListener);
 type Client = fn(SocketAddr);
@@ -1925,6 +2072,8 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("restart", restart::server, restart::client),
     ("epoll_data", epoll_data::server, epoll_data::client),
     ("stdio", stdio::server, stdio::client),
+    ("exec", handover::exec_server, handover::exec_client),
+    ("spawn", handover::spawn_server, handover::spawn_client),
 ];
 
 /// Scenarios whose server role takes the listening socket itself.
@@ -1935,6 +2084,11 @@ const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.len() == 3 && args[1] == "exec_image" {
+        // (the `exec` scenario's server, after its exec: the fd it inherited)
+        handover::exec_image(args[2].parse().expect("FD"));
+        return;
+    }
     let usage = "usage: behave SCENARIO server IP | behave SCENARIO client IP PORT";
     if args.len() < 4 {
         eprintln!("{usage}");
