@@ -1060,6 +1060,14 @@ pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str) {
             c.drive(&mut g, true);
             match &g.phase {
                 Phase::Fallen => false,
+                // (a client's connect still in progress, or the server's token still to come:
+                // the engine takes the token out of the stream first, or the new image would
+                // read it)
+                Phase::Queued
+                    if g.pending.is_some() || g.token == super::binding::TokenWait::Awaiting =>
+                {
+                    true
+                }
                 Phase::Queued | Phase::Awaiting => {
                     c.fall_back(&mut g, FallbackReason::Exec);
                     false
