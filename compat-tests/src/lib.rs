@@ -1067,6 +1067,25 @@ pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) -> RoleStat
     behave_conns(bin, scenario, via, ip, 1)
 }
 
+/// [`behave`] over RDMA for a scenario whose one connection goes back to TCP mid-stream (an
+/// exec, a spawn: a switch back, protocol 8.5): both sides must count it switched back, and the
+/// client must have read bytes from TCP after it (its first bytes came before the upgrade, in
+/// the handshake's small exchange, which the scenario's server checks separately).
+pub fn behave_switched_back(bin: &str, scenario: &str) -> RoleStats {
+    let r = behave(bin, scenario, Some(Via::Preload), &test_ip());
+    for (role, st) in [("client", &r.client), ("server", &r.server)] {
+        let st = st.as_ref().expect("stats");
+        assert_eq!(st.switched_back, 1, "{scenario} {role}: {}", st.summary());
+    }
+    let c = r.client.as_ref().expect("client stats");
+    assert!(
+        c.bytes("tcp_rx") > c.bytes("ring_rx").min(1 << 20),
+        "{scenario}: the client read little from TCP after the switch back: {}",
+        c.summary()
+    );
+    r
+}
+
 /// [`behave`] for a scenario that makes `conns` connections (each side's stats must account
 /// for that many). Returns the roles' stats, for checks of the scenario's own.
 pub fn behave_conns(

@@ -38,15 +38,5 @@ fn plain_client() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    let r = behave(BIN, "exec", Some(Via::Preload), &test_ip());
-    for (role, st) in [("client", &r.client), ("server", &r.server)] {
-        let st = st.as_ref().expect("stats");
-        assert_eq!(st.switched_back, 1, "{role}: {}", st.summary());
-    }
-    let c = r.client.as_ref().expect("client stats");
-    assert!(
-        c.bytes("tcp_rx") > 0,
-        "no byte after the switch back: {}",
-        c.summary()
-    );
+    behave_switched_back(BIN, "exec");
 }

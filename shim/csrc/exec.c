@@ -10,80 +10,74 @@
 #include <stddef.h>
 #include <unistd.h>
 
-/* The argument count of a NULL-terminated variadic list that starts with arg0. */
-static size_t count_args(const char *arg0, va_list ap)
-{
-    size_t n = 1;
-    va_list cp;
-    va_copy(cp, ap);
-    if (arg0 != NULL)
-        while (va_arg(cp, const char *) != NULL)
-            n++;
-    va_end(cp);
-    return arg0 != NULL ? n : 0;
-}
-
-/* Fills argv (room for n + 1) from arg0 and the list; leaves the list after the NULL. */
-static void fill_args(char **argv, size_t n, const char *arg0, va_list *ap)
-{
-    if (n == 0) {
-        argv[0] = NULL;
-        return;
-    }
-    argv[0] = (char *)arg0;
-    for (size_t i = 1; i <= n; i++)
-        argv[i] = va_arg(*ap, char *);
-}
-
 /* Arguments beyond this many are refused with E2BIG (the kernel's own limit is far lower). */
 #define MAX_ARGS 65536
+
+enum kind { BY_PATH, BY_SEARCH, WITH_ENV };
+
+/*
+ * The common part: counts the NULL-terminated list that starts with arg0, builds the vector
+ * (and, for execle, takes the environment after the list's NULL), and calls the exported
+ * function for `kind`.
+ */
+static int run(enum kind kind, const char *target, const char *arg0, va_list *ap)
+{
+    size_t n = 0;
+    if (arg0 != NULL) {
+        va_list cp;
+        va_copy(cp, *ap);
+        for (n = 1; va_arg(cp, const char *) != NULL; n++)
+            if (n > MAX_ARGS)
+                break;
+        va_end(cp);
+    }
+    if (n > MAX_ARGS) {
+        errno = E2BIG;
+        return -1;
+    }
+    char *argv[n + 1];
+    argv[0] = (char *)arg0;
+    /* (the list's own NULL ends the vector) */
+    for (size_t i = 1; i <= n; i++)
+        argv[i] = va_arg(*ap, char *);
+    if (n == 0)
+        argv[0] = NULL;
+    switch (kind) {
+    case BY_PATH:
+        return execv(target, argv);
+    case BY_SEARCH:
+        return execvp(target, argv);
+    case WITH_ENV:
+    default: {
+        char *const *envp = va_arg(*ap, char *const *);
+        return execve(target, argv, envp);
+    }
+    }
+}
 
 int execl(const char *path, const char *arg0, ...)
 {
     va_list ap;
     va_start(ap, arg0);
-    size_t n = count_args(arg0, ap);
-    if (n > MAX_ARGS) {
-        va_end(ap);
-        errno = E2BIG;
-        return -1;
-    }
-    char *argv[n + 1];
-    fill_args(argv, n, arg0, &ap);
+    int r = run(BY_PATH, path, arg0, &ap);
     va_end(ap);
-    return execv(path, argv);
+    return r;
 }
 
 int execlp(const char *file, const char *arg0, ...)
 {
     va_list ap;
     va_start(ap, arg0);
-    size_t n = count_args(arg0, ap);
-    if (n > MAX_ARGS) {
-        va_end(ap);
-        errno = E2BIG;
-        return -1;
-    }
-    char *argv[n + 1];
-    fill_args(argv, n, arg0, &ap);
+    int r = run(BY_SEARCH, file, arg0, &ap);
     va_end(ap);
-    return execvp(file, argv);
+    return r;
 }
 
 int execle(const char *path, const char *arg0, ...)
 {
     va_list ap;
     va_start(ap, arg0);
-    size_t n = count_args(arg0, ap);
-    if (n > MAX_ARGS) {
-        va_end(ap);
-        errno = E2BIG;
-        return -1;
-    }
-    char *argv[n + 1];
-    fill_args(argv, n, arg0, &ap);
-    /* After the list's NULL: the environment. */
-    char *const *envp = va_arg(ap, char *const *);
+    int r = run(WITH_ENV, path, arg0, &ap);
     va_end(ap);
-    return execve(path, argv, envp);
+    return r;
 }
