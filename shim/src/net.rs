@@ -354,6 +354,11 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// A socket address with its IP as [`canonical_ip`] gives it.
+pub fn canonical_addr(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(canonical_ip(a.ip()), a.port())
+}
+
 /// Raises SIGPIPE in the calling thread (what a failed write without MSG_NOSIGNAL does).
 pub fn raise_sigpipe() {
     // SAFETY: tgkill to our own thread with a valid signal number.

@@ -918,12 +918,10 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
         }
         _ => false,
     };
-    if let (Phase::Linked(l), None) = (&g.phase, g.back_sock) {
-        if l.conn().back_started() {
-            // Closed while switching back: the continuation still goes out (the socket is
-            // closed after it, when the engine lets its own duplicate go).
-            g.back_sock = net::dup_private(fd, super::PRIVATE_FD_MIN).ok();
-        }
+    if matches!(&g.phase, Phase::Linked(l) if l.conn().back_started()) {
+        // Closed while switching back: the continuation still goes out (the socket is closed
+        // after it, when the engine lets its own duplicate go).
+        super::keep_back_sock(&mut g, fd);
     }
     c.settle(&mut g);
     drop(g);

@@ -201,7 +201,7 @@ pub fn plain_peer(peer: SocketAddr) {
     if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
         let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
         n.record(
-            canonical(peer),
+            net::canonical_addr(peer),
             PeerFailure::Rejected,
             net::coarse_instant(),
         );
@@ -214,10 +214,6 @@ pub fn upgraded_to(peer: SocketAddr) {
     if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
         e.proven(peer);
     }
-}
-
-fn canonical(a: SocketAddr) -> SocketAddr {
-    SocketAddr::new(net::canonical_ip(a.ip()), a.port())
 }
 
 impl Engine {
@@ -370,7 +366,7 @@ impl Engine {
             .negative
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .may_delay(canonical(c.peer), now);
+            .may_delay(net::canonical_addr(c.peer), now);
         let at = if wait {
             now + super::dial_delay() + net::coarse_tick()
         } else {
@@ -387,14 +383,14 @@ impl Engine {
     /// A probe dial ended.
     fn probe_ended(&self, peer: SocketAddr) {
         let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
-        n.probe_ended(canonical(peer));
+        n.probe_ended(net::canonical_addr(peer));
     }
 
     /// The host of `peer` runs the shim (a connection to it was upgraded, or its shim
     /// declined one): forget its failures, count it as proven.
     fn proven(&self, peer: SocketAddr) {
         let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
-        n.record_success(canonical(peer), Instant::now());
+        n.record_success(net::canonical_addr(peer), Instant::now());
     }
 
     /// Hands an accepted connection to the matcher. Not urgent: a connect request for it
@@ -507,7 +503,7 @@ impl Engine {
 
     fn record_failure(&self, peer: SocketAddr, f: PeerFailure) {
         let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
-        n.record(canonical(peer), f, Instant::now());
+        n.record(net::canonical_addr(peer), f, Instant::now());
     }
 }
 

@@ -534,9 +534,7 @@ impl Conn {
             return Ok(());
         };
         l.conn_mut().switch_back()?;
-        if g.back_sock.is_none() {
-            g.back_sock = net::dup_private(fd, PRIVATE_FD_MIN).ok();
-        }
+        keep_back_sock(g, fd);
         self.drive(g, false);
         Ok(())
     }
@@ -657,10 +655,7 @@ impl Conn {
             if e.kind() == crate::fdtable::Kind::Upgraded && e.slot() == self.slot {
                 if let Ok(d) = net::dup_private(fd, PRIVATE_FD_MIN) {
                     let same = |a: Option<SocketAddr>, b: SocketAddr| {
-                        a.is_some_and(|a| {
-                            a.port() == b.port()
-                                && net::canonical_ip(a.ip()) == net::canonical_ip(b.ip())
-                        })
+                        a.map(net::canonical_addr) == Some(net::canonical_addr(b))
                     };
                     if same(net::peer_addr(d), self.peer) && same(net::local_addr(d), self.local) {
                         g.back_sock = Some(d);
@@ -810,6 +805,15 @@ impl Drop for Conn {
         }
         net::close(self.rd_efd);
         net::close(self.wr_efd);
+    }
+}
+
+/// Makes the private duplicate a switch back writes its continuation through
+/// ([`Inner::back_sock`]) from `fd`, an fd of the application's that refers to the connection
+/// now, unless there is one.
+pub(crate) fn keep_back_sock(g: &mut Inner, fd: c_int) {
+    if g.back_sock.is_none() {
+        g.back_sock = net::dup_private(fd, PRIVATE_FD_MIN).ok();
     }
 }
 

@@ -799,12 +799,18 @@ pub(crate) fn after_change(c: &Conn, g: &mut Inner) {
         return;
     }
     c.out_masked.store(true, Ordering::Release);
+    resock(c, |_| true);
+}
+
+/// Registers anew the socket of `c`'s armed registrations that hold it and that `pick` selects,
+/// with [`sock_events`] as they are now (after a change of [`Conn::out_masked`]).
+fn resock(c: &Conn, pick: impl Fn(&Reg) -> bool) {
     let Some(w) = super::world_if_created() else {
         return;
     };
     let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
     for ((epfd, fd), reg) in &r.regs {
-        if is(&reg.conn, c) && !reg.disarmed && reg.sock {
+        if is(&reg.conn, c) && !reg.disarmed && reg.sock && pick(reg) {
             let _ = net::epoll_ctl(
                 *epfd,
                 libc::EPOLL_CTL_MOD,
@@ -830,8 +836,8 @@ pub(crate) fn retire_efds(c: &Conn, g: &mut Inner) {
             if !is(&reg.conn, c) {
                 continue;
             }
-            let _ = net::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, c.rd_efd, 0, 0);
-            let _ = net::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, c.wr_efd, 0, 0);
+            set_efd(*epfd, c.rd_efd, SRC_RD, *fd, 0, false, wants_rd(reg.events));
+            set_efd(*epfd, c.wr_efd, SRC_WR, *fd, 0, false, wants_wr(reg.events));
             if !reg.sock && !reg.disarmed {
                 let added = net::epoll_ctl(
                     *epfd,
@@ -890,23 +896,8 @@ pub(crate) fn restore_efds(c: &Conn, g: &mut Inner) {
 /// the socket's epoll registrations get EPOLLOUT back, if the application asked for it (the
 /// change reports a socket that is writable at once, also to an edge-triggered waiter).
 pub(crate) fn unmask_out(c: &Conn, _g: &mut Inner) {
-    if !c.out_masked.swap(false, Ordering::AcqRel) {
-        return;
-    }
-    let Some(w) = super::world_if_created() else {
-        return;
-    };
-    let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
-    for ((epfd, fd), reg) in &r.regs {
-        if is(&reg.conn, c) && !reg.disarmed && reg.sock && wants_wr(reg.events) {
-            let _ = net::epoll_ctl(
-                *epfd,
-                libc::EPOLL_CTL_MOD,
-                *fd,
-                sock_events(reg.events, c),
-                tag(SRC_SOCK, *fd),
-            );
-        }
+    if c.out_masked.swap(false, Ordering::AcqRel) {
+        resock(c, |reg| wants_wr(reg.events));
     }
 }
 
