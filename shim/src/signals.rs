@@ -136,6 +136,13 @@ impl SignalsHeld {
         }
     }
 
+    /// The thread's own mask, as it was before the signals were held: for a wait that
+    /// applies it while it sleeps (ppoll's or epoll_pwait's mask), so that a signal held
+    /// meanwhile interrupts that wait.
+    pub fn mask(&self) -> *const libc::sigset_t {
+        &self.old
+    }
+
     /// Restores the mask: a signal held back is delivered now (its handler runs before this
     /// returns).
     pub fn release(self) {

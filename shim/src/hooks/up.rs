@@ -443,10 +443,11 @@ pub(crate) fn epoll_wait(
         })
     };
     let mut left = timeout_ms;
+    let mut held = None;
     if timeout_ms != 0 {
         if let Some(gate) = ready::spin_gate(epfd) {
             let shard = crate::stats::fd_shard(epfd);
-            let found = data::spin_wait_interruptible(gate, shard, own_mask, || {
+            let (found, h) = data::spin_wait_interruptible(gate, shard, own_mask, || {
                 ready::arm_for_epoll(epfd);
                 let n = wait(ev, max, 0);
                 if n < 0 {
@@ -467,11 +468,50 @@ pub(crate) fn epoll_wait(
                 Ok(Some(Err(e))) | Err(e) => return Outcome::Fail(e),
                 Ok(None) => {}
             }
+            held = h;
             if timeout_ms > 0 {
                 left = (timeout_ms - elapsed_ms()).max(0);
             }
         }
     }
+    // (the signals the spin held are let through by the wait itself: see
+    // `spin_wait_interruptible`)
+    let r = match &held {
+        Some(h) => {
+            let mask = h.mask();
+            // SAFETY: the application's event array of `max` entries (epoll_wait's contract)
+            // and a valid signal set of the kernel's size.
+            epoll_sleep(
+                epfd,
+                ev,
+                max,
+                timeout_ms,
+                left,
+                &elapsed_ms,
+                |e, m, t| unsafe {
+                    libc::syscall(libc::SYS_epoll_pwait, epfd, e, m, t, mask, 8usize) as c_int
+                },
+            )
+        }
+        None => epoll_sleep(epfd, ev, max, timeout_ms, left, &elapsed_ms, wait),
+    };
+    if let Some(h) = held {
+        h.release();
+    }
+    r
+}
+
+/// The waits of [`epoll_wait`] after its spin: `wait` until an event of the application's is
+/// left after the translation, or the time is up (`left` of `timeout_ms`).
+fn epoll_sleep(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout_ms: c_int,
+    mut left: c_int,
+    elapsed_ms: &dyn Fn() -> c_int,
+    wait: impl Fn(*mut libc::epoll_event, c_int, c_int) -> c_int,
+) -> Outcome<c_int> {
     let mut looked_again = false;
     loop {
         ready::arm_for_epoll(epfd);

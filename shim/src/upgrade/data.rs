@@ -19,6 +19,7 @@ use crate::net;
 use crate::outcome::Errno;
 use crate::reason::FallbackReason;
 use crate::signals::Delivery;
+use crate::signals::SignalsHeld;
 use crate::spin::SpinEnd;
 use crate::stats::{self, Bytes, Wait};
 use core::ffi::c_int;
@@ -356,26 +357,37 @@ pub(crate) fn spin_wait<T>(
 /// [`spin_wait`] in place of a wait that a signal interrupts and that is never restarted
 /// (epoll_wait, poll, select): the asynchronous signals are held back while it spins
 /// ([`crate::signals::SignalsHeld`]), since a handler run between two of its looks would go
-/// unseen, and let go after it. `Err(EINTR)` if the spin found nothing and one arrived that
-/// the thread's mask lets through and that is not ignored, as the wait would have failed;
-/// `own_mask` is false for a call with a signal mask of its own (epoll_pwait, ppoll,
-/// pselect), whose real wait after the spin applies that mask and delivers such a signal.
+/// unseen. `Err(EINTR)` if the spin found nothing and one arrived that the thread's mask lets
+/// through and that is not ignored, as the wait would have failed; `own_mask` is false for a
+/// call with a signal mask of its own (epoll_pwait, ppoll, pselect), whose real wait after
+/// the spin applies that mask and delivers such a signal.
+///
+/// If the spin found nothing and the call waits under the thread's own mask, the signals are
+/// still held when this returns them: the caller's wait must apply [`SignalsHeld::mask`]
+/// (ppoll's or epoll_pwait's mask, set with the sleep in one step), then release them. A
+/// signal that arrives after the spin's last look then interrupts that wait; were they
+/// released first, its handler would run in between, unseen, and the wait would sleep on.
 pub(crate) fn spin_wait_interruptible<T>(
     gate: &crate::spin::SpinGate,
     shard: usize,
     own_mask: bool,
     turn: impl FnMut() -> Turn<T>,
-) -> Result<Option<T>, Errno> {
-    let held = crate::signals::SignalsHeld::hold();
+) -> (Result<Option<T>, Errno>, Option<SignalsHeld>) {
+    let held = SignalsHeld::hold();
     let found = spin_wait(gate, shard, turn);
-    let interrupted = found.is_none() && own_mask && held.as_ref().is_some_and(|h| h.interrupted());
-    if let Some(h) = held {
-        h.release();
+    if found.is_some() || !own_mask {
+        if let Some(h) = held {
+            h.release();
+        }
+        return (Ok(found), None);
     }
-    if interrupted {
-        return Err(Errno(libc::EINTR));
+    match held {
+        Some(h) if h.interrupted() => {
+            h.release();
+            (Err(Errno(libc::EINTR)), None)
+        }
+        h => (Ok(None), h),
     }
-    Ok(found)
 }
 
 /// How a sleep that did not fail ended.

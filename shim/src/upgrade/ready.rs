@@ -1197,6 +1197,15 @@ impl Timeout {
         }
     }
 
+    /// The same wait, ppoll style, under signal mask `mask`.
+    fn under(&self, mask: *const libc::sigset_t) -> Timeout {
+        let ts = self.total().map(|d| libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        });
+        Timeout::Ts(ts, mask)
+    }
+
     /// Whether the call waits under the thread's own signal mask (not a ppoll/pselect mask).
     fn own_mask(&self) -> bool {
         match self {
@@ -1230,7 +1239,7 @@ pub fn poll(
     let deadline = total.map(|t| Instant::now() + t);
     let zero = timeout.with(Some(Duration::ZERO));
     let shard = crate::stats::fd_shard(fds.first().map_or(0, |p| p.fd));
-    let found =
+    let (found, held) =
         super::data::spin_wait_interruptible(&first.spin, shard, timeout.own_mask(), || {
             match poll_pass(fds, conns, zero) {
                 Ok(0) => super::data::Turn::Again,
@@ -1238,15 +1247,20 @@ pub fn poll(
                 Err(e) => super::data::Turn::Leave(Err(e)),
             }
         });
-    match found {
+    let r = match found {
         Ok(Some(r)) => r,
         Err(e) => Err(e),
-        Ok(None) => poll_pass(
-            fds,
-            conns,
-            timeout.with(deadline.map(|d| d.saturating_duration_since(Instant::now()))),
-        ),
+        Ok(None) => {
+            let rest = timeout.with(deadline.map(|d| d.saturating_duration_since(Instant::now())));
+            // (the signals held by the spin are let through by the sleep itself)
+            let rest = held.as_ref().map_or(rest, |h| rest.under(h.mask()));
+            poll_pass(fds, conns, rest)
+        }
+    };
+    if let Some(h) = held {
+        h.release();
     }
+    r
 }
 
 /// [`poll`] without the spin.
