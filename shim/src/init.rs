@@ -1,7 +1,7 @@
-//! Constructor, destructor and fork handler.
+//! Constructor, destructor and fork handlers.
 //!
 //! The constructor (an `.init_array` entry) reads the configuration, records the pid and
-//! registers the fork child handler. It does no RDMA work (the host probe runs at the first TCP
+//! registers the fork handlers. It does no RDMA work (the host probe runs at the first TCP
 //! connection) and does not pre-resolve the real functions: each hook resolves its own symbol
 //! at its first call. Measured with scripts/bench-passthrough's start-up loop, resolving all 60
 //! symbols eagerly cost ~150 us per process start (/bin/true: 1180 us vs 1020 us lazily, 939 us
@@ -34,8 +34,14 @@ extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, _envp: *con
         let _e = sys::ErrnoGuard::save();
         let cfg = config::get();
         PID.store(sys::getpid(), Ordering::Relaxed);
-        // SAFETY: registers static functions as the fork prepare and child handlers.
-        unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
+        // SAFETY: registers static functions as the fork prepare, parent and child handlers.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_parent),
+                Some(after_fork_child),
+            )
+        };
         for w in &cfg.warnings {
             shim_log!(Level::Warn, "{w}");
         }
@@ -67,6 +73,11 @@ extern "C" fn destructor() {
 /// Before a fork: the connections that exist now may share their sockets with the child.
 unsafe extern "C" fn before_fork() {
     crate::upgrade::before_fork();
+}
+
+/// After a fork, in the parent.
+unsafe extern "C" fn after_fork_parent() {
+    crate::upgrade::after_fork_parent();
 }
 
 /// The child of a fork: its own pid and counters.

@@ -1,6 +1,6 @@
-//! The upgrade's own system calls on sockets, eventfds and epoll sets: raw `syscall(2)` so that
-//! they never reach the library's own hooks (a call from inside the library to `recv` would bind
-//! to the library's `recv`). Every function here is a thin, safe wrapper; errors come back as
+//! The upgrade's own system calls on sockets, eventfds, pipes, epoll sets and shared memory:
+//! raw `syscall(2)` so that they never reach the library's own hooks (a call from inside the
+//! library to `recv` would bind to the library's `recv`). Every function here is a thin, safe wrapper; errors come back as
 //! [`Errno`] and errno is left as the call left it (callers that return to the application
 //! restore or set it themselves).
 #![allow(unsafe_code)]
@@ -123,6 +123,86 @@ pub fn eventfd(min: c_int) -> Result<c_int, Errno> {
         }
         Err(_) => Ok(fd),
     }
+}
+
+/// A non-blocking, close-on-exec pipe (read end, write end), both moved at or above `min`.
+pub fn pipe_private(min: c_int) -> Result<(c_int, c_int), Errno> {
+    let mut fds = [0 as c_int; 2];
+    // SAFETY: fds is a writable array of two ints.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pipe2,
+            fds.as_mut_ptr(),
+            libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    check(r)?;
+    let high = |fd: c_int| {
+        if fd >= min {
+            return fd;
+        }
+        match dup_private(fd, min) {
+            Ok(h) => {
+                close(fd);
+                h
+            }
+            Err(_) => fd,
+        }
+    };
+    Ok((high(fds[0]), high(fds[1])))
+}
+
+/// The file `fd` refers to, as (device, inode): two fds with the same identity refer to the
+/// same pipe, socket or file.
+pub fn file_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer; a bad fd fails with EBADF.
+    let r = unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) };
+    (r == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Writes one byte to `fd` (a non-blocking pipe): a wake-up; a full pipe already is one.
+pub fn poke(fd: c_int) {
+    let b = 1u8;
+    // SAFETY: writes one byte from `b`.
+    unsafe { libc::syscall(libc::SYS_write, fd, &b as *const u8, 1usize) };
+}
+
+/// Reads whatever is in the non-blocking pipe `fd` (its wake-ups), until it is empty.
+pub fn drain(fd: c_int) {
+    let mut buf = [0u8; 256];
+    loop {
+        // SAFETY: reads at most buf.len() bytes into buf.
+        let r = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
+        if r < buf.len() as c_long {
+            return;
+        }
+    }
+}
+
+/// `n` zeroed 64-bit words in an anonymous *shared* mapping: a fork child shares them with
+/// this process (and with its other children), each word an atomic. Never unmapped. Pages
+/// never written cost nothing.
+pub fn shared_words(n: usize) -> Option<&'static [core::sync::atomic::AtomicU64]> {
+    let len = n.checked_mul(8)?;
+    // SAFETY: anonymous shared mapping, no fd, no fixed address.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: the mapping is `len` bytes of zeroes, page-aligned (so aligned for AtomicU64,
+    // whose zero is a valid value), never unmapped, and only ever accessed atomically.
+    Some(unsafe { core::slice::from_raw_parts(p as *const core::sync::atomic::AtomicU64, n) })
 }
 
 /// Adds one to an eventfd (it becomes readable; a new edge for edge-triggered waiters).

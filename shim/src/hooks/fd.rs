@@ -179,7 +179,7 @@ fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_in
                     (flags::CLOEXEC, arg as c_int & libc::FD_CLOEXEC != 0)
                 };
                 if cmd == libc::F_SETFL {
-                    if let super::up::Up::Conn(c) = super::up::of_fd(fd) {
+                    if let Some(c) = super::up::own_conn(fd) {
                         c.attrs.note_nonblocking(on);
                     }
                 }
@@ -251,7 +251,7 @@ fn ioctl_logic(real: IoctlFn, fd: c_int, req: c_ulong, arg: usize) -> Outcome<c_
     if r == 0 && arg != 0 {
         // SAFETY: FIONBIO succeeded, so arg points to a readable int.
         let on = unsafe { (arg as *const c_int).read_unaligned() } != 0;
-        if let super::up::Up::Conn(c) = super::up::of_fd(fd) {
+        if let Some(c) = super::up::own_conn(fd) {
             c.attrs.note_nonblocking(on);
         }
         TABLE.update(fd, |e| {

@@ -127,7 +127,8 @@ hook! {
 /// Before this process's image is replaced: every upgraded connection that an fd without
 /// FD_CLOEXEC refers to goes back to TCP (the new image has no ring: it uses the socket), and
 /// the stats record is written (the new image starts its own). Not in a vfork child (our
-/// memory is the parent's) nor in a fork child (the rings are the parent's).
+/// memory is the parent's). A fork child's inherited connections are its parent's to give
+/// back: it asks for them.
 fn before_exec() {
     if conn::in_foreign_child() {
         return;
@@ -149,24 +150,33 @@ fn before_spawn() {
     hand_back_inherited("spawn");
 }
 
-/// Returns to TCP every upgraded connection of this process an fd without FD_CLOEXEC refers
-/// to (`what`: exec or spawn, for the log).
+/// Returns to TCP every upgraded connection an fd without FD_CLOEXEC refers to (`what`: exec
+/// or spawn, for the log): this process's own, and those a fork child inherited (inetd-style
+/// servers fork, then exec the program that serves the connection), which it asks its parent
+/// for.
 fn hand_back_inherited(what: &'static str) {
     if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0 {
         return;
     }
     let mut conns: Vec<(std::sync::Arc<crate::upgrade::Conn>, c_int)> = Vec::new();
+    let mut inherited: Vec<u32> = Vec::new();
     crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
-        if e.kind() == crate::fdtable::Kind::Upgraded
-            && crate::upgrade::slot_is_ours(e.slot())
-            && !crate::net::is_cloexec(fd)
-        {
-            if let Some(c) = crate::upgrade::lookup(e.slot()) {
-                if !conns.iter().any(|(k, _)| std::sync::Arc::ptr_eq(k, &c)) {
-                    conns.push((c, fd));
-                }
+        if e.kind() != crate::fdtable::Kind::Upgraded || crate::net::is_cloexec(fd) {
+            return;
+        }
+        if !crate::upgrade::slot_is_ours(e.slot()) {
+            if !inherited.contains(&e.slot()) {
+                inherited.push(e.slot());
+            }
+        } else if let Some(c) = crate::upgrade::lookup(e.slot()) {
+            if !conns.iter().any(|(k, _)| std::sync::Arc::ptr_eq(k, &c)) {
+                conns.push((c, fd));
             }
         }
     });
+    for slot in inherited {
+        // (one that cannot be had was reset by its owner: the new image sees that)
+        let _ = crate::upgrade::use_inherited(slot);
+    }
     crate::upgrade::data::hand_back_all(&conns, what);
 }

@@ -208,7 +208,7 @@ hook! {
         // SAFETY: the caller's arguments.
         let r = unsafe { real(fd, level, name, val, len) };
         if r == 0 {
-            if let super::up::Up::Conn(c) = super::up::of_fd(fd) {
+            if let Some(c) = super::up::own_conn(fd) {
                 c.attrs.forget_timeouts();
             }
         }

@@ -17,7 +17,8 @@ pub(crate) enum Up {
     Tcp,
     /// The upgrade handles it.
     Conn(Arc<Conn>),
-    /// An upgraded connection inherited from the parent process: unusable here.
+    /// A connection inherited from the parent process that could not be had here (its
+    /// parent could not give it back from its ring).
     Fail(Errno),
 }
 
@@ -28,12 +29,11 @@ pub(crate) fn of(e: FdEntry) -> Up {
     }
     let slot = e.slot();
     if !upgrade::slot_is_ours(slot) {
-        // A fork child's copy of its parent's connection: plain TCP still works if the parent
-        // had settled on TCP; otherwise the bytes are on a ring this process cannot reach.
-        return if upgrade::inherited_fell_back(slot) {
-            Up::Tcp
-        } else {
-            Up::Fail(Errno(libc::EIO))
+        // A fork child's copy of its parent's connection: plain TCP once the parent has it
+        // on TCP (it switches it back from the ring, if need be, when the child asks).
+        return match upgrade::use_inherited(slot) {
+            Ok(()) => Up::Tcp,
+            Err(e) => Up::Fail(e),
         };
     }
     match upgrade::lookup(slot) {
@@ -45,6 +45,16 @@ pub(crate) fn of(e: FdEntry) -> Up {
 /// The upgrade state of `fd`.
 pub(crate) fn of_fd(fd: c_int) -> Up {
     of(TABLE.get(fd))
+}
+
+/// The connection of `fd` if this process has it under the upgrade (for calls that only keep
+/// its cached attributes: they ask no parent for an inherited one).
+pub(crate) fn own_conn(fd: c_int) -> Option<Arc<Conn>> {
+    let e = TABLE.get(fd);
+    if e.kind() != Kind::Upgraded || !upgrade::slot_is_ours(e.slot()) {
+        return None;
+    }
+    upgrade::lookup(e.slot())
 }
 
 /// For a data hook on `fd`: `Some` when the upgrade decides the call (`f` handles it on the

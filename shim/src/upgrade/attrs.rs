@@ -25,6 +25,19 @@ pub fn before_fork() {
     FORKS.fetch_add(1, Ordering::SeqCst);
 }
 
+/// The `pthread_atfork` parent handler's part: connections made from now on are not the
+/// child's. With [`before_fork`]'s, every fork counts twice: a connection made while the fork
+/// was under way has an odd-one-out count that a child compares on the safe side (see
+/// `board`).
+pub fn after_fork_parent() {
+    FORKS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// [`FORKS`] now (in a fork child: as it was at the fork).
+pub fn forks() -> u32 {
+    FORKS.load(Ordering::SeqCst)
+}
+
 /// A connection's cached socket attributes.
 pub(crate) struct Attrs {
     /// [`FORKS`] when the connection was created.
@@ -44,6 +57,16 @@ impl Attrs {
             rcvtimeo: Attr::new(),
             sndtimeo: Attr::new(),
         }
+    }
+
+    /// [`FORKS`] when the connection was made.
+    pub(crate) fn born(&self) -> u32 {
+        self.forks
+    }
+
+    /// Whether the process forked since the connection was made (a child may hold its socket).
+    pub(crate) fn shared_by_fork(&self) -> bool {
+        !self.usable()
     }
 
     fn usable(&self) -> bool {

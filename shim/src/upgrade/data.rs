@@ -911,7 +911,10 @@ pub fn shutdown(c: &Conn, fd: c_int, how: c_int) -> Result<(), Errno> {
 
 /// The application closed the last fd of `c` (called before the real close): the ring gets
 /// its Close after the queued bytes; the socket stays open (privately) until the ring is torn
-/// down, so the peer sees the TCP FIN only after the ring's end.
+/// down, so the peer sees the TCP FIN only after the ring's end. A connection that existed
+/// when this process forked may still be open in a child (fork-per-connection servers close
+/// their copy at once and the child serves it): it is switched back to TCP instead, and the
+/// kernel ends the stream when the last process closes the socket, as on TCP.
 pub fn close_last(c: &Arc<Conn>, fd: c_int) {
     let mut g = c.lock();
     g.closed = true;
@@ -921,6 +924,15 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
         // is dropped; a peer that had already switched sees it fail, as a TCP peer would see
         // an RST after writing to a closed socket).
         c.fall_back(&mut g, FallbackReason::ClosedEarly);
+    }
+    if c.attrs.shared_by_fork() && give_to_children(c, &mut g, fd) {
+        c.settle(&mut g);
+        drop(g);
+        super::ready::forget_conn(c, fd);
+        if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
+            e.closed(c.clone(), None);
+        }
+        return;
     }
     let drain = match &mut g.phase {
         Phase::Linked(l) => {
@@ -949,6 +961,34 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
             if let Some(s) = sock {
                 net::close(s);
             }
+        }
+    }
+}
+
+/// The last close of a connection on the ring that a fork child may hold: starts its switch
+/// back (the private duplicate made of `fd` writes the continuation). False if it is not on
+/// the ring or cannot go back (then it closes as usual, and a child that asks for it is told
+/// it was reset).
+fn give_to_children(c: &Conn, g: &mut Inner, fd: c_int) -> bool {
+    let Phase::Linked(l) = &g.phase else {
+        return false;
+    };
+    if l.conn().back_started() {
+        // (under way already: it goes on, the continuation through a duplicate)
+        super::keep_back_sock(g, fd);
+        return true;
+    }
+    match c.hand_back(g, Some(fd)) {
+        Ok(()) => true,
+        Err(e) => {
+            crate::shim_log!(
+                crate::config::Level::Debug,
+                "{} -> {}: closed after a fork, cannot go back to TCP ({e}); closed on the ring",
+                c.local,
+                c.peer
+            );
+            super::board_reset(c);
+            false
         }
     }
 }
@@ -1023,8 +1063,11 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
         }
         c.decide(&mut g, true);
         let closed = g.closed;
+        // (a fork child may hold the socket and go on with it: back to TCP, not closed)
+        let back = matches!(&g.phase, Phase::Linked(l) if l.conn().back_started())
+            || (!closed && c.attrs.shared_by_fork() && give_back_at_exit(c, &mut g));
         if let Phase::Linked(l) = &mut g.phase {
-            if !closed {
+            if !closed && !back {
                 l.conn_mut().close();
             }
         } else {
@@ -1033,11 +1076,9 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
     }
     loop {
         let mut g = c.lock();
-        let done = match &mut g.phase {
-            Phase::Linked(l) => {
-                l.progress(true);
-                l.is_disconnected()
-            }
+        c.drive(&mut g, true);
+        let done = match &g.phase {
+            Phase::Linked(l) => l.is_disconnected() && l.conn().resume_due().is_none(),
             _ => true,
         };
         drop(g);
@@ -1048,9 +1089,24 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
     }
 }
 
+/// At exit, a connection on the ring that a fork child may hold: starts its switch back; false
+/// if it cannot go back (it is closed on the ring, and a child that asks is told it was reset).
+fn give_back_at_exit(c: &Conn, g: &mut Inner) -> bool {
+    if !matches!(g.phase, Phase::Linked(_)) {
+        return false;
+    }
+    match c.hand_back(g, None) {
+        Ok(()) => true,
+        Err(_) => {
+            super::board_reset(c);
+            false
+        }
+    }
+}
+
 /// How long an exec (or a spawn) waits for its connections to be back on TCP before it resets
 /// those that are not.
-const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
 
 /// Before an exec, or a spawn whose child inherits the sockets (`what`, for the log): returns
 /// each connection of `conns` (with an fd of the application's that refers to it) to plain
@@ -1066,33 +1122,14 @@ pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str) {
     let mut left: Vec<&(Arc<Conn>, c_int)> = conns.iter().collect();
     loop {
         left.retain(|(c, fd)| {
-            let mut g = c.lock();
-            c.drive(&mut g, true);
-            match &g.phase {
-                Phase::Fallen => false,
-                // (a client's connect still in progress, or the server's token still to come:
-                // the engine takes the token out of the stream first, or the new image would
-                // read it)
-                Phase::Queued
-                    if g.pending.is_some() || g.token == super::binding::TokenWait::Awaiting =>
-                {
-                    true
-                }
-                Phase::Queued | Phase::Awaiting => {
-                    c.fall_back(&mut g, FallbackReason::Exec);
+            let step = back_step(c, &mut c.lock(), Some(*fd), FallbackReason::Exec);
+            match step {
+                Step::Tcp => false,
+                Step::Wait => true,
+                Step::Cannot(why) => {
+                    reset_shared(c, Some(*fd), what, &why);
                     false
                 }
-                Phase::Dialing(_) | Phase::Setup => true,
-                Phase::Linked(l) if l.conn().back_started() => true,
-                Phase::Linked(l) if l.conn().state() == StreamState::Handshaking => true,
-                Phase::Linked(_) => match c.hand_back(&mut g, *fd) {
-                    Ok(()) => !matches!(g.phase, Phase::Fallen),
-                    Err(e) => {
-                        drop(g);
-                        reset_inherited(c, *fd, what, &e.to_string());
-                        false
-                    }
-                },
             }
         });
         if left.is_empty() || Instant::now() >= deadline {
@@ -1101,23 +1138,72 @@ pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str) {
         net::nap_ms(1);
     }
     for (c, fd) in left {
-        reset_inherited(c, *fd, what, "not back on TCP in time");
+        reset_shared(c, Some(*fd), what, "not back on TCP in time");
     }
 }
 
-/// A connection that an exec's new image (or a spawned child) would inherit and that cannot
-/// go back to TCP: reset, so that whoever uses the socket sees ECONNRESET, not a stream with
-/// a hole.
-fn reset_inherited(c: &Conn, fd: c_int, what: &str, why: &str) {
+/// Where a return to plain TCP stands (see [`back_step`]).
+pub(crate) enum Step {
+    /// The connection is plain TCP: the socket has the whole stream.
+    Tcp,
+    /// Not yet (a handshake, a setup, a connect or token to wait for, a switch back under way).
+    Wait,
+    /// It cannot go back (why): the peer cannot switch back, or the ring has ended.
+    Cannot(String),
+}
+
+/// One step of returning `c` to plain TCP for another image or process that will use the
+/// socket: an undecided connection stays TCP (`reason`); one in its handshake or being set
+/// up is waited for; one on the ring is switched back (protocol §8.5; `fd`: an fd of the
+/// application's for it, or `None` to find one). Call again while it says [`Step::Wait`].
+pub(crate) fn back_step(
+    c: &Conn,
+    g: &mut Inner,
+    fd: Option<c_int>,
+    reason: FallbackReason,
+) -> Step {
+    c.drive(g, true);
+    match &g.phase {
+        Phase::Fallen => Step::Tcp,
+        // (a client's connect still in progress, or the server's token still to come: the
+        // engine takes the token out of the stream first, or the other user would read it)
+        Phase::Queued if g.pending.is_some() || g.token == super::binding::TokenWait::Awaiting => {
+            Step::Wait
+        }
+        Phase::Queued | Phase::Awaiting => {
+            c.fall_back(g, reason);
+            Step::Tcp
+        }
+        Phase::Dialing(_) | Phase::Setup => Step::Wait,
+        Phase::Linked(l) if l.conn().back_started() => Step::Wait,
+        Phase::Linked(l) if l.conn().state() == StreamState::Handshaking => Step::Wait,
+        Phase::Linked(_) => match c.hand_back(g, fd) {
+            Ok(()) if matches!(g.phase, Phase::Fallen) => Step::Tcp,
+            Ok(()) => Step::Wait,
+            Err(e) => Step::Cannot(e.to_string()),
+        },
+    }
+}
+
+/// A connection that another image or process will use (an exec's new image, a spawned or
+/// forked child: `what`) and that cannot go back to TCP: reset, so that whoever uses the
+/// socket sees ECONNRESET, not a stream with a hole. `fd`: an fd of the application's for
+/// it, if the caller has one.
+pub(crate) fn reset_shared(c: &Conn, fd: Option<c_int>, what: &str, why: &str) {
     let mut g = c.lock();
+    let sock = fd.or_else(|| c.back_fd(&mut g));
     if let Phase::Linked(l) = &mut g.phase {
         l.conn_mut().abort();
         l.progress(false);
         drop(g);
-        let _ = net::shutdown(fd, libc::SHUT_RDWR);
+        if let Some(fd) = sock {
+            let _ = net::shutdown(fd, libc::SHUT_RDWR);
+        }
         crate::shim_log!(
             crate::config::Level::Warn,
-            "{what}: fd {fd} is on RDMA and not close-on-exec, and cannot go back to TCP ({why}); reset"
+            "{what}: {} -> {} is on RDMA and is shared with another image or process, and cannot go back to TCP ({why}); reset",
+            c.local,
+            c.peer
         );
     }
 }

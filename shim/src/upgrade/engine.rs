@@ -50,6 +50,8 @@ const SOCK: u64 = 5;
 const PEND: u64 = 6;
 /// A client's private socket duplicate, watched for the server's token.
 const TOKEN: u64 = 7;
+/// The fork board's wake-up pipe (a child asks for a connection).
+const BOARD: u64 = 8;
 
 fn token(kind: u64, value: u32) -> u64 {
     (kind << 32) | u64::from(value)
@@ -259,7 +261,22 @@ impl Engine {
             net::close(wake);
             return None;
         }
+        // (a board made before the engine: this process forked before its first dial)
+        if let Some(b) = super::world_if_created().and_then(super::World::board) {
+            e.watch_board(b);
+        }
         Some(e)
+    }
+
+    /// Watches the fork board's wake-up pipe.
+    pub(crate) fn watch_board(&self, b: &super::board::Board) {
+        let _ = net::epoll_ctl(
+            self.epfd,
+            libc::EPOLL_CTL_ADD,
+            b.wake_fd(),
+            libc::EPOLLIN as u32,
+            token(BOARD, 0),
+        );
     }
 
     /// Queues a command; `urgent`: wake the engine now, else only if it would not wake by
@@ -543,6 +560,8 @@ struct State {
     delayed: Vec<(Instant, Arc<Conn>)>,
     /// Commands were taken up in the last round: look again within [`LAZY`].
     busy: bool,
+    /// Fork children's requests for connections of this process.
+    requests: super::board::Requests,
 }
 
 /// An application thread is about to wait on the completion channel of `c`'s link `l`
@@ -582,6 +601,7 @@ fn run(epfd: c_int, wake: c_int) {
         matcher: Matcher::new(MatcherConfig::default()),
         delayed: Vec::new(),
         busy: false,
+        requests: super::board::Requests::default(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -620,9 +640,15 @@ fn run(epfd: c_int, wake: c_int) {
                 SOCK => st.sock_event(value),
                 PEND => st.pend_event(value),
                 TOKEN => st.token_event(value),
+                BOARD => {
+                    if let Some(b) = super::world_if_created().and_then(super::World::board) {
+                        b.drain();
+                    }
+                }
                 _ => {}
             }
         }
+        st.requests.serve();
         st.timers();
         st.reap();
     }
@@ -684,6 +710,10 @@ impl State {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if let Some(t) = engine().and_then(|e| e.retire_listeners(now)) {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        if self.requests.pending() {
+            let t = now + Duration::from_millis(super::BACK_NAP as u64);
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         for t in self.conns.values() {

@@ -15,6 +15,7 @@
 
 mod attrs;
 mod binding;
+mod board;
 pub mod data;
 mod engine;
 pub mod ready;
@@ -520,23 +521,48 @@ impl Conn {
     }
 
     /// Returns the connection to TCP (protocol §8.5) on this side's initiative: for a process
-    /// about to give its ring up while the socket lives on (`exec`). `fd`: an fd of the
-    /// application's that refers to the connection (the continuation is written through a
-    /// private duplicate of it). Driven to its end by whoever settles the connection (the
+    /// about to give its ring up while the socket lives on (`exec`, a fork child's use, a
+    /// close while a fork child may hold the socket). `fd`: an fd of the application's that
+    /// refers to the connection (the continuation is written through a private duplicate of
+    /// it), or `None` to find one. Driven to its end by whoever settles the connection (the
     /// engine on its events, the caller through [`Conn::drive`]); done once the phase is
     /// [`Phase::Fallen`].
     pub(crate) fn hand_back(
         &self,
         g: &mut Inner,
-        fd: c_int,
+        fd: Option<c_int>,
     ) -> Result<(), rdmashim_proto::SwitchBackError> {
         let Phase::Linked(l) = &mut g.phase else {
             return Ok(());
         };
         l.conn_mut().switch_back()?;
-        keep_back_sock(g, fd);
+        match fd {
+            Some(fd) => keep_back_sock(g, fd),
+            None => {
+                let _ = self.back_fd(g);
+            }
+        }
         self.drive(g, false);
         Ok(())
+    }
+
+    /// An fd of the application's that refers to the connection now, by the fd table: the
+    /// one it was last seen through, else any (a scan of the table).
+    fn app_fd(&self) -> Option<c_int> {
+        let ours = |e: crate::fdtable::FdEntry| {
+            e.kind() == crate::fdtable::Kind::Upgraded && e.slot() == self.slot
+        };
+        let hint = self.fd_hint.load(Ordering::Relaxed);
+        if ours(crate::fdtable::TABLE.get(hint)) {
+            return Some(hint);
+        }
+        let mut found = None;
+        crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
+            if found.is_none() && ours(e) {
+                found = Some(fd);
+            }
+        });
+        found
     }
 
     /// Carries out a switch back the link has started (either side's; see [`Back`]): retires
@@ -650,9 +676,7 @@ impl Conn {
     /// and the duplicate is the connection's socket) if there is none yet.
     fn back_fd(&self, g: &mut Inner) -> Option<c_int> {
         if g.back_sock.is_none() && !g.closed {
-            let fd = self.fd_hint.load(Ordering::Relaxed);
-            let e = crate::fdtable::TABLE.get(fd);
-            if e.kind() == crate::fdtable::Kind::Upgraded && e.slot() == self.slot {
+            if let Some(fd) = self.app_fd() {
                 if let Ok(d) = net::dup_private(fd, PRIVATE_FD_MIN) {
                     let same = |a: Option<SocketAddr>, b: SocketAddr| {
                         a.map(net::canonical_addr) == Some(net::canonical_addr(b))
@@ -910,6 +934,9 @@ pub struct World {
     /// close, of the ~28 a short upgraded connection makes. A fork child has a world (and a
     /// pool) of its own: the parent's eventfds, which it shares, are never handed out twice.
     efd_pool: Mutex<Vec<(c_int, c_int)>>,
+    /// Where fork children ask for this world's connections (made at the first fork; `None`:
+    /// it could not be made). See [`board`].
+    board: OnceLock<Option<board::Board>>,
 }
 
 /// The most eventfd pairs [`World::efd_pool`] keeps.
@@ -945,6 +972,7 @@ pub fn world() -> Option<&'static World> {
         regs: Mutex::new(ready::Registry::default()),
         engine: OnceLock::new(),
         efd_pool: Mutex::new(Vec::new()),
+        board: OnceLock::new(),
     }))
 }
 
@@ -1000,6 +1028,11 @@ impl World {
         match make(slot) {
             Some(c) => {
                 let c = Arc::new(c);
+                // (under the slab's lock: a board being made now either sees this connection
+                // or is seen here)
+                if let Some(b) = self.board() {
+                    b.took(index as usize, c.attrs.born());
+                }
                 s.conns[index as usize] = Some(c.clone());
                 Some(c)
             }
@@ -1034,6 +1067,26 @@ impl World {
         }
     }
 
+    /// The connection in slot index `index` (of any fd-table slot of this generation).
+    fn at(&self, index: usize) -> Option<Arc<Conn>> {
+        let s = self.slab.read().unwrap_or_else(|p| p.into_inner());
+        s.conns.get(index).and_then(|c| c.clone())
+    }
+
+    /// Slot indexes in use or free (one past the highest ever used).
+    fn slots(&self) -> usize {
+        self.slab
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .conns
+            .len()
+    }
+
+    /// The fork board, if one was made.
+    fn board(&self) -> Option<&board::Board> {
+        self.board.get().and_then(Option::as_ref)
+    }
+
     /// Every live connection (for the exit flush).
     fn all(&self) -> Vec<Arc<Conn>> {
         let s = self.slab.read().unwrap_or_else(|p| p.into_inner());
@@ -1046,9 +1099,17 @@ pub fn lookup(slot: u32) -> Option<Arc<Conn>> {
     world_if_created()?.get(slot)
 }
 
+/// In a fork child, about to use (or exec with) a connection of `slot`, which its parent (or an
+/// older ancestor) made: makes it plain TCP, asking its owner to switch it back if it is on a
+/// ring ([`board`]), and waits for that. `Ok`: the socket has the whole stream; `Err`: the
+/// connection could not be had (ECONNRESET).
+pub fn use_inherited(slot: u32) -> Result<(), crate::outcome::Errno> {
+    board::inherited(slot)
+}
+
 /// In a fork child: whether the parent's connection of `slot` had settled on TCP (then the
 /// child can use the socket as plain TCP). Never waits on a lock the parent may have held.
-pub fn inherited_fell_back(slot: u32) -> bool {
+fn inherited_fell_back(slot: u32) -> bool {
     let g = slot >> INDEX_BITS;
     let Some(w) = WORLDS.get(g as usize).and_then(|w| w.get()) else {
         return false;
@@ -1105,6 +1166,9 @@ pub fn before_fork() {
     let Some(slab) = retry(|| w.slab.try_read().ok()) else {
         return;
     };
+    if w.board.get().is_none() && !slab.conns.is_empty() {
+        make_board(w, &slab);
+    }
     for c in slab.conns.iter().flatten() {
         let Some(mut g) = retry(|| c.try_lock()) else {
             continue;
@@ -1118,6 +1182,48 @@ pub fn before_fork() {
             c.fall_back(&mut g, FallbackReason::Forked);
         }
     }
+}
+
+/// The first fork of a process with connections: the board its children will ask on, with
+/// the connections that exist now (under the slab's lock, which every new one takes), watched
+/// by the engine if it runs (else it watches it from its start).
+fn make_board(w: &World, slab: &Slab) {
+    let b = w.board.get_or_init(board::Board::create).as_ref();
+    let Some(b) = b else {
+        shim_log!(
+            Level::Warn,
+            "fork: no board for the children (no memory or fds): a child that uses a connection on RDMA gets ECONNRESET"
+        );
+        return;
+    };
+    for (i, c) in slab.conns.iter().enumerate() {
+        if let Some(c) = c {
+            b.took(i, c.attrs.born());
+        }
+    }
+    if let Some(e) = w.engine_if_started() {
+        e.watch_board(b);
+    }
+}
+
+/// A connection that fork children may hold was reset or closed on the ring (it could not go
+/// back to TCP): a child that asks for it is told so.
+fn board_reset(c: &Conn) {
+    if !slot_is_ours(c.slot) {
+        return;
+    }
+    if let Some(b) = world_if_created().and_then(World::board) {
+        b.answer(
+            ((c.slot & INDEX_MASK) - 1) as usize,
+            c.attrs.born(),
+            board::RESET,
+        );
+    }
+}
+
+/// After a fork, in the parent: connections made from now on are not the child's.
+pub fn after_fork_parent() {
+    attrs::after_fork_parent();
 }
 
 /// `f` until it gives something, a few hundred times at most (a lock held for a moment by
@@ -1136,6 +1242,7 @@ fn retry<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
 /// are inherited fds the child can only close (or use while they are plain TCP).
 pub fn after_fork_child() {
     let g = generation();
+    board::left_generation(g);
     GENERATION.store((g + 1).min(LAST_GENERATION), Ordering::Relaxed);
     // (the parent's unarmed CQs are not the child's business)
     UNARMED.store(0, Ordering::SeqCst);
