@@ -1940,25 +1940,55 @@ mod handover {
         assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
     }
 
-    /// exec: the server echoes the first part, then replaces its image (with `execv`, which
-    /// glibc routes around `execve`'s symbol) by `behave exec_image FD`, which echoes the rest.
-    pub fn exec_server(s: TcpStream) {
+    /// The greeting, then the echo of the first part: where every handover scenario's server
+    /// starts; returns the connection's fd.
+    fn first_part(s: TcpStream) -> RawFd {
         let fd = s.into_raw_fd();
         assert_eq!(read_exact_fd(fd, 5), b"hello");
         write_all_fd(fd, b"world");
         echo(fd, FIRST);
+        fd
+    }
+
+    /// `behave exec_image FD`, ready for `execv`: the path and the strings (which must outlive
+    /// the call), and their NULL-terminated vector.
+    struct ExecImage {
+        exe: std::ffi::CString,
+        _args: Vec<std::ffi::CString>,
+        argv: Vec<*const libc::c_char>,
+    }
+
+    impl ExecImage {
+        fn new(fd: RawFd) -> ExecImage {
+            let args: Vec<std::ffi::CString> = ["behave", "exec_image", &fd.to_string()]
+                .iter()
+                .map(|a| std::ffi::CString::new(*a).unwrap())
+                .collect();
+            let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+            argv.push(std::ptr::null());
+            ExecImage {
+                exe: std::ffi::CString::new("/proc/self/exe").unwrap(),
+                _args: args,
+                argv,
+            }
+        }
+
+        /// `execv` (returns only if it failed). Allocates nothing: a fork child of a threaded
+        /// process may call it.
+        fn exec(&self) {
+            // SAFETY: NUL-terminated strings and a NULL-terminated vector that outlive the call.
+            unsafe { libc::execv(self.exe.as_ptr(), self.argv.as_ptr()) };
+        }
+    }
+
+    /// exec: the server echoes the first part, then replaces its image (with `execv`, which
+    /// glibc routes around `execve`'s symbol) by `behave exec_image FD`, which echoes the rest.
+    pub fn exec_server(s: TcpStream) {
+        let fd = first_part(s);
         inheritable(fd);
         // (the new image writes no stats file: the first image's record stays the server's)
         std::env::remove_var("RDMASHIM_STATS");
-        let exe = std::ffi::CString::new("/proc/self/exe").unwrap();
-        let args: Vec<std::ffi::CString> = ["behave", "exec_image", &fd.to_string()]
-            .iter()
-            .map(|a| std::ffi::CString::new(*a).unwrap())
-            .collect();
-        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-        argv.push(std::ptr::null());
-        // SAFETY: NUL-terminated strings and a NULL-terminated vector that outlive the call.
-        unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
+        ExecImage::new(fd).exec();
         panic!("execv: errno {}", errno());
     }
 
@@ -1971,10 +2001,7 @@ mod handover {
     /// spawn: the server echoes the first part, then `system()` runs a shell that writes
     /// [`CHILD`] to the inherited socket, then the server echoes the rest.
     pub fn spawn_server(s: TcpStream) {
-        let fd = s.as_raw_fd();
-        assert_eq!(read_exact_fd(fd, 5), b"hello");
-        write_all_fd(fd, b"world");
-        echo(fd, FIRST);
+        let fd = first_part(s);
         inheritable(fd);
         // (the shell writes no stats file of its own: the server's is the one the test reads)
         let stats = std::env::var_os("RDMASHIM_STATS");
@@ -1991,7 +2018,8 @@ mod handover {
             "system: {st:#x}"
         );
         echo_rest(fd);
-        drop(s);
+        // SAFETY: our fd, closed once.
+        unsafe { libc::close(fd) };
     }
 
     fn client(addr: SocketAddr, child: &[u8]) {
@@ -2024,10 +2052,7 @@ mod handover {
     /// request before it forks, or a long-lived one): the server echoes the first part, then
     /// forks; the child echoes the rest while the parent closes its copy and waits.
     pub fn fork_server(s: TcpStream) {
-        let fd = s.into_raw_fd();
-        assert_eq!(read_exact_fd(fd, 5), b"hello");
-        write_all_fd(fd, b"world");
-        echo(fd, FIRST);
+        let fd = first_part(s);
         // SAFETY: the child serves the connection and leaves with _exit.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: errno {}", errno());
@@ -2045,29 +2070,17 @@ mod handover {
     /// then forks, and the child `execv`s the program that serves the rest (`behave
     /// exec_image FD`) while the parent closes its copy and waits.
     pub fn fork_exec_server(s: TcpStream) {
-        let fd = s.into_raw_fd();
-        assert_eq!(read_exact_fd(fd, 5), b"hello");
-        write_all_fd(fd, b"world");
-        echo(fd, FIRST);
+        let fd = first_part(s);
         inheritable(fd);
         // (made before the fork: the child of a threaded process only calls execv and _exit)
-        let exe = std::ffi::CString::new("/proc/self/exe").unwrap();
-        let args: Vec<std::ffi::CString> = ["behave", "exec_image", &fd.to_string()]
-            .iter()
-            .map(|a| std::ffi::CString::new(*a).unwrap())
-            .collect();
-        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-        argv.push(std::ptr::null());
+        let image = ExecImage::new(fd);
         // SAFETY: the child only calls execv and _exit.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: errno {}", errno());
         if pid == 0 {
-            // SAFETY: NUL-terminated strings and a NULL-terminated vector that outlive the
-            // call; _exit if it fails.
-            unsafe {
-                libc::execv(exe.as_ptr(), argv.as_ptr());
-                libc::_exit(127);
-            }
+            image.exec();
+            // SAFETY: ends the child without the parent's exit handlers.
+            unsafe { libc::_exit(127) };
         }
         // SAFETY: the parent's copy, closed at once (the child holds the connection).
         unsafe { libc::close(fd) };
