@@ -925,17 +925,9 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
         // an RST after writing to a closed socket).
         c.fall_back(&mut g, FallbackReason::ClosedEarly);
     }
-    if c.attrs.shared_by_fork() && give_to_children(c, &mut g, fd) {
-        c.settle(&mut g);
-        drop(g);
-        super::ready::forget_conn(c, fd);
-        if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
-            e.closed(c.clone(), None);
-        }
-        return;
-    }
+    let back = c.attrs.shared_by_fork() && give_back(c, &mut g, Some(fd));
     let drain = match &mut g.phase {
-        Phase::Linked(l) => {
+        Phase::Linked(l) if !back => {
             l.conn_mut().close();
             l.progress(false);
             !l.is_disconnected()
@@ -965,25 +957,21 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
     }
 }
 
-/// The last close of a connection on the ring that a fork child may hold: starts its switch
-/// back (the private duplicate made of `fd` writes the continuation). False if it is not on
-/// the ring or cannot go back (then it closes as usual, and a child that asks for it is told
-/// it was reset).
-fn give_to_children(c: &Conn, g: &mut Inner, fd: c_int) -> bool {
-    let Phase::Linked(l) = &g.phase else {
+/// The last close (or the exit) of a connection on the ring that a fork child may hold:
+/// starts its switch back, or goes on with one under way (`fd`: the application's fd, whose
+/// private duplicate writes the continuation; `None` to find one). False if it is not on the
+/// ring or cannot go back: then it closes on the ring as usual, and a child that asks for it
+/// is told it was reset.
+fn give_back(c: &Conn, g: &mut Inner, fd: Option<c_int>) -> bool {
+    if !matches!(g.phase, Phase::Linked(_)) {
         return false;
-    };
-    if l.conn().back_started() {
-        // (under way already: it goes on, the continuation through a duplicate)
-        super::keep_back_sock(g, fd);
-        return true;
     }
-    match c.hand_back(g, Some(fd)) {
+    match c.hand_back(g, fd) {
         Ok(()) => true,
         Err(e) => {
             crate::shim_log!(
                 crate::config::Level::Debug,
-                "{} -> {}: closed after a fork, cannot go back to TCP ({e}); closed on the ring",
+                "{} -> {}: shared with a fork child, cannot go back to TCP ({e}); closed on the ring",
                 c.local,
                 c.peer
             );
@@ -1065,7 +1053,7 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
         let closed = g.closed;
         // (a fork child may hold the socket and go on with it: back to TCP, not closed)
         let back = matches!(&g.phase, Phase::Linked(l) if l.conn().back_started())
-            || (!closed && c.attrs.shared_by_fork() && give_back_at_exit(c, &mut g));
+            || (!closed && c.attrs.shared_by_fork() && give_back(c, &mut g, None));
         if let Phase::Linked(l) = &mut g.phase {
             if !closed && !back {
                 l.conn_mut().close();
@@ -1086,21 +1074,6 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
             return;
         }
         std::thread::sleep(Duration::from_micros(500));
-    }
-}
-
-/// At exit, a connection on the ring that a fork child may hold: starts its switch back; false
-/// if it cannot go back (it is closed on the ring, and a child that asks is told it was reset).
-fn give_back_at_exit(c: &Conn, g: &mut Inner) -> bool {
-    if !matches!(g.phase, Phase::Linked(_)) {
-        return false;
-    }
-    match c.hand_back(g, None) {
-        Ok(()) => true,
-        Err(_) => {
-            super::board_reset(c);
-            false
-        }
     }
 }
 
