@@ -629,6 +629,10 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
         let src = source(&g);
         let sock_events: i16;
         match src {
+            // Nothing of the server's yet: the token may land between that look and a read
+            // of the socket, so the socket is not read until the token is out of the stream
+            // (the wait wakes when it is readable, and the loop looks again).
+            Src::Tcp(_) if token_ahead(&g) => sock_events = libc::POLLIN | libc::POLLRDHUP,
             Src::Tcp(limit) => {
                 let max = (total - got).min(limit.map_or(usize::MAX, |l| l as usize));
                 match buf.recv_tcp(fd, got, max, tcp_flags) {
@@ -1002,6 +1006,14 @@ pub(crate) fn take_token(c: &Conn, g: &mut Inner, fd: c_int) {
     }
 }
 
+/// Whether the server's token may still come at the head of a client's socket, so that
+/// nothing of it may be read for the application: the wait is not decided (and the connect,
+/// if it was still in progress, did not fail: a failed one's socket reads its error).
+fn token_ahead(g: &Inner) -> bool {
+    g.token == super::binding::TokenWait::Awaiting
+        && (g.pending.is_none() || super::pending_outcome(g) != Some(false))
+}
+
 /// Tells the engine that `c`'s wait for the token was decided by an application thread.
 fn token_decided(c: &Conn) {
     let engine = super::world_if_created().and_then(|w| w.engine_if_started());
@@ -1016,6 +1028,8 @@ pub fn fionread(c: &Conn, fd: c_int) -> Result<c_int, Errno> {
     take_token(c, &mut g, fd);
     c.drive(&mut g, false);
     match source(&g) {
+        // (what came since the look may be the token's)
+        Src::Tcp(_) if token_ahead(&g) => Ok(0),
         Src::Tcp(limit) => {
             let n = net::fionread(fd)?;
             Ok(limit.map_or(n, |l| (n as u64).min(l) as c_int))
