@@ -907,6 +907,8 @@ pub struct RoleStats {
     pub server: Option<Stats>,
     /// Those of the processes the server forked that exit normally (prefork workers), by pid.
     pub server_forks: Vec<Stats>,
+    /// Those of the processes the client forked that exit normally.
+    pub client_forks: Vec<Stats>,
 }
 
 /// Runs one scenario of the `behave` program (src/bin/behave.rs): its server role on `ip`, then
@@ -980,8 +982,14 @@ pub fn behave_roles_env(
         }
     };
     let mut cli = cmd("client", client);
-    cli.arg(&port).envs(client_env.iter().copied());
-    let client_out = run(cli, T);
+    cli.arg(&port)
+        .envs(client_env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let client_child = cli.spawn().unwrap_or_else(|e| panic!("spawn {cli:?}: {e}"));
+    let client_pid = u64::from(client_child.id());
+    let client_out = wait_child(client_child, T);
     let id = child.id();
     if !client_out.status.success() {
         // (a server left waiting for a connection or a byte the failed client never sent
@@ -1030,13 +1038,16 @@ pub fn behave_roles_env(
             out.status
         );
     }
-    let client = (client != Side::Plain).then(|| s.stats("client"));
-    if let Some(v) = &client {
-        assert!(
-            v.len() <= 1,
-            "{scenario}: several client stats files: {v:#?}"
-        );
-    }
+    // The client's own file, and those of the processes it forked (`fork_dial`'s child).
+    let (client, client_forks) = if client == Side::Plain {
+        (None, Vec::new())
+    } else {
+        let (own, forks): (Vec<Stats>, Vec<Stats>) = s
+            .stats("client")
+            .into_iter()
+            .partition(|st| st.pid == client_pid);
+        (own.into_iter().next(), forks)
+    };
     // The server's own file, and those of the processes it forked (prefork workers).
     let (server, server_forks) = if server == Side::Plain {
         (None, Vec::new())
@@ -1048,9 +1059,10 @@ pub fn behave_roles_env(
         (own.into_iter().next(), forks)
     };
     RoleStats {
-        client: client.and_then(|mut v| v.pop()),
+        client,
         server,
         server_forks,
+        client_forks,
     }
 }
 
@@ -1137,6 +1149,11 @@ pub fn behave_conns(
         r.server_forks.is_empty() || scenario == "fork_exec",
         "{scenario}: stats files of processes the server forked: {:#?}",
         r.server_forks
+    );
+    assert!(
+        r.client_forks.is_empty(),
+        "{scenario}: stats files of processes the client forked: {:#?}",
+        r.client_forks
     );
     if let (Some(before), Some(c)) = (device, &r.client) {
         before.delta().assert_carried(c.ring_bytes());

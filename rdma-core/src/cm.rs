@@ -5,6 +5,7 @@ use std::ffi::c_int;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,10 +70,41 @@ impl Event {
     }
 }
 
+/// The process that first made an event channel (0: none yet). librdmacm keeps the device
+/// contexts it opens for the process's life, and a fork child inherits them: the kernel
+/// refuses that child's verbs commands on them (a context belongs to the credentials of the
+/// process that opened it: `ib_safe_file_access`), so a queue pair made there is set up and
+/// then fails at its first post (measured in the VM: `ibv_post_send` EACCES on rxe).
+static CM_OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this process can use rdma_cm and verbs (and, if nobody did yet, claims librdmacm
+/// for it): true unless a process it was forked from had started librdmacm (then its state
+/// here is the parent's; see [`CM_OWNER`]).
+fn usable_here() -> bool {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() } as u32;
+    match CM_OWNER.compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst) {
+        Ok(_) => true,
+        Err(owner) => owner == me,
+    }
+}
+
+/// Whether this process inherited librdmacm's state from a process it was forked from that
+/// had started it: then nothing RDMA can be done here ([`Unavailable::ForkedState`]).
+pub fn inherited_state() -> bool {
+    let owner = CM_OWNER.load(Ordering::SeqCst);
+    // SAFETY: getpid has no preconditions.
+    owner != 0 && owner != unsafe { libc::getpid() } as u32
+}
+
 impl EventChannel {
-    /// `rdma_create_event_channel`, made non-blocking.
+    /// `rdma_create_event_channel`, made non-blocking. Fails ([`Unavailable::ForkedState`])
+    /// in a fork child of a process that had made one.
     pub fn new() -> Result<Arc<Self>> {
         let lib = sys::lib().map_err(|e| Unavailable::LibrariesMissing(e.clone()))?;
+        if !usable_here() {
+            return Err(Unavailable::ForkedState.into());
+        }
         // SAFETY: no preconditions.
         let raw = unsafe { (lib.cm.rdma_create_event_channel)() };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last("rdma_create_event_channel"))?;
@@ -775,5 +807,38 @@ impl Drop for CmId {
         // SAFETY: live id; every event referring to it was acked when it was read (Event
         // copies and acks at once), so rdma_destroy_id cannot wait forever.
         unsafe { (lib.cm.rdma_destroy_id)(self.as_ptr()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The process that claims librdmacm keeps it; a fork child of it is refused, and knows.
+    #[test]
+    fn a_fork_child_of_the_owner_is_refused() {
+        assert!(usable_here(), "the test process claims it first");
+        assert!(usable_here(), "and keeps it");
+        assert!(!inherited_state());
+        // SAFETY: the child only reads an atomic, calls getpid and _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = if inherited_state() && !usable_here() {
+                0
+            } else {
+                1
+            };
+            // SAFETY: _exit in the fork child, no unwinding into the test harness.
+            unsafe { libc::_exit(code) };
+        }
+        let mut st = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "status {st:#x}"
+        );
+        assert!(usable_here(), "the parent still owns it");
     }
 }

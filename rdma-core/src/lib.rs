@@ -34,6 +34,7 @@ pub mod tick;
 pub mod timeline;
 pub mod verbs;
 
+pub use cm::inherited_state;
 pub use error::{Error, Result, Unavailable};
 pub use link::{DialError, DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
 pub use stream::{barrier, Handle, Listener, RecvHandle, SendHandle, Stream};

@@ -63,6 +63,7 @@ reasons! {
     PlainPeer = "plain_peer": "the other end runs no shim, or will not upgrade this connection (server: the client's SYN carried no rdmashim mark; client: the server's first bytes carried no rdmashim token)",
     UnprovenPeer = "unproven_peer": "client side: the RDMA peer that answered could not prove it holds the TCP connection's other end (its reply's tag did not verify: another process on the server's host holds the port's rdma_cm side)",
     Exec = "exec": "the process replaced its image (exec, or spawned a child that inherits the socket) while the connection's upgrade was undecided; it stays TCP, which the new image can use",
+    ForkedDevice = "forked_device": "the process is a fork child of one that had opened the RDMA device: the device state it inherited is its parent's, and the kernel refuses its commands from another process; its new connections stay TCP",
 }
 
 /// Which kind of address a connection's peer has, as far as upgrading is concerned.

@@ -1845,6 +1845,84 @@ mod epoll_reuse {
     }
 }
 
+/// A process that used a connection forks, and its child makes a connection of its own (a
+/// prefork worker connecting to its backend, a daemon's helper): the child's connection works
+/// as TCP does. Under the shim the parent's connection was upgraded, so librdmacm's device
+/// state in the child is the parent's, which the kernel refuses to another process: the
+/// child's connections must stay TCP, never be set up on it and then reset.
+mod fork_dial {
+    use super::*;
+
+    /// Connection A (the parent's): "r" once the settle pause is over, then an echo of 64
+    /// blocks. Connection B (the child's, accepted while A is open): an echo to EOF.
+    pub fn serve(l: TcpListener) {
+        let settle = std::env::var("BEHAVE_SETTLE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok());
+        let (mut a, _) = l.accept().expect("accept A");
+        if let Some(ms) = settle {
+            sleep_ms(ms);
+        }
+        a.write_all(b"r").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..BLOCKS {
+            a.read_exact(&mut buf).unwrap();
+            a.write_all(&buf).unwrap();
+        }
+        let (mut b, _) = l.accept().expect("accept B");
+        let got = read_to_eof(&mut b);
+        b.write_all(&got).unwrap();
+        b.shutdown(Shutdown::Write).unwrap();
+        // A ends once the child is done.
+        assert_eq!(read_to_eof(&mut a), b"");
+        drop(l);
+    }
+
+    const BLOCKS: usize = 64;
+
+    pub fn client(addr: SocketAddr) {
+        let mut a = TcpStream::connect(addr).unwrap();
+        a.set_read_timeout(Some(T)).unwrap();
+        let mut r = [0u8];
+        a.read_exact(&mut r).unwrap();
+        assert_eq!(&r, b"r");
+        let mut got = vec![0u8; 4096];
+        for i in 0..BLOCKS {
+            let block = pattern(4096, i as u8);
+            a.write_all(&block).unwrap();
+            a.read_exact(&mut got).unwrap();
+            assert!(got == block, "A: block {i} came back different");
+        }
+        // SAFETY: single-threaded here; the child connects, exchanges and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: errno {}", errno());
+        if pid == 0 {
+            let ok = std::panic::catch_unwind(|| {
+                let mut b = TcpStream::connect(addr).unwrap();
+                b.set_read_timeout(Some(T)).unwrap();
+                let payload = pattern(256 * 1024, 0x77);
+                b.write_all(&payload).unwrap();
+                b.shutdown(Shutdown::Write).unwrap();
+                assert!(
+                    read_to_eof(&mut b) == payload,
+                    "B: the echo came back different"
+                );
+            })
+            .is_ok();
+            // (exit, not _exit: the child's shim writes its record)
+            std::process::exit(if ok { 0 } else { 1 });
+        }
+        let mut st = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "the child's connection failed (status {st:#x})"
+        );
+        a.shutdown(Shutdown::Write).unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -2153,6 +2231,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
 const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
     ("prefork", prefork::serve, prefork::client),
     ("epoll_reuse", epoll_reuse::serve, epoll_reuse::client),
+    ("fork_dial", fork_dial::serve, fork_dial::client),
 ];
 
 fn main() {

@@ -1312,6 +1312,11 @@ pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
     if engine::negative_cached(SocketAddr::new(ip, peer.port())) {
         return Err(FallbackReason::NegativeCache);
     }
+    // (a fork child of a process that used rdma_cm: nothing RDMA works here, so the SYN goes
+    // unmarked and the server sends no token)
+    if rdmashim_core::inherited_state() {
+        return Err(FallbackReason::ForkedDevice);
+    }
     Ok(())
 }
 
