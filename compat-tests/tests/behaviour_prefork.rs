@@ -46,8 +46,10 @@ fn under_the_shim() {
 }
 
 /// RDMA tier: both ends shimmed on `RDMASHIM_TEST_IP`. The workers know at accept() that the
-/// listener's RDMA side is not theirs, so they send no token, and the clients, seeing the
-/// workers' first bytes without one, never dial.
+/// listener's RDMA side is not theirs; a listener of their own (whose port their token would
+/// name) cannot work either, since librdmacm's device state in a fork child is the parent's
+/// (see `behaviour_fork_dial`). So they send no token, and the clients, seeing the workers'
+/// first bytes without one, never dial.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {

@@ -945,8 +945,10 @@ impl fmt::Debug for Dialer {
 
 impl Dialer {
     /// Starts `rdma_resolve_addr` from `src` (the TCP socket's local IP with port 0; `None`:
-    /// any) to `dst` (the TCP peer's IP and the server's port). `client_port` is the TCP
-    /// source port the request carries (not the rdma_cm one); `proof` binds the request to
+    /// any) to `dst` (the TCP peer's IP and the rdma_cm port the server listens on: its TCP
+    /// port, or the one its token named). `client_port` is the TCP source port the request
+    /// carries (not the rdma_cm one), and the server port it carries is that of `proof`'s
+    /// TCP connection; `proof` binds the request to
     /// that TCP connection (`docs/protocol.md` 2.9), and the reply must prove the same key or
     /// the dial fails (`Unproven`). The whole dial must finish by now + `cfg.connect_timeout`.
     /// Fails cleanly (kind `Unsupported`) without RDMA.
@@ -1104,6 +1106,15 @@ impl Dialer {
         )
     }
 
+    /// The TCP server port the request names: the bound connection's (its rdma_cm listener
+    /// may be on another port, the one the server's token told), or a native stream's.
+    fn server_port(&self) -> u16 {
+        match &self.proof {
+            Proof::Bound { tuple, .. } => tuple.server.port(),
+            Proof::Native => self.dst.port(),
+        }
+    }
+
     /// Route resolved: endpoint, core, `rdma_connect` with the request.
     fn request(&self, id: CmId, tcp_received: u64) -> io::Result<Dial> {
         let mut ep = Endpoint::new(id, self.ch.clone(), self.sizes).map_err(|f| f.0)?;
@@ -1119,7 +1130,7 @@ impl Dialer {
             ep.local_params(),
             &self.proof,
             client_port,
-            self.dst.port(),
+            self.server_port(),
             nonce(),
             tcp_received,
             Instant::now(),

@@ -107,14 +107,27 @@ impl fmt::Debug for Tag {
 pub struct Token {
     /// The connection's binding key.
     pub key: BindingKey,
+    /// The rdma_cm port the client dials instead of the server's TCP port (flag
+    /// [`TOKEN_DIAL_PORT`]): set by a server process whose rdma_cm listener is not on the
+    /// service's port (a prefork worker: the service's port belongs to the process that made
+    /// the listening socket). Never 0.
+    pub dial_port: Option<u16>,
 }
 
+/// Token flag (bit 0): bytes 10–11 hold the rdma_cm port to dial (big-endian, not 0).
+pub const TOKEN_DIAL_PORT: u8 = 0x01;
+
 impl Token {
-    /// The token's 32 bytes: magic, version, flags (0), 6 reserved zero bytes, the key.
+    /// The token's 32 bytes: magic, version, flags, the dial port (0 if none), 4 reserved zero
+    /// bytes, the key.
     pub fn encode(&self) -> [u8; TOKEN_LEN] {
         let mut b = [0u8; TOKEN_LEN];
         b[..8].copy_from_slice(&TOKEN_MAGIC);
         b[8] = BINDING_VERSION;
+        if let Some(p) = self.dial_port.filter(|p| *p != 0) {
+            b[9] = TOKEN_DIAL_PORT;
+            b[10..12].copy_from_slice(&p.to_be_bytes());
+        }
         b[16..].copy_from_slice(&self.key.0);
         b
     }
@@ -165,17 +178,31 @@ pub fn scan_token(first: &[u8]) -> TokenScan {
     if t[8] != BINDING_VERSION {
         return TokenScan::Unusable(DecodeError::UnsupportedVersion(t[8]));
     }
-    // Flags: every bit is must-understand in this version, and none is defined.
-    if t[9] != 0 {
-        return TokenScan::Unusable(DecodeError::UnknownFlags(u16::from(t[9])));
+    // Flags: every bit is must-understand; only DIAL_PORT is defined.
+    let flags = t[9];
+    if flags & !TOKEN_DIAL_PORT != 0 {
+        return TokenScan::Unusable(DecodeError::UnknownFlags(u16::from(flags)));
     }
-    if let Some(i) = t[10..16].iter().position(|b| *b != 0) {
-        return TokenScan::Unusable(DecodeError::ReservedNonZero { offset: 10 + i });
+    let port = u16::from_be_bytes([t[10], t[11]]);
+    let dial_port = if flags & TOKEN_DIAL_PORT != 0 {
+        if port == 0 {
+            return TokenScan::Unusable(DecodeError::ZeroDialPort);
+        }
+        Some(port)
+    } else {
+        if let Some(i) = t[10..12].iter().position(|b| *b != 0) {
+            return TokenScan::Unusable(DecodeError::ReservedNonZero { offset: 10 + i });
+        }
+        None
+    };
+    if let Some(i) = t[12..16].iter().position(|b| *b != 0) {
+        return TokenScan::Unusable(DecodeError::ReservedNonZero { offset: 12 + i });
     }
     let mut key = [0u8; KEY_LEN];
     key.copy_from_slice(&t[16..]);
     TokenScan::Token(Token {
         key: BindingKey(key),
+        dial_port,
     })
 }
 
@@ -292,7 +319,10 @@ mod tests {
 
     #[test]
     fn token_round_trip_and_layout() {
-        let t = Token { key: key(7) };
+        let t = Token {
+            key: key(7),
+            dial_port: None,
+        };
         let b = t.encode();
         assert_eq!(&b[..8], &TOKEN_MAGIC);
         assert_eq!(b[8], 2);
@@ -306,8 +336,32 @@ mod tests {
     }
 
     #[test]
+    fn token_with_a_dial_port() {
+        let t = Token {
+            key: key(9),
+            dial_port: Some(0x9c41),
+        };
+        let b = t.encode();
+        assert_eq!(b[9], TOKEN_DIAL_PORT);
+        assert_eq!(&b[10..12], &[0x9c, 0x41]);
+        assert_eq!(&b[12..16], &[0; 4]);
+        assert_eq!(scan_token(&b), TokenScan::Token(t));
+        // (port 0 is no port: encoded without the flag)
+        let none = Token {
+            key: key(9),
+            dial_port: Some(0),
+        }
+        .encode();
+        assert_eq!(&none[9..16], &[0; 7]);
+    }
+
+    #[test]
     fn scan_prefixes_and_application_bytes() {
-        let b = Token { key: key(1) }.encode();
+        let b = Token {
+            key: key(1),
+            dial_port: None,
+        }
+        .encode();
         assert_eq!(scan_token(&[]), TokenScan::NeedMore);
         for n in 1..TOKEN_LEN {
             assert_eq!(scan_token(&b[..n]), TokenScan::NeedMore, "prefix {n}");
@@ -337,6 +391,18 @@ mod tests {
         assert_eq!(
             scan_token(&f),
             TokenScan::Unusable(DecodeError::UnknownFlags(0x80))
+        );
+        let mut p = b;
+        p[11] = 1;
+        assert_eq!(
+            scan_token(&p),
+            TokenScan::Unusable(DecodeError::ReservedNonZero { offset: 11 })
+        );
+        let mut z = b;
+        z[9] = TOKEN_DIAL_PORT;
+        assert_eq!(
+            scan_token(&z),
+            TokenScan::Unusable(DecodeError::ZeroDialPort)
         );
         let mut r = b;
         r[13] = 1;

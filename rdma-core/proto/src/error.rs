@@ -61,6 +61,8 @@ pub enum DecodeError {
     ZeroLengthData,
     /// A CREDIT immediate returning neither bytes nor slots.
     EmptyCredit,
+    /// A token whose `DIAL_PORT` flag names port 0.
+    ZeroDialPort,
 }
 
 impl fmt::Display for DecodeError {
@@ -97,6 +99,7 @@ impl fmt::Display for DecodeError {
             }
             DecodeError::ZeroLengthData => write!(f, "DATA immediate with zero length"),
             DecodeError::EmptyCredit => write!(f, "CREDIT immediate returning nothing"),
+            DecodeError::ZeroDialPort => write!(f, "token names dial port 0"),
         }
     }
 }

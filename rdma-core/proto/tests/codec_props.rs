@@ -309,8 +309,9 @@ mod binding_props {
 
         #[test]
         fn token_then_anything(key in any::<[u8; KEY_LEN]>(),
+                               port in proptest::option::of(1u16..),
                                rest in proptest::collection::vec(any::<u8>(), 0..64)) {
-            let t = Token { key: BindingKey::from_random(key) };
+            let t = Token { key: BindingKey::from_random(key), dial_port: port };
             let mut b = t.encode().to_vec();
             b.extend_from_slice(&rest);
             prop_assert_eq!(scan_token(&b), TokenScan::Token(t));

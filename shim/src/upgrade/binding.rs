@@ -21,8 +21,9 @@ pub(crate) enum TokenWait {
     None,
     /// The SYN was marked; the first bytes of the server's direction are not seen yet.
     Awaiting,
-    /// The token came: the key the handshake's tags are made with.
-    Got(BindingKey),
+    /// The token came: the key the handshake's tags are made with, and the rdma_cm port to
+    /// dial if it is not the server's TCP port.
+    Got(BindingKey, Option<u16>),
 }
 
 /// A client socket's options as they were before its SYN was marked.
@@ -91,11 +92,13 @@ pub(crate) fn save_syns(fd: c_int, on: bool) -> bool {
 /// Server: the application accepted `nfd` (from `peer`, on `local`). If its SYN was marked,
 /// draws the connection's key and writes the token — before `accept()` returns, so before any
 /// byte of the application — and returns the key and the 4-tuple the client's request must
-/// be tagged for. Else why the connection stays TCP.
+/// be tagged for. Else why the connection stays TCP. `dial_port` (asked only for a marked
+/// SYN) says where the client is to dial: `None`, the TCP port; or the port the token names.
 pub(crate) fn on_accept(
     nfd: c_int,
     peer: SocketAddr,
     local: SocketAddr,
+    dial_port: impl FnOnce() -> Result<Option<u16>, FallbackReason>,
 ) -> Result<(BindingKey, TcpTuple), FallbackReason> {
     // An IPv6 header with a hop-by-hop or routing extension and a TCP header with options
     // fits in far less.
@@ -104,10 +107,11 @@ pub(crate) fn on_accept(
     if classify_syn(&syn[..n]) != SynVerdict::Marked {
         return Err(FallbackReason::PlainPeer);
     }
+    let dial_port = dial_port()?;
     let mut k = [0u8; KEY_LEN];
     crate::sys::random(&mut k).map_err(|_| FallbackReason::Resources)?;
     let key = BindingKey::from_random(k);
-    let token = Token { key }.encode();
+    let token = Token { key, dial_port }.encode();
     // A fresh socket's send buffer is empty and far larger than 32 bytes: the token goes out
     // whole, as the head of the first segment, or (the client reset already) not at all.
     match net::send(nfd, &token, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) {
@@ -130,7 +134,7 @@ pub(crate) enum Seen {
     /// Nothing (or too little) to tell yet.
     Nothing,
     /// The token: taken out of the stream.
-    Token(BindingKey),
+    Token(Token),
     /// A token of another version: taken out; the connection stays TCP.
     Unusable,
     /// Application bytes (left in the stream), or the end of the stream: no shim there.
@@ -159,7 +163,7 @@ pub(crate) fn look(fd: c_int) -> Seen {
     match scan_token(&buf[..n]) {
         TokenScan::Token(t) => {
             if take(&mut buf) {
-                Seen::Token(t.key)
+                Seen::Token(t)
             } else {
                 Seen::Nothing
             }

@@ -135,6 +135,10 @@ struct ListenerEntry {
     /// still find it. A new listen() on the same address takes it over.
     fd: Option<c_int>,
     retire_at: Option<Instant>,
+    /// This process's own listener (on a port rdma_cm chose, named in its tokens), beside no
+    /// listening socket: for the connections it accepts on a listening socket whose rdma_cm
+    /// side belongs to another process (see [`Engine::own_port`]). It never retires.
+    own: bool,
 }
 
 /// The rdma_cm listeners, by internal id (their epoll token); `by_fd` maps the application's
@@ -432,7 +436,7 @@ impl Engine {
         let retiring = ls
             .by_id
             .iter()
-            .find(|(_, e)| e.fd.is_none() && e.addr == addr)
+            .find(|(_, e)| e.fd.is_none() && !e.own && e.addr == addr)
             .map(|(id, _)| *id);
         if let Some(id) = retiring {
             if let Some(e) = ls.by_id.get_mut(&id) {
@@ -444,7 +448,7 @@ impl Engine {
             return true;
         }
         let l = match UpgradeListener::bind(addr) {
-            Ok(l) => Arc::new(l),
+            Ok(l) => l,
             Err(e) => {
                 shim_log!(
                     Level::Info,
@@ -453,8 +457,24 @@ impl Engine {
                 return false;
             }
         };
+        let Some(id) = self.add_listener(&mut ls, l, addr, Some(fd)) else {
+            return false;
+        };
+        ls.by_fd.insert(fd, id);
+        shim_log!(Level::Debug, "listener {addr}: rdma_cm listener beside it");
+        true
+    }
+
+    /// Adds a bound rdma_cm listener to the set the engine watches (`fd`: the listening
+    /// socket it serves; `None`: this process's own, see [`Self::own_port`]). Returns its id.
+    fn add_listener(
+        &self,
+        ls: &mut Listeners,
+        l: UpgradeListener,
+        addr: SocketAddr,
+        fd: Option<c_int>,
+    ) -> Option<u32> {
         let id = ls.next_id;
-        ls.next_id = ls.next_id.wrapping_add(1);
         if net::epoll_ctl(
             self.epfd,
             libc::EPOLL_CTL_ADD,
@@ -464,20 +484,61 @@ impl Engine {
         )
         .is_err()
         {
-            return false;
+            return None;
         }
+        ls.next_id = ls.next_id.wrapping_add(1);
         ls.by_id.insert(
             id,
             ListenerEntry {
-                l,
+                l: Arc::new(l),
                 addr,
-                fd: Some(fd),
+                fd,
                 retire_at: None,
+                own: fd.is_none(),
             },
         );
-        ls.by_fd.insert(fd, id);
-        shim_log!(Level::Debug, "listener {addr}: rdma_cm listener beside it");
-        true
+        Some(id)
+    }
+
+    /// The port of this process's own rdma_cm listener on the local address of an accepted
+    /// connection (`local`), bound on first use; `None` if it cannot be. A process accepting on
+    /// a listening socket it inherited (a prefork server's worker) cannot use that socket's
+    /// rdma_cm side, which belongs to the process that made it: its connections are dialled
+    /// here, at the port their token names. The first bind costs the worker's first accept
+    /// what `listen()` costs its parent (rdma_cm opens the device), once.
+    pub fn own_port(&self, local: SocketAddr) -> Option<u16> {
+        let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        let ip = net::canonical_ip(local.ip());
+        if let Some(e) = ls
+            .by_id
+            .values()
+            .find(|e| e.own && net::canonical_ip(e.addr.ip()) == ip)
+        {
+            return Some(e.addr.port());
+        }
+        let mut want = local;
+        want.set_port(0);
+        let bound = UpgradeListener::bind(want).and_then(|l| {
+            let addr = l.local_addr().ok_or(std::io::ErrorKind::AddrNotAvailable)?;
+            Ok((l, addr))
+        });
+        let (l, addr) = match bound {
+            Ok(b) => b,
+            Err(e) => {
+                shim_log!(
+                    Level::Info,
+                    "{local}: accepted on a listening socket whose rdma_cm side is another process's, and no rdma_cm listener of this one's ({e}); its connections stay on TCP"
+                );
+                return None;
+            }
+        };
+        self.add_listener(&mut ls, l, addr, None)?;
+        shim_log!(
+            Level::Debug,
+            "{local}: this process's own rdma_cm listener on port {}, for connections accepted on an inherited listening socket",
+            addr.port()
+        );
+        Some(addr.port())
     }
 
     /// Whether this engine has an rdma_cm listener where a connection accepted with local
@@ -491,7 +552,8 @@ impl Engine {
             .by_id
             .values()
             .any(|e| {
-                e.addr.port() == local.port()
+                !e.own
+                    && e.addr.port() == local.port()
                     && (e.addr.ip().is_unspecified() || net::canonical_ip(e.addr.ip()) == local_ip)
             })
     }
@@ -846,7 +908,7 @@ impl State {
             return;
         }
         self.end_token_watch(&mut g);
-        let due = matches!(g.token, TokenWait::Got(_))
+        let due = matches!(g.token, TokenWait::Got(..))
             && matches!(g.phase, Phase::Queued)
             && g.pending.is_none()
             && at.is_some_and(|a| a <= net::coarse_instant());
@@ -914,20 +976,25 @@ impl State {
         };
         // The request is tagged with the key of the server's token: no token yet, no dial (the
         // token's arrival dials, `token_event`); no token at all, no dial ever.
-        let proof = {
+        // The token may name the rdma_cm port to dial (a prefork worker's own listener).
+        let (proof, dst) = {
             let mut g = c.lock();
             if !still_wanted(&mut g) {
                 return;
             }
             look_for_token(c, &mut g);
             match g.token {
-                TokenWait::Got(key) => Proof::Bound {
-                    key,
-                    tuple: TcpTuple {
+                TokenWait::Got(key, port) => {
+                    let mut dst = c.peer;
+                    if let Some(p) = port {
+                        dst.set_port(p);
+                    }
+                    let tuple = TcpTuple {
                         client: c.local,
                         server: c.peer,
-                    },
-                },
+                    };
+                    (Proof::Bound { key, tuple }, dst)
+                }
                 TokenWait::Awaiting | TokenWait::None => return,
             }
         };
@@ -939,7 +1006,7 @@ impl State {
         let t0 = Instant::now();
         let started = crate::probe::load_libraries().then(|| {
             let src = SocketAddr::new(c.local.ip(), 0);
-            Dialer::start(Some(src), c.peer, c.local.port(), proof, link_config())
+            Dialer::start(Some(src), dst, c.local.port(), proof, link_config())
         });
         if super::trace() {
             shim_log!(

@@ -868,8 +868,8 @@ fn side_name(s: Side) -> &'static str {
 pub(crate) fn see_token(c: &Conn, g: &mut Inner, fd: c_int) {
     match binding::look(fd) {
         binding::Seen::Nothing => {}
-        binding::Seen::Token(k) => {
-            g.token = binding::TokenWait::Got(k);
+        binding::Seen::Token(t) => {
+            g.token = binding::TokenWait::Got(t.key, t.dial_port);
             g.token_taken = true;
         }
         binding::Seen::Unusable => {
@@ -1417,21 +1417,32 @@ pub fn save_syns(fd: c_int, on: bool) -> bool {
 ///
 /// The listening socket had an rdma_cm side when it was made; if this process's engine has
 /// none for its address, that side belongs to the process that made it, before a fork (a
-/// prefork server's worker): the connect request for this connection goes there, and can
-/// never be matched here.
+/// prefork server's worker): a request sent there could never be matched here. Such a process
+/// serves its connections on an rdma_cm listener of its own, on a port rdma_cm chooses, and
+/// its token tells the client to dial that port (docs/protocol.md 2.9).
 pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
     let w = world().ok_or(FallbackReason::Resources)?;
     let peer = net::peer_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
     let local = net::local_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
-    let engine = w
-        .engine_if_started()
-        .filter(|e| e.serves(local))
-        .ok_or(FallbackReason::InheritedListener)?;
     if rdmashim_proto::upgrade::upgradable(net::canonical_ip(peer.ip())).is_err() {
         return Err(FallbackReason::NotUpgradableAddress);
     }
+    let engine = w.engine().ok_or(FallbackReason::Resources)?;
+    let dial_port = || {
+        if engine.serves(local) {
+            Ok(None)
+        } else if rdmashim_core::inherited_state() {
+            // (its own listener could not be used either: the device state is the parent's)
+            Err(FallbackReason::InheritedListener)
+        } else {
+            engine
+                .own_port(local)
+                .map(Some)
+                .ok_or(FallbackReason::InheritedListener)
+        }
+    };
     // (a client shim marked the SYN; the token goes out before the application sees the fd)
-    let bound = binding::on_accept(nfd, peer, local)?;
+    let bound = binding::on_accept(nfd, peer, local, dial_port)?;
     let conn = w
         .insert(|slot| {
             Conn::new(
