@@ -4,9 +4,10 @@
 //!
 //! The scenario (src/bin/behave.rs, `prefork`) asserts what Linux TCP does: every byte arrives
 //! in order, each connection at its own worker. Under the shim a worker's listening socket has
-//! its RDMA side in the parent (which never accepts), so the connections stay on TCP, with a
-//! reason on both ends and no byte lost while that is being decided (the client's upgrade
-//! attempt lasts until the parent gives up on matching it, mid-exchange).
+//! its rdma_cm side in the parent (which never accepts): each worker serves its connections on
+//! an rdma_cm listener of its own, whose port its token gives the client (docs/protocol.md
+//! 2.9), with queue pairs on a device context of its own (the parent's cannot be used in a
+//! fork child), and the connections go onto rings mid-exchange, with no byte lost.
 
 use rdmashim_compat_tests::*;
 
@@ -45,13 +46,32 @@ fn under_the_shim() {
     shimmed("127.0.0.1", &expected_reason(), &expected_reason());
 }
 
-/// RDMA tier: both ends shimmed on `RDMASHIM_TEST_IP`. The workers know at accept() that the
-/// listener's RDMA side is not theirs; a listener of their own (whose port their token would
-/// name) cannot work either, since librdmacm's device state in a fork child is the parent's
-/// (see `behaviour_fork_dial`). So they send no token, and the clients, seeing the workers'
-/// first bytes without one, never dial.
+/// RDMA tier: both ends shimmed on `RDMASHIM_TEST_IP`. Each worker's connection is dialled
+/// at the worker's own rdma_cm listener and upgraded: the client's two connections and each
+/// worker's one are on rings, the blocks went through them (counted by the device too), and
+/// the parent, which holds the listening socket's rdma_cm side, accepted nothing.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    shimmed(&test_ip(), "plain_peer", "inherited_listener");
+    let shim = Side::Shim(Via::Preload);
+    let device = DeviceCounters::read(&test_device());
+    let r = behave_roles(BIN, "prefork", shim, shim, &test_ip(), None);
+    let c = r.client.as_ref().expect("the client wrote no stats");
+    assert_eq!(c.connections(), 2, "client: {}", c.summary());
+    c.assert_all_upgraded();
+    let parent = r.server.as_ref().expect("the parent wrote no stats");
+    assert_eq!(parent.connections(), 0, "parent: {}", parent.summary());
+    assert_eq!(
+        r.server_forks.len(),
+        2,
+        "one stats file per worker: {:#?}",
+        r.server_forks
+    );
+    for w in &r.server_forks {
+        assert_eq!(w.connections(), 1, "worker: {}", w.summary());
+        w.assert_all_upgraded();
+        // (most of the ten 16 KiB rounds each way come after the upgrade, 400 ms apart)
+        w.assert_ring_at_least(16 * 1024, 16 * 1024);
+    }
+    device.delta().assert_carried(c.ring_bytes());
 }

@@ -1,5 +1,12 @@
 //! rdma_cm: event channels, connection identifiers, RC queue pairs created through them, and
 //! the work requests rdmashim posts (RDMA WRITE, WRITE WITH IMMEDIATE, SEND, RECV).
+//!
+//! In a fork child of a process that had started librdmacm, librdmacm's device contexts are
+//! the parent's, which the kernel refuses to the child ([`inherited_state`]). There the
+//! queue pair is the child's own: made with `ibv_create_qp` on a device context the child
+//! opened ([`CmId::context`]) and moved through its states here (`rdma_init_qp_attr`), the
+//! client completing the connection with `rdma_establish` ([`CmId::establish`]); rdma_cm
+//! carries only the connection's management, on the child's own event channels.
 
 use std::ffi::c_int;
 use std::net::SocketAddr;
@@ -77,9 +84,9 @@ impl Event {
 /// then fails at its first post (measured in the VM: `ibv_post_send` EACCES on rxe).
 static CM_OWNER: AtomicU32 = AtomicU32::new(0);
 
-/// Whether this process can use rdma_cm and verbs (and, if nobody did yet, claims librdmacm
-/// for it): true unless a process it was forked from had started librdmacm (then its state
-/// here is the parent's; see [`CM_OWNER`]).
+/// Whether librdmacm's device contexts are this process's (and, if nobody used librdmacm
+/// yet, claims it for this one): false in a fork child of a process that had started it
+/// (see [`CM_OWNER`]).
 fn usable_here() -> bool {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() } as u32;
@@ -90,7 +97,7 @@ fn usable_here() -> bool {
 }
 
 /// Whether this process inherited librdmacm's state from a process it was forked from that
-/// had started it: then nothing RDMA can be done here ([`Unavailable::ForkedState`]).
+/// had started it: then its queue pairs go on device contexts of its own (module docs).
 pub fn inherited_state() -> bool {
     let owner = CM_OWNER.load(Ordering::SeqCst);
     // SAFETY: getpid has no preconditions.
@@ -98,13 +105,12 @@ pub fn inherited_state() -> bool {
 }
 
 impl EventChannel {
-    /// `rdma_create_event_channel`, made non-blocking. Fails ([`Unavailable::ForkedState`])
-    /// in a fork child of a process that had made one.
+    /// `rdma_create_event_channel`, made non-blocking (in a fork child too: the channel is
+    /// the child's own).
     pub fn new() -> Result<Arc<Self>> {
         let lib = sys::lib().map_err(|e| Unavailable::LibrariesMissing(e.clone()))?;
-        if !usable_here() {
-            return Err(Unavailable::ForkedState.into());
-        }
+        // (claims librdmacm for this process if it is the first to use it)
+        let _ = usable_here();
         // SAFETY: no preconditions.
         let raw = unsafe { (lib.cm.rdma_create_event_channel)() };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last("rdma_create_event_channel"))?;
@@ -258,10 +264,38 @@ impl Default for QpCaps {
 }
 
 struct QpParts {
+    /// The QP (`id->qp` when rdma_cm made it).
+    raw: NonNull<ffi::ibv_qp>,
+    /// Made here with `ibv_create_qp` on this process's own context (a fork child, see the
+    /// module docs): its states are moved here, and it is destroyed with `ibv_destroy_qp`.
+    own: bool,
     _pd: Arc<Pd>,
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
     caps: QpCaps,
+}
+
+/// The device contexts a fork child opened for itself, by the device they are for (and the
+/// process that opened them: a grandchild opens its own again).
+static OWN_CONTEXTS: std::sync::Mutex<Vec<(u32, usize, Arc<Context>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// This process's own context on `device` (opened on first use, kept for the process's life:
+/// the pool's kits are keyed by it).
+fn own_context(lib: &'static Lib, device: *mut ffi::ibv_device) -> Result<Arc<Context>> {
+    let pid = std::process::id();
+    let mut g = OWN_CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, _, c)) = g
+        .iter()
+        .find(|(p, d, _)| *p == pid && *d == device as usize)
+    {
+        return Ok(c.clone());
+    }
+    // SAFETY: `device` is a device of libibverbs' list (librdmacm's context names it), which
+    // stays valid for the process's life.
+    let c = unsafe { Context::open_device(lib, device) }?;
+    g.push((pid, device as usize, c.clone()));
+    Ok(c)
 }
 
 /// Parameters of `rdma_connect`/`rdma_accept`.
@@ -494,13 +528,19 @@ impl CmId {
         Ok(())
     }
 
-    /// The device context rdma_cm bound this id to (after address resolution, or on a
-    /// connect request's id).
+    /// The device context to make this id's resources on (after address resolution, or on a
+    /// connect request's id): the one rdma_cm bound it to, or, in a fork child of a process
+    /// that had started librdmacm, this process's own on the same device.
     pub fn context(&self) -> Result<Arc<Context>> {
         // SAFETY: live id.
         let verbs = unsafe { (*self.as_ptr()).verbs };
         let verbs =
             NonNull::new(verbs).ok_or(Error::InvalidArgument("cm id not bound to a device"))?;
+        if inherited_state() {
+            // SAFETY: a live context's `device` is valid.
+            let device = unsafe { (*verbs.as_ptr()).device };
+            return own_context(self.lib(), device);
+        }
         // SAFETY: librdmacm owns the context for the process' life.
         Ok(unsafe { Context::from_cm(self.lib(), verbs) })
     }
@@ -527,10 +567,23 @@ impl CmId {
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = caps.max_inline_data;
-        // SAFETY: live id bound to pd's device; attr is fully initialised.
-        let rc = unsafe { (self.lib().cm.rdma_create_qp)(self.as_ptr(), pd.as_ptr(), &mut attr) };
-        Self::check(rc, "rdma_create_qp")?;
+        let own = !pd.context().is_librdmacms();
+        let raw = if own {
+            // SAFETY: live PD; attr is fully initialised.
+            let qp = unsafe { (self.lib().verbs.ibv_create_qp)(pd.as_ptr(), &mut attr) };
+            NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?
+        } else {
+            // SAFETY: live id bound to pd's device; attr is fully initialised.
+            let rc =
+                unsafe { (self.lib().cm.rdma_create_qp)(self.as_ptr(), pd.as_ptr(), &mut attr) };
+            Self::check(rc, "rdma_create_qp")?;
+            // SAFETY: live id; rdma_create_qp succeeded, so it set `qp`.
+            NonNull::new(unsafe { (*self.as_ptr()).qp })
+                .ok_or(Error::InvalidArgument("rdma_create_qp left no QP"))?
+        };
         self.qp = Some(QpParts {
+            raw,
+            own,
             _pd: pd.clone(),
             _send_cq: send_cq.clone(),
             _recv_cq: recv_cq.clone(),
@@ -541,7 +594,90 @@ impl CmId {
                 max_inline_data: attr.cap.max_inline_data,
             },
         });
+        if own {
+            // (rdma_create_qp moves its QP to INIT, which receives may be posted in: ours too)
+            if let Err(e) = self.move_qp(ffi::ibv_qp_state::IBV_QPS_INIT) {
+                self.destroy_qp();
+                return Err(e);
+            }
+        }
         Ok(())
+    }
+
+    /// Moves this process's own QP to `state` with the attributes rdma_cm gives for this id
+    /// (`rdma_init_qp_attr`: the path, the peer's QP number, the PSNs, as the CM agreed them).
+    fn move_qp(&self, state: ffi::ibv_qp_state::Type) -> Result<()> {
+        let qp = self.qp_ptr()?;
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = state;
+        let mut mask: c_int = 0;
+        // SAFETY: live id; valid out-pointers.
+        let rc = unsafe { (self.lib().cm.rdma_init_qp_attr)(self.as_ptr(), &mut attr, &mut mask) };
+        Self::check(rc, "rdma_init_qp_attr")?;
+        // SAFETY: live QP; attr and mask as rdma_cm filled them.
+        let rc = unsafe { (self.lib().verbs.ibv_modify_qp)(qp, &mut attr, mask) };
+        if rc != 0 {
+            return Err(Error::returned("ibv_modify_qp", rc));
+        }
+        Ok(())
+    }
+
+    /// INIT again (now that the CM knows the connection: an active side's QP got no remote
+    /// access at its first INIT, before its request went out, and its peer's WRITEs would fail
+    /// with a remote invalid request), then RTR and RTS: what librdmacm does for its QPs.
+    fn move_qp_to_rts(&self) -> Result<()> {
+        self.move_qp(ffi::ibv_qp_state::IBV_QPS_INIT)?;
+        self.move_qp(ffi::ibv_qp_state::IBV_QPS_RTR)?;
+        self.move_qp(ffi::ibv_qp_state::IBV_QPS_RTS)
+    }
+
+    /// Moves this process's own QP to the error state (which flushes its work requests), as
+    /// librdmacm does for its QPs at a disconnect.
+    fn fail_qp(&self) {
+        let Some(q) = self.qp.as_ref().filter(|q| q.own) else {
+            return;
+        };
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: live QP; only the state is set.
+        let _ = unsafe {
+            (self.lib().verbs.ibv_modify_qp)(
+                q.raw.as_ptr(),
+                &mut attr,
+                ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as c_int,
+            )
+        };
+    }
+
+    /// Destroys the QP (before the CQs and PD it holds are released).
+    fn destroy_qp(&mut self) {
+        let lib = self.lib();
+        if let Some(parts) = self.qp.take() {
+            if parts.own {
+                // SAFETY: a live QP made by ibv_create_qp, destroyed once.
+                unsafe { (lib.verbs.ibv_destroy_qp)(parts.raw.as_ptr()) };
+            } else {
+                // SAFETY: live id with a QP created by rdma_create_qp; destroyed once.
+                unsafe { (lib.cm.rdma_destroy_qp)(self.as_ptr()) };
+            }
+            drop(parts);
+        }
+    }
+
+    /// Client: the server accepted (the event `CONNECT_RESPONSE`, which librdmacm hands over
+    /// only for a QP it did not make): moves this process's own QP to RTR and RTS and
+    /// completes the connection (`rdma_establish`). Nothing to do for rdma_cm's QPs
+    /// (`ESTABLISHED` comes instead).
+    pub fn establish(&self) -> Result<()> {
+        if !self.qp.as_ref().is_some_and(|q| q.own) {
+            return Ok(());
+        }
+        self.move_qp_to_rts()?;
+        // SAFETY: live id in the connect-response state.
+        let rc = unsafe { (self.lib().cm.rdma_establish)(self.as_ptr()) };
+        Self::check(rc, "rdma_establish")
     }
 
     /// `rdma_migrate_id`: from now on this id's events (ESTABLISHED, DISCONNECTED, …) arrive
@@ -576,9 +712,9 @@ impl CmId {
 
     /// The QP number.
     pub fn qp_num(&self) -> Option<u32> {
-        self.qp.as_ref()?;
-        // SAFETY: live id with a QP.
-        Some(unsafe { (*(*self.as_ptr()).qp).qp_num })
+        let q = self.qp.as_ref()?;
+        // SAFETY: a live QP.
+        Some(unsafe { (*q.raw.as_ptr()).qp_num })
     }
 
     fn conn_param(p: &ConnParam<'_>, max: usize) -> Result<ffi::rdma_conn_param> {
@@ -604,19 +740,33 @@ impl CmId {
         })
     }
 
+    /// [`Self::conn_param`] naming this id's QP when it is this process's own (rdma_cm knows
+    /// of no QP then).
+    fn conn_param_for_qp(&self, p: &ConnParam<'_>, max: usize) -> Result<ffi::rdma_conn_param> {
+        let mut c = Self::conn_param(p, max)?;
+        if self.qp.as_ref().is_some_and(|q| q.own) {
+            c.qp_num = self.qp_num().unwrap_or(0);
+        }
+        Ok(c)
+    }
+
     /// `rdma_connect` with `param.private_data` (the event `ESTABLISHED`, `REJECTED` or
     /// `UNREACHABLE` follows).
     pub fn connect(&self, param: &ConnParam<'_>) -> Result<()> {
-        let mut p = Self::conn_param(param, MAX_CONNECT_PRIVATE_DATA)?;
+        let mut p = self.conn_param_for_qp(param, MAX_CONNECT_PRIVATE_DATA)?;
         // SAFETY: live id with a resolved route and a QP; p points at private_data, which
         // outlives the call (librdmacm copies it).
         let rc = unsafe { (self.lib().cm.rdma_connect)(self.as_ptr(), &mut p) };
         Self::check(rc, "rdma_connect")
     }
 
-    /// `rdma_accept` with `param.private_data`.
+    /// `rdma_accept` with `param.private_data`. This process's own QP is moved to RTR and RTS
+    /// first (as librdmacm does for its QPs inside `rdma_accept`).
     pub fn accept(&self, param: &ConnParam<'_>) -> Result<()> {
-        let mut p = Self::conn_param(param, MAX_ACCEPT_PRIVATE_DATA)?;
+        let mut p = self.conn_param_for_qp(param, MAX_ACCEPT_PRIVATE_DATA)?;
+        if self.qp.as_ref().is_some_and(|q| q.own) {
+            self.move_qp_to_rts()?;
+        }
         // SAFETY: live connect-request id with a QP; private_data outlives the call.
         let rc = unsafe { (self.lib().cm.rdma_accept)(self.as_ptr(), &mut p) };
         Self::check(rc, "rdma_accept")
@@ -638,19 +788,20 @@ impl CmId {
         Self::check(rc, "rdma_reject")
     }
 
-    /// `rdma_disconnect`.
+    /// `rdma_disconnect` (this process's own QP goes to the error state first, as librdmacm
+    /// moves its QPs).
     pub fn disconnect(&self) -> Result<()> {
+        self.fail_qp();
         // SAFETY: live id.
         let rc = unsafe { (self.lib().cm.rdma_disconnect)(self.as_ptr()) };
         Self::check(rc, "rdma_disconnect")
     }
 
     fn qp_ptr(&self) -> Result<*mut ffi::ibv_qp> {
-        if self.qp.is_none() {
-            return Err(Error::InvalidArgument("the id has no QP"));
-        }
-        // SAFETY: live id with a QP.
-        Ok(unsafe { (*self.as_ptr()).qp })
+        self.qp
+            .as_ref()
+            .map(|q| q.raw.as_ptr())
+            .ok_or(Error::InvalidArgument("the id has no QP"))
     }
 
     fn post(&self, wr: &mut ffi::ibv_send_wr) -> Result<()> {
@@ -798,12 +949,8 @@ impl CmId {
 impl Drop for CmId {
     fn drop(&mut self) {
         let lib = self.lib();
-        if let Some(parts) = self.qp.take() {
-            // SAFETY: live id with a QP created by rdma_create_qp; destroyed once, before the
-            // CQs and PD it uses (held by `parts`) are released.
-            unsafe { (lib.cm.rdma_destroy_qp)(self.as_ptr()) };
-            drop(parts);
-        }
+        // (before the CQs and PD it uses, which its parts hold, are released)
+        self.destroy_qp();
         // SAFETY: live id; every event referring to it was acked when it was read (Event
         // copies and acks at once), so rdma_destroy_id cannot wait forever.
         unsafe { (lib.cm.rdma_destroy_id)(self.as_ptr()) };
@@ -814,9 +961,10 @@ impl Drop for CmId {
 mod tests {
     use super::*;
 
-    /// The process that claims librdmacm keeps it; a fork child of it is refused, and knows.
+    /// The process that claims librdmacm keeps it; a fork child of it knows it inherited it
+    /// (and makes its queue pairs on a context of its own).
     #[test]
-    fn a_fork_child_of_the_owner_is_refused() {
+    fn a_fork_child_of_the_owner_knows_it_inherited() {
         assert!(usable_here(), "the test process claims it first");
         assert!(usable_here(), "and keeps it");
         assert!(!inherited_state());

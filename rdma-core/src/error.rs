@@ -12,10 +12,6 @@ pub enum Unavailable {
     LibrariesMissing(LoadError),
     /// The libraries loaded but list no RDMA device.
     NoDevice,
-    /// This process is a fork child of one that had started librdmacm: the device state it
-    /// inherited (librdmacm's open contexts) is its parent's, and the kernel refuses verbs
-    /// commands on it from another process (EACCES). See [`crate::inherited_state`].
-    ForkedState,
 }
 
 impl fmt::Display for Unavailable {
@@ -23,9 +19,6 @@ impl fmt::Display for Unavailable {
         match self {
             Self::LibrariesMissing(e) => write!(f, "RDMA libraries missing: {e}"),
             Self::NoDevice => f.write_str("no RDMA device"),
-            Self::ForkedState => f.write_str(
-                "this process was forked from one that had opened the RDMA device: its inherited device state cannot be used here",
-            ),
         }
     }
 }

@@ -1069,6 +1069,20 @@ impl Dialer {
                     Err(e) => DialStatus::Failed(DialError::Local(e)),
                 });
             }
+            // (a QP of this process's own, in a fork child: librdmacm hands the reply over
+            // and the connection is completed here; `CmId::establish`)
+            (Dial::Connect(c), et::RDMA_CM_EVENT_CONNECT_RESPONSE) => {
+                let (conn, ep) = *c;
+                let done = ep
+                    .id
+                    .establish()
+                    .map_err(io::Error::from)
+                    .and_then(|()| self.established(conn, ep, &ev.private_data));
+                return Some(match done {
+                    Ok(link) => DialStatus::Connected(link),
+                    Err(e) => DialStatus::Failed(DialError::Local(e)),
+                });
+            }
             (_, et::RDMA_CM_EVENT_REJECTED) => {
                 DialError::Rejected(Reject::decode(&ev.private_data).ok().map(|r| r.reason))
             }

@@ -37,8 +37,8 @@ pub fn cycles() -> Option<u64> {
 
 use ffi::{
     ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd,
-    ibv_port_attr, ibv_qp_init_attr, rdma_cm_event, rdma_cm_id, rdma_conn_param,
-    rdma_event_channel,
+    ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, rdma_cm_event, rdma_cm_id,
+    rdma_conn_param, rdma_event_channel,
 };
 pub use rdma_mummy_sys as ffi;
 
@@ -185,6 +185,9 @@ fn_table! {
         ibv_dereg_mr: fn(*mut ibv_mr) -> c_int;
         ibv_wc_status_str: fn(ffi::ibv_wc_status::Type) -> *const c_char;
         ibv_fork_init: fn() -> c_int;
+        ibv_create_qp: fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+        ibv_modify_qp: fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+        ibv_destroy_qp: fn(*mut ibv_qp) -> c_int;
     }
 }
 
@@ -209,6 +212,8 @@ fn_table! {
         rdma_destroy_qp: fn(*mut rdma_cm_id);
         rdma_migrate_id: fn(*mut rdma_cm_id, *mut rdma_event_channel) -> c_int;
         rdma_event_str: fn(ffi::rdma_cm_event_type::Type) -> *const c_char;
+        rdma_init_qp_attr: fn(*mut rdma_cm_id, *mut ibv_qp_attr, *mut c_int) -> c_int;
+        rdma_establish: fn(*mut rdma_cm_id) -> c_int;
     }
 }
 

@@ -91,24 +91,37 @@ impl Context {
         }
         let result = match found {
             None => Err(Error::NoSuchDevice(name.to_owned())),
-            Some(dev) => {
-                // SAFETY: dev is a valid device from the (still allocated) list.
-                let raw = unsafe { (lib.verbs.ibv_open_device)(dev) };
-                NonNull::new(raw)
-                    .map(|raw| {
-                        Arc::new(Self {
-                            raw,
-                            owned: true,
-                            lib,
-                        })
-                    })
-                    .ok_or_else(|| Error::last("ibv_open_device"))
-            }
+            // SAFETY: dev is a valid device from the (still allocated) list.
+            Some(dev) => unsafe { Self::open_device(lib, dev) },
         };
         // SAFETY: list came from ibv_get_device_list and is freed once; an opened context
         // stays valid after the list is freed (libibverbs keeps the device referenced).
         unsafe { (lib.verbs.ibv_free_device_list)(list) };
         result
+    }
+
+    /// Opens `dev` (`ibv_open_device`): a context of this process's own, closed on drop.
+    ///
+    /// # Safety
+    /// `dev` must be a valid device of libibverbs (from its device list, or a live context's
+    /// `device`).
+    pub unsafe fn open_device(lib: &'static Lib, dev: *mut ffi::ibv_device) -> Result<Arc<Self>> {
+        // SAFETY: per the caller's contract.
+        let raw = unsafe { (lib.verbs.ibv_open_device)(dev) };
+        NonNull::new(raw)
+            .map(|raw| {
+                Arc::new(Self {
+                    raw,
+                    owned: true,
+                    lib,
+                })
+            })
+            .ok_or_else(|| Error::last("ibv_open_device"))
+    }
+
+    /// Whether librdmacm owns this context ([`Self::from_cm`]).
+    pub fn is_librdmacms(&self) -> bool {
+        !self.owned
     }
 
     /// Wraps a context that librdmacm owns (`cm_id->verbs`).

@@ -59,11 +59,10 @@ reasons! {
     NoUpgradeRequest = "no_upgrade_request": "server side: the client marked its SYN and got the token, but no RDMA connect request came for the accepted connection (the client closed it first, or its dial failed or was given up: no RDMA libraries or route there)",
     ClosedEarly = "closed_early": "the application closed the connection before its upgrade completed",
     Forked = "forked": "the process forked while the connection's upgrade was undecided; it stays TCP, so that whichever process goes on with the socket (parent or child) uses it as TCP",
-    InheritedListener = "inherited_listener": "server side: accepted on a listening socket whose RDMA side belongs to another process (made before a fork: a prefork server's workers)",
+    InheritedListener = "inherited_listener": "server side: accepted on a listening socket whose RDMA side belongs to another process (made before a fork: a prefork server's workers), and no RDMA listener of this process's own could be bound to serve it",
     PlainPeer = "plain_peer": "the other end runs no shim, or will not upgrade this connection (server: the client's SYN carried no rdmashim mark; client: the server's first bytes carried no rdmashim token)",
     UnprovenPeer = "unproven_peer": "client side: the RDMA peer that answered could not prove it holds the TCP connection's other end (its reply's tag did not verify: another process on the server's host holds the port's rdma_cm side)",
     Exec = "exec": "the process replaced its image (exec, or spawned a child that inherits the socket) while the connection's upgrade was undecided; it stays TCP, which the new image can use",
-    ForkedDevice = "forked_device": "the process is a fork child of one that had opened the RDMA device: the device state it inherited is its parent's, and the kernel refuses its commands from another process; its new connections stay TCP",
 }
 
 /// Which kind of address a connection's peer has, as far as upgrading is concerned.

@@ -1854,7 +1854,8 @@ mod fork_dial {
     use super::*;
 
     /// Connection A (the parent's): "r" once the settle pause is over, then an echo of 64
-    /// blocks. Connection B (the child's, accepted while A is open): an echo to EOF.
+    /// blocks. Connection B (the child's, accepted while A is open): "r" the same way, then an
+    /// echo of all it reads, once it reads EOF.
     pub fn serve(l: TcpListener) {
         let settle = std::env::var("BEHAVE_SETTLE_MS")
             .ok()
@@ -1870,6 +1871,10 @@ mod fork_dial {
             a.write_all(&buf).unwrap();
         }
         let (mut b, _) = l.accept().expect("accept B");
+        if let Some(ms) = settle {
+            sleep_ms(ms);
+        }
+        b.write_all(b"r").unwrap();
         let got = read_to_eof(&mut b);
         b.write_all(&got).unwrap();
         b.shutdown(Shutdown::Write).unwrap();
@@ -1900,6 +1905,9 @@ mod fork_dial {
             let ok = std::panic::catch_unwind(|| {
                 let mut b = TcpStream::connect(addr).unwrap();
                 b.set_read_timeout(Some(T)).unwrap();
+                let mut r = [0u8];
+                b.read_exact(&mut r).unwrap();
+                assert_eq!(&r, b"r");
                 let payload = pattern(256 * 1024, 0x77);
                 b.write_all(&payload).unwrap();
                 b.shutdown(Shutdown::Write).unwrap();

@@ -1312,11 +1312,6 @@ pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
     if engine::negative_cached(SocketAddr::new(ip, peer.port())) {
         return Err(FallbackReason::NegativeCache);
     }
-    // (a fork child of a process that used rdma_cm: nothing RDMA works here, so the SYN goes
-    // unmarked and the server sends no token)
-    if rdmashim_core::inherited_state() {
-        return Err(FallbackReason::ForkedDevice);
-    }
     Ok(())
 }
 
@@ -1431,9 +1426,6 @@ pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
     let dial_port = || {
         if engine.serves(local) {
             Ok(None)
-        } else if rdmashim_core::inherited_state() {
-            // (its own listener could not be used either: the device state is the parent's)
-            Err(FallbackReason::InheritedListener)
         } else {
             engine
                 .own_port(local)
