@@ -1038,26 +1038,18 @@ pub fn behave_roles_env(
             out.status
         );
     }
-    // The client's own file, and those of the processes it forked (`fork_dial`'s child).
-    let (client, client_forks) = if client == Side::Plain {
-        (None, Vec::new())
-    } else {
-        let (own, forks): (Vec<Stats>, Vec<Stats>) = s
-            .stats("client")
-            .into_iter()
-            .partition(|st| st.pid == client_pid);
+    // Each role's own file, and those of the processes it forked (prefork workers,
+    // `fork_dial`'s child).
+    let own_and_forks = |side: Side, label: &str, pid: u64| -> (Option<Stats>, Vec<Stats>) {
+        if side == Side::Plain {
+            return (None, Vec::new());
+        }
+        let (own, forks): (Vec<Stats>, Vec<Stats>) =
+            s.stats(label).into_iter().partition(|st| st.pid == pid);
         (own.into_iter().next(), forks)
     };
-    // The server's own file, and those of the processes it forked (prefork workers).
-    let (server, server_forks) = if server == Side::Plain {
-        (None, Vec::new())
-    } else {
-        let (own, forks): (Vec<Stats>, Vec<Stats>) = s
-            .stats("server")
-            .into_iter()
-            .partition(|st| st.pid == u64::from(id));
-        (own.into_iter().next(), forks)
-    };
+    let (client, client_forks) = own_and_forks(client, "client", client_pid);
+    let (server, server_forks) = own_and_forks(server, "server", u64::from(id));
     RoleStats {
         client,
         server,

@@ -19,14 +19,14 @@ fn kernel_tcp() {
 }
 
 /// Runs the scenario with both ends shimmed on `ip` and checks the stats: the client's two
-/// connections and one per worker, all on TCP (the client's for `client_reason`, the workers'
-/// for `worker_reason`); the parent accepted none.
-fn shimmed(ip: &str, client_reason: &str, worker_reason: &str) {
+/// connections and one per worker, each checked by `check` (the client's with `"client"`,
+/// the workers' with `"worker"`); the parent accepted none. Returns the client's stats.
+fn shimmed(ip: &str, check: impl Fn(&str, &Stats)) -> Stats {
     let shim = Side::Shim(Via::Preload);
     let r = behave_roles(BIN, "prefork", shim, shim, ip, None);
-    let c = r.client.as_ref().expect("the client wrote no stats");
+    let c = r.client.expect("the client wrote no stats");
     assert_eq!(c.connections(), 2, "client: {}", c.summary());
-    c.assert_all_fallback(client_reason);
+    check("client", &c);
     let parent = r.server.as_ref().expect("the parent wrote no stats");
     assert_eq!(parent.connections(), 0, "parent: {}", parent.summary());
     assert_eq!(
@@ -37,13 +37,16 @@ fn shimmed(ip: &str, client_reason: &str, worker_reason: &str) {
     );
     for w in &r.server_forks {
         assert_eq!(w.connections(), 1, "worker: {}", w.summary());
-        w.assert_all_fallback(worker_reason);
+        check("worker", w);
     }
+    c
 }
 
 #[test]
 fn under_the_shim() {
-    shimmed("127.0.0.1", &expected_reason(), &expected_reason());
+    shimmed("127.0.0.1", |_, st| {
+        st.assert_all_fallback(&expected_reason())
+    });
 }
 
 /// RDMA tier: both ends shimmed on `RDMASHIM_TEST_IP`. Each worker's connection is dialled
@@ -53,25 +56,13 @@ fn under_the_shim() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    let shim = Side::Shim(Via::Preload);
     let device = DeviceCounters::read(&test_device());
-    let r = behave_roles(BIN, "prefork", shim, shim, &test_ip(), None);
-    let c = r.client.as_ref().expect("the client wrote no stats");
-    assert_eq!(c.connections(), 2, "client: {}", c.summary());
-    c.assert_all_upgraded();
-    let parent = r.server.as_ref().expect("the parent wrote no stats");
-    assert_eq!(parent.connections(), 0, "parent: {}", parent.summary());
-    assert_eq!(
-        r.server_forks.len(),
-        2,
-        "one stats file per worker: {:#?}",
-        r.server_forks
-    );
-    for w in &r.server_forks {
-        assert_eq!(w.connections(), 1, "worker: {}", w.summary());
-        w.assert_all_upgraded();
-        // (most of the ten 16 KiB rounds each way come after the upgrade, 400 ms apart)
-        w.assert_ring_at_least(16 * 1024, 16 * 1024);
-    }
+    let c = shimmed(&test_ip(), |role, st| {
+        st.assert_all_upgraded();
+        if role == "worker" {
+            // (most of the ten 16 KiB rounds each way come after the upgrade, 400 ms apart)
+            st.assert_ring_at_least(16 * 1024, 16 * 1024);
+        }
+    });
     device.delta().assert_carried(c.ring_bytes());
 }
