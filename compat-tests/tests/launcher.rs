@@ -22,6 +22,36 @@ fn exit_status_passes_through() {
     assert_eq!(run(c, T).status.code(), Some(127));
 }
 
+/// A program the loader cannot put the shim into is named on stderr before it runs (and runs
+/// all the same); a dynamic one gets no word, and `--log off` silences the warning.
+#[test]
+fn programs_the_shim_cannot_reach_are_named() {
+    let Some(busybox) = require("/bin/busybox") else {
+        return;
+    };
+    let mut c = launcher();
+    c.args(["run", "--"])
+        .arg(&busybox)
+        .args(["sh", "-c", "exit 3"]);
+    let out = run(c, T);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rdmashim: warning:") && err.contains("is statically linked"),
+        "stderr: {err}"
+    );
+    let mut c = launcher();
+    c.args(["run", "--log", "off", "--"])
+        .arg(&busybox)
+        .arg("true");
+    let out = run(c, T);
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+    let mut c = launcher();
+    c.args(["run", "--", "sh", "-c", "true"]);
+    let out = run(c, T);
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+}
+
 #[test]
 fn preload_is_set_and_appended() {
     let lib = shim().lib.canonicalize().unwrap();

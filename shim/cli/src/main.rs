@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 mod doctor;
+mod program;
 #[path = "../../src/reason.rs"]
 #[allow(dead_code)]
 mod reason;
@@ -163,6 +164,21 @@ fn run(args: &[OsString]) -> ExitCode {
             return ExitCode::from(127);
         }
     };
+    // A program the loader will not put the shim into is named now (not silently left on
+    // TCP); it runs all the same.
+    let path = std::env::var_os("PATH");
+    if o.log.as_deref() != Some("off") {
+        if let Some(file) = program::resolve(&o.program[0], path.as_deref()) {
+            let (uid, gid) = sys::real_ids();
+            if let Some(why) = program::judge(&file, path.as_deref(), uid, gid) {
+                eprintln!(
+                    "rdmashim: warning: {} {}",
+                    Path::new(&o.program[0]).display(),
+                    why.explain()
+                );
+            }
+        }
+    }
     let mut cmd = std::process::Command::new(&o.program[0]);
     cmd.args(&o.program[1..]);
     cmd.env(

@@ -1,4 +1,4 @@
-//! The launcher's only FFI: dlopen probing and RLIMIT_MEMLOCK.
+//! The launcher's only FFI: dlopen probing, RLIMIT_MEMLOCK and the real user and group.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString};
@@ -34,4 +34,10 @@ pub fn memlock_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
     }
     let conv = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
     Ok((conv(r.rlim_cur), conv(r.rlim_max)))
+}
+
+/// The real user and group ids of this process (what a setuid program is judged against).
+pub fn real_ids() -> (u32, u32) {
+    // SAFETY: getuid and getgid have no preconditions and cannot fail.
+    unsafe { (libc::getuid(), libc::getgid()) }
 }
