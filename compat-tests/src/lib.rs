@@ -380,12 +380,33 @@ impl Drop for Server {
 
 /// A currently free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().unwrap().port()
+    free_port_on("127.0.0.1")
 }
 
-/// A currently free TCP port on `ip` (an address of this host).
+/// A currently free TCP port on `ip` (an address of this host), for a server started later.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), never from it: a port
+/// that `bind(0)` handed out and gave back is the first one the next `bind(0)` gets, so a
+/// test running beside this one (a scenario server on port 0, a client's source port) took
+/// it before this test's server started (seen in CI: a curl reached another test's server).
+/// Each process starts at its own offset, and a port is only returned once per process.
 pub fn free_port_on(ip: &str) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    if low > 12_000 {
+        let span = low - 10_000;
+        let start = std::process::id().wrapping_mul(7919) % span;
+        for _ in 0..span {
+            let port = 10_000 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            if std::net::TcpListener::bind((ip, port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     let l = std::net::TcpListener::bind((ip, 0)).unwrap_or_else(|e| panic!("bind {ip}:0: {e}"));
     l.local_addr().unwrap().port()
 }
