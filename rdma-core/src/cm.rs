@@ -115,6 +115,7 @@ impl EventChannel {
         let raw = unsafe { (lib.cm.rdma_create_event_channel)() };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last("rdma_create_event_channel"))?;
         let ch = Arc::new(Self { raw, lib });
+        crate::fds::opened(ch.fd());
         verbs::set_nonblocking(ch.fd(), "fcntl(rdma event channel)")?;
         Ok(ch)
     }
@@ -237,6 +238,7 @@ impl EventChannel {
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
+        crate::fds::closing(self.fd());
         // SAFETY: every id on this channel holds an Arc of us, so all are destroyed.
         unsafe { (self.lib.cm.rdma_destroy_event_channel)(self.raw.as_ptr()) };
     }

@@ -23,6 +23,7 @@
 pub mod cm;
 mod endpoint;
 pub mod error;
+pub mod fds;
 pub mod link;
 pub mod pool;
 pub mod probe;

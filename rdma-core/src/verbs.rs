@@ -108,7 +108,7 @@ impl Context {
     pub unsafe fn open_device(lib: &'static Lib, dev: *mut ffi::ibv_device) -> Result<Arc<Self>> {
         // SAFETY: per the caller's contract.
         let raw = unsafe { (lib.verbs.ibv_open_device)(dev) };
-        NonNull::new(raw)
+        let c = NonNull::new(raw)
             .map(|raw| {
                 Arc::new(Self {
                     raw,
@@ -116,7 +116,25 @@ impl Context {
                     lib,
                 })
             })
-            .ok_or_else(|| Error::last("ibv_open_device"))
+            .ok_or_else(|| Error::last("ibv_open_device"))?;
+        c.tell_fds();
+        Ok(c)
+    }
+
+    /// The context's descriptors (its command and async fds).
+    fn fds(&self) -> [RawFd; 2] {
+        // SAFETY: a live context; both fields are plain ints.
+        unsafe {
+            let c = self.raw.as_ptr();
+            [(*c).cmd_fd, (*c).async_fd]
+        }
+    }
+
+    /// Tells the watcher of [`crate::fds`] this context's descriptors (again: idempotent).
+    fn tell_fds(&self) {
+        for fd in self.fds() {
+            crate::fds::opened(fd);
+        }
     }
 
     /// Whether librdmacm owns this context ([`Self::from_cm`]).
@@ -129,11 +147,14 @@ impl Context {
     /// # Safety
     /// `raw` must be a live context from librdmacm, which keeps it open for the process' life.
     pub unsafe fn from_cm(lib: &'static Lib, raw: NonNull<ffi::ibv_context>) -> Arc<Self> {
-        Arc::new(Self {
+        let c = Arc::new(Self {
             raw,
             owned: false,
             lib,
-        })
+        });
+        // (librdmacm keeps it open for the process's life: never closed by us)
+        c.tell_fds();
+        c
     }
 
     /// The raw pointer, for verbs calls.
@@ -197,6 +218,9 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         if self.owned {
+            for fd in self.fds() {
+                crate::fds::closing(fd);
+            }
             // SAFETY: we opened it and every child holds an Arc of us, so none is left.
             unsafe { (self.lib.verbs.ibv_close_device)(self.as_ptr()) };
         }
@@ -266,6 +290,7 @@ impl CompChannel {
             raw,
             ctx: ctx.clone(),
         });
+        crate::fds::opened(ch.fd());
         set_nonblocking(ch.fd(), "fcntl(comp_channel)")?;
         Ok(ch)
     }
@@ -312,6 +337,7 @@ impl CompChannel {
 
 impl Drop for CompChannel {
     fn drop(&mut self) {
+        crate::fds::closing(self.fd());
         // SAFETY: every CQ using this channel holds an Arc of us, so none is left.
         unsafe { (self.ctx.lib.verbs.ibv_destroy_comp_channel)(self.as_ptr()) };
     }

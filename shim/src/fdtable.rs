@@ -45,6 +45,10 @@ pub enum Kind {
     Listening = 3,
     /// A TCP connection whose bytes flow over RDMA (set by the upgrade layer; unused so far).
     Upgraded = 4,
+    /// A descriptor of the shim's own (or of the RDMA libraries it drives): one the program
+    /// never opened, and would not have without the shim. Its `close` by the program fails
+    /// with EBADF and leaves it open, as it would on a kernel where it does not exist.
+    Private = 5,
 }
 
 impl Kind {
@@ -54,6 +58,7 @@ impl Kind {
             2 => Kind::TcpCandidate,
             3 => Kind::Listening,
             4 => Kind::Upgraded,
+            5 => Kind::Private,
             _ => Kind::Unknown,
         }
     }
@@ -326,6 +331,21 @@ impl FdTable {
                 Err(actual) => cur = actual,
             }
         }
+    }
+
+    /// Marks `fd`, just opened by the shim for itself, [`Kind::Private`] (an entry the program
+    /// made for that number, which cannot be a live one of its own, is left alone).
+    pub fn mark_private(&self, fd: i32) {
+        if self.get(fd).is_unknown() {
+            self.set(fd, FdEntry::new(Kind::Private, 0, 0));
+        }
+    }
+
+    /// Clears the [`Kind::Private`] mark of `fd`, which the shim is about to close.
+    pub fn unmark_private(&self, fd: i32) {
+        self.update(fd, |e| {
+            (e.kind() == Kind::Private).then_some(FdEntry::UNKNOWN)
+        });
     }
 
     /// Sets `flag` on a known entry; returns true if this call set it (it was clear before).

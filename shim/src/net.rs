@@ -59,10 +59,25 @@ pub fn pread(fd: c_int, buf: &mut [u8], off: i64) -> Result<usize, Errno> {
     check(unsafe { libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), off) })
 }
 
-/// close(2).
+/// close(2) of a descriptor of the shim's own (its private mark goes first: see
+/// [`private`]).
 pub fn close(fd: c_int) {
+    crate::fdtable::TABLE.unmark_private(fd);
     // SAFETY: the caller owns fd.
     unsafe { libc::syscall(libc::SYS_close, fd) };
+}
+
+/// close_range(2) as a raw system call: 0, or -1 with errno set.
+pub fn close_range(first: core::ffi::c_uint, last: core::ffi::c_uint, flags: c_int) -> c_int {
+    // SAFETY: no pointers.
+    unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int }
+}
+
+/// `fd` was just made by the shim for itself: the program's close-all loops must not close
+/// it (`fdtable::Kind::Private`). Returns it.
+pub fn private(fd: c_int) -> c_int {
+    crate::fdtable::TABLE.mark_private(fd);
+    fd
 }
 
 /// shutdown(2).
@@ -77,11 +92,11 @@ pub fn dup_private(fd: c_int, min: c_int) -> Result<c_int, Errno> {
     // SAFETY: no pointers.
     let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, min) };
     match check(r) {
-        Ok(n) => Ok(n as c_int),
+        Ok(n) => Ok(private(n as c_int)),
         Err(e) if e.0 == libc::EINVAL || e.0 == libc::EMFILE => {
             // SAFETY: no pointers.
             let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 0) };
-            check(r).map(|n| n as c_int)
+            check(r).map(|n| private(n as c_int))
         }
         Err(e) => Err(e),
     }
@@ -114,14 +129,14 @@ pub fn eventfd(min: c_int) -> Result<c_int, Errno> {
     };
     let fd = check(r)? as c_int;
     if fd >= min {
-        return Ok(fd);
+        return Ok(private(fd));
     }
     match dup_private(fd, min) {
         Ok(high) => {
             close(fd);
             Ok(high)
         }
-        Err(_) => Ok(fd),
+        Err(_) => Ok(private(fd)),
     }
 }
 
@@ -139,14 +154,14 @@ pub fn pipe_private(min: c_int) -> Result<(c_int, c_int), Errno> {
     check(r)?;
     let high = |fd: c_int| {
         if fd >= min {
-            return fd;
+            return private(fd);
         }
         match dup_private(fd, min) {
             Ok(h) => {
                 close(fd);
                 h
             }
-            Err(_) => fd,
+            Err(_) => private(fd),
         }
     };
     Ok((high(fds[0]), high(fds[1])))
@@ -258,7 +273,7 @@ pub fn ppoll_raw(
 pub fn epoll_create() -> Result<c_int, Errno> {
     // SAFETY: no pointers.
     check(unsafe { libc::syscall(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) })
-        .map(|v| v as c_int)
+        .map(|v| private(v as c_int))
 }
 
 /// epoll_ctl(2).

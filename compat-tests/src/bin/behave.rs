@@ -1845,6 +1845,64 @@ mod epoll_reuse {
     }
 }
 
+/// A daemon's close-all loop in the middle of a connection: the client closes every fd but
+/// the connection's socket (and stdio), as daemons do after they start, with `close` one by
+/// one and later with `close_range` around the socket, and goes on with the stream. On a kernel without the shim nothing else is open; under it, the shim's own
+/// descriptors (and librdmacm's) must survive, or the connection must fail cleanly.
+mod close_all {
+    use super::*;
+
+    const BLOCKS: usize = 16;
+
+    pub fn server(mut s: TcpStream) {
+        s.write_all(b"r").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..BLOCKS {
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+        }
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut r = [0u8];
+        s.read_exact(&mut r).unwrap();
+        assert_eq!(&r, b"r");
+        let keep = s.as_raw_fd();
+        let mut got = vec![0u8; 4096];
+        for i in 0..BLOCKS {
+            if i == BLOCKS / 2 {
+                for fd in 3..4096 {
+                    if fd != keep {
+                        // SAFETY: closing every fd but the socket is what the scenario does;
+                        // this program holds nothing else it uses afterwards.
+                        unsafe { libc::close(fd) };
+                    }
+                }
+            }
+            if i == 3 * BLOCKS / 4 {
+                // The same with close_range(2) (closefrom's way), around the socket.
+                let keep = keep as libc::c_uint;
+                // SAFETY: as above; plain close_range calls on ranges of fds.
+                unsafe {
+                    if keep > 3 {
+                        libc::close_range(3, keep - 1, 0);
+                    }
+                    libc::close_range(keep + 1, libc::c_uint::MAX, 0);
+                }
+            }
+            let block = pattern(4096, i as u8);
+            s.write_all(&block).unwrap();
+            s.read_exact(&mut got).unwrap();
+            assert!(got == block, "block {i} came back different");
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+}
+
 /// A process that used a connection forks, and its child makes a connection of its own (a
 /// prefork worker connecting to its backend, a daemon's helper): the child's connection works
 /// as TCP does. Under the shim the parent's connection was upgraded, so librdmacm's device
@@ -2228,6 +2286,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("exec", handover::exec_server, handover::exec_client),
     ("spawn", handover::spawn_server, handover::spawn_client),
     ("fork_ring", handover::fork_server, handover::exec_client),
+    ("close_all", close_all::server, close_all::client),
     (
         "fork_exec",
         handover::fork_exec_server,

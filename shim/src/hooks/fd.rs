@@ -3,9 +3,10 @@
 
 use super::conn;
 use super::hook;
-use crate::fdtable::{flags, FdEntry, TABLE};
+use crate::fdtable::{flags, FdEntry, Kind, TABLE};
 use crate::hook::Hook;
-use crate::outcome::Outcome::{self, Handled, PassThrough};
+use crate::outcome::Errno;
+use crate::outcome::Outcome::{self, Fail, Handled, PassThrough};
 use crate::{guard, stats, sys, track};
 use core::ffi::{c_int, c_uint, c_ulong};
 
@@ -22,6 +23,11 @@ hook! {
     fast: unknown(fd);
     |_real, _cx| {
         let e = TABLE.get(fd);
+        if e.kind() == Kind::Private {
+            // The shim's own (or its RDMA libraries'): on a kernel without the shim this number
+            // is not open, and a daemon's close-all loop must not take it from a connection.
+            return Fail(Errno::EBADF);
+        }
         if e.close_only_clears() {
             // (no vfork check, which costs a getpid per close: a vfork child clearing such an
             // entry in the table it shares with its parent leaves the parent's fd unknown to
@@ -118,12 +124,64 @@ hook! {
     }
 }
 
-/// close_range/closefrom: clear every tracked entry in the range first.
+/// close_range/closefrom: clear every tracked entry in the range first (the shim's own
+/// descriptors excepted: see [`close_around_private`]).
 fn forget_range(first: c_uint, last: c_uint, fl: c_int) {
     if fl & CLOSE_RANGE_CLOEXEC != 0 || first > last || conn::in_foreign_child() {
         return;
     }
-    TABLE.for_each(first, last, conn::forget);
+    TABLE.for_each(first, last, |fd, e| {
+        if e.kind() != Kind::Private {
+            conn::forget(fd, e);
+        }
+    });
+}
+
+/// close_range over `first..=last` that leaves the shim's own descriptors open (as `close`
+/// does: on a kernel without the shim they are not there to close). `None` if there are none
+/// in the range (the caller makes the one call itself); else the result of closing the gaps
+/// between them, the first failure if any.
+fn close_around_private(first: c_uint, last: c_uint, fl: c_int) -> Option<c_int> {
+    if fl & CLOSE_RANGE_CLOEXEC != 0 || first > last {
+        return None;
+    }
+    // (stack space for the private fds met in one sweep; more are taken in further sweeps)
+    let mut private = [0 as c_uint; 64];
+    let mut from = first;
+    let mut any = false;
+    let mut result = 0;
+    loop {
+        let mut n = 0;
+        let mut more = false;
+        TABLE.for_each(from, last, |fd, e| {
+            if e.kind() == Kind::Private {
+                if n < private.len() {
+                    private[n] = fd as c_uint;
+                    n += 1;
+                } else {
+                    more = true;
+                }
+            }
+        });
+        if n == 0 && !any {
+            return None;
+        }
+        any = true;
+        let mut lo = from;
+        for &p in &private[..n] {
+            if p > lo {
+                result = result.min(crate::net::close_range(lo, p - 1, fl));
+            }
+            lo = p.saturating_add(1);
+        }
+        if !more || n == 0 {
+            if lo <= last && (n == 0 || private[n - 1] < last) {
+                result = result.min(crate::net::close_range(lo, last, fl));
+            }
+            return Some(result);
+        }
+        from = lo;
+    }
 }
 
 hook! {
@@ -133,7 +191,11 @@ hook! {
     fallback: syscall(SYS_close_range; first, last, fl);
     |_real, _cx| {
         forget_range(first, last, fl);
-        PassThrough
+        match close_around_private(first, last, fl) {
+            Some(r) if r < 0 => Fail(sys::errno()),
+            Some(r) => Handled(r),
+            None => PassThrough,
+        }
     }
 }
 
@@ -143,8 +205,12 @@ hook! {
     id: Closefrom;
     fallback: void_syscall(SYS_close_range; lowfd.max(0) as c_uint, c_uint::MAX, 0 as c_int);
     |_real, _cx| {
-        forget_range(lowfd.max(0) as c_uint, c_uint::MAX, 0);
-        PassThrough
+        let first = lowfd.max(0) as c_uint;
+        forget_range(first, c_uint::MAX, 0);
+        match close_around_private(first, c_uint::MAX, 0) {
+            Some(_) => Handled(()),
+            None => PassThrough,
+        }
     }
 }
 

@@ -964,16 +964,30 @@ pub fn world() -> Option<&'static World> {
     if g >= LAST_GENERATION {
         return None;
     }
-    Some(WORLDS[g as usize].get_or_init(|| World {
-        slab: RwLock::new(Slab {
-            conns: Vec::new(),
-            free: Vec::new(),
-        }),
-        regs: Mutex::new(ready::Registry::default()),
-        engine: OnceLock::new(),
-        efd_pool: Mutex::new(Vec::new()),
-        board: OnceLock::new(),
+    Some(WORLDS[g as usize].get_or_init(|| {
+        // (the transport's descriptors are the shim's: hidden from close-all loops)
+        rdmashim_core::fds::set_watcher(transport_fd);
+        World {
+            slab: RwLock::new(Slab {
+                conns: Vec::new(),
+                free: Vec::new(),
+            }),
+            regs: Mutex::new(ready::Registry::default()),
+            engine: OnceLock::new(),
+            efd_pool: Mutex::new(Vec::new()),
+            board: OnceLock::new(),
+        }
     }))
+}
+
+/// Told by the transport of each descriptor it keeps open, and of each it is about to close
+/// (`rdmashim_core::fds`): they are marked the shim's own.
+fn transport_fd(fd: c_int, open: bool) {
+    if open {
+        crate::fdtable::TABLE.mark_private(fd);
+    } else {
+        crate::fdtable::TABLE.unmark_private(fd);
+    }
 }
 
 /// The world if it was created (never creates one).
