@@ -1907,7 +1907,8 @@ mod close_all {
 /// prefork worker connecting to its backend, a daemon's helper): the child's connection works
 /// as TCP does. Under the shim the parent's connection was upgraded, so librdmacm's device
 /// state in the child is the parent's, which the kernel refuses to another process: the
-/// child's connections must stay TCP, never be set up on it and then reset.
+/// child's connection must never be set up on it (it was, and was reset at its first post);
+/// it goes on a device context of the child's own.
 mod fork_dial {
     use super::*;
 
