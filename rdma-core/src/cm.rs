@@ -606,6 +606,12 @@ impl CmId {
         Ok(())
     }
 
+    /// Whether the id's QP is this process's own (made with `ibv_create_qp`: see the module
+    /// docs), whose states are moved here.
+    fn own_qp(&self) -> bool {
+        self.qp.as_ref().is_some_and(|q| q.own)
+    }
+
     /// Moves this process's own QP to `state` with the attributes rdma_cm gives for this id
     /// (`rdma_init_qp_attr`: the path, the peer's QP number, the PSNs, as the CM agreed them).
     fn move_qp(&self, state: ffi::ibv_qp_state::Type) -> Result<()> {
@@ -637,7 +643,7 @@ impl CmId {
     /// Moves this process's own QP to the error state (which flushes its work requests), as
     /// librdmacm does for its QPs at a disconnect.
     fn fail_qp(&self) {
-        let Some(q) = self.qp.as_ref().filter(|q| q.own) else {
+        let Some(q) = self.qp.as_ref().filter(|_| self.own_qp()) else {
             return;
         };
         // SAFETY: all-zero is a valid ibv_qp_attr.
@@ -673,7 +679,7 @@ impl CmId {
     /// completes the connection (`rdma_establish`). Nothing to do for rdma_cm's QPs
     /// (`ESTABLISHED` comes instead).
     pub fn establish(&self) -> Result<()> {
-        if !self.qp.as_ref().is_some_and(|q| q.own) {
+        if !self.own_qp() {
             return Ok(());
         }
         self.move_qp_to_rts()?;
@@ -746,7 +752,7 @@ impl CmId {
     /// of no QP then).
     fn conn_param_for_qp(&self, p: &ConnParam<'_>, max: usize) -> Result<ffi::rdma_conn_param> {
         let mut c = Self::conn_param(p, max)?;
-        if self.qp.as_ref().is_some_and(|q| q.own) {
+        if self.own_qp() {
             c.qp_num = self.qp_num().unwrap_or(0);
         }
         Ok(c)
@@ -766,7 +772,7 @@ impl CmId {
     /// first (as librdmacm does for its QPs inside `rdma_accept`).
     pub fn accept(&self, param: &ConnParam<'_>) -> Result<()> {
         let mut p = self.conn_param_for_qp(param, MAX_ACCEPT_PRIVATE_DATA)?;
-        if self.qp.as_ref().is_some_and(|q| q.own) {
+        if self.own_qp() {
             self.move_qp_to_rts()?;
         }
         // SAFETY: live connect-request id with a QP; private_data outlives the call.

@@ -144,37 +144,25 @@ fn read_at(f: &mut File, off: u64, len: usize) -> Option<Vec<u8>> {
 struct Endian(bool);
 
 impl Endian {
-    fn u16(&self, b: &[u8], at: usize) -> Option<u16> {
-        let a: [u8; 2] = b.get(at..at + 2)?.try_into().ok()?;
+    /// The unsigned integer of `len` bytes at `at` in the file's byte order.
+    fn int(&self, b: &[u8], at: usize, len: usize) -> Option<u64> {
+        let bytes = b.get(at..at.checked_add(len)?)?;
+        let push = |v: u64, x: &u8| v << 8 | u64::from(*x);
         Some(if self.0 {
-            u16::from_le_bytes(a)
+            bytes.iter().rev().fold(0, push)
         } else {
-            u16::from_be_bytes(a)
+            bytes.iter().fold(0, push)
         })
+    }
+    fn u16(&self, b: &[u8], at: usize) -> Option<u16> {
+        self.int(b, at, 2).map(|v| v as u16)
     }
     fn u32(&self, b: &[u8], at: usize) -> Option<u32> {
-        let a: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
-        Some(if self.0 {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        })
-    }
-    fn u64(&self, b: &[u8], at: usize) -> Option<u64> {
-        let a: [u8; 8] = b.get(at..at + 8)?.try_into().ok()?;
-        Some(if self.0 {
-            u64::from_le_bytes(a)
-        } else {
-            u64::from_be_bytes(a)
-        })
+        self.int(b, at, 4).map(|v| v as u32)
     }
     /// A word of an ELF of class 64 (`wide`) or 32.
     fn word(&self, b: &[u8], at: usize, wide: bool) -> Option<u64> {
-        if wide {
-            self.u64(b, at)
-        } else {
-            self.u32(b, at).map(u64::from)
-        }
+        self.int(b, at, if wide { 8 } else { 4 })
     }
 }
 
@@ -203,12 +191,10 @@ fn classify_elf(f: &mut File) -> Option<Unreachable> {
     if kind != ET_EXEC && kind != ET_DYN {
         return None;
     }
-    let (phoff, shoff) = if wide {
-        (e.u64(&eh, 32)?, e.u64(&eh, 40)?)
-    } else {
-        (u64::from(e.u32(&eh, 28)?), u64::from(e.u32(&eh, 32)?))
-    };
+    // (offsets in the 64-bit header, and in the 32-bit one)
     let at = |w: usize, n: usize| if wide { w } else { n };
+    let phoff = e.word(&eh, at(32, 28), wide)?;
+    let shoff = e.word(&eh, at(40, 32), wide)?;
     let phentsize = usize::from(e.u16(&eh, at(54, 42))?);
     let phnum = usize::from(e.u16(&eh, at(56, 44))?);
     let shentsize = usize::from(e.u16(&eh, at(58, 46))?);
