@@ -948,6 +948,13 @@ pub fn behave_roles(
     behave_roles_env(bin, scenario, client, server, ip, settle, &[])
 }
 
+/// [`behave_roles`] with a plain client against a shimmed server on loopback: the server's
+/// side of a scenario, where no upgrade can happen, behaves as on TCP.
+pub fn behave_plain_client(bin: &str, scenario: &str) -> RoleStats {
+    let server = Side::Shim(Via::Preload);
+    behave_roles(bin, scenario, Side::Plain, server, "127.0.0.1", None)
+}
+
 /// [`behave_roles`] with variables set in the client's environment (the shim's own, say).
 pub fn behave_roles_env(
     bin: &str,

@@ -23,14 +23,7 @@ fn under_the_shim() {
 /// The server under the shim, the client plain: the connection stays TCP.
 #[test]
 fn plain_client() {
-    behave_roles(
-        BIN,
-        "exec",
-        Side::Plain,
-        Side::Shim(Via::Preload),
-        "127.0.0.1",
-        None,
-    );
+    behave_plain_client(BIN, "exec");
 }
 
 /// RDMA tier: the connection is on the rings when the server execs; both sides count it

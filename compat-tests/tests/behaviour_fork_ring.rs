@@ -25,14 +25,7 @@ fn under_the_shim() {
 /// The server under the shim, the client plain: the connection stays TCP.
 #[test]
 fn plain_client() {
-    behave_roles(
-        BIN,
-        "fork_ring",
-        Side::Plain,
-        Side::Shim(Via::Preload),
-        "127.0.0.1",
-        None,
-    );
+    behave_plain_client(BIN, "fork_ring");
 }
 
 /// RDMA tier: the connection is on the rings when the server forks; both sides count it
