@@ -552,9 +552,10 @@ impl Connection {
                 },
                 None,
             ),
+            // (a bound request comes from a shim, which follows a redirect to a fork child)
             Proof::Bound { key, tuple } => (
                 ConnectRequest {
-                    flags: Flags::SWITCH_BACK,
+                    flags: Flags::SWITCH_BACK.with(Flags::REDIRECT),
                     ..request
                 }
                 .bound(key, tuple),

@@ -61,7 +61,7 @@ pub enum DecodeError {
     ZeroLengthData,
     /// A CREDIT immediate returning neither bytes nor slots.
     EmptyCredit,
-    /// A token whose `DIAL_PORT` flag names port 0.
+    /// A token whose `DIAL_PORT` flag, or a redirect rejection, names port 0.
     ZeroDialPort,
 }
 
@@ -99,7 +99,7 @@ impl fmt::Display for DecodeError {
             }
             DecodeError::ZeroLengthData => write!(f, "DATA immediate with zero length"),
             DecodeError::EmptyCredit => write!(f, "CREDIT immediate returning nothing"),
-            DecodeError::ZeroDialPort => write!(f, "token names dial port 0"),
+            DecodeError::ZeroDialPort => write!(f, "dial port 0 named"),
         }
     }
 }

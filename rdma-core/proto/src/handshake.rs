@@ -13,7 +13,7 @@
 //! "may ignore" bits. A decoder rejects unknown must-understand bits
 //! ([`DecodeError::UnknownFlags`]) and keeps unknown may-ignore bits as they are (so re-encoding
 //! a decoded message reproduces it byte for byte). Version 2 defines one must-understand flag,
-//! [`Flags::NATIVE`], and one may-ignore flag, [`Flags::SWITCH_BACK`].
+//! [`Flags::NATIVE`], and two may-ignore flags, [`Flags::SWITCH_BACK`] and [`Flags::REDIRECT`].
 //!
 //! Version 2 (`docs/protocol.md` 2.9) appends a [`Tag`] to the request and the reply: an HMAC
 //! under the key the server sent in-band on the TCP connection ([`crate::binding`]), which
@@ -43,8 +43,12 @@ pub const CONNECT_REQUEST_LEN: usize = REQUEST_TAG_AT + TAG_LEN;
 pub const REPLY_TAG_AT: usize = 32;
 /// Encoded length of a version-2 [`AcceptReply`] (rdma_cm allows 196 bytes).
 pub const ACCEPT_REPLY_LEN: usize = REPLY_TAG_AT + TAG_LEN;
-/// Encoded length of a [`Reject`] (rdma_cm allows 148 bytes).
-pub const REJECT_LEN: usize = 8;
+/// Encoded length of a [`Reject`] (rdma_cm allows 148 bytes): bytes 8–9 hold the port of a
+/// [`RejectReason::Redirect`] and are zero in every other rejection, so a rejection of any other
+/// reason is the 8-byte message older peers send and read.
+pub const REJECT_LEN: usize = 10;
+/// Length of a [`Reject`] that is not a [`RejectReason::Redirect`].
+pub const REJECT_BASE_LEN: usize = 8;
 
 /// The 16-bit flags field of the handshake messages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -61,6 +65,10 @@ impl Flags {
     /// May ignore: the sender understands `SwitchBack` (protocol §8.5), so the other side may
     /// return the connection to TCP. A side sends a SwitchBack only to a peer that set it.
     pub const SWITCH_BACK: Flags = Flags(0x0100);
+    /// May ignore (requests): the sender follows a [`RejectReason::Redirect`] by dialing the
+    /// named port once (protocol 2.4). A server redirects only a request that set it, so an
+    /// older client never receives a rejection it cannot decode.
+    pub const REDIRECT: Flags = Flags(0x0200);
 
     /// No flag set.
     pub const fn empty() -> Self {
@@ -161,6 +169,10 @@ pub enum RejectReason {
     /// The request does not prove that its sender holds the TCP connection (its tag does not
     /// verify, the connection got no key, or a native request where a TCP connection is named).
     Unproven,
+    /// The connection is served by another rdma_cm listener of the same host, on this port
+    /// (a fork child that took over the connection from the process that accepted it): dial
+    /// there with the same request. Sent only to a request with [`Flags::REDIRECT`].
+    Redirect(u16),
     /// A code this version does not know (sent by a newer peer); still a rejection.
     Other(u8),
 }
@@ -176,14 +188,26 @@ impl RejectReason {
             RejectReason::Disabled => 5,
             RejectReason::Duplicate => 6,
             RejectReason::Unproven => 7,
+            RejectReason::Redirect(_) => 8,
             RejectReason::Other(c) => c,
         }
     }
 
-    /// The reason for a code; 0 is invalid, unknown codes become [`RejectReason::Other`].
-    pub fn from_code(code: u8) -> Result<Self, DecodeError> {
+    /// What bytes 8–9 of the rejection hold: a redirect's port, else 0.
+    pub fn port(self) -> u16 {
+        match self {
+            RejectReason::Redirect(p) => p,
+            _ => 0,
+        }
+    }
+
+    /// The reason for a code and the port in bytes 8–9 (used only by a redirect, which must
+    /// name one); 0 is invalid, unknown codes become [`RejectReason::Other`].
+    pub fn from_wire(code: u8, port: u16) -> Result<Self, DecodeError> {
         Ok(match code {
             0 => return Err(DecodeError::BadRejectCode(0)),
+            8 if port == 0 => return Err(DecodeError::ZeroDialPort),
+            8 => RejectReason::Redirect(port),
             1 => RejectReason::NoMatchingTcp,
             2 => RejectReason::UnsupportedVersion,
             3 => RejectReason::Malformed,
@@ -214,6 +238,7 @@ impl fmt::Display for RejectReason {
             RejectReason::Disabled => write!(f, "upgrades disabled"),
             RejectReason::Duplicate => write!(f, "connection already upgraded"),
             RejectReason::Unproven => write!(f, "no proof of holding the TCP connection"),
+            RejectReason::Redirect(p) => write!(f, "served on rdma_cm port {p}"),
             RejectReason::Other(c) => write!(f, "reject reason {c}"),
         }
     }
@@ -456,7 +481,8 @@ impl Reject {
             .u8(self.max_version)
             .u8(KIND_REJECT)
             .u8(self.reason.code())
-            .zeros(1);
+            .zeros(1)
+            .u16(self.reason.port());
         w.finish().0
     }
 
@@ -472,9 +498,16 @@ impl Reject {
                 got: kind,
             });
         }
-        check_padding(input, REJECT_LEN)?;
-        let reason = RejectReason::from_code(r.u8()?)?;
+        let code = r.u8()?;
         r.reserved(1)?;
+        // (only a redirect has bytes 8–9: any other rejection is the 8-byte message)
+        let (port, len) = if code == RejectReason::Redirect(0).code() {
+            (r.u16()?, REJECT_LEN)
+        } else {
+            (0, REJECT_BASE_LEN)
+        };
+        check_padding(input, len)?;
+        let reason = RejectReason::from_wire(code, port)?;
         Ok(Reject {
             reason,
             max_version: version,
@@ -692,6 +725,7 @@ mod tests {
             RejectReason::Disabled,
             RejectReason::Duplicate,
             RejectReason::Unproven,
+            RejectReason::Redirect(40123),
             RejectReason::Other(200),
         ] {
             let m = Reject::new(reason);
@@ -700,7 +734,29 @@ mod tests {
             let mut padded = [0u8; 148];
             padded[..REJECT_LEN].copy_from_slice(&b);
             assert_eq!(Reject::decode(&padded), Ok(m));
+            if !matches!(reason, RejectReason::Redirect(_)) {
+                // (what an older peer sends and reads: 8 bytes, the rest zero)
+                assert_eq!(b[REJECT_BASE_LEN..], [0, 0]);
+                assert_eq!(Reject::decode(&b[..REJECT_BASE_LEN]), Ok(m));
+            }
         }
+        // A redirect names a port, in bytes 8–9; without them, or with port 0, it is malformed.
+        let b = Reject::new(RejectReason::Redirect(0x1234)).encode();
+        assert_eq!(b[6..], [8, 0, 0x12, 0x34]);
+        assert!(matches!(
+            Reject::decode(&b[..REJECT_BASE_LEN]),
+            Err(DecodeError::Truncated { .. })
+        ));
+        let mut z = b;
+        z[8..].fill(0);
+        assert_eq!(Reject::decode(&z), Err(DecodeError::ZeroDialPort));
+        // Bytes 8–9 of any other rejection must be zero.
+        let mut t = Reject::new(RejectReason::Duplicate).encode();
+        t[9] = 1;
+        assert_eq!(
+            Reject::decode(&t),
+            Err(DecodeError::TrailingBytes { offset: 9 })
+        );
         let mut b = Reject::new(RejectReason::Malformed).encode();
         b[6] = 0;
         assert_eq!(Reject::decode(&b), Err(DecodeError::BadRejectCode(0)));
