@@ -63,6 +63,7 @@ reasons! {
     PlainPeer = "plain_peer": "the other end runs no shim, or will not upgrade this connection (server: the client's SYN carried no rdmashim mark; client: the server's first bytes carried no rdmashim token)",
     UnprovenPeer = "unproven_peer": "client side: the RDMA peer that answered could not prove it holds the TCP connection's other end (its reply's tag did not verify: another process on the server's host holds the port's rdma_cm side)",
     Exec = "exec": "the process replaced its image (exec, or spawned a child that inherits the socket) while the connection's upgrade was undecided; it stays TCP, which the new image can use",
+    HandedToChild = "handed_to_child": "server side: the process forked after accepting the connection and the fork child that serves it took its upgrade over (the client's request was redirected to the child's rdma_cm listener; the child's own record counts the upgrade); this process's copy stays TCP",
 }
 
 /// Which kind of address a connection's peer has, as far as upgrading is concerned.

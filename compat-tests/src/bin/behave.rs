@@ -744,8 +744,9 @@ mod fork_serve {
         assert!(pid >= 0);
         if pid == 0 {
             let code = std::panic::catch_unwind(|| serve(fd)).map_or(1, |()| 0);
-            // SAFETY: ends the child without the parent's exit handlers.
-            unsafe { libc::_exit(code) };
+            // exit, not _exit: the child is a process of its own (as a PostgreSQL backend),
+            // whose shim writes its own stats at exit.
+            std::process::exit(code);
         }
         // SAFETY: the parent's copy, closed at once (the child holds the connection).
         unsafe { libc::close(fd) };

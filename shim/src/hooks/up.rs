@@ -29,15 +29,28 @@ pub(crate) fn of(e: FdEntry) -> Up {
     }
     let slot = e.slot();
     if !upgrade::slot_is_ours(slot) {
-        // A fork child's copy of its parent's connection: plain TCP once the parent has it
-        // on TCP (it switches it back from the ring, if need be, when the child asks).
+        // A fork child's copy of its parent's connection: its own if the parent offered it
+        // (an accepted connection waiting for its upgrade), else plain TCP once the parent has
+        // it on TCP (it switches it back from the ring, if need be, when the child asks).
+        if let Some(c) = upgrade::adopt_inherited(slot) {
+            return Up::Conn(c);
+        }
         return match upgrade::use_inherited(slot) {
             Ok(()) => Up::Tcp,
             Err(e) => Up::Fail(e),
         };
     }
     match upgrade::lookup(slot) {
-        Some(c) if !c.fell_back.load(Ordering::Acquire) => Up::Conn(c),
+        Some(c) if !c.fell_back.load(Ordering::Acquire) => {
+            if c.offered.load(Ordering::Relaxed) {
+                // (offered to a fork child, and used here: this process keeps it, on TCP)
+                upgrade::reclaim_offered(&c);
+                if c.fell_back.load(Ordering::Acquire) {
+                    return Up::Tcp;
+                }
+            }
+            Up::Conn(c)
+        }
         _ => Up::Tcp,
     }
 }

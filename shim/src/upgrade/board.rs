@@ -44,6 +44,18 @@ pub(crate) const IDLE: u32 = 0;
 pub(crate) const ASKED: u32 = 1;
 pub(crate) const TCP: u32 = 2;
 pub(crate) const RESET: u32 = 3;
+/// A connection the parent offered at the fork (an undecided server connection: see
+/// [`super::adopt`]) that a child took over: the child serves its upgrade on the rdma_cm port
+/// in the state's high 16 bits ([`adopted`]).
+pub(crate) const ADOPTED: u32 = 4;
+/// The parent redirected the client's request to the adopting child: the connection is the
+/// child's for good.
+pub(crate) const REDIRECTED: u32 = 5;
+
+/// The state word of an adoption by a child that serves on `port`.
+fn adopted(port: u16) -> u32 {
+    ADOPTED | u32::from(port) << 16
+}
 
 /// The longest a child waits for its parent's answer: the parent's engine gives a switch back
 /// [`super::data::HAND_BACK_WAIT`], and may be busy.
@@ -61,6 +73,12 @@ pub(crate) fn left_generation(g: u32) {
     if let Some(l) = LEFT.get(g as usize) {
         l.store(super::attrs::forks(), Ordering::Relaxed);
     }
+}
+
+/// In a fork child: the fork count at which it left generation `g` (0 if it never did).
+pub(crate) fn left(g: u32) -> u32 {
+    LEFT.get(g as usize)
+        .map_or(0, |l| l.load(Ordering::Relaxed))
 }
 
 /// One process generation's board (see the module's documentation).
@@ -121,6 +139,72 @@ impl Board {
         }
     }
 
+    /// The child's side of an adoption: takes over slot `index`'s connection (born at
+    /// `born`, offered at the fork and not claimed by anyone since) to serve it on rdma_cm port
+    /// `port`, and wakes the parent's engine. False if the word says otherwise (the parent
+    /// withdrew the offer, another process took it, or the slot holds another connection).
+    pub(crate) fn adopt(&self, index: usize, born: u32, port: u16) -> bool {
+        let Some(w) = self.word(index) else {
+            return false;
+        };
+        let idle = u64::from(born) << 32 | u64::from(IDLE);
+        let new = u64::from(born) << 32 | u64::from(adopted(port));
+        let ok = w
+            .compare_exchange(idle, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if ok {
+            self.poke();
+        }
+        ok
+    }
+
+    /// Whether slot `index` holds its connection born at `born`, offered and not claimed.
+    pub(crate) fn is_idle(&self, index: usize, born: u32) -> bool {
+        self.word(index)
+            .is_some_and(|w| w.load(Ordering::Acquire) == u64::from(born) << 32)
+    }
+
+    /// The parent's side: the port of the child that adopted slot `index`'s connection (born
+    /// at `born`), if one did.
+    pub(crate) fn adopter(&self, index: usize, born: u32) -> Option<u16> {
+        let v = self.word(index)?.load(Ordering::Acquire);
+        let state = v as u32;
+        ((v >> 32) as u32 == born && state & 0xffff == ADOPTED).then_some((state >> 16) as u16)
+    }
+
+    /// The parent's side: the adopting child on `port` gets the connection for good (the
+    /// client is being redirected there). False if the word changed meanwhile.
+    pub(crate) fn redirect(&self, index: usize, born: u32, port: u16) -> bool {
+        let Some(w) = self.word(index) else {
+            return false;
+        };
+        let from = u64::from(born) << 32 | u64::from(adopted(port));
+        let to = u64::from(born) << 32 | u64::from(REDIRECTED);
+        w.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The parent's side: the offer of slot `index`'s connection (born at `born`) is
+    /// withdrawn, adopted or not (the parent used the connection itself, forked again with
+    /// it, or it was decided otherwise): the word says [`TCP`], so a child that adopted it
+    /// gets no request and serves it as TCP, as does any child that asks. A connection
+    /// already redirected is left alone (only after the parent's last close).
+    pub(crate) fn withdraw(&self, index: usize, born: u32) {
+        let Some(w) = self.word(index) else { return };
+        let mut v = w.load(Ordering::Acquire);
+        loop {
+            let state = v as u32;
+            if (v >> 32) as u32 != born || (state != IDLE && state & 0xffff != ADOPTED) {
+                return;
+            }
+            let to = u64::from(born) << 32 | u64::from(TCP);
+            match w.compare_exchange(v, to, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(now) => v = now,
+            }
+        }
+    }
+
     /// Requests made so far (the engine scans the words when this moved).
     pub(crate) fn requests(&self) -> u64 {
         self.words[0].load(Ordering::Acquire)
@@ -168,6 +252,11 @@ impl Board {
             }
             if state == RESET {
                 return Err(Errno(libc::ECONNRESET));
+            }
+            if state == REDIRECTED {
+                // (another child of the parent took it onto its own ring: two processes using
+                // one connection, which a fork-per-connection server's do not)
+                return Err(lost("another child of its parent serves it on a ring"));
             }
             let now = Instant::now();
             if state != ASKED {
@@ -290,8 +379,5 @@ pub(crate) fn inherited(slot: u32) -> Result<(), Errno> {
     let Some(b) = board else {
         return Err(lost("its parent made no board"));
     };
-    let left = LEFT
-        .get(g as usize)
-        .map_or(0, |l| l.load(Ordering::Relaxed));
-    b.ask(index, left)
+    b.ask(index, left(g))
 }

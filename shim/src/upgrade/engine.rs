@@ -20,6 +20,7 @@
 //!
 //! The engine thread marks itself as shim-internal: the hooks it reaches pass straight through.
 
+use super::adopt::{self, OFFER_HOLD};
 use super::binding::TokenWait;
 use super::{fallback_reason, link_config, Conn, Inner, Phase, UNARMED_MAX};
 use crate::config::Level;
@@ -33,7 +34,7 @@ use rdmashim_proto::upgrade::{
     Expired, Matcher, MatcherConfig, NegativeCache, NegativeCacheConfig, PeerFailure,
     RequestOutcome, TupleKey,
 };
-use rdmashim_proto::{Proof, RejectReason, TcpTuple};
+use rdmashim_proto::{Flags, Proof, RejectReason, TcpTuple};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -164,6 +165,9 @@ const LAZY: Duration = Duration::from_millis(10);
 /// from the application each time (measured in the VM: 0.85 engine wake-ups and 0.7
 /// preemptions of the application per connection).
 const DIAL_SLACK: Duration = Duration::from_millis(5);
+/// How often the engine looks at requests held for connections offered to a fork child even
+/// without an event.
+const OFFER_TICK: Duration = Duration::from_millis(50);
 
 /// The engine's handle (shared with application threads).
 pub struct Engine {
@@ -598,6 +602,9 @@ struct Tracked {
     key: Option<TupleKey>,
     /// [`Conn::uses`] when the engine last looked at an unarmed CQ of the connection.
     uses_seen: u64,
+    /// Client: the server redirected the dial to this rdma_cm port (a fork child of the
+    /// server's that took the connection over); followed once.
+    redirect: Option<u16>,
 }
 
 impl Tracked {
@@ -610,6 +617,7 @@ impl Tracked {
             closing: None,
             key: None,
             uses_seen: 0,
+            redirect: None,
         }
     }
 }
@@ -624,6 +632,8 @@ struct State {
     busy: bool,
     /// Fork children's requests for connections of this process.
     requests: super::board::Requests,
+    /// Connect requests held for connections offered to a fork child, until when.
+    held: Vec<(Incoming, Arc<Conn>, Instant)>,
 }
 
 /// An application thread is about to wait on the completion channel of `c`'s link `l`
@@ -664,6 +674,7 @@ fn run(epfd: c_int, wake: c_int) {
         delayed: Vec::new(),
         busy: false,
         requests: super::board::Requests::default(),
+        held: Vec::new(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -711,6 +722,7 @@ fn run(epfd: c_int, wake: c_int) {
             }
         }
         st.requests.serve();
+        st.offers();
         st.timers();
         st.reap();
     }
@@ -772,6 +784,12 @@ impl State {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if let Some(t) = engine().and_then(|e| e.retire_listeners(now)) {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        if let Some(t) = self.held.iter().map(|(_, _, t)| *t).min() {
+            // (a child's adoption and this process's close wake the engine; the tick is a
+            // safety net)
+            let t = t.min(now + OFFER_TICK);
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if self.requests.pending() {
@@ -977,6 +995,8 @@ impl State {
         // The request is tagged with the key of the server's token: no token yet, no dial (the
         // token's arrival dials, `token_event`); no token at all, no dial ever.
         // The token may name the rdma_cm port to dial (a prefork worker's own listener).
+        // (a redirect from the server names the port of a fork child that took it over)
+        let redirect = self.conns.get(&c.slot).and_then(|t| t.redirect);
         let (proof, dst) = {
             let mut g = c.lock();
             if !still_wanted(&mut g) {
@@ -986,7 +1006,7 @@ impl State {
             match g.token {
                 TokenWait::Got(key, port) => {
                     let mut dst = c.peer;
-                    if let Some(p) = port {
+                    if let Some(p) = redirect.or(port) {
                         dst.set_port(p);
                     }
                     let tuple = TcpTuple {
@@ -1097,6 +1117,8 @@ impl State {
                 // The dial's channel (registered as DIAL) is the link's rdma_cm channel now.
                 self.watch(c, g, link, libc::EPOLL_CTL_MOD);
             }
+            DialStatus::Failed(DialError::Rejected(Some(RejectReason::Redirect(port))))
+                if self.follow_redirect(c, g, port) => {}
             DialStatus::Failed(e) => {
                 // A shim that declined this one connection (no matching TCP connection yet, a
                 // duplicate, short of resources) will take others: not cached, and its host
@@ -1107,6 +1129,7 @@ impl State {
                         RejectReason::NoMatchingTcp
                             | RejectReason::Duplicate
                             | RejectReason::Resources
+                            | RejectReason::Redirect(_)
                     ))
                 );
                 let (reason, failure) = match &e {
@@ -1154,6 +1177,30 @@ impl State {
                 }
             }
         }
+    }
+
+    /// The server redirected `c`'s dial to rdma_cm port `port` of its host (a fork child of
+    /// its took the connection over: protocol 2.4): the connection dials again, there, with
+    /// the same request, right away. Only once per connection, and not once the application
+    /// closed it; false if not followed (the redirect then counts as any rejection).
+    fn follow_redirect(&mut self, c: &Arc<Conn>, g: &mut Inner, port: u16) -> bool {
+        let Some(t) = self.conns.get_mut(&c.slot) else {
+            return false;
+        };
+        if t.redirect.is_some() || g.closed {
+            return false;
+        }
+        t.redirect = Some(port);
+        shim_log!(
+            Level::Debug,
+            "client {} -> {}: redirected to rdma_cm port {port} (the server's fork child serves it)",
+            c.local,
+            c.peer
+        );
+        // (dropping the dialer withdraws what is left of the first dial)
+        g.phase = Phase::Queued;
+        self.delayed.push((net::coarse_instant(), c.clone()));
+        true
     }
 
     /// Runs `job` on the setup thread (or here, if that thread cannot be started).
@@ -1303,14 +1350,59 @@ impl State {
             return;
         }
         let mut g = c.lock();
-        if g.closed || !matches!(g.phase, Phase::Awaiting) {
+        if !matches!(g.phase, Phase::Awaiting) || (g.closed && !c.offered.load(Ordering::Acquire)) {
             inc.reject(RejectReason::NoMatchingTcp);
+            return;
+        }
+        if c.offered.load(Ordering::Acquire) {
+            // (offered to a fork child: decided by `offers`, once this process closed it and a
+            // child took it over, or not)
+            drop(g);
+            self.held.push((inc, c, Instant::now() + OFFER_HOLD));
+            self.offers();
             return;
         }
         g.phase = Phase::Setup;
         let tcp_received = g.tcp_received;
         drop(g);
         self.hand_over(Job::Accept(Box::new(inc), c, tcp_received, Instant::now()));
+    }
+
+    /// Requests held for connections this process offered to a fork child (see
+    /// [`super::adopt`]): redirected to the child that took one over once this process closed
+    /// it, rejected once it stays TCP (used here, withdrawn, or not taken within
+    /// [`OFFER_HOLD`]).
+    fn offers(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let held = std::mem::take(&mut self.held);
+        for (inc, c, until) in held {
+            let mut g = c.lock();
+            let follows = inc.request().flags.contains(Flags::REDIRECT);
+            let verdict = if matches!(g.phase, Phase::Awaiting) {
+                adopt::verdict(&c, g.closed, follows, now >= until)
+            } else {
+                adopt::Verdict::Refuse
+            };
+            match verdict {
+                adopt::Verdict::Wait => {
+                    drop(g);
+                    self.held.push((inc, c, until));
+                }
+                adopt::Verdict::Redirect(port) => {
+                    inc.reject(RejectReason::Redirect(port));
+                    c.fall_back(&mut g, FallbackReason::HandedToChild);
+                }
+                adopt::Verdict::Refuse => {
+                    inc.reject(RejectReason::NoMatchingTcp);
+                    if matches!(g.phase, Phase::Awaiting) {
+                        c.fall_back(&mut g, FallbackReason::Forked);
+                    }
+                }
+            }
+        }
     }
 
     fn comp_event(&mut self, slot: u32) {
@@ -1407,7 +1499,10 @@ impl State {
         if let Some(key) = t.key {
             if let Some(conn) = self
                 .matcher
-                .forget_accepted_if(&key, |w| Arc::ptr_eq(w, &c))
+                // (one offered to a fork child waits on: its request may be the child's)
+                .forget_accepted_if(&key, |w| {
+                    Arc::ptr_eq(w, &c) && !c.offered.load(Ordering::Acquire)
+                })
             {
                 let mut g = conn.lock();
                 if matches!(g.phase, Phase::Awaiting) {
@@ -1506,6 +1601,8 @@ impl State {
                             Phase::Dialing(_) | Phase::Queued => g.closed,
                             // (the setup thread's job comes back)
                             Phase::Setup => true,
+                            // (offered to a fork child: until its request is decided)
+                            Phase::Awaiting => t.conn.offered.load(Ordering::Acquire),
                             _ => false,
                         };
                         (!live || now >= deadline).then_some((*slot, true))

@@ -13,6 +13,7 @@
 //! reach our own hooks) and verbs through `rdmashim-core`.
 #![forbid(unsafe_code)]
 
+mod adopt;
 mod attrs;
 mod binding;
 mod board;
@@ -199,6 +200,9 @@ pub struct Conn {
     pub(crate) comp_in_app: AtomicU32,
     /// The socket's O_NONBLOCK and timeouts, as the data calls' waits need them.
     pub(crate) attrs: attrs::Attrs,
+    /// Server: offered at a fork to the child that serves it ([`adopt`]); cleared when it is
+    /// decided.
+    pub(crate) offered: AtomicBool,
     /// Whether the blocked data calls on this connection busy-poll before they sleep.
     pub(crate) spin: crate::spin::SpinGate,
     counted: AtomicBool,
@@ -238,6 +242,7 @@ impl Conn {
             efd_watchers: AtomicU32::new(0),
             comp_in_app: AtomicU32::new(0),
             attrs: attrs::Attrs::new(),
+            offered: AtomicBool::new(false),
             spin: crate::spin::SpinGate::default(),
             counted: AtomicBool::new(false),
             inner: Mutex::new(Inner {
@@ -383,6 +388,9 @@ impl Conn {
         }
         g.phase = Phase::Fallen;
         self.fell_back.store(true, Ordering::Release);
+        if self.offered.swap(false, Ordering::AcqRel) {
+            adopt::withdraw(self);
+        }
         self.clear_efds(g);
         if let Some(s) = g.back_sock.take() {
             net::close(s);
@@ -1113,6 +1121,19 @@ pub fn lookup(slot: u32) -> Option<Arc<Conn>> {
     world_if_created()?.get(slot)
 }
 
+/// In a fork child, the program uses a connection of `slot`, which its parent made: this
+/// process's own connection for it if the parent offered it at the fork and it takes it over
+/// ([`adopt`]); `None` to go on as [`use_inherited`] says.
+pub fn adopt_inherited(slot: u32) -> Option<Arc<Conn>> {
+    adopt::adopt(slot)
+}
+
+/// This process used `c`, which it offered to a fork child ([`Conn::offered`]): it keeps the
+/// connection, on TCP.
+pub fn reclaim_offered(c: &Conn) {
+    adopt::reclaim(c);
+}
+
 /// In a fork child, about to use (or exec with) a connection of `slot`, which its parent (or an
 /// older ancestor) made: makes it plain TCP, asking its owner to switch it back if it is on a
 /// ring ([`board`]), and waits for that. `Ok`: the socket has the whole stream; `Err`: the
@@ -1159,15 +1180,15 @@ pub fn slot_is_ours(slot: u32) -> bool {
 
 /// Before a fork (the `pthread_atfork` prepare handler, in the forking thread): connections
 /// from now on may share their socket with the child, and whichever process goes on with one
-/// must find TCP's semantics. A connection whose upgrade is still undecided and whose ring
-/// nothing can have reached settles on TCP now (reason `forked`), so that the child's copy of
-/// this process's memory already says so and the child uses the socket as plain TCP: a server
-/// that accepts, then forks a process to serve the connection (inetd-style servers,
-/// PostgreSQL's backends, git and rsync daemons) waits for no request (its client's comes to
-/// this process, which rejects it), and a client that connects, then forks, dials nobody.
-/// Those are a server's accepted connection waiting for its client's request, and a client's
-/// connection whose dial has not started and whose server token is already out of the stream
-/// (one still on its way must be taken out by this process's shim: it stays as it is).
+/// must find TCP's semantics. A server's accepted connection waiting for its client's request
+/// is offered to the child ([`adopt`]): a server that accepts, then forks a process to serve
+/// the connection (inetd-style servers, PostgreSQL's backends, git and rsync daemons) has the
+/// child take its upgrade over. One that cannot be offered (offered at an earlier fork
+/// already, or no board) settles on TCP now (reason `forked`), so that the child's copy of
+/// this process's memory already says so and the child uses the socket as plain TCP; so does
+/// a client's connection whose dial has not started and whose server token is already out of
+/// the stream (a client that connects, then forks, dials nobody; a token still on its way
+/// must be taken out by this process's shim: it stays as it is).
 /// Connections past that point (a request being answered, a dial under way, the ring) are left
 /// to the child's own handling (docs/upgrade.md, process models). Never waits for a lock: one
 /// held elsewhere (the engine, a thread of a forking signal handler) leaves its connection as
@@ -1188,7 +1209,7 @@ pub fn before_fork() {
             continue;
         };
         let settle = match g.phase {
-            Phase::Awaiting => true,
+            Phase::Awaiting => g.closed || !adopt::offer(c),
             Phase::Queued => g.token != binding::TokenWait::Awaiting && g.pending.is_none(),
             _ => false,
         };
