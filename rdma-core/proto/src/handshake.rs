@@ -499,14 +499,18 @@ impl Reject {
             });
         }
         let code = r.u8()?;
-        r.reserved(1)?;
         // (only a redirect has bytes 8–9: any other rejection is the 8-byte message)
-        let (port, len) = if code == RejectReason::Redirect(0).code() {
-            (r.u16()?, REJECT_LEN)
-        } else {
-            (0, REJECT_BASE_LEN)
-        };
-        check_padding(input, len)?;
+        let redirect = code == RejectReason::Redirect(0).code();
+        check_padding(
+            input,
+            if redirect {
+                REJECT_LEN
+            } else {
+                REJECT_BASE_LEN
+            },
+        )?;
+        r.reserved(1)?;
+        let port = if redirect { r.u16()? } else { 0 };
         let reason = RejectReason::from_wire(code, port)?;
         Ok(Reject {
             reason,
