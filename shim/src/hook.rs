@@ -97,6 +97,8 @@ hooks! {
     PosixSpawnp = "posix_spawnp",
     System = "system",
     Popen = "popen",
+    Exit = "_exit",
+    ExitUpper = "_Exit",
 }
 
 #[cfg(test)]

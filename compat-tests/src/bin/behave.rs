@@ -796,6 +796,64 @@ mod fork_serve {
     }
 }
 
+/// A fork child that ends with `_exit` right after its last write, without closing the socket
+/// (Python's `ForkingMixIn` children, many C servers'): on TCP the kernel delivers what the
+/// socket buffer holds, then the FIN. The server forks at once; the child reads the greeting,
+/// waits for the client's go (sent after a pause, so that an upgrade comes first), writes
+/// 4 MiB and calls `_exit`; the parent closes its copy and waits. The client must read all of
+/// it, then EOF.
+mod fork_quick_exit {
+    use super::*;
+
+    const N: usize = 4 << 20;
+
+    pub fn server(s: TcpStream) {
+        let fd = s.into_raw_fd();
+        // SAFETY: the child serves the connection and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ok = std::panic::catch_unwind(|| {
+                assert_eq!(read_exact_fd(fd, 5), b"hello");
+                assert_eq!(read_exact_fd(fd, 2), b"go");
+                let data = rdmashim_compat_tests::random_bytes(N, 0x0e17);
+                // SAFETY: the inherited fd, ours alone in this process; not closed here.
+                let mut s = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd) });
+                s.write_all(&data).unwrap();
+            })
+            .is_ok();
+            // SAFETY: ends the child at once, the socket still open (the kernel closes it).
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        // SAFETY: the parent's copy, closed at once (the child holds the connection).
+        unsafe { libc::close(fd) };
+        let mut st = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "the child that served the connection failed ({st:#x})"
+        );
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"hello").unwrap();
+        sleep_ms(1500);
+        s.write_all(b"go").unwrap();
+        let got = read_to_eof(&mut s);
+        assert_eq!(
+            got.len(),
+            N,
+            "length of what the child wrote before its _exit"
+        );
+        assert!(
+            got == rdmashim_compat_tests::random_bytes(N, 0x0e17),
+            "what the child wrote, corrupted"
+        );
+    }
+}
+
 /// dup2 onto another number shares the connection; closing one copy keeps it open; closing the
 /// last one ends it (the peer sees EOF).
 mod dup2 {
@@ -2277,6 +2335,11 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("threads", threads::server, threads::client),
     ("fork", fork::server, fork::client),
     ("fork_serve", fork_serve::server, fork_serve::client),
+    (
+        "fork_quick_exit",
+        fork_quick_exit::server,
+        fork_quick_exit::client,
+    ),
     ("dup2", dup2::server, dup2::client),
     ("sendfile", sendfile::server, sendfile::client),
     ("peer_death", peer_death::server, peer_death::client),

@@ -124,6 +124,60 @@ hook! {
     |_real, _cx| { before_spawn(); PassThrough }
 }
 
+type ExitFn = unsafe extern "C" fn(c_int) -> !;
+
+/// _exit(2), called by the program (glibc's own `exit` reaches the kernel without it, after the
+/// shim's destructor). See [`before_quick_exit`].
+///
+/// # Safety
+/// As `_exit`: none.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    quick_exit_via(crate::hook::Hook::Exit, status)
+}
+
+/// _Exit(3): the same as `_exit`.
+///
+/// # Safety
+/// As `_Exit`: none.
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    quick_exit_via(crate::hook::Hook::ExitUpper, status)
+}
+
+fn quick_exit_via(h: crate::hook::Hook, status: c_int) -> ! {
+    if !crate::guard::bypass() {
+        crate::stats::count_call(crate::guard::Cx::current(), h);
+        let _ = std::panic::catch_unwind(before_quick_exit);
+    }
+    // SAFETY: ExitFn is the prototype of `_exit` and `_Exit`.
+    if let Some(real) = unsafe { crate::real::get::<ExitFn>(h) } {
+        // SAFETY: ends the process, as the program asked.
+        unsafe { real(status) }
+    }
+    // SAFETY: exit_group ends every thread of the process, as `_exit` does; never returns.
+    unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    std::process::abort()
+}
+
+/// Before the program ends its process with `_exit` (a fork child that served a connection:
+/// Python's `ForkingMixIn`, many C servers' children): as at a normal exit, each upgraded
+/// connection gets a bounded time to deliver the bytes it accepted, the ring's Close
+/// included, before the kernel destroys the queue pairs — on TCP the kernel would deliver what
+/// the socket buffer holds after the process is gone. No stats record is written (none is at
+/// `_exit`, as documented); not in a vfork child (whose memory is its parent's).
+fn before_quick_exit() {
+    if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0
+        || crate::guard::poisoned()
+        || conn::in_foreign_child()
+    {
+        return;
+    }
+    let _s = crate::guard::Section::enter();
+    let _e = crate::sys::ErrnoGuard::save();
+    crate::upgrade::flush_at_exit();
+}
+
 /// Before this process's image is replaced: every upgraded connection that an fd without
 /// FD_CLOEXEC refers to goes back to TCP (the new image has no ring: it uses the socket), and
 /// the stats record is written (the new image starts its own). Not in a vfork child (our
