@@ -25,6 +25,8 @@
 //! sent at once after connecting.
 #![forbid(unsafe_code)]
 
+pub mod prefork_http;
+
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

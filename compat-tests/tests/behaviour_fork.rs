@@ -26,3 +26,33 @@ fn under_the_shim() {
 fn over_rdma() {
     behave(BIN, "fork", Some(Via::Preload), &test_ip());
 }
+
+/// RDMA tier: the scenario with the connection undecided at the forks (no settle pause, and the
+/// client dials a second after its connect). The parent offers it to its first child at the
+/// fork (docs/upgrade.md §7), but that child only closes its copy and the parent writes on the
+/// connection itself: the offer is withdrawn and the connection stays TCP in every process
+/// (`forked`), the client's request held and then rejected — no byte lost or reordered.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn over_rdma_undecided() {
+    let shim = Side::Shim(Via::Preload);
+    let r = behave_roles_env(
+        BIN,
+        "fork",
+        shim,
+        shim,
+        &test_ip(),
+        None,
+        &[("RDMASHIM_DIAL_DELAY_MS", "1000")],
+    );
+    let s = r.server.as_ref().expect("the server wrote no stats");
+    assert_eq!(s.connections(), 1, "server: {}", s.summary());
+    s.assert_all_fallback("forked");
+    let c = r.client.as_ref().expect("the client wrote no stats");
+    assert_eq!(c.connections(), 1, "client: {}", c.summary());
+    assert!(
+        c.upgraded == 0 && c.reason("peer_rejected") + c.reason("closed_early") == 1,
+        "client: {}",
+        c.summary()
+    );
+}

@@ -1,0 +1,52 @@
+//! RDMA tier: lighttpd as a prefork server (`server.max-worker = 2`): its parent makes the
+//! listening socket and forks two workers, which accept on it from their own event loops and
+//! send the file with `sendfile`. As with nginx (tests/upgrade_nginx.rs), each worker serves
+//! its connections on an rdma_cm listener and a device context of its own (docs/upgrade.md
+//! §4, §7). The same Python client under the shim keeps three connections alive, each
+//! fetching a 256 KiB file twenty times, 100 ms apart, every body checked: every connection
+//! is upgraded in the worker that took it, and most responses go through the rings (and the
+//! device's packet counters).
+
+use rdmashim_compat_tests::prefork_http::{check_workers, fetch, www};
+use rdmashim_compat_tests::*;
+use std::time::Duration;
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn lighttpd_prefork_workers_upgrade() {
+    let ip = test_ip();
+    let dev = test_device();
+    let Some(lighttpd) = require("/usr/sbin/lighttpd") else {
+        return;
+    };
+    let s = Scratch::new("up-lighttpd");
+    let (www, want) = www(&s);
+    let port = free_port_on(&ip);
+    let conf = s.dir.join("lighttpd.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "server.document-root = \"{}\"\nserver.bind = \"{ip}\"\nserver.port = {port}\n\
+             server.max-worker = 2\nserver.errorlog = \"{}\"\n\
+             server.network-backend = \"sendfile\"\nserver.max-keep-alive-requests = 1000\n",
+            www.display(),
+            s.dir.join("error.log").display()
+        ),
+    )
+    .unwrap();
+    let device = DeviceCounters::read(&dev);
+    let mut cmd = shimmed(&lighttpd, &s, "lighttpd");
+    cmd.arg("-D").arg("-f").arg(&conf);
+    // (its parent stops the workers by signalling its whole process group: not this test's)
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    let mut server = Server::start(cmd, "lighttpd", "INT");
+    wait_listening(port, &mut server, Duration::from_secs(30));
+    let cst = fetch(&s, &ip, port, &want);
+    assert!(
+        server.stop().expect("lighttpd status").success(),
+        "lighttpd"
+    );
+    check_workers("lighttpd", &s.stats("lighttpd"), &cst);
+    device.delta().assert_carried(cst.ring_bytes());
+}
