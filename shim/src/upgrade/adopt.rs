@@ -111,16 +111,17 @@ pub(crate) fn verdict(c: &Conn, closed: bool, follows: bool, late: bool) -> Verd
 /// refers to that one). `None`: the inherited connection is to be had as before
 /// ([`super::use_inherited`]).
 pub(crate) fn adopt(slot: u32) -> Option<Arc<Conn>> {
-    let mut done = ADOPTED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&(_, own)) = done.iter().find(|(s, _)| *s == slot) {
-        return super::lookup(own);
-    }
     let g = slot >> INDEX_BITS;
     let index = ((slot & INDEX_MASK) as usize).wrapping_sub(1);
     let old_world = WORLDS.get(g as usize)?.get()?;
     let old = old_world.slab.try_read().ok()?.conns.get(index)?.clone()?;
+    // (an inherited connection that was not offered, the usual case, takes no lock)
     if !old.offered.load(Ordering::Acquire) || old.fell_back.load(Ordering::Acquire) {
         return None;
+    }
+    let mut done = ADOPTED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, own)) = done.iter().find(|(s, _)| *s == slot) {
+        return super::lookup(own);
     }
     let b = old_world.board()?;
     let born = old.attrs.born();
