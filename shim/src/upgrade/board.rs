@@ -59,7 +59,8 @@ fn adopted(port: u16) -> u32 {
 
 /// The longest a child waits for its parent's answer: the parent's engine gives a switch back
 /// [`super::data::HAND_BACK_WAIT`], and may be busy.
-const ASK_WAIT: Duration = Duration::from_secs(3);
+/// (a dial under way is waited for until its own deadline, 5 s).
+const ASK_WAIT: Duration = Duration::from_secs(8);
 /// How often a waiting child wakes the parent's engine again (a wake-up may have been taken
 /// by a scan that came just before the request).
 const POKE_EVERY: Duration = Duration::from_millis(50);
@@ -337,13 +338,18 @@ impl Requests {
                     return false;
                 }
             };
-            let step = data::back_step(&c, &mut c.lock(), None, FallbackReason::Forked);
+            let mut g = c.lock();
+            let step = data::back_step(&c, &mut g, None, FallbackReason::Forked);
+            // (a dial under way ends by its own deadline, on the ring or on TCP: waited for,
+            // as resetting it would break a stream that nothing has moved off TCP yet)
+            let dialing = matches!(g.phase, super::Phase::Dialing(_));
+            drop(g);
             let why = match step {
                 Step::Tcp => {
                     b.answer(a.index, a.born, TCP);
                     return false;
                 }
-                Step::Wait if now < a.until => return true,
+                Step::Wait if now < a.until || dialing => return true,
                 Step::Wait => "not back on TCP in time".to_string(),
                 Step::Cannot(why) => why,
             };
