@@ -57,6 +57,16 @@ fn adopted(port: u16) -> u32 {
     ADOPTED | u32::from(port) << 16
 }
 
+/// Whether `state` is an adoption (by a child on any port).
+fn is_adopted(state: u32) -> bool {
+    state & 0xffff == ADOPTED
+}
+
+/// The word of a connection born at fork count `born` whose state is `state`.
+fn packed(born: u32, state: u32) -> u64 {
+    u64::from(born) << 32 | u64::from(state)
+}
+
 /// The longest a child waits for its parent's answer: the parent's engine gives a switch back
 /// [`super::data::HAND_BACK_WAIT`], and may be busy.
 /// (a dial under way is waited for until its own deadline, 5 s).
@@ -122,22 +132,41 @@ impl Board {
     /// A connection born at fork count `born` took slot `index` (nothing asked of it yet).
     pub(crate) fn took(&self, index: usize, born: u32) {
         if let Some(w) = self.word(index) {
-            w.store(u64::from(born) << 32 | u64::from(IDLE), Ordering::Release);
+            w.store(packed(born, IDLE), Ordering::Release);
         }
     }
 
     /// The answer for slot `index`'s connection born at `born`: `state` ([`TCP`] or
     /// [`RESET`]). A word that no longer holds that connection is left alone.
     pub(crate) fn answer(&self, index: usize, born: u32, state: u32) {
+        self.settle(index, born, state, |s| s != state);
+    }
+
+    /// Sets slot `index`'s word to state `to` while it holds the connection born at `born` in a
+    /// state that `from` accepts (compare-and-swap loop); else leaves it alone.
+    fn settle(&self, index: usize, born: u32, to: u32, from: impl Fn(u32) -> bool) {
         let Some(w) = self.word(index) else { return };
         let mut v = w.load(Ordering::Acquire);
-        while (v >> 32) as u32 == born && v as u32 != state {
-            let new = u64::from(born) << 32 | u64::from(state);
-            match w.compare_exchange(v, new, Ordering::AcqRel, Ordering::Acquire) {
+        while (v >> 32) as u32 == born && from(v as u32) {
+            match w.compare_exchange(v, packed(born, to), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return,
                 Err(now) => v = now,
             }
         }
+    }
+
+    /// Moves slot `index`'s word from state `from` to `to` if it holds exactly that, for the
+    /// connection born at `born`.
+    fn swap(&self, index: usize, born: u32, from: u32, to: u32) -> bool {
+        self.word(index).is_some_and(|w| {
+            w.compare_exchange(
+                packed(born, from),
+                packed(born, to),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        })
     }
 
     /// The child's side of an adoption: takes over slot `index`'s connection (born at
@@ -145,14 +174,7 @@ impl Board {
     /// `port`, and wakes the parent's engine. False if the word says otherwise (the parent
     /// withdrew the offer, another process took it, or the slot holds another connection).
     pub(crate) fn adopt(&self, index: usize, born: u32, port: u16) -> bool {
-        let Some(w) = self.word(index) else {
-            return false;
-        };
-        let idle = u64::from(born) << 32 | u64::from(IDLE);
-        let new = u64::from(born) << 32 | u64::from(adopted(port));
-        let ok = w
-            .compare_exchange(idle, new, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
+        let ok = self.swap(index, born, IDLE, adopted(port));
         if ok {
             self.poke();
         }
@@ -162,7 +184,7 @@ impl Board {
     /// Whether slot `index` holds its connection born at `born`, offered and not claimed.
     pub(crate) fn is_idle(&self, index: usize, born: u32) -> bool {
         self.word(index)
-            .is_some_and(|w| w.load(Ordering::Acquire) == u64::from(born) << 32)
+            .is_some_and(|w| w.load(Ordering::Acquire) == packed(born, IDLE))
     }
 
     /// The parent's side: the port of the child that adopted slot `index`'s connection (born
@@ -170,19 +192,13 @@ impl Board {
     pub(crate) fn adopter(&self, index: usize, born: u32) -> Option<u16> {
         let v = self.word(index)?.load(Ordering::Acquire);
         let state = v as u32;
-        ((v >> 32) as u32 == born && state & 0xffff == ADOPTED).then_some((state >> 16) as u16)
+        ((v >> 32) as u32 == born && is_adopted(state)).then_some((state >> 16) as u16)
     }
 
     /// The parent's side: the adopting child on `port` gets the connection for good (the
     /// client is being redirected there). False if the word changed meanwhile.
     pub(crate) fn redirect(&self, index: usize, born: u32, port: u16) -> bool {
-        let Some(w) = self.word(index) else {
-            return false;
-        };
-        let from = u64::from(born) << 32 | u64::from(adopted(port));
-        let to = u64::from(born) << 32 | u64::from(REDIRECTED);
-        w.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.swap(index, born, adopted(port), REDIRECTED)
     }
 
     /// The parent's side: the offer of slot `index`'s connection (born at `born`) is
@@ -191,19 +207,7 @@ impl Board {
     /// gets no request and serves it as TCP, as does any child that asks. A connection
     /// already redirected is left alone (only after the parent's last close).
     pub(crate) fn withdraw(&self, index: usize, born: u32) {
-        let Some(w) = self.word(index) else { return };
-        let mut v = w.load(Ordering::Acquire);
-        loop {
-            let state = v as u32;
-            if (v >> 32) as u32 != born || (state != IDLE && state & 0xffff != ADOPTED) {
-                return;
-            }
-            let to = u64::from(born) << 32 | u64::from(TCP);
-            match w.compare_exchange(v, to, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return,
-                Err(now) => v = now,
-            }
-        }
+        self.settle(index, born, TCP, |s| s == IDLE || is_adopted(s));
     }
 
     /// Requests made so far (the engine scans the words when this moved).
@@ -261,8 +265,7 @@ impl Board {
             }
             let now = Instant::now();
             if state != ASKED {
-                let asked = u64::from(born) << 32 | u64::from(ASKED);
-                if w.compare_exchange(v, asked, Ordering::AcqRel, Ordering::Acquire)
+                if w.compare_exchange(v, packed(born, ASKED), Ordering::AcqRel, Ordering::Acquire)
                     .is_err()
                 {
                     continue;

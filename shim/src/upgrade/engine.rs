@@ -1350,11 +1350,12 @@ impl State {
             return;
         }
         let mut g = c.lock();
-        if !matches!(g.phase, Phase::Awaiting) || (g.closed && !c.offered.load(Ordering::Acquire)) {
+        let offered = c.offered.load(Ordering::Acquire);
+        if !matches!(g.phase, Phase::Awaiting) || (g.closed && !offered) {
             inc.reject(RejectReason::NoMatchingTcp);
             return;
         }
-        if c.offered.load(Ordering::Acquire) {
+        if offered {
             // (offered to a fork child: decided by `offers`, once this process closed it and a
             // child took it over, or not)
             drop(g);
