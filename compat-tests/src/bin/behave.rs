@@ -99,6 +99,17 @@ fn fnv(data: &[u8]) -> u64 {
     })
 }
 
+/// Waits for fork child `pid`, which served the connection, and fails unless it exited 0.
+fn wait_child(pid: libc::pid_t) {
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "the child that served the connection failed ({st:#x})"
+    );
+}
+
 fn sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
@@ -750,13 +761,7 @@ mod fork_serve {
         }
         // SAFETY: the parent's copy, closed at once (the child holds the connection).
         unsafe { libc::close(fd) };
-        let mut st = 0;
-        // SAFETY: our child.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
-        assert!(
-            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
-            "the child that served the connection failed ({st:#x})"
-        );
+        wait_child(pid);
     }
 
     fn serve(fd: RawFd) {
@@ -827,13 +832,7 @@ mod fork_quick_exit {
         }
         // SAFETY: the parent's copy, closed at once (the child holds the connection).
         unsafe { libc::close(fd) };
-        let mut st = 0;
-        // SAFETY: our child.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
-        assert!(
-            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
-            "the child that served the connection failed ({st:#x})"
-        );
+        wait_child(pid);
     }
 
     pub fn client(addr: SocketAddr) {
@@ -2289,16 +2288,6 @@ mod handover {
         // SAFETY: the parent's copy, closed at once (the child holds the connection).
         unsafe { libc::close(fd) };
         wait_child(pid);
-    }
-
-    fn wait_child(pid: libc::pid_t) {
-        let mut st = 0;
-        // SAFETY: our child.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
-        assert!(
-            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
-            "the child that served the connection failed ({st:#x})"
-        );
     }
 
     pub fn exec_client(addr: SocketAddr) {
