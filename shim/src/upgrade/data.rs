@@ -1101,15 +1101,21 @@ pub(crate) const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
 /// whose upgrade is undecided stays TCP (reason `exec`); one in its handshake or being set up
 /// is waited for, then switched back; one on the ring switches back (protocol §8.5: one round
 /// trip, then the continuation is written). Waits until all are plain TCP, at most
-/// [`HAND_BACK_WAIT`]; a connection that cannot go back (its peer cannot switch back, or
+/// [`HAND_BACK_WAIT`] (longer while a dial is under way: until its own deadline); a connection that cannot go back (its peer cannot switch back, or
 /// closed on the ring, or it failed) or did not in time is reset: the new image sees a dead
 /// socket rather than a stream with a hole.
 pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str) {
     let deadline = Instant::now() + HAND_BACK_WAIT;
     let mut left: Vec<&(Arc<Conn>, c_int)> = conns.iter().collect();
     loop {
+        // (a dial under way ends by its own deadline, on the ring or on TCP: waited for past
+        // ours, as resetting it would break a stream that nothing has moved off TCP yet)
+        let mut dialing = false;
         left.retain(|(c, fd)| {
-            let step = back_step(c, &mut c.lock(), Some(*fd), FallbackReason::Exec);
+            let mut g = c.lock();
+            let step = back_step(c, &mut g, Some(*fd), FallbackReason::Exec);
+            dialing |= matches!(g.phase, Phase::Dialing(_));
+            drop(g);
             match step {
                 Step::Tcp => false,
                 Step::Wait => true,
@@ -1119,7 +1125,7 @@ pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str) {
                 }
             }
         });
-        if left.is_empty() || Instant::now() >= deadline {
+        if left.is_empty() || (Instant::now() >= deadline && !dialing) {
             break;
         }
         net::nap_ms(1);
