@@ -99,6 +99,18 @@ hooks! {
     Popen = "popen",
     Exit = "_exit",
     ExitUpper = "_Exit",
+    Setuid = "setuid",
+    Setgid = "setgid",
+    Seteuid = "seteuid",
+    Setegid = "setegid",
+    Setreuid = "setreuid",
+    Setregid = "setregid",
+    Setresuid = "setresuid",
+    Setresgid = "setresgid",
+    Setgroups = "setgroups",
+    Setfsuid = "setfsuid",
+    Setfsgid = "setfsgid",
+    Capset = "capset",
 }
 
 #[cfg(test)]

@@ -85,6 +85,7 @@ unsafe extern "C" fn after_fork_child() {
     PID.store(sys::getpid(), Ordering::Relaxed);
     guard::after_fork_child();
     crate::stats::reset();
+    crate::probe::after_fork_child();
     crate::upgrade::after_fork_child();
 }
 

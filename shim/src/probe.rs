@@ -81,6 +81,30 @@ fn fast_checks() -> Option<FallbackReason> {
     r
 }
 
+/// From now on every new connection of this process stays on TCP with `reason` (a process
+/// whose credentials changed after it used RDMA: see `upgrade::before_credentials`), unless a
+/// host-wide reason already holds. Returns whether it took effect.
+pub fn close_host(reason: FallbackReason) -> bool {
+    let v = reason as u8 + 2;
+    let mut cur = HOST.load(Ordering::Acquire);
+    loop {
+        if cur != UNKNOWN && cur != NONE {
+            return false;
+        }
+        match HOST.compare_exchange(cur, v, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// In a fork child: a reason that held only for the parent process ([`close_host`]'s) is
+/// looked at afresh (the child is one thread that opened nothing yet: RDMA works for it).
+pub fn after_fork_child() {
+    let closed = FallbackReason::CredentialsChanged as u8 + 2;
+    let _ = HOST.compare_exchange(closed, UNKNOWN, Ordering::AcqRel, Ordering::Acquire);
+}
+
 /// Loads the RDMA libraries (once per process; they stay loaded) and says whether they are
 /// there. Slow the first time: call it off the application's critical path where it can be
 /// (the engine thread), and inside a shim section on an application thread (the libraries'

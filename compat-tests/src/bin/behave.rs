@@ -2145,7 +2145,7 @@ mod handover {
 
     /// The greeting, then the echo of the first part: where every handover scenario's server
     /// starts; returns the connection's fd.
-    fn first_part(s: TcpStream) -> RawFd {
+    pub fn first_part(s: TcpStream) -> RawFd {
         let fd = s.into_raw_fd();
         assert_eq!(read_exact_fd(fd, 5), b"hello");
         write_all_fd(fd, b"world");
@@ -2225,7 +2225,7 @@ mod handover {
         unsafe { libc::close(fd) };
     }
 
-    fn client(addr: SocketAddr, child: &[u8]) {
+    pub fn client(addr: SocketAddr, child: &[u8]) {
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(b"hello").unwrap();
         assert_eq!(read_exact_fd(s.as_raw_fd(), 5), b"world");
@@ -2299,6 +2299,60 @@ mod handover {
     }
 }
 
+/// A server that drops its privileges mid-connection (sshd's privilege separation, the
+/// children of rsync and FTP daemons, anything that accepts as root and then becomes another
+/// user): it echoes the first part of a connection, changes its credentials (`setgroups`
+/// where allowed, `setgid` and `setuid` to its own ids: allowed to any user, and a change all
+/// the same for the kernel, which gives the process new credentials), echoes the rest, then
+/// serves a second connection made after the change. On TCP nothing of this shows.
+mod setuid {
+    use super::*;
+
+    pub fn serve(l: TcpListener) {
+        let (s, _) = l.accept().expect("accept");
+        if let Some(ms) = std::env::var("BEHAVE_SETTLE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            sleep_ms(ms);
+        }
+        let fd = handover::first_part(s);
+        // SAFETY: plain calls with valid arguments (our own ids; an empty group list).
+        unsafe {
+            if libc::geteuid() == 0 {
+                assert_eq!(
+                    libc::setgroups(0, std::ptr::null()),
+                    0,
+                    "setgroups: errno {}",
+                    errno()
+                );
+            }
+            assert_eq!(libc::setgid(libc::getgid()), 0, "setgid: errno {}", errno());
+            assert_eq!(libc::setuid(libc::getuid()), 0, "setuid: errno {}", errno());
+        }
+        handover::echo_rest(fd);
+        // SAFETY: our fd, closed once.
+        unsafe { libc::close(fd) };
+        let (mut s, _) = l.accept().expect("accept the second connection");
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 5), b"again");
+        s.write_all(b"again").unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "the second connection's rest: {rest:?}");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        handover::client(addr, b"");
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"again").unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"again");
+    }
+}
+
 type Server = fn(TcpStream);
 type ListenerServer = fn(TcpListener);
 type Client = fn(SocketAddr);
@@ -2353,6 +2407,7 @@ const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
     ("prefork", prefork::serve, prefork::client),
     ("epoll_reuse", epoll_reuse::serve, epoll_reuse::client),
     ("fork_dial", fork_dial::serve, fork_dial::client),
+    ("setuid", setuid::serve, setuid::client),
 ];
 
 fn main() {

@@ -15,11 +15,15 @@
 //! pid-named file at its exit). `posix_spawn`, `posix_spawnp`, `system` and `popen` start a
 //! child that inherits the fds and execs through glibc's internals: the same return to TCP
 //! happens in the parent first (which goes on with the connections, as TCP).
+//!
+//! Credentials: `setuid` and its kin end RDMA for a process that used it (the kernel refuses
+//! RDMA commands on descriptors opened under other credentials): its connections go back to
+//! TCP first, as before an exec (see [`before_credentials`]).
 
 use super::conn;
 use super::hook;
 use crate::outcome::Outcome::PassThrough;
-use core::ffi::{c_char, c_int};
+use core::ffi::{c_char, c_int, c_void};
 use libc::pid_t;
 
 hook! {
@@ -124,6 +128,103 @@ hook! {
     |_real, _cx| { before_spawn(); PassThrough }
 }
 
+hook! {
+    /// setuid(2): the credentials change (so do those of every thread: glibc makes each
+    /// thread change its own); see [`before_credentials`]. Its kin below do the same.
+    fn setuid(uid: libc::uid_t) -> c_int;
+    id: Setuid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setgid(2): see [`before_credentials`].
+    fn setgid(gid: libc::gid_t) -> c_int;
+    id: Setgid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// seteuid(2): see [`before_credentials`].
+    fn seteuid(uid: libc::uid_t) -> c_int;
+    id: Seteuid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setegid(2): see [`before_credentials`].
+    fn setegid(gid: libc::gid_t) -> c_int;
+    id: Setegid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setreuid(2): see [`before_credentials`].
+    fn setreuid(ruid: libc::uid_t, euid: libc::uid_t) -> c_int;
+    id: Setreuid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setregid(2): see [`before_credentials`].
+    fn setregid(rgid: libc::gid_t, egid: libc::gid_t) -> c_int;
+    id: Setregid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setresuid(2): see [`before_credentials`].
+    fn setresuid(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) -> c_int;
+    id: Setresuid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setresgid(2): see [`before_credentials`].
+    fn setresgid(rgid: libc::gid_t, egid: libc::gid_t, sgid: libc::gid_t) -> c_int;
+    id: Setresgid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setgroups(2): see [`before_credentials`].
+    fn setgroups(size: libc::size_t, list: *const libc::gid_t) -> c_int;
+    id: Setgroups;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setfsuid(2): see [`before_credentials`].
+    fn setfsuid(fsuid: libc::uid_t) -> c_int;
+    id: Setfsuid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// setfsgid(2): see [`before_credentials`].
+    fn setfsgid(fsgid: libc::gid_t) -> c_int;
+    id: Setfsgid;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
+hook! {
+    /// capset(2): see [`before_credentials`].
+    fn capset(hdrp: *mut c_void, datap: *const c_void) -> c_int;
+    id: Capset;
+    fallback: enosys;
+    |_real, _cx| { before_credentials(); PassThrough }
+}
+
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
 
 /// _exit(2), called by the program (glibc's own `exit` reaches the kernel without it, after the
@@ -204,18 +305,39 @@ fn before_spawn() {
     hand_back_inherited("spawn");
 }
 
-/// Returns to TCP every upgraded connection an fd without FD_CLOEXEC refers to (`what`: exec
-/// or spawn, for the log): this process's own, and those a fork child inherited (inetd-style
-/// servers fork, then exec the program that serves the connection), which it asks its parent
-/// for.
-fn hand_back_inherited(what: &'static str) {
-    if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0 {
+/// Before the process changes its credentials: if RDMA ends for it
+/// ([`crate::upgrade::close_for_credentials`]), every connection of its own goes back to TCP
+/// (those on the ring switch back at exact offsets, while the ring still works). A fork
+/// child's inherited connections are its parent's, which it asks for as before. Not in a vfork
+/// child (our memory is the parent's).
+fn before_credentials() {
+    if conn::in_foreign_child() {
         return;
     }
+    let _s = crate::guard::Section::enter();
+    let _e = crate::sys::ErrnoGuard::save();
+    if !crate::upgrade::close_for_credentials() {
+        return;
+    }
+    let (conns, _) = upgraded_conns(true);
+    crate::upgrade::data::hand_back_all(
+        &conns,
+        "credential change",
+        crate::reason::FallbackReason::CredentialsChanged,
+    );
+}
+
+/// This process's upgraded connections (with an fd of the application's for each) and the
+/// inherited slots of a fork child's, among the fds without FD_CLOEXEC, or among all fds with
+/// `all`.
+fn upgraded_conns(all: bool) -> (Vec<(std::sync::Arc<crate::upgrade::Conn>, c_int)>, Vec<u32>) {
     let mut conns: Vec<(std::sync::Arc<crate::upgrade::Conn>, c_int)> = Vec::new();
     let mut inherited: Vec<u32> = Vec::new();
+    if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0 {
+        return (conns, inherited);
+    }
     crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
-        if e.kind() != crate::fdtable::Kind::Upgraded || crate::net::is_cloexec(fd) {
+        if e.kind() != crate::fdtable::Kind::Upgraded || (!all && crate::net::is_cloexec(fd)) {
             return;
         }
         if !crate::upgrade::slot_is_ours(e.slot()) {
@@ -228,9 +350,18 @@ fn hand_back_inherited(what: &'static str) {
             }
         }
     });
+    (conns, inherited)
+}
+
+/// Returns to TCP every upgraded connection an fd without FD_CLOEXEC refers to (`what`: exec
+/// or spawn, for the log): this process's own, and those a fork child inherited (inetd-style
+/// servers fork, then exec the program that serves the connection), which it asks its parent
+/// for.
+fn hand_back_inherited(what: &'static str) {
+    let (conns, inherited) = upgraded_conns(false);
     for slot in inherited {
         // (one that cannot be had was reset by its owner: the new image sees that)
         let _ = crate::upgrade::use_inherited(slot);
     }
-    crate::upgrade::data::hand_back_all(&conns, what);
+    crate::upgrade::data::hand_back_all(&conns, what, crate::reason::FallbackReason::Exec);
 }

@@ -61,6 +61,23 @@ pub(crate) fn withdraw(c: &Conn) {
     }
 }
 
+/// In a fork child: the connection that took over inherited slot `slot` (born at `born`)
+/// stays TCP after all (the program closed it, exec'd, changed its credentials, or its upgrade
+/// failed): unless the parent already redirected the client here, the adoption is withdrawn,
+/// so that the parent rejects the client's request at once instead of sending it to a
+/// listener that will not answer it.
+pub(crate) fn unadopt(slot: u32, born: u32) {
+    let g = slot >> INDEX_BITS;
+    let index = ((slot & INDEX_MASK) as usize).wrapping_sub(1);
+    if let Some(b) = WORLDS
+        .get(g as usize)
+        .and_then(|w| w.get())
+        .and_then(|w| w.board())
+    {
+        b.withdraw(index, born);
+    }
+}
+
 /// The parent used an offered connection itself: it keeps it, on TCP (as every process that
 /// holds it will).
 pub(crate) fn reclaim(c: &Conn) {
@@ -119,6 +136,10 @@ pub(crate) fn adopt(slot: u32) -> Option<Arc<Conn>> {
     if !old.offered.load(Ordering::Acquire) || old.fell_back.load(Ordering::Acquire) {
         return None;
     }
+    // (no RDMA for this process: the parent's hold runs out and the client stays TCP)
+    if crate::probe::host_reason().is_some() {
+        return None;
+    }
     let mut done = ADOPTED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(&(_, own)) = done.iter().find(|(s, _)| *s == slot) {
         return super::lookup(own);
@@ -171,6 +192,7 @@ pub(crate) fn adopt(slot: u32) -> Option<Arc<Conn>> {
         w.remove(conn.slot);
         return None;
     }
+    let _ = conn.adopted_from.set((slot, born));
     let mut n = 0;
     for fd in fds {
         let moved = TABLE.update(fd, |e| {

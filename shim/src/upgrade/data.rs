@@ -1095,16 +1095,17 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
 /// those that are not.
 pub(crate) const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
 
-/// Before an exec, or a spawn whose child inherits the sockets (`what`, for the log): returns
-/// each connection of `conns` (with an fd of the application's that refers to it) to plain
-/// TCP, so that whatever image uses the socket next finds the stream where it is. A connection
-/// whose upgrade is undecided stays TCP (reason `exec`); one in its handshake or being set up
-/// is waited for, then switched back; one on the ring switches back (protocol §8.5: one round
-/// trip, then the continuation is written). Waits until all are plain TCP, at most
-/// [`HAND_BACK_WAIT`] (longer while a dial is under way: until its own deadline); a connection that cannot go back (its peer cannot switch back, or
-/// closed on the ring, or it failed) or did not in time is reset: the new image sees a dead
-/// socket rather than a stream with a hole.
-pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str) {
+/// Before an exec, a spawn whose child inherits the sockets, or a change of credentials
+/// (`what`, for the log): returns each connection of `conns` (with an fd of the application's
+/// that refers to it) to plain TCP, so that whatever image uses the socket next finds the
+/// stream where it is. A connection whose upgrade is undecided stays TCP (`reason`); one in
+/// its handshake or being set up is waited for, then switched back; one on the ring switches
+/// back (protocol §8.5: one round trip, then the continuation is written). Waits until all
+/// are plain TCP, at most [`HAND_BACK_WAIT`] (longer while a dial is under way: until its own
+/// deadline); a connection that cannot go back (its peer cannot switch back, or closed on the
+/// ring, or it failed) or did not in time is reset: the new image sees a dead socket rather
+/// than a stream with a hole.
+pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str, reason: FallbackReason) {
     let deadline = Instant::now() + HAND_BACK_WAIT;
     let mut left: Vec<&(Arc<Conn>, c_int)> = conns.iter().collect();
     loop {
@@ -1113,7 +1114,7 @@ pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str) {
         let mut dialing = false;
         left.retain(|(c, fd)| {
             let mut g = c.lock();
-            let step = back_step(c, &mut g, Some(*fd), FallbackReason::Exec);
+            let step = back_step(c, &mut g, Some(*fd), reason);
             dialing |= matches!(g.phase, Phase::Dialing(_));
             drop(g);
             match step {

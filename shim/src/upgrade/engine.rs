@@ -576,6 +576,17 @@ impl Engine {
         net::eventfd_signal(self.wake);
     }
 
+    /// Drops every rdma_cm listener (RDMA ends for this process: see
+    /// [`super::close_for_credentials`]); clients that dial them are refused and stay TCP.
+    pub fn drop_listeners(&self) {
+        let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        ls.by_fd.clear();
+        let gone = std::mem::take(&mut ls.by_id);
+        drop(ls);
+        drop(gone);
+        net::eventfd_signal(self.wake);
+    }
+
     /// Drops retired listeners whose time is up (closing a channel removes it from the epoll
     /// set); returns when the next one is due.
     fn retire_listeners(&self, now: Instant) -> Option<Instant> {

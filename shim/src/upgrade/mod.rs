@@ -203,6 +203,9 @@ pub struct Conn {
     /// Server: offered at a fork to the child that serves it ([`adopt`]); cleared when it is
     /// decided.
     pub(crate) offered: AtomicBool,
+    /// Server, in a fork child: the inherited connection this one took over ([`adopt`]): its
+    /// slot in the parent's world and its birth count there.
+    pub(crate) adopted_from: OnceLock<(u32, u32)>,
     /// Whether the blocked data calls on this connection busy-poll before they sleep.
     pub(crate) spin: crate::spin::SpinGate,
     counted: AtomicBool,
@@ -243,6 +246,7 @@ impl Conn {
             comp_in_app: AtomicU32::new(0),
             attrs: attrs::Attrs::new(),
             offered: AtomicBool::new(false),
+            adopted_from: OnceLock::new(),
             spin: crate::spin::SpinGate::default(),
             counted: AtomicBool::new(false),
             inner: Mutex::new(Inner {
@@ -390,6 +394,9 @@ impl Conn {
         self.fell_back.store(true, Ordering::Release);
         if self.offered.swap(false, Ordering::AcqRel) {
             adopt::withdraw(self);
+        }
+        if let Some(&(slot, born)) = self.adopted_from.get() {
+            adopt::unadopt(slot, born);
         }
         self.clear_efds(g);
         if let Some(s) = g.back_sock.take() {
@@ -988,10 +995,15 @@ pub fn world() -> Option<&'static World> {
     }))
 }
 
+/// The process that last opened a descriptor of the transport's (0: none yet): in a fork
+/// child, its parent until it opens one of its own.
+static RDMA_OPENER: AtomicU32 = AtomicU32::new(0);
+
 /// Told by the transport of each descriptor it keeps open, and of each it is about to close
 /// (`rdmashim_core::fds`): they are marked the shim's own.
 fn transport_fd(fd: c_int, open: bool) {
     if open {
+        RDMA_OPENER.store(crate::sys::getpid(), Ordering::Relaxed);
         crate::fdtable::TABLE.mark_private(fd);
     } else {
         crate::fdtable::TABLE.unmark_private(fd);
@@ -1217,6 +1229,44 @@ pub fn before_fork() {
             c.fall_back(&mut g, FallbackReason::Forked);
         }
     }
+}
+
+/// Before this process changes its credentials (`setuid` and its kin, see
+/// `hooks/process.rs`). The kernel refuses rdma_cm and verbs commands on a descriptor opened
+/// under other credentials than the caller's (`ib_safe_file_access`), and a change gives each
+/// thread credentials of its own (glibc makes every thread change them itself). So if this
+/// process has opened RDMA descriptors, or runs more than one thread (the shim's engine, or
+/// the program's: whichever thread later opened them, the others could not use them), RDMA
+/// ends here for it: new connections stay TCP (reason `credentials_changed`), its rdma_cm
+/// listeners are dropped while that is still allowed, and the caller returns its connections
+/// to TCP. A process of one thread that never used RDMA (a prefork worker dropping root before
+/// its first accept) changes nothing. Returns whether RDMA ended now.
+pub fn close_for_credentials() -> bool {
+    if crate::probe::host_reason().is_some() {
+        return false;
+    }
+    let opened = RDMA_OPENER.load(Ordering::Relaxed) == crate::sys::getpid();
+    let engine = world_if_created().and_then(World::engine_if_started);
+    if !opened && engine.is_none() && !several_threads() {
+        return false;
+    }
+    if !crate::probe::close_host(FallbackReason::CredentialsChanged) {
+        return false;
+    }
+    if let Some(e) = engine {
+        e.drop_listeners();
+    }
+    shim_log!(
+        Level::Info,
+        "the process changes its credentials after using RDMA (or with several threads): the kernel would refuse its RDMA commands, so its connections go back to TCP and new ones stay there ({})",
+        FallbackReason::CredentialsChanged.name()
+    );
+    true
+}
+
+/// Whether the process runs more than one thread (when it cannot be told: yes).
+fn several_threads() -> bool {
+    std::fs::read_dir("/proc/self/task").map_or(true, |d| d.take(2).count() > 1)
 }
 
 /// The first fork of a process with connections: the board its children will ask on, with

@@ -1,0 +1,59 @@
+//! A server that changes its credentials mid-connection (sshd's privilege separation, the
+//! children of rsync and FTP daemons): it echoes part of a large stream, calls `setgid` and
+//! `setuid` (to its own ids: a change all the same for the kernel), echoes the rest, then
+//! serves a second connection made after the change.
+//!
+//! The kernel refuses RDMA commands on descriptors opened under other credentials than the
+//! caller's, so once a process that used RDMA changes its credentials, its rings would stop
+//! working: the shim returns its connections to TCP first (docs/upgrade.md §7, credential
+//! changes). The scenario (src/bin/behave.rs, `setuid`) asserts what Linux TCP does; it runs
+//! without the shim, with the shim on both ends, with a plain client, and over RDMA.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+
+#[test]
+fn kernel_tcp() {
+    behave_conns(BIN, "setuid", None, "127.0.0.1", 2);
+}
+
+#[test]
+fn under_the_shim() {
+    behave_conns(BIN, "setuid", Some(Via::Preload), "127.0.0.1", 2);
+}
+
+/// The server under the shim, the client plain: both connections stay TCP.
+#[test]
+fn plain_client() {
+    behave_plain_client(BIN, "setuid");
+}
+
+/// RDMA tier: the first connection is on the rings when the server changes its credentials;
+/// both sides count it switched back and the rest of the echo comes over TCP, whole. The
+/// second connection, made after the change, stays TCP: the server counts it
+/// `credentials_changed`.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn over_rdma() {
+    let shim = Side::Shim(Via::Preload);
+    let r = behave_roles(BIN, "setuid", shim, shim, &test_ip(), Some(SETTLE));
+    let c = r.client.as_ref().expect("the client wrote no stats");
+    let s = r.server.as_ref().expect("the server wrote no stats");
+    for (role, st) in [("client", c), ("server", s)] {
+        assert_eq!(st.connections(), 2, "{role}: {}", st.summary());
+        assert_eq!(st.upgraded(), 1, "{role}: {}", st.summary());
+        assert_eq!(st.switched_back, 1, "{role}: {}", st.summary());
+    }
+    assert_eq!(
+        s.reason("credentials_changed"),
+        1,
+        "server: {}",
+        s.summary()
+    );
+    assert!(
+        c.bytes("tcp_rx") > c.bytes("ring_rx").min(1 << 20),
+        "the client read little from TCP after the switch back: {}",
+        c.summary()
+    );
+}
