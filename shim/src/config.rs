@@ -8,6 +8,7 @@
 //! | `RDMASHIM_LOG_FILE=PATH` | append log lines to PATH (default: stderr); `%p` becomes the pid |
 //! | `RDMASHIM_STATS=PATH` | write the stats JSON to PATH at exit; `%p` becomes the pid |
 //! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
+//! | `RDMASHIM_FAULT=POINT:N` | tests only: panic the `N`th time the shim passes `POINT` (`ring_recv`, `engine_link`; see `fault.rs`) |
 //!
 //! Every value is checked: a boolean is a boolean in any case, a number a whole number in its
 //! range; anything else gets one warning naming the variable, the value and what is accepted
@@ -79,6 +80,8 @@ pub struct Config {
     pub negative_cache_secs: Option<u64>,
     /// `RDMASHIM_TRACE` is set.
     pub trace: bool,
+    /// `RDMASHIM_FAULT` (tests only).
+    pub fault: Option<crate::fault::Fault>,
     /// What was wrong with the variables, one line each (the constructor logs them once).
     pub warnings: Vec<String>,
     /// Secure execution: the environment was not read.
@@ -97,6 +100,7 @@ impl Default for Config {
             spin_us: SPIN_US.default,
             negative_cache_secs: None,
             trace: false,
+            fault: None,
             warnings: Vec::new(),
             secure: false,
         }
@@ -109,6 +113,7 @@ pub const ENV_LOG: &str = "RDMASHIM_LOG";
 pub const ENV_LOG_FILE: &str = "RDMASHIM_LOG_FILE";
 pub const ENV_STATS: &str = "RDMASHIM_STATS";
 pub const ENV_TRACE: &str = "RDMASHIM_TRACE";
+pub const ENV_FAULT: &str = "RDMASHIM_FAULT";
 
 /// A numeric setting: its variable, accepted range and default.
 pub struct Number {
@@ -217,6 +222,15 @@ impl Config {
         c.spin_us = spin.unwrap_or(SPIN_US.default);
         c.negative_cache_secs = neg;
         c.trace = get(ENV_TRACE).is_some();
+        if let Some(v) = get(ENV_FAULT) {
+            let v = String::from_utf8_lossy(&v).into_owned();
+            c.fault = crate::fault::Fault::parse(&v);
+            if c.fault.is_none() {
+                c.warnings.push(format!(
+                    "{ENV_FAULT}={v}: not POINT:N (ring_recv or engine_link, N >= 1); no fault"
+                ));
+            }
+        }
         c
     }
 

@@ -32,7 +32,9 @@ extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, _envp: *con
     let _ = std::panic::catch_unwind(|| {
         let _s = guard::Section::enter();
         let _e = sys::ErrnoGuard::save();
+        crate::fault::install_panic_hook();
         let cfg = config::get();
+        crate::fault::arm(cfg.fault);
         PID.store(sys::getpid(), Ordering::Relaxed);
         // SAFETY: registers static functions as the fork prepare, parent and child handlers.
         unsafe {

@@ -20,6 +20,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
+pub mod fault;
 pub mod fdtable;
 pub mod fmtbuf;
 pub mod guard;

@@ -86,6 +86,19 @@ pub fn shutdown(fd: c_int, how: c_int) -> Result<(), Errno> {
     check(unsafe { libc::syscall(libc::SYS_shutdown, fd, how) }).map(|_| ())
 }
 
+/// Resets the TCP connection of socket `fd` as a peer's RST would: `connect` with
+/// `AF_UNSPEC` disconnects it (the kernel sends an RST and records ECONNRESET for the socket's
+/// next call; the calls after that see a closed connection), on every fd of the same socket.
+pub fn reset_socket(fd: c_int) -> Result<(), Errno> {
+    // SAFETY: all-zero is a valid sockaddr; only its family is read.
+    let mut sa: libc::sockaddr = unsafe { std::mem::zeroed() };
+    sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: `sa` is a valid sockaddr of `len` bytes for the duration of the call.
+    check(unsafe { libc::syscall(libc::SYS_connect, fd, &sa as *const libc::sockaddr, len) })
+        .map(|_| ())
+}
+
 /// fcntl(fd, F_DUPFD_CLOEXEC, min): a private duplicate at or above `min` (falls back to any
 /// number if `min` is beyond the fd limit).
 pub fn dup_private(fd: c_int, min: c_int) -> Result<c_int, Errno> {

@@ -13,6 +13,7 @@ impl Errno {
     pub const EIO: Errno = Errno(libc::EIO);
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
     pub const EBADF: Errno = Errno(libc::EBADF);
+    pub const ECONNRESET: Errno = Errno(libc::ECONNRESET);
 }
 
 /// The decision of a hook's logic.

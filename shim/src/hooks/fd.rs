@@ -287,7 +287,7 @@ pub unsafe extern "C" fn rdmashim_fcntl(fd: c_int, cmd: c_int, arg: usize, which
         return unsafe { real(fd, cmd, arg) };
     };
     stats::count_call(cx, id);
-    let outcome = super::run(move || fcntl_logic(real, fd, cmd, arg));
+    let outcome = super::run(id, move || fcntl_logic(real, fd, cmd, arg));
     // SAFETY: the caller's arguments, unchanged, to the real function.
     outcome.into_ret(|| unsafe { real(fd, cmd, arg) }, sys::set_errno)
 }
@@ -349,7 +349,7 @@ pub unsafe extern "C" fn rdmashim_ioctl(fd: c_int, req: c_ulong, arg: usize) -> 
         return unsafe { real(fd, req, arg) };
     };
     stats::count_call(cx, Hook::Ioctl);
-    let outcome = super::run(move || ioctl_logic(real, fd, req, arg));
+    let outcome = super::run(Hook::Ioctl, move || ioctl_logic(real, fd, req, arg));
     // SAFETY: the caller's arguments, unchanged, to the real function.
     outcome.into_ret(|| unsafe { real(fd, req, arg) }, sys::set_errno)
 }

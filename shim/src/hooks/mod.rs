@@ -29,28 +29,46 @@ mod up;
 
 pub(crate) use conn::{sweep_pending_connects, PID};
 
-/// Runs a hook's logic; a panic poisons the shim (every later call passes through) and fails
-/// this call with EIO. Never lets a panic cross the `extern "C"` boundary.
+/// Runs hook `h`'s logic. A panic poisons the shim (every later call passes through to the
+/// kernel) after every connection not on plain TCP was reset (`upgrade::fail_all`: the
+/// program's next call on one gets ECONNRESET from the kernel), and fails this call: a data
+/// call with ECONNRESET, as on a reset TCP connection, any other with EIO. Never lets a panic
+/// cross the `extern "C"` boundary (docs/shim.md, "When the shim itself fails").
 #[inline(always)]
-fn run<T>(f: impl FnOnce() -> Outcome<T>) -> Outcome<T> {
+fn run<T>(h: crate::hook::Hook, f: impl FnOnce() -> Outcome<T>) -> Outcome<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(o) => o,
         Err(_) => {
-            on_panic();
-            Outcome::Fail(Errno::EIO)
+            on_panic(h);
+            Outcome::Fail(panic_errno(h))
         }
+    }
+}
+
+/// The error of a hook call whose logic panicked (see [`run`]).
+fn panic_errno(h: crate::hook::Hook) -> Errno {
+    use crate::hook::Hook::*;
+    match h {
+        Read | Write | Readv | Writev | Recv | Recvfrom | Recvmsg | Recvmmsg | Send | Sendto
+        | Sendmsg | Sendmmsg | Sendfile | Sendfile64 | Splice | ReadChk | RecvChk | RecvfromChk => {
+            Errno::ECONNRESET
+        }
+        _ => Errno::EIO,
     }
 }
 
 #[cold]
 #[inline(never)]
-fn on_panic() {
+fn on_panic(h: crate::hook::Hook) {
     crate::guard::poison();
     let _ = std::panic::catch_unwind(|| {
         shim_log!(
             crate::config::Level::Error,
-            "internal error (panic) in a hook; passing everything through from now on"
-        )
+            "internal error (panic) in {}{}: connections not on plain TCP are reset, everything else passes through from now on",
+            h.name(),
+            crate::fault::last_panic()
+        );
+        crate::upgrade::fail_all();
     });
 }
 
@@ -118,7 +136,7 @@ macro_rules! hook {
                     return unsafe { $real($($arg),*) };
                 };
                 crate::stats::count_call($cx, crate::hook::Hook::$id);
-                let outcome: crate::outcome::Outcome<$ret> = crate::hooks::run(move || $body);
+                let outcome: crate::outcome::Outcome<$ret> = crate::hooks::run(crate::hook::Hook::$id, move || $body);
                 // SAFETY: the caller's arguments, unchanged, to the real function.
                 outcome.into_ret(|| unsafe { $real($($arg),*) }, crate::sys::set_errno)
             }

@@ -627,6 +627,9 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             continue;
         }
         let src = source(&g);
+        if matches!(src, Src::Ring(..)) {
+            crate::fault::pass(crate::fault::Point::RingRecv);
+        }
         let sock_events: i16;
         match src {
             // Nothing of the server's yet: the token may land between that look and a read

@@ -262,7 +262,9 @@ impl Engine {
         };
         let spawned = crate::signals::spawn_internal("rdmashim-engine", move || {
             crate::guard::mark_internal_thread();
-            let _ = std::panic::catch_unwind(|| run(epfd, wake));
+            if std::panic::catch_unwind(|| run(epfd, wake)).is_err() {
+                super::thread_failed("engine");
+            }
         });
         if spawned.is_err() {
             net::close(epfd);
@@ -338,7 +340,9 @@ impl Engine {
         if !self.setup.started.swap(true, Ordering::AcqRel) {
             let spawned = crate::signals::spawn_internal("rdmashim-setup", move || {
                 crate::guard::mark_internal_thread();
-                let _ = std::panic::catch_unwind(|| self.setup_loop());
+                if std::panic::catch_unwind(|| self.setup_loop()).is_err() {
+                    super::thread_failed("setup");
+                }
             });
             if spawned.is_err() {
                 self.setup.started.store(false, Ordering::Release);
@@ -1297,6 +1301,7 @@ impl State {
         g.phase = Phase::Linked(link);
         c.drive(g, true);
         super::ready::after_change(c, g);
+        crate::fault::pass(crate::fault::Point::EngineLink);
     }
 
     fn requests(&mut self, id: u32) {

@@ -1231,6 +1231,75 @@ pub fn before_fork() {
     }
 }
 
+/// The shim failed (a panic in a hook, or in the engine or setup thread; the caller poisoned
+/// the shim first, so that every later call passes straight through to the kernel). Every
+/// connection that is not plain TCP for good fails as a reset TCP connection would, rather
+/// than fall through to a socket the peer no longer writes to (a hang) or that still holds
+/// the token (a corrupt stream): one on the ring is aborted (the peer reads ECONNRESET), one
+/// still undecided stops there (its dial or request is dropped), and the socket of every fd
+/// of the program's that refers to it is reset (`net::reset_socket`, checked to be the same
+/// socket by its addresses): the program's next call on it gets ECONNRESET from the kernel.
+/// Counted once per connection not counted before (`internal_error`).
+pub fn fail_all() {
+    let Some(w) = world_if_created() else {
+        return;
+    };
+    let conns: Vec<Arc<Conn>> = {
+        let slab = w.slab.read().unwrap_or_else(|p| p.into_inner());
+        slab.conns.iter().flatten().cloned().collect()
+    };
+    for c in conns {
+        c.fail();
+    }
+}
+
+impl Conn {
+    /// See [`fail_all`].
+    fn fail(&self) {
+        let mut g = self.lock();
+        if matches!(g.phase, Phase::Fallen) {
+            return;
+        }
+        if let Phase::Linked(l) = &mut g.phase {
+            l.conn_mut().abort();
+            l.progress(false);
+            self.sync_efds(&mut g);
+        } else {
+            self.to_tcp(&mut g);
+        }
+        if !self.counted.swap(true, Ordering::AcqRel) {
+            stats::count_fallback(FallbackReason::InternalError);
+        }
+        drop(g);
+        let same = |a: Option<SocketAddr>, b: SocketAddr| {
+            a.map(net::canonical_addr) == Some(net::canonical_addr(b))
+        };
+        crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
+            if e.kind() == crate::fdtable::Kind::Upgraded
+                && e.slot() == self.slot
+                && same(net::peer_addr(fd), self.peer)
+                && same(net::local_addr(fd), self.local)
+            {
+                let _ = net::reset_socket(fd);
+            }
+        });
+    }
+}
+
+/// A thread of the shim's (`which`) panicked: logged, the shim poisoned (every later call
+/// passes through) and every connection not on plain TCP reset ([`fail_all`]).
+pub(crate) fn thread_failed(which: &str) {
+    crate::guard::poison();
+    let _ = std::panic::catch_unwind(|| {
+        shim_log!(
+            Level::Error,
+            "internal error (panic) in the {which} thread{}: connections not on plain TCP are reset, everything else passes through from now on",
+            crate::fault::last_panic()
+        );
+        fail_all();
+    });
+}
+
 /// Before this process changes its credentials (`setuid` and its kin, see
 /// `hooks/process.rs`). The kernel refuses rdma_cm and verbs commands on a descriptor opened
 /// under other credentials than the caller's (`ib_safe_file_access`), and a change gives each

@@ -1,0 +1,157 @@
+//! Failures on purpose, and the note of the last real one.
+//!
+//! `RDMASHIM_FAULT=POINT:N` makes the shim panic at the `N`th time it passes `POINT` (a test
+//! knob: the failure policy — docs/shim.md, "When the shim itself fails" — is checked by
+//! making the shim fail): `ring_recv` (a data call that reads an upgraded connection's ring,
+//! on the program's thread) or `engine_link` (the engine thread
+//! putting a client's connection onto its new ring). Unset, a point costs one relaxed load.
+//!
+//! The panic hook: a panic inside the shim is caught (a hook's `catch_unwind`, a thread's)
+//! and reported by the shim's own log line. Rust's default hook would print its message and a
+//! backtrace hint to the program's stderr; the shim's hook (its own copy of std's: a Rust
+//! program's hook is not touched) only keeps the message for that line.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// Where a fault can be made to happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Point {
+    RingRecv,
+    EngineLink,
+}
+
+impl Point {
+    const ALL: [(Point, &'static str); 2] = [
+        (Point::RingRecv, "ring_recv"),
+        (Point::EngineLink, "engine_link"),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(p, _)| *p == self)
+            .map_or("", |(_, n)| n)
+    }
+}
+
+/// A configured fault: panic the `after`th time `point` is passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub point: Point,
+    pub after: u64,
+}
+
+impl Fault {
+    /// `POINT:N` (N ≥ 1); `None` for anything else.
+    pub fn parse(v: &str) -> Option<Fault> {
+        let (name, n) = v.trim().split_once(':')?;
+        let point = Point::ALL.iter().find(|(_, s)| *s == name)?.0;
+        let after = n.parse::<u64>().ok().filter(|n| *n >= 1)?;
+        Some(Fault { point, after })
+    }
+}
+
+/// Which point is armed (1 + its index; 0: none) and how many passes are left before it fires.
+static ARMED: AtomicU64 = AtomicU64::new(0);
+static LEFT: AtomicU64 = AtomicU64::new(0);
+
+/// Arms the configured fault (the constructor, once).
+pub fn arm(f: Option<Fault>) {
+    if let Some(f) = f {
+        let i = Point::ALL
+            .iter()
+            .position(|(p, _)| *p == f.point)
+            .unwrap_or(0);
+        LEFT.store(f.after, Relaxed);
+        ARMED.store(i as u64 + 1, Relaxed);
+    }
+}
+
+/// Passes `p`: panics if it is the armed point and its turn came.
+#[inline]
+pub fn pass(p: Point) {
+    let armed = ARMED.load(Relaxed);
+    if armed == 0 || Point::ALL.get(armed as usize - 1).map(|x| x.0) != Some(p) {
+        return;
+    }
+    if LEFT.fetch_sub(1, Relaxed) == 1 {
+        ARMED.store(0, Relaxed);
+        panic!("RDMASHIM_FAULT: {} (a failure on purpose)", p.name());
+    }
+}
+
+/// The last panic's message and place (empty if none was noted).
+static LAST: Mutex<String> = Mutex::new(String::new());
+
+/// Installs the panic hook (see the module's documentation).
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        if let Ok(mut last) = LAST.try_lock() {
+            last.clear();
+            use std::fmt::Write;
+            let p = info.payload();
+            let msg = p
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("(no message)");
+            let _ = write!(last, "{msg}");
+            if let Some(l) = info.location() {
+                let _ = write!(last, " ({}:{})", l.file(), l.line());
+            }
+        }
+    }));
+}
+
+/// ": MESSAGE" of the last panic noted, for a log line (empty if none).
+pub fn last_panic() -> String {
+    match LAST.try_lock() {
+        Ok(l) if !l.is_empty() => format!(": {}", l.replace('\n', " ")),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_points_and_counts() {
+        assert_eq!(
+            Fault::parse("ring_recv:3"),
+            Some(Fault {
+                point: Point::RingRecv,
+                after: 3
+            })
+        );
+        assert_eq!(
+            Fault::parse(" engine_link:1 ").map(|f| f.point),
+            Some(Point::EngineLink)
+        );
+        for bad in [
+            "",
+            "ring_recv",
+            "ring_recv:0",
+            "ring_recv:x",
+            "nowhere:2",
+            ":2",
+        ] {
+            assert_eq!(Fault::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn fires_on_the_nth_pass_of_its_point_only() {
+        arm(Some(Fault {
+            point: Point::EngineLink,
+            after: 2,
+        }));
+        pass(Point::RingRecv);
+        pass(Point::EngineLink);
+        let r = std::panic::catch_unwind(|| pass(Point::EngineLink));
+        assert!(r.is_err());
+        // (fired once: disarmed)
+        pass(Point::EngineLink);
+    }
+}
