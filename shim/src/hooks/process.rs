@@ -128,101 +128,34 @@ hook! {
     |_real, _cx| { before_spawn(); PassThrough }
 }
 
-hook! {
-    /// setuid(2): the credentials change (so do those of every thread: glibc makes each
-    /// thread change its own); see [`before_credentials`]. Its kin below do the same.
-    fn setuid(uid: libc::uid_t) -> c_int;
-    id: Setuid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
+/// Hooks of the calls that change the process's credentials: each runs
+/// [`before_credentials`], then the call.
+macro_rules! credential_hooks {
+    ($( $name:ident ( $($arg:ident : $ty:ty),* ) = $id:ident ;)*) => {$(
+        hook! {
+            /// A change of the process's credentials (of every thread's: glibc makes each
+            /// thread change its own); see [`before_credentials`].
+            fn $name($($arg: $ty),*) -> c_int;
+            id: $id;
+            fallback: enosys;
+            |_real, _cx| { before_credentials(); PassThrough }
+        }
+    )*};
 }
 
-hook! {
-    /// setgid(2): see [`before_credentials`].
-    fn setgid(gid: libc::gid_t) -> c_int;
-    id: Setgid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// seteuid(2): see [`before_credentials`].
-    fn seteuid(uid: libc::uid_t) -> c_int;
-    id: Seteuid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// setegid(2): see [`before_credentials`].
-    fn setegid(gid: libc::gid_t) -> c_int;
-    id: Setegid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// setreuid(2): see [`before_credentials`].
-    fn setreuid(ruid: libc::uid_t, euid: libc::uid_t) -> c_int;
-    id: Setreuid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// setregid(2): see [`before_credentials`].
-    fn setregid(rgid: libc::gid_t, egid: libc::gid_t) -> c_int;
-    id: Setregid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// setresuid(2): see [`before_credentials`].
-    fn setresuid(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) -> c_int;
-    id: Setresuid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// setresgid(2): see [`before_credentials`].
-    fn setresgid(rgid: libc::gid_t, egid: libc::gid_t, sgid: libc::gid_t) -> c_int;
-    id: Setresgid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// setgroups(2): see [`before_credentials`].
-    fn setgroups(size: libc::size_t, list: *const libc::gid_t) -> c_int;
-    id: Setgroups;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// setfsuid(2): see [`before_credentials`].
-    fn setfsuid(fsuid: libc::uid_t) -> c_int;
-    id: Setfsuid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// setfsgid(2): see [`before_credentials`].
-    fn setfsgid(fsgid: libc::gid_t) -> c_int;
-    id: Setfsgid;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
-}
-
-hook! {
-    /// capset(2): see [`before_credentials`].
-    fn capset(hdrp: *mut c_void, datap: *const c_void) -> c_int;
-    id: Capset;
-    fallback: enosys;
-    |_real, _cx| { before_credentials(); PassThrough }
+credential_hooks! {
+    setuid(uid: libc::uid_t) = Setuid;
+    setgid(gid: libc::gid_t) = Setgid;
+    seteuid(uid: libc::uid_t) = Seteuid;
+    setegid(gid: libc::gid_t) = Setegid;
+    setreuid(ruid: libc::uid_t, euid: libc::uid_t) = Setreuid;
+    setregid(rgid: libc::gid_t, egid: libc::gid_t) = Setregid;
+    setresuid(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) = Setresuid;
+    setresgid(rgid: libc::gid_t, egid: libc::gid_t, sgid: libc::gid_t) = Setresgid;
+    setgroups(size: libc::size_t, list: *const libc::gid_t) = Setgroups;
+    setfsuid(fsuid: libc::uid_t) = Setfsuid;
+    setfsgid(fsgid: libc::gid_t) = Setfsgid;
+    capset(hdrp: *mut c_void, datap: *const c_void) = Capset;
 }
 
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
