@@ -1,0 +1,100 @@
+//! RDMA tier: apache2 with mpm_prefork, the classic prefork server: its parent makes the
+//! listening socket and forks workers (two to start, up to eight), each a single-threaded
+//! process that drops root to `nobody` and then accepts on the inherited socket. As with nginx
+//! and lighttpd (tests/upgrade_nginx.rs, upgrade_lighttpd.rs), each worker serves its
+//! connections on an rdma_cm listener and a device context of its own (docs/upgrade.md §4,
+//! §7); the credential change comes before the worker's first use of RDMA, so it changes
+//! nothing (docs/upgrade.md §7, credential changes). The shared keep-alive client under the
+//! shim: three connections, each fetching a 256 KiB file twenty times, 100 ms apart, every
+//! body checked; every connection is upgraded in the worker that took it, and most responses
+//! go through the rings (and the device's packet counters).
+
+use rdmashim_compat_tests::prefork_http::{fetch, www, CONNS, FILE, GETS};
+use rdmashim_compat_tests::*;
+use std::time::Duration;
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn apache_prefork_workers_upgrade() {
+    let ip = test_ip();
+    let dev = test_device();
+    let Some(apache) = require("/usr/sbin/apache2") else {
+        return;
+    };
+    let modules = std::path::Path::new("/usr/lib/apache2/modules");
+    let s = Scratch::new("up-apache");
+    let (www, want) = www(&s);
+    let port = free_port_on(&ip);
+    let run = s.dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let user = if root {
+        "User nobody\nGroup nogroup\n"
+    } else {
+        ""
+    };
+    let conf = s.dir.join("apache2.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "ServerRoot \"/etc/apache2\"\nServerName localhost\n\
+             LoadModule mpm_prefork_module {m}/mod_mpm_prefork.so\n\
+             LoadModule authz_core_module {m}/mod_authz_core.so\n\
+             StartServers 2\nMinSpareServers 2\nMaxSpareServers 4\nMaxRequestWorkers 8\n\
+             PidFile {run}/apache2.pid\nMutex file:{run} default\n\
+             Listen {ip}:{port}\n{user}ErrorLog {dir}/error.log\nLogLevel warn\n\
+             DocumentRoot \"{www}\"\n<Directory \"{www}\">\n  Require all granted\n</Directory>\n\
+             KeepAlive On\nMaxKeepAliveRequests 1000\nKeepAliveTimeout 30\nEnableSendfile On\n",
+            m = modules.display(),
+            run = run.display(),
+            dir = s.dir.display(),
+            www = www.display(),
+        ),
+    )
+    .unwrap();
+    let device = DeviceCounters::read(&dev);
+    let mut cmd = shimmed(&apache, &s, "apache");
+    cmd.arg("-DFOREGROUND").arg("-f").arg(&conf);
+    // (its parent signals its whole process group at stop: not this test's)
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    // (a graceful stop: the workers finish and exit normally, writing their records)
+    let mut server = Server::start(cmd, "apache2", "WINCH");
+    wait_listening(port, &mut server, Duration::from_secs(30));
+    let cst = fetch(&s, &ip, port, &want);
+    assert!(server.stop().expect("apache2 status").success(), "apache2");
+    // At a graceful stop apache's parent wakes each worker blocked in accept by connecting to
+    // its own listener (its "dummy connection", a few bytes): those end at once and stay TCP
+    // (`closed_early`, `no_upgrade_request`), in whichever process accepted them; the
+    // client's connections are the upgraded ones.
+    let all = s.stats("apache");
+    let mut upgraded = 0;
+    let mut ring_tx = 0;
+    for st in &all {
+        eprintln!("apache2: {}", st.summary());
+        upgraded += st.upgraded();
+        ring_tx += st.bytes("ring_tx");
+        let fallen: u64 = st.nonzero_reasons().values().sum();
+        let wakeups = st.reason("closed_early") + st.reason("no_upgrade_request");
+        assert_eq!(fallen, wakeups, "only wake-ups stay TCP: {}", st.summary());
+        if st.upgraded() == 0 {
+            assert!(
+                st.bytes("tcp_rx") + st.bytes("tcp_tx") < 4096,
+                "a wake-up carries a few bytes: {}",
+                st.summary()
+            );
+        }
+    }
+    assert_eq!(
+        upgraded, CONNS as u64,
+        "the client's connections, upgraded in the workers"
+    );
+    // Most responses came after the switch (it takes a fraction of the first 100 ms pause).
+    assert!(
+        ring_tx >= (CONNS * GETS / 2 * FILE) as u64,
+        "the workers sent {ring_tx} bytes through the rings"
+    );
+    assert!(cst.bytes("ring_rx") >= ring_tx, "{}", cst.summary());
+    device.delta().assert_carried(cst.ring_bytes());
+}
