@@ -564,20 +564,31 @@ impl Conn {
     /// An fd of the application's that refers to the connection now, by the fd table: the
     /// one it was last seen through, else any (a scan of the table).
     fn app_fd(&self) -> Option<c_int> {
-        let ours = |e: crate::fdtable::FdEntry| {
-            e.kind() == crate::fdtable::Kind::Upgraded && e.slot() == self.slot
-        };
         let hint = self.fd_hint.load(Ordering::Relaxed);
-        if ours(crate::fdtable::TABLE.get(hint)) {
+        if self.holds(crate::fdtable::TABLE.get(hint)) {
             return Some(hint);
         }
         let mut found = None;
         crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
-            if found.is_none() && ours(e) {
+            if found.is_none() && self.holds(e) {
                 found = Some(fd);
             }
         });
         found
+    }
+
+    /// Whether fd-table entry `e` says its fd refers to this connection.
+    fn holds(&self, e: crate::fdtable::FdEntry) -> bool {
+        e.kind() == crate::fdtable::Kind::Upgraded && e.slot() == self.slot
+    }
+
+    /// Whether `fd` is a socket with this connection's addresses (the table may be stale for
+    /// an fd whose close no hook saw).
+    fn is_its_socket(&self, fd: c_int) -> bool {
+        let same = |a: Option<SocketAddr>, b: SocketAddr| {
+            a.map(net::canonical_addr) == Some(net::canonical_addr(b))
+        };
+        same(net::peer_addr(fd), self.peer) && same(net::local_addr(fd), self.local)
     }
 
     /// Carries out a switch back the link has started (either side's; see [`Back`]): retires
@@ -693,10 +704,7 @@ impl Conn {
         if g.back_sock.is_none() && !g.closed {
             if let Some(fd) = self.app_fd() {
                 if let Ok(d) = net::dup_private(fd, PRIVATE_FD_MIN) {
-                    let same = |a: Option<SocketAddr>, b: SocketAddr| {
-                        a.map(net::canonical_addr) == Some(net::canonical_addr(b))
-                    };
-                    if same(net::peer_addr(d), self.peer) && same(net::local_addr(d), self.local) {
+                    if self.is_its_socket(d) {
                         g.back_sock = Some(d);
                     } else {
                         net::close(d);
@@ -1271,15 +1279,8 @@ impl Conn {
             stats::count_fallback(FallbackReason::InternalError);
         }
         drop(g);
-        let same = |a: Option<SocketAddr>, b: SocketAddr| {
-            a.map(net::canonical_addr) == Some(net::canonical_addr(b))
-        };
         crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
-            if e.kind() == crate::fdtable::Kind::Upgraded
-                && e.slot() == self.slot
-                && same(net::peer_addr(fd), self.peer)
-                && same(net::local_addr(fd), self.local)
-            {
+            if self.holds(e) && self.is_its_socket(fd) {
                 let _ = net::reset_socket(fd);
             }
         });
