@@ -1101,6 +1101,23 @@ pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) -> RoleStat
     behave_conns(bin, scenario, via, ip, 1)
 }
 
+/// A scenario over RDMA (both ends shimmed on [`test_ip`]) whose server forks while its
+/// connection's upgrade is undecided: the client dials a second after its connect (not the
+/// default 10 ms), so that the server has certainly forked by then, whatever the VM's
+/// scheduling, and the client's request comes while the fork's outcome is being decided.
+pub fn behave_dial_late(bin: &str, scenario: &str) -> RoleStats {
+    let shim = Side::Shim(Via::Preload);
+    behave_roles_env(
+        bin,
+        scenario,
+        shim,
+        shim,
+        &test_ip(),
+        None,
+        &[("RDMASHIM_DIAL_DELAY_MS", "1000")],
+    )
+}
+
 /// [`behave`] over RDMA for a scenario whose one connection goes back to TCP mid-stream (an
 /// exec, a spawn: a switch back, protocol 8.5): both sides must count it switched back, and the
 /// client must have read bytes from TCP after it (its first bytes came before the upgrade, in

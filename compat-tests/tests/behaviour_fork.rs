@@ -35,16 +35,7 @@ fn over_rdma() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma_undecided() {
-    let shim = Side::Shim(Via::Preload);
-    let r = behave_roles_env(
-        BIN,
-        "fork",
-        shim,
-        shim,
-        &test_ip(),
-        None,
-        &[("RDMASHIM_DIAL_DELAY_MS", "1000")],
-    );
+    let r = behave_dial_late(BIN, "fork");
     let s = r.server.as_ref().expect("the server wrote no stats");
     assert_eq!(s.connections(), 1, "server: {}", s.summary());
     s.assert_all_fallback("forked");

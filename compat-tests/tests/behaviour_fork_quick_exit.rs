@@ -29,16 +29,7 @@ fn under_the_shim() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    let shim = Side::Shim(Via::Preload);
-    let r = behave_roles_env(
-        BIN,
-        "fork_quick_exit",
-        shim,
-        shim,
-        &test_ip(),
-        None,
-        &[("RDMASHIM_DIAL_DELAY_MS", "1000")],
-    );
+    let r = behave_dial_late(BIN, "fork_quick_exit");
     let c = r.client.as_ref().expect("the client wrote no stats");
     assert_eq!(c.connections(), 1, "client: {}", c.summary());
     c.assert_all_upgraded();

@@ -34,16 +34,7 @@ fn under_the_shim() {
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
     let device = DeviceCounters::read(&test_device());
-    let shim = Side::Shim(Via::Preload);
-    let r = behave_roles_env(
-        BIN,
-        "fork_serve",
-        shim,
-        shim,
-        &test_ip(),
-        None,
-        &[("RDMASHIM_DIAL_DELAY_MS", "1000")],
-    );
+    let r = behave_dial_late(BIN, "fork_serve");
     let c = r.client.as_ref().expect("the client wrote no stats");
     assert_eq!(c.connections(), 1, "client: {}", c.summary());
     c.assert_all_upgraded();

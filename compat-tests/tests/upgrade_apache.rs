@@ -9,9 +9,8 @@
 //! body checked; every connection is upgraded in the worker that took it, and most responses
 //! go through the rings (and the device's packet counters).
 
-use rdmashim_compat_tests::prefork_http::{fetch, www, CONNS, FILE, GETS};
+use rdmashim_compat_tests::prefork_http::{check_workers_woken, serve_and_fetch, www};
 use rdmashim_compat_tests::*;
-use std::time::Duration;
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
@@ -60,41 +59,11 @@ fn apache_prefork_workers_upgrade() {
     use std::os::unix::process::CommandExt;
     cmd.process_group(0);
     // (a graceful stop: the workers finish and exit normally, writing their records)
-    let mut server = Server::start(cmd, "apache2", "WINCH");
-    wait_listening(port, &mut server, Duration::from_secs(30));
-    let cst = fetch(&s, &ip, port, &want);
-    assert!(server.stop().expect("apache2 status").success(), "apache2");
+    let cst = serve_and_fetch(&s, cmd, "apache2", "WINCH", (&ip, port), &want);
     // At a graceful stop apache's parent wakes each worker blocked in accept by connecting to
-    // its own listener (its "dummy connection", a few bytes): those end at once and stay TCP
-    // (`closed_early`, `no_upgrade_request`), in whichever process accepted them; the
-    // client's connections are the upgraded ones.
-    let all = s.stats("apache");
-    let mut upgraded = 0;
-    let mut ring_tx = 0;
-    for st in &all {
-        eprintln!("apache2: {}", st.summary());
-        upgraded += st.upgraded();
-        ring_tx += st.bytes("ring_tx");
-        let fallen: u64 = st.nonzero_reasons().values().sum();
-        let wakeups = st.reason("closed_early") + st.reason("no_upgrade_request");
-        assert_eq!(fallen, wakeups, "only wake-ups stay TCP: {}", st.summary());
-        if st.upgraded() == 0 {
-            assert!(
-                st.bytes("tcp_rx") + st.bytes("tcp_tx") < 4096,
-                "a wake-up carries a few bytes: {}",
-                st.summary()
-            );
-        }
-    }
-    assert_eq!(
-        upgraded, CONNS as u64,
-        "the client's connections, upgraded in the workers"
-    );
-    // Most responses came after the switch (it takes a fraction of the first 100 ms pause).
-    assert!(
-        ring_tx >= (CONNS * GETS / 2 * FILE) as u64,
-        "the workers sent {ring_tx} bytes through the rings"
-    );
-    assert!(cst.bytes("ring_rx") >= ring_tx, "{}", cst.summary());
+    // its own listener (its "dummy connection"): those stay TCP (`closed_early`,
+    // `no_upgrade_request`); the client's connections are the upgraded ones.
+    let wakeups = ["closed_early", "no_upgrade_request"];
+    check_workers_woken("apache2", &s.stats("apache"), &cst, &wakeups);
     device.delta().assert_carried(cst.ring_bytes());
 }

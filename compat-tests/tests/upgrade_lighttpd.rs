@@ -7,9 +7,8 @@
 //! is upgraded in the worker that took it, and most responses go through the rings (and the
 //! device's packet counters).
 
-use rdmashim_compat_tests::prefork_http::{check_workers, fetch, www};
+use rdmashim_compat_tests::prefork_http::{check_workers, serve_and_fetch, www};
 use rdmashim_compat_tests::*;
-use std::time::Duration;
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
@@ -40,13 +39,7 @@ fn lighttpd_prefork_workers_upgrade() {
     // (its parent stops the workers by signalling its whole process group: not this test's)
     use std::os::unix::process::CommandExt;
     cmd.process_group(0);
-    let mut server = Server::start(cmd, "lighttpd", "INT");
-    wait_listening(port, &mut server, Duration::from_secs(30));
-    let cst = fetch(&s, &ip, port, &want);
-    assert!(
-        server.stop().expect("lighttpd status").success(),
-        "lighttpd"
-    );
+    let cst = serve_and_fetch(&s, cmd, "lighttpd", "INT", (&ip, port), &want);
     check_workers("lighttpd", &s.stats("lighttpd"), &cst);
     device.delta().assert_carried(cst.ring_bytes());
 }

@@ -13,9 +13,8 @@
 //! (`inherited_listener`; a worker's queue pair on the master's context was reset at its
 //! first post).
 
-use rdmashim_compat_tests::prefork_http::{check_workers, fetch, www};
+use rdmashim_compat_tests::prefork_http::{check_workers, serve_and_fetch, www};
 use rdmashim_compat_tests::*;
-use std::time::Duration;
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
@@ -52,10 +51,7 @@ fn nginx_prefork_workers_upgrade() {
         .arg(&s.dir)
         .arg("-e")
         .arg(s.dir.join("error.log"));
-    let mut server = Server::start(cmd, "nginx", "QUIT");
-    wait_listening(port, &mut server, Duration::from_secs(30));
-    let cst = fetch(&s, &ip, port, &want);
-    assert!(server.stop().expect("nginx status").success(), "nginx");
+    let cst = serve_and_fetch(&s, cmd, "nginx", "QUIT", (&ip, port), &want);
     let all = s.stats("nginx");
     // The master and its two workers each wrote a record; only workers accepted.
     assert_eq!(all.len(), 3, "nginx records: {all:#?}");
