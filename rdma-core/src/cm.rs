@@ -114,6 +114,8 @@ impl EventChannel {
         // SAFETY: no preconditions.
         let raw = unsafe { (lib.cm.rdma_create_event_channel)() };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last("rdma_create_event_channel"))?;
+        // SAFETY: a channel just made, seen by no other thread; its fd is a plain int.
+        unsafe { crate::fds::relocate_field(std::ptr::addr_of_mut!((*raw.as_ptr()).fd)) };
         let ch = Arc::new(Self { raw, lib });
         crate::fds::opened(ch.fd());
         verbs::set_nonblocking(ch.fd(), "fcntl(rdma event channel)")?;

@@ -108,6 +108,10 @@ impl Context {
     pub unsafe fn open_device(lib: &'static Lib, dev: *mut ffi::ibv_device) -> Result<Arc<Self>> {
         // SAFETY: per the caller's contract.
         let raw = unsafe { (lib.verbs.ibv_open_device)(dev) };
+        if !raw.is_null() {
+            // SAFETY: a context just opened, not yet seen by any other thread.
+            unsafe { relocate_fds(raw) };
+        }
         let c = NonNull::new(raw)
             .map(|raw| {
                 Arc::new(Self {
@@ -147,6 +151,14 @@ impl Context {
     /// # Safety
     /// `raw` must be a live context from librdmacm, which keeps it open for the process' life.
     pub unsafe fn from_cm(lib: &'static Lib, raw: NonNull<ffi::ibv_context>) -> Arc<Self> {
+        {
+            // librdmacm opened it for the id just bound (its first use by this crate: the
+            // lock makes two first uses one); ours are the only verbs calls on it from now.
+            static MOVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+            let _g = MOVING.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: per the caller's contract; see above for the other threads.
+            unsafe { relocate_fds(raw.as_ptr()) };
+        }
         let c = Arc::new(Self {
             raw,
             owned: false,
@@ -227,6 +239,19 @@ impl Drop for Context {
     }
 }
 
+/// Moves a context's command and async descriptors at or above the transport's floor
+/// ([`crate::fds::relocate`]; those already there stay).
+///
+/// # Safety
+/// `raw` must be a live context whose descriptors no other thread uses during the call.
+unsafe fn relocate_fds(raw: *mut ffi::ibv_context) {
+    // SAFETY: per the caller's contract; both fields are aligned ints of the live context.
+    unsafe {
+        crate::fds::relocate_field(std::ptr::addr_of_mut!((*raw).cmd_fd));
+        crate::fds::relocate_field(std::ptr::addr_of_mut!((*raw).async_fd));
+    }
+}
+
 /// A protection domain.
 pub struct Pd {
     raw: NonNull<ffi::ibv_pd>,
@@ -286,6 +311,8 @@ impl CompChannel {
         // SAFETY: live context.
         let raw = unsafe { (ctx.lib.verbs.ibv_create_comp_channel)(ctx.as_ptr()) };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_create_comp_channel"))?;
+        // SAFETY: a channel just made, seen by no other thread; its fd is a plain int.
+        unsafe { crate::fds::relocate_field(std::ptr::addr_of_mut!((*raw.as_ptr()).fd)) };
         let ch = Arc::new(Self {
             raw,
             ctx: ctx.clone(),

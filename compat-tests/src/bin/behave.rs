@@ -1905,8 +1905,11 @@ mod epoll_reuse {
 
 /// A daemon's close-all loop in the middle of a connection: the client closes every fd but
 /// the connection's socket (and stdio), as daemons do after they start, with `close` one by
-/// one and later with `close_range` around the socket, and goes on with the stream. On a kernel without the shim nothing else is open; under it, the shim's own
-/// descriptors (and librdmacm's) must survive, or the connection must fail cleanly.
+/// one and later with `close_range` around the socket; in between it puts `/dev/null` at
+/// every low number it now believes free (`dup2`, as a daemon reopening its standard
+/// descriptors, or a shell's `exec 5>file`, does) and closes them again; it goes on with the
+/// stream throughout. On a kernel without the shim nothing else is open; under it, the shim's
+/// own descriptors (and librdmacm's) must survive, or the connection must fail cleanly.
 mod close_all {
     use super::*;
 
@@ -1938,6 +1941,20 @@ mod close_all {
                         // this program holds nothing else it uses afterwards.
                         unsafe { libc::close(fd) };
                     }
+                }
+            }
+            if i == 5 * BLOCKS / 8 {
+                // /dev/null at each low number but the socket's and stdio's: all free now.
+                let null = std::fs::File::open("/dev/null").unwrap();
+                let nfd = null.as_raw_fd();
+                for fd in (3..256).filter(|&fd| fd != keep && fd != nfd) {
+                    // SAFETY: plain dup2 onto numbers this program holds nothing at.
+                    let r = unsafe { libc::dup2(nfd, fd) };
+                    assert_eq!(r, fd, "dup2 onto {fd}: {}", std::io::Error::last_os_error());
+                }
+                for fd in (3..256).filter(|&fd| fd != keep && fd != nfd) {
+                    // SAFETY: the duplicates just made.
+                    assert_eq!(unsafe { libc::close(fd) }, 0, "close {fd}");
                 }
             }
             if i == 3 * BLOCKS / 4 {

@@ -988,8 +988,10 @@ pub fn world() -> Option<&'static World> {
         return None;
     }
     Some(WORLDS[g as usize].get_or_init(|| {
-        // (the transport's descriptors are the shim's: hidden from close-all loops)
+        // (the transport's descriptors are the shim's: hidden from close-all loops, and moved
+        // up where the shim keeps its own, away from the numbers programs pick for theirs)
         rdmashim_core::fds::set_watcher(transport_fd);
+        rdmashim_core::fds::set_floor(PRIVATE_FD_MIN);
         World {
             slab: RwLock::new(Slab {
                 conns: Vec::new(),
