@@ -1,0 +1,81 @@
+//! RDMA tier: haproxy (2.6, one process, an event loop per thread) in front of a Python
+//! HTTP/1.1 backend, the three under the shim. The keep-alive client of the prefork tests
+//! (three connections, each fetching a 256 KiB file twenty times, 100 ms apart, every body
+//! checked) talks to haproxy, which relays each request on keep-alive connections of its own
+//! to the backend. Every connection on both of haproxy's sides is upgraded — the ones it
+//! accepts and the ones it makes — and the backend's too; the bodies cross haproxy's rings
+//! twice (in from the backend, out to the client) and the device's packet counters grew to
+//! match. haproxy stops at SIGUSR1 (its soft stop) once its connections are done.
+
+use rdmashim_compat_tests::prefork_http::{fetch, www, CONNS, FILE, GETS};
+use rdmashim_compat_tests::*;
+use std::time::Duration;
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn haproxy_relays_both_sides_over_rdma() {
+    let ip = test_ip();
+    let dev = test_device();
+    let Some(haproxy) = require("haproxy") else {
+        return;
+    };
+    let s = Scratch::new("up-haproxy");
+    let (www, want) = www(&s);
+    let device = DeviceCounters::read(&dev);
+
+    let script = s.dir.join("backend.py");
+    std::fs::write(&script, HTTP_SERVER_PY).unwrap();
+    let be_port = free_port_on(&ip);
+    let mut cmd = shimmed(python(), &s, "backend");
+    cmd.arg(&script).args([&ip, &be_port.to_string()]).arg(&www);
+    let mut backend = Server::start(cmd, "backend", "INT");
+    wait_listening(be_port, &mut backend, Duration::from_secs(30));
+
+    let port = free_port_on(&ip);
+    let conf = s.dir.join("haproxy.cfg");
+    std::fs::write(
+        &conf,
+        format!(
+            "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 5s\n    \
+             timeout client 60s\n    timeout server 60s\nfrontend f\n    bind {ip}:{port}\n    \
+             default_backend b\nbackend b\n    server s1 {ip}:{be_port}\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = shimmed(&haproxy, &s, "haproxy");
+    cmd.arg("-db").arg("-f").arg(&conf);
+    let mut proxy = Server::start(cmd, "haproxy", "USR1");
+    wait_listening(port, &mut proxy, Duration::from_secs(30));
+
+    let cst = fetch(&s, &ip, port, &want);
+    assert!(proxy.stop().expect("haproxy status").success(), "haproxy");
+    assert!(backend.stop().expect("backend status").success(), "backend");
+    let pst = s.one_stats("haproxy");
+    let bst = s.one_stats("backend");
+    eprintln!("haproxy: {}", pst.summary());
+    eprintln!("backend: {}", bst.summary());
+    // The client's connections, and at least one of haproxy's own to the backend per
+    // client connection while requests overlap; every one upgraded on both sides.
+    assert!(pst.connections() > CONNS as u64, "{}", pst.summary());
+    pst.assert_all_upgraded();
+    bst.assert_all_upgraded();
+    assert_eq!(
+        bst.connections(),
+        pst.connections() - CONNS as u64,
+        "haproxy's connections to the backend are the backend's: {} / {}",
+        pst.summary(),
+        bst.summary()
+    );
+    // Most responses came after the switches: in from the backend and out to the client.
+    let half = (CONNS * GETS / 2 * FILE) as u64;
+    assert!(bst.bytes("ring_tx") >= half, "{}", bst.summary());
+    assert!(
+        pst.bytes("ring_rx") >= half && pst.bytes("ring_tx") >= half,
+        "{}",
+        pst.summary()
+    );
+    assert!(cst.bytes("ring_rx") >= half, "{}", cst.summary());
+    device
+        .delta()
+        .assert_carried(bst.ring_bytes() + cst.ring_bytes());
+}
