@@ -1229,6 +1229,20 @@ pub fn sha256_hex(d: &[u8]) -> String {
         .collect()
 }
 
+/// Starts the Python HTTP server ([`HTTP_SERVER_PY`]) on `ip`, serving `www`, under the shim
+/// by `via` (its records labelled `label`; stopped with SIGINT), and waits until it listens;
+/// returns it and its port.
+pub fn http_server(s: &Scratch, via: Via, ip: &str, www: &Path, label: &str) -> (Server, u16) {
+    let script = s.dir.join(format!("{label}.py"));
+    std::fs::write(&script, HTTP_SERVER_PY).unwrap();
+    let port = free_port_on(ip);
+    let mut cmd = under_shim(via, python(), s, label);
+    cmd.arg(&script).args([ip, &port.to_string()]).arg(www);
+    let mut server = Server::start(cmd, label, "INT");
+    wait_listening(port, &mut server, Duration::from_secs(30));
+    (server, port)
+}
+
 /// A Python HTTP server for the curl tests (`python3 SCRIPT IP PORT DIR`): the stock
 /// `http.server` handler for GET of DIR, HTTP/1.1 (connections stay open), plus a POST that
 /// answers "LENGTH SHA256\n" of the body.

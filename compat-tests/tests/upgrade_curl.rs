@@ -20,7 +20,6 @@ fn curl_get_post_keepalive_over_rdma() {
     let ip = test_ip();
     let dev = test_device();
     let Some(curl) = require("curl") else { return };
-    let py = python();
     let s = Scratch::new("up-curl");
     let www = s.dir.join("www");
     std::fs::create_dir(&www).unwrap();
@@ -30,15 +29,9 @@ fn curl_get_post_keepalive_over_rdma() {
     let body = random_bytes(BODY, 99);
     let body_file = s.dir.join("body.bin");
     std::fs::write(&body_file, &body).unwrap();
-    let script = s.dir.join("server.py");
-    std::fs::write(&script, HTTP_SERVER_PY).unwrap();
 
     let device = DeviceCounters::read(&dev);
-    let port = free_port_on(&ip).to_string();
-    let mut cmd = under_shim(Via::Launcher, &py, &s, "httpd");
-    cmd.arg(&script).args([&ip, &port]).arg(&www);
-    let mut httpd = Server::start(cmd, "http server", "INT");
-    wait_listening(port.parse().unwrap(), &mut httpd, Duration::from_secs(30));
+    let (mut httpd, port) = http_server(&s, Via::Launcher, &ip, &www, "httpd");
     let base = format!("http://{ip}:{port}");
 
     // 1. GET at once after connecting, checksum compared.

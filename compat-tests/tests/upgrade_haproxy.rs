@@ -23,13 +23,7 @@ fn haproxy_relays_both_sides_over_rdma() {
     let (www, want) = www(&s);
     let device = DeviceCounters::read(&dev);
 
-    let script = s.dir.join("backend.py");
-    std::fs::write(&script, HTTP_SERVER_PY).unwrap();
-    let be_port = free_port_on(&ip);
-    let mut cmd = shimmed(python(), &s, "backend");
-    cmd.arg(&script).args([&ip, &be_port.to_string()]).arg(&www);
-    let mut backend = Server::start(cmd, "backend", "INT");
-    wait_listening(be_port, &mut backend, Duration::from_secs(30));
+    let (mut backend, be_port) = http_server(&s, Via::Preload, &ip, &www, "backend");
 
     let port = free_port_on(&ip);
     let conf = s.dir.join("haproxy.cfg");

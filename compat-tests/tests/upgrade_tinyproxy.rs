@@ -25,22 +25,15 @@ fn tinyproxy_relays_large_gets_over_rdma() {
     let Some(tinyproxy) = require("tinyproxy") else {
         return;
     };
-    let py = python();
     let s = Scratch::new("up-tinyproxy");
     let www = s.dir.join("www");
     std::fs::create_dir(&www).unwrap();
     let big = random_bytes(FILE, 11);
     std::fs::write(www.join("big.bin"), &big).unwrap();
     let want = sha256_hex(&big);
-    let script = s.dir.join("server.py");
-    std::fs::write(&script, HTTP_SERVER_PY).unwrap();
 
     let device = DeviceCounters::read(&dev);
-    let port = free_port_on(&ip);
-    let mut cmd = shimmed(&py, &s, "httpd");
-    cmd.arg(&script).args([&ip, &port.to_string()]).arg(&www);
-    let mut httpd = Server::start(cmd, "http server", "INT");
-    wait_listening(port, &mut httpd, Duration::from_secs(30));
+    let (mut httpd, port) = http_server(&s, Via::Preload, &ip, &www, "httpd");
 
     let proxy_port = free_port_on(&ip);
     let conf = s.dir.join("tinyproxy.conf");
