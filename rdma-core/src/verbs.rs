@@ -108,19 +108,14 @@ impl Context {
     pub unsafe fn open_device(lib: &'static Lib, dev: *mut ffi::ibv_device) -> Result<Arc<Self>> {
         // SAFETY: per the caller's contract.
         let raw = unsafe { (lib.verbs.ibv_open_device)(dev) };
-        if !raw.is_null() {
-            // SAFETY: a context just opened, not yet seen by any other thread.
-            unsafe { relocate_fds(raw) };
-        }
-        let c = NonNull::new(raw)
-            .map(|raw| {
-                Arc::new(Self {
-                    raw,
-                    owned: true,
-                    lib,
-                })
-            })
-            .ok_or_else(|| Error::last("ibv_open_device"))?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_open_device"))?;
+        // SAFETY: a context just opened, not yet seen by any other thread.
+        unsafe { relocate_fds(raw.as_ptr()) };
+        let c = Arc::new(Self {
+            raw,
+            owned: true,
+            lib,
+        });
         c.tell_fds();
         Ok(c)
     }
