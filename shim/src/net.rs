@@ -140,16 +140,22 @@ pub fn eventfd(min: c_int) -> Result<c_int, Errno> {
             libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
         )
     };
-    let fd = check(r)? as c_int;
+    Ok(private_at_or_above(check(r)? as c_int, min))
+}
+
+/// `fd`, just made by the shim for itself, marked private and moved at or above `min` as far
+/// as the descriptor limit allows (a private duplicate, the original closed; `fd` itself if
+/// no duplicate can be made).
+fn private_at_or_above(fd: c_int, min: c_int) -> c_int {
     if fd >= min {
-        return Ok(private(fd));
+        return private(fd);
     }
     match dup_private(fd, min) {
         Ok(high) => {
             close(fd);
-            Ok(high)
+            high
         }
-        Err(_) => Ok(private(fd)),
+        Err(_) => private(fd),
     }
 }
 
@@ -165,19 +171,10 @@ pub fn pipe_private(min: c_int) -> Result<(c_int, c_int), Errno> {
         )
     };
     check(r)?;
-    let high = |fd: c_int| {
-        if fd >= min {
-            return private(fd);
-        }
-        match dup_private(fd, min) {
-            Ok(h) => {
-                close(fd);
-                h
-            }
-            Err(_) => private(fd),
-        }
-    };
-    Ok((high(fds[0]), high(fds[1])))
+    Ok((
+        private_at_or_above(fds[0], min),
+        private_at_or_above(fds[1], min),
+    ))
 }
 
 /// The file `fd` refers to, as (device, inode): two fds with the same identity refer to the

@@ -24,8 +24,13 @@ pub const SYSFS_INFINIBAND: &[u8] = b"/sys/class/infiniband\0";
 
 const UNKNOWN: u8 = 0;
 const NONE: u8 = 1;
-/// The fast checks' verdict: UNKNOWN, NONE, or a reason's index + 2.
+/// The fast checks' verdict: UNKNOWN, NONE, or a reason's [`host_word`].
 static HOST: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+/// [`HOST`]'s word for `reason`.
+fn host_word(reason: FallbackReason) -> u8 {
+    reason as u8 + 2
+}
 /// Whether the libraries loaded: UNKNOWN, YES or NO.
 static LIBS: AtomicU8 = AtomicU8::new(UNKNOWN);
 const YES: u8 = 1;
@@ -63,7 +68,7 @@ fn fast_checks() -> Option<FallbackReason> {
     let r = host_reason_from(crate::config::get().disabled, || {
         crate::sys::dir_has_entries(SYSFS_INFINIBAND).unwrap_or(false)
     });
-    let v = r.map_or(NONE, |r| r as u8 + 2);
+    let v = r.map_or(NONE, host_word);
     if HOST
         .compare_exchange(UNKNOWN, v, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
@@ -85,7 +90,7 @@ fn fast_checks() -> Option<FallbackReason> {
 /// whose credentials changed after it used RDMA: see `upgrade::before_credentials`), unless a
 /// host-wide reason already holds. Returns whether it took effect.
 pub fn close_host(reason: FallbackReason) -> bool {
-    let v = reason as u8 + 2;
+    let v = host_word(reason);
     let mut cur = HOST.load(Ordering::Acquire);
     loop {
         if cur != UNKNOWN && cur != NONE {
@@ -101,7 +106,7 @@ pub fn close_host(reason: FallbackReason) -> bool {
 /// In a fork child: a reason that held only for the parent process ([`close_host`]'s) is
 /// looked at afresh (the child is one thread that opened nothing yet: RDMA works for it).
 pub fn after_fork_child() {
-    let closed = FallbackReason::CredentialsChanged as u8 + 2;
+    let closed = host_word(FallbackReason::CredentialsChanged);
     let _ = HOST.compare_exchange(closed, UNKNOWN, Ordering::AcqRel, Ordering::Acquire);
 }
 

@@ -15,7 +15,6 @@
 #![allow(unsafe_code)]
 
 use crate::outcome::{CRet, Errno, Outcome};
-use crate::shim_log;
 
 mod conn;
 mod fd;
@@ -60,16 +59,7 @@ fn panic_errno(h: crate::hook::Hook) -> Errno {
 #[cold]
 #[inline(never)]
 fn on_panic(h: crate::hook::Hook) {
-    crate::guard::poison();
-    let _ = std::panic::catch_unwind(|| {
-        shim_log!(
-            crate::config::Level::Error,
-            "internal error (panic) in {}{}: connections not on plain TCP are reset, everything else passes through from now on",
-            h.name(),
-            crate::fault::last_panic()
-        );
-        crate::upgrade::fail_all();
-    });
+    crate::upgrade::failed_by_panic(h.name());
 }
 
 /// The failure value with errno ENOSYS (a fallback for functions without a syscall equivalent).

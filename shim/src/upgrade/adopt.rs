@@ -17,7 +17,7 @@
 //! of the stream is never read or written by a process that does not own the upgrade.
 
 use super::board::Board;
-use super::{world, Conn, Phase, INDEX_BITS, INDEX_MASK, WORLDS};
+use super::{slot_parts, world, world_of, Conn, Phase};
 use crate::fdtable::{Kind, TABLE};
 use crate::reason::FallbackReason;
 use std::sync::atomic::Ordering;
@@ -39,7 +39,7 @@ fn board_of(c: &Conn) -> Option<(&'static Board, usize, u32)> {
         return None;
     }
     let b = super::world_if_created()?.board()?;
-    Some((b, ((c.slot & INDEX_MASK) - 1) as usize, c.attrs.born()))
+    Some((b, slot_parts(c.slot).1, c.attrs.born()))
 }
 
 /// Before a fork: offers `c` (an accepted server connection waiting for its request) to the
@@ -67,13 +67,8 @@ pub(crate) fn withdraw(c: &Conn) {
 /// so that the parent rejects the client's request at once instead of sending it to a
 /// listener that will not answer it.
 pub(crate) fn unadopt(slot: u32, born: u32) {
-    let g = slot >> INDEX_BITS;
-    let index = ((slot & INDEX_MASK) as usize).wrapping_sub(1);
-    if let Some(b) = WORLDS
-        .get(g as usize)
-        .and_then(|w| w.get())
-        .and_then(|w| w.board())
-    {
+    let (g, index) = slot_parts(slot);
+    if let Some(b) = world_of(g).and_then(|w| w.board()) {
         b.withdraw(index, born);
     }
 }
@@ -128,9 +123,8 @@ pub(crate) fn verdict(c: &Conn, closed: bool, follows: bool, late: bool) -> Verd
 /// refers to that one). `None`: the inherited connection is to be had as before
 /// ([`super::use_inherited`]).
 pub(crate) fn adopt(slot: u32) -> Option<Arc<Conn>> {
-    let g = slot >> INDEX_BITS;
-    let index = ((slot & INDEX_MASK) as usize).wrapping_sub(1);
-    let old_world = WORLDS.get(g as usize)?.get()?;
+    let (g, index) = slot_parts(slot);
+    let old_world = world_of(g)?;
     let old = old_world.slab.try_read().ok()?.conns.get(index)?.clone()?;
     // (an inherited connection that was not offered, the usual case, takes no lock)
     if !old.offered.load(Ordering::Acquire) || old.fell_back.load(Ordering::Acquire) {

@@ -28,7 +28,7 @@
 //! (it died) gives the child `ECONNRESET`: the stream cannot be had without a hole.
 
 use super::data::{self, Step};
-use super::{INDEX_BITS, INDEX_MASK, LAST_GENERATION, PRIVATE_FD_MIN};
+use super::{slot_parts, world_of, LAST_GENERATION, PRIVATE_FD_MIN};
 use crate::net;
 use crate::outcome::Errno;
 use crate::reason::FallbackReason;
@@ -341,18 +341,14 @@ impl Requests {
                     return false;
                 }
             };
-            let mut g = c.lock();
-            let step = data::back_step(&c, &mut g, None, FallbackReason::Forked);
-            // (a dial under way ends by its own deadline, on the ring or on TCP: waited for,
-            // as resetting it would break a stream that nothing has moved off TCP yet)
-            let dialing = matches!(g.phase, super::Phase::Dialing(_));
-            drop(g);
+            let step = data::back_step(&c, &mut c.lock(), None, FallbackReason::Forked);
             let why = match step {
                 Step::Tcp => {
                     b.answer(a.index, a.born, TCP);
                     return false;
                 }
-                Step::Wait if now < a.until || dialing => return true,
+                Step::Dialing => return true,
+                Step::Wait if now < a.until => return true,
                 Step::Wait => "not back on TCP in time".to_string(),
                 Step::Cannot(why) => why,
             };
@@ -378,13 +374,8 @@ pub(crate) fn inherited(slot: u32) -> Result<(), Errno> {
     if super::inherited_fell_back(slot) {
         return Ok(());
     }
-    let g = slot >> INDEX_BITS;
-    let index = ((slot & INDEX_MASK) as usize).wrapping_sub(1);
-    let board = super::WORLDS
-        .get(g as usize)
-        .and_then(|w| w.get())
-        .and_then(|w| w.board.get())
-        .and_then(Option::as_ref);
+    let (g, index) = slot_parts(slot);
+    let board = world_of(g).and_then(|w| w.board());
     let Some(b) = board else {
         return Err(lost("its parent made no board"));
     };

@@ -1112,17 +1112,13 @@ pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str, reason: FallbackR
     let deadline = Instant::now() + HAND_BACK_WAIT;
     let mut left: Vec<&(Arc<Conn>, c_int)> = conns.iter().collect();
     loop {
-        // (a dial under way ends by its own deadline, on the ring or on TCP: waited for past
-        // ours, as resetting it would break a stream that nothing has moved off TCP yet)
         let mut dialing = false;
         left.retain(|(c, fd)| {
-            let mut g = c.lock();
-            let step = back_step(c, &mut g, Some(*fd), reason);
-            dialing |= matches!(g.phase, Phase::Dialing(_));
-            drop(g);
+            let step = back_step(c, &mut c.lock(), Some(*fd), reason);
+            dialing |= matches!(step, Step::Dialing);
             match step {
                 Step::Tcp => false,
-                Step::Wait => true,
+                Step::Wait | Step::Dialing => true,
                 Step::Cannot(why) => {
                     reset_shared(c, Some(*fd), what, &why);
                     false
@@ -1145,6 +1141,10 @@ pub(crate) enum Step {
     Tcp,
     /// Not yet (a handshake, a setup, a connect or token to wait for, a switch back under way).
     Wait,
+    /// Not yet: a dial is under way. It ends by its own deadline, on the ring or on TCP, and
+    /// is waited for past the caller's: resetting it would break a stream that nothing has
+    /// moved off TCP yet.
+    Dialing,
     /// It cannot go back (why): the peer cannot switch back, or the ring has ended.
     Cannot(String),
 }
@@ -1171,7 +1171,8 @@ pub(crate) fn back_step(
             c.fall_back(g, reason);
             Step::Tcp
         }
-        Phase::Dialing(_) | Phase::Setup => Step::Wait,
+        Phase::Dialing(_) => Step::Dialing,
+        Phase::Setup => Step::Wait,
         Phase::Linked(l) if l.conn().back_started() => Step::Wait,
         Phase::Linked(l) if l.conn().state() == StreamState::Handshaking => Step::Wait,
         Phase::Linked(_) => match c.hand_back(g, fd) {

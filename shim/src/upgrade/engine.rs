@@ -263,7 +263,7 @@ impl Engine {
         let spawned = crate::signals::spawn_internal("rdmashim-engine", move || {
             crate::guard::mark_internal_thread();
             if std::panic::catch_unwind(|| run(epfd, wake)).is_err() {
-                super::thread_failed("engine");
+                super::failed_by_panic("the engine thread");
             }
         });
         if spawned.is_err() {
@@ -341,7 +341,7 @@ impl Engine {
             let spawned = crate::signals::spawn_internal("rdmashim-setup", move || {
                 crate::guard::mark_internal_thread();
                 if std::panic::catch_unwind(|| self.setup_loop()).is_err() {
-                    super::thread_failed("setup");
+                    super::failed_by_panic("the setup thread");
                 }
             });
             if spawned.is_err() {

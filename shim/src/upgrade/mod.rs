@@ -1022,7 +1022,22 @@ fn transport_fd(fd: c_int, open: bool) {
 
 /// The world if it was created (never creates one).
 pub fn world_if_created() -> Option<&'static World> {
-    WORLDS.get(generation() as usize).and_then(|w| w.get())
+    world_of(generation())
+}
+
+/// The world of process generation `g` (this process's, or in a fork child an ancestor's), if
+/// it was created.
+fn world_of(g: u32) -> Option<&'static World> {
+    WORLDS.get(g as usize).and_then(|w| w.get())
+}
+
+/// The process generation a fd-table slot belongs to, and its index in that generation's
+/// slab (`usize::MAX`, which no slab holds, for the empty slot 0).
+fn slot_parts(slot: u32) -> (u32, usize) {
+    (
+        slot >> INDEX_BITS,
+        ((slot & INDEX_MASK) as usize).wrapping_sub(1),
+    )
 }
 
 impl World {
@@ -1092,7 +1107,7 @@ impl World {
         if !slot_is_ours(slot) {
             return None;
         }
-        let i = ((slot & INDEX_MASK) - 1) as usize;
+        let (_, i) = slot_parts(slot);
         let s = self.slab.read().unwrap_or_else(|p| p.into_inner());
         s.conns.get(i).and_then(|c| c.clone())
     }
@@ -1102,11 +1117,11 @@ impl World {
         if !slot_is_ours(slot) {
             return;
         }
-        let i = (slot & INDEX_MASK) - 1;
+        let (_, i) = slot_parts(slot);
         let mut s = self.slab.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = s.conns.get_mut(i as usize) {
+        if let Some(c) = s.conns.get_mut(i) {
             if c.take().is_some() {
-                s.free.push(i);
+                s.free.push(i as u32);
             }
         }
     }
@@ -1167,14 +1182,13 @@ pub fn use_inherited(slot: u32) -> Result<(), crate::outcome::Errno> {
 /// In a fork child: whether the parent's connection of `slot` had settled on TCP (then the
 /// child can use the socket as plain TCP). Never waits on a lock the parent may have held.
 fn inherited_fell_back(slot: u32) -> bool {
-    let g = slot >> INDEX_BITS;
-    let Some(w) = WORLDS.get(g as usize).and_then(|w| w.get()) else {
+    let (g, i) = slot_parts(slot);
+    let Some(w) = world_of(g) else {
         return false;
     };
     let Ok(s) = w.slab.try_read() else {
         return false;
     };
-    let i = ((slot & INDEX_MASK).wrapping_sub(1)) as usize;
     s.conns
         .get(i)
         .and_then(|c| c.as_ref())
@@ -1250,7 +1264,7 @@ pub fn before_fork() {
 /// of the program's that refers to it is reset (`net::reset_socket`, checked to be the same
 /// socket by its addresses): the program's next call on it gets ECONNRESET from the kernel.
 /// Counted once per connection not counted before (`internal_error`).
-pub fn fail_all() {
+fn fail_all() {
     let Some(w) = world_if_created() else {
         return;
     };
@@ -1289,14 +1303,15 @@ impl Conn {
     }
 }
 
-/// A thread of the shim's (`which`) panicked: logged, the shim poisoned (every later call
-/// passes through) and every connection not on plain TCP reset ([`fail_all`]).
-pub(crate) fn thread_failed(which: &str) {
+/// The shim panicked in `place` (a hook, or one of its threads): the shim is poisoned (every
+/// later call passes through), the panic logged, and every connection not on plain TCP reset
+/// ([`fail_all`]).
+pub fn failed_by_panic(place: &str) {
     crate::guard::poison();
     let _ = std::panic::catch_unwind(|| {
         shim_log!(
             Level::Error,
-            "internal error (panic) in the {which} thread{}: connections not on plain TCP are reset, everything else passes through from now on",
+            "internal error (panic) in {place}{}: connections not on plain TCP are reset, everything else passes through from now on",
             crate::fault::last_panic()
         );
         fail_all();
@@ -1370,11 +1385,7 @@ fn board_reset(c: &Conn) {
         return;
     }
     if let Some(b) = world_if_created().and_then(World::board) {
-        b.answer(
-            ((c.slot & INDEX_MASK) - 1) as usize,
-            c.attrs.born(),
-            board::RESET,
-        );
+        b.answer(slot_parts(c.slot).1, c.attrs.born(), board::RESET);
     }
 }
 
