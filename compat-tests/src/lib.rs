@@ -413,9 +413,9 @@ pub fn free_port_on(ip: &str) -> u16 {
     l.local_addr().unwrap().port()
 }
 
-/// `(local port, state)` of every TCP socket of this network namespace, from /proc/net/tcp{,6}
-/// (state as the kernel's hex code: `0A` listening, `01` established).
-fn tcp_sockets() -> Vec<(u16, String)> {
+/// `(local port, state, inode)` of every TCP socket of this network namespace, from
+/// /proc/net/tcp{,6} (state as the kernel's hex code: `0A` listening, `01` established).
+fn tcp_sockets() -> Vec<(u16, String, u64)> {
     ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .flat_map(|f| {
@@ -427,11 +427,44 @@ fn tcp_sockets() -> Vec<(u16, String)> {
                     let cols: Vec<&str> = l.split_whitespace().collect();
                     let port = cols.get(1)?.rsplit(':').next()?;
                     let port = u16::from_str_radix(port, 16).ok()?;
-                    Some((port, cols.get(3)?.to_string()))
+                    let inode = cols.get(9)?.parse().ok()?;
+                    Some((port, cols.get(3)?.to_string(), inode))
                 })
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// The inodes of the sockets open in process `pid` and its descendants (a server's listener
+/// may be in a child it started), from /proc.
+fn socket_inodes(pid: u32) -> std::collections::HashSet<u64> {
+    let mut out = std::collections::HashSet::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        if let Ok(fds) = std::fs::read_dir(format!("/proc/{p}/fd")) {
+            for fd in fds.flatten() {
+                let link = std::fs::read_link(fd.path()).unwrap_or_default();
+                let link = link.to_string_lossy();
+                if let Some(ino) = link
+                    .strip_prefix("socket:[")
+                    .and_then(|s| s.strip_suffix(']'))
+                    .and_then(|s| s.parse().ok())
+                {
+                    out.insert(ino);
+                }
+            }
+        }
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                todo.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Number of established TCP connections whose local port is `port` (a server's accepted
@@ -439,7 +472,7 @@ fn tcp_sockets() -> Vec<(u16, String)> {
 pub fn count_established(port: u16) -> usize {
     tcp_sockets()
         .iter()
-        .filter(|(p, st)| *p == port && st == "01")
+        .filter(|(p, st, _)| *p == port && st == "01")
         .count()
 }
 
@@ -448,7 +481,12 @@ pub fn count_established(port: u16) -> usize {
 pub fn wait_listening(port: u16, server: &mut Server, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
-        let listening = tcp_sockets().iter().any(|(p, st)| *p == port && st == "0A");
+        // (the server's own: another test's listener may have been given the same free port,
+        // and this server then failed to bind it)
+        let ours = socket_inodes(server.pid());
+        let listening = tcp_sockets()
+            .iter()
+            .any(|(p, st, ino)| *p == port && st == "0A" && ours.contains(ino));
         if listening {
             return;
         }
