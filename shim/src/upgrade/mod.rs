@@ -632,6 +632,10 @@ impl Conn {
             ready::unmask_out(self, g);
         }
         if disconnected {
+            // A connection this side had not committed yet (the peer's switch back came
+            // first: a fork child that took it over) still went over the ring: counted as
+            // upgraded once, so that every switch back is one of the upgraded.
+            self.count_upgraded();
             stats::count_switched_back();
             shim_log!(
                 Level::Debug,
