@@ -1,4 +1,4 @@
-//! Builds the C-variadic entry points (`fcntl`, `fcntl64`, `ioctl`; `execl`, `execlp`,
+//! Builds the C-variadic entry points (`fcntl`, `fcntl64`, `ioctl`, `prctl`; `execl`, `execlp`,
 //! `execle`) and the stdio stream maker of the `fdopen` hook, and links them into the cdylib
 //! only. Stable Rust cannot define C-variadic functions; these few lines of C read the optional
 //! argument per command (or the argument list) and call a fixed-signature function. `csrc/stdio.c` needs glibc's `struct _IO_FILE`, which only C

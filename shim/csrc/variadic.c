@@ -1,5 +1,5 @@
 /*
- * C-variadic entry points of librdmashim.so: fcntl(2), fcntl64, ioctl(2).
+ * C-variadic entry points of librdmashim.so: fcntl(2), fcntl64, ioctl(2), prctl(2).
  *
  * Stable Rust cannot define a C-variadic function, so these read the optional third argument
  * according to the command (as the man pages define it) and call a Rust function with a fixed
@@ -10,6 +10,8 @@
  * own fcntl does (sysdeps/unix/sysv/linux/fcntl64.c: va_arg (ap, void *)).
  * ioctl(2): the third argument is, by convention, a pointer or an integer of at most pointer width;
  * glibc reads it as void * (sysdeps/unix/sysv/linux/ioctl.c), and so do we.
+ * prctl(2): four optional arguments, read as unsigned long whatever the option, as glibc's
+ * own prctl does (sysdeps/unix/sysv/linux/prctl.c).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -19,6 +21,9 @@
 /* Defined in Rust (shim/src/hooks/fd.rs). `which`: 0 = fcntl, 1 = fcntl64. */
 extern int rdmashim_fcntl(int fd, int cmd, uintptr_t arg, int which);
 extern int rdmashim_ioctl(int fd, unsigned long request, uintptr_t arg);
+/* Defined in Rust (shim/src/hooks/process.rs). */
+extern int rdmashim_prctl(int option, unsigned long a2, unsigned long a3, unsigned long a4,
+                          unsigned long a5);
 
 /* Linux command numbers that may be missing from older headers. */
 #ifndef F_OFD_GETLK
@@ -92,4 +97,16 @@ int ioctl(int fd, unsigned long request, ...)
     uintptr_t arg = (uintptr_t)va_arg(ap, void *);
     va_end(ap);
     return rdmashim_ioctl(fd, request, arg);
+}
+
+int prctl(int option, ...)
+{
+    va_list ap;
+    va_start(ap, option);
+    unsigned long a2 = va_arg(ap, unsigned long);
+    unsigned long a3 = va_arg(ap, unsigned long);
+    unsigned long a4 = va_arg(ap, unsigned long);
+    unsigned long a5 = va_arg(ap, unsigned long);
+    va_end(ap);
+    return rdmashim_prctl(option, a2, a3, a4, a5);
 }

@@ -111,6 +111,7 @@ hooks! {
     Setfsuid = "setfsuid",
     Setfsgid = "setfsgid",
     Capset = "capset",
+    Prctl = "prctl",
 }
 
 #[cfg(test)]

@@ -97,6 +97,10 @@ pub(crate) fn write_stats() {
     let Some(pattern) = cfg.stats_path.as_deref() else {
         return;
     };
+    if crate::log::silenced() {
+        // (a sandboxed process: see `log::silence`)
+        return;
+    }
     let _s = guard::Section::enter();
     let _e = sys::ErrnoGuard::save();
     let pid = sys::getpid();

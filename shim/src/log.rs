@@ -6,11 +6,28 @@
 use crate::config::{self, Level};
 use crate::fmtbuf::FixedBuf;
 use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicBool, Ordering};
+
+/// Set once the process runs under a seccomp filter it installed ([`silence`]).
+static SILENT: AtomicBool = AtomicBool::new(false);
+
+/// From now on the shim writes nothing: no log record, no stats file. For a process that
+/// installed a seccomp filter (a sandbox): the system calls a write needs (open, rename, the
+/// signal mask calls around it) may be ones the filter kills the process for.
+pub fn silence() {
+    SILENT.store(true, Ordering::Relaxed);
+}
+
+/// Whether [`silence`] was called (in this process or the parent it forked from).
+#[inline]
+pub fn silenced() -> bool {
+    SILENT.load(Ordering::Relaxed)
+}
 
 /// Whether records of `level` are written.
 #[inline]
 pub fn enabled(level: Level) -> bool {
-    level != Level::Off && config::get().log_level >= level
+    level != Level::Off && config::get().log_level >= level && !silenced()
 }
 
 /// Writes one record. Use the [`shim_log!`](crate::shim_log) macro, which checks the level first.

@@ -66,6 +66,7 @@ reasons! {
     HandedToChild = "handed_to_child": "server side: the process forked after accepting the connection and the fork child that serves it took its upgrade over (the client's request was redirected to the child's rdma_cm listener; the child's own record counts the upgrade); this process's copy stays TCP",
     CredentialsChanged = "credentials_changed": "the process changed its credentials (setuid, setgid, setgroups and their kin) after it had used RDMA: the kernel refuses RDMA commands on descriptors opened under other credentials, so its connections went back to TCP (those on the ring switched back at exact offsets) and new ones stay TCP; its fork children may upgrade again",
     InternalError = "internal_error": "the shim failed (a panic in a hook or one of its threads): the connection, not yet plain TCP, was reset rather than left to a stream that could hang or lose bytes; everything else passes through from then on",
+    Sandboxed = "sandboxed": "the process installed a seccomp filter (a sandbox, as sshd's pre-authentication child does): the shim cannot know which system calls the filter allows, and one it refuses may kill the process, so RDMA ended before the filter (connections on the ring went back to TCP at exact offsets), new connections stay TCP, and the shim writes no log record or stats file from then on",
 }
 
 /// Which kind of address a connection's peer has, as far as upgrading is concerned.

@@ -158,6 +158,81 @@ credential_hooks! {
     capset(hdrp: *mut c_void, datap: *const c_void) = Capset;
 }
 
+type PrctlFn = unsafe extern "C" fn(
+    c_int,
+    libc::c_ulong,
+    libc::c_ulong,
+    libc::c_ulong,
+    libc::c_ulong,
+) -> c_int;
+
+/// The Rust half of `prctl(2)` (csrc/variadic.c reads its four optional arguments). Only
+/// `PR_SET_SECCOMP` concerns the shim: see [`before_sandbox`]; once a filter is in place the
+/// shim writes no log record and no stats file ([`crate::log::silence`]).
+///
+/// # Safety
+/// Called only from the C entry point with the application's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn rdmashim_prctl(
+    option: c_int,
+    a2: libc::c_ulong,
+    a3: libc::c_ulong,
+    a4: libc::c_ulong,
+    a5: libc::c_ulong,
+) -> c_int {
+    // SAFETY: PrctlFn is prctl's prototype with its optional arguments spelled out, as glibc
+    // reads them.
+    let Some(real) = (unsafe { crate::real::get::<PrctlFn>(crate::hook::Hook::Prctl) }) else {
+        // SAFETY: the raw prctl system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_prctl, option, a2, a3, a4, a5) } as c_int;
+    };
+    if option != libc::PR_SET_SECCOMP {
+        // SAFETY: the caller's arguments, unchanged, to the real function.
+        return unsafe { real(option, a2, a3, a4, a5) };
+    }
+    if let Some(cx) = crate::guard::hook_entry() {
+        crate::stats::count_call(cx, crate::hook::Hook::Prctl);
+        let _ = super::run(crate::hook::Hook::Prctl, || {
+            before_sandbox();
+            PassThrough::<c_int>
+        });
+    }
+    // SAFETY: the caller's arguments, unchanged, to the real function.
+    let r = unsafe { real(option, a2, a3, a4, a5) };
+    if r == 0 {
+        crate::log::silence();
+    }
+    r
+}
+
+/// Before the process installs a seccomp filter (`prctl(PR_SET_SECCOMP)`: sshd's
+/// pre-authentication child, other privilege-separated servers' workers): the filter may kill
+/// the process at the first system call it does not expect, and the shim cannot know which it
+/// allows. So RDMA ends here, while every call is still allowed: the connections it inherited
+/// from its parent are asked for (as before an exec), its own on the ring go back to TCP at
+/// exact offsets, its rdma_cm listeners are dropped and new connections stay TCP
+/// (`sandboxed`). Not in a vfork child (our memory is the parent's).
+fn before_sandbox() {
+    if conn::in_foreign_child() {
+        return;
+    }
+    let _s = crate::guard::Section::enter();
+    let _e = crate::sys::ErrnoGuard::save();
+    if !crate::upgrade::close_for_sandbox() {
+        return;
+    }
+    let (conns, inherited) = upgraded_conns(true);
+    for slot in inherited {
+        // (one that cannot be had was reset by its owner: the program sees that)
+        let _ = crate::upgrade::use_inherited(slot);
+    }
+    crate::upgrade::data::hand_back_all(
+        &conns,
+        "sandbox",
+        crate::reason::FallbackReason::Sandboxed,
+    );
+}
+
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
 
 /// _exit(2), called by the program (glibc's own `exit` reaches the kernel without it, after the

@@ -1355,6 +1355,25 @@ pub fn close_for_credentials() -> bool {
     true
 }
 
+/// Before this process installs a seccomp filter (see `hooks/process.rs`): RDMA ends for it
+/// for good (reason `sandboxed`, kept by its fork children, which inherit the filter), its
+/// rdma_cm listeners are dropped, and the caller returns its connections to TCP. Returns
+/// whether RDMA ended now (not if it had already, or never started: no device, say).
+pub fn close_for_sandbox() -> bool {
+    if !crate::probe::close_host(FallbackReason::Sandboxed) {
+        return false;
+    }
+    if let Some(e) = world_if_created().and_then(World::engine_if_started) {
+        e.drop_listeners();
+    }
+    shim_log!(
+        Level::Info,
+        "the process installs a seccomp filter: its connections go back to TCP and new ones stay there ({}); the shim writes nothing more",
+        FallbackReason::Sandboxed.name()
+    );
+    true
+}
+
 /// Whether the process runs more than one thread (when it cannot be told: yes).
 fn several_threads() -> bool {
     std::fs::read_dir("/proc/self/task").map_or(true, |d| d.take(2).count() > 1)
