@@ -1,0 +1,358 @@
+//! RDMA tier: SSH servers, with the shim on both ends — the privilege-separated servers of the
+//! process-model table (docs/shim.md), pulled from and pushed to (5 MB each way, byte-exact):
+//! - OpenSSH's `sshd`: per login, a fork (by default re-executing itself: the connection goes
+//!   to the new image on TCP), then a pre-authentication child in a sandbox (chroot into the
+//!   privilege-separation directory, `RLIMIT_NOFILE` 0, `RLIMIT_FSIZE` 0, a seccomp filter that
+//!   kills on unexpected system calls), then the session as the user. The socket is used by
+//!   several processes in turn, so it stays TCP (or goes back to TCP at exact offsets); the
+//!   shim lives in every one of those processes and must never get one killed or a login
+//!   refused. Run both re-executing and, where the server still has `-r`, not.
+//! - `dropbear`: a fork per login. Started by its absolute path (as service managers do), the
+//!   child re-executes dropbear and the connection goes to the new image on TCP. Started by
+//!   name, the child serves the connection and takes its upgrade over (`handed_to_child`);
+//!   while checking the key it changes its effective ids (`seteuid`), so an upgraded
+//!   connection goes back to TCP at exact offsets there (`credentials_changed`), or stays TCP
+//!   if the change came first.
+//!
+//! Which of these happens depends on timing; the tests accept exactly these outcomes. Both
+//! need root (the VM tier runs as root).
+
+use rdmashim_compat_tests::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const BLOB: usize = 5_000_000;
+
+fn assert_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "SSH servers need root (their privilege separation); the VM tier runs as root"
+    );
+}
+
+fn keygen(path: &Path) {
+    let mut c = Command::new("ssh-keygen");
+    c.args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(path);
+    run_ok(c, Duration::from_secs(30));
+}
+
+/// Pulls the blob with `cat` and pushes it back with `cat >`, `rounds` times, through a
+/// shimmed OpenSSH client (each its own process and connection), checking every byte.
+/// `log`: the server's, shown if a transfer fails.
+fn transfer(s: &Scratch, ssh: &Path, key: &Path, at: (&str, u16), blob: &Path, log: &Path) {
+    let (ip, port) = at;
+    let want = std::fs::read(blob).unwrap();
+    let server_log = || std::fs::read_to_string(log).unwrap_or_default();
+    for i in 0..2 {
+        let client = |label: &str| {
+            let mut c = shimmed(ssh, s, label);
+            c.arg("-i")
+                .arg(key)
+                .args([
+                    "-o",
+                    "StrictHostKeyChecking=no",
+                    "-o",
+                    "UserKnownHostsFile=/dev/null",
+                    "-o",
+                    "LogLevel=ERROR",
+                    "-o",
+                    "BatchMode=yes",
+                    "-p",
+                ])
+                .arg(port.to_string())
+                .arg(format!("root@{ip}"));
+            c
+        };
+        let mut pull = client("client");
+        pull.arg(format!("cat {}", blob.display()));
+        let got = run(pull, Duration::from_secs(120));
+        assert!(
+            got.status.success(),
+            "ssh pull {i}: {got:?}; server log:\n{}",
+            server_log()
+        );
+        assert!(got.stdout == want, "pull {i}: the file arrived whole");
+        let up = s.dir.join(format!("up{i}"));
+        let mut push = client("client");
+        push.arg(format!("cat > {}", up.display()));
+        run_ok_with_input(push, blob, Duration::from_secs(120));
+        assert!(
+            std::fs::read(&up).unwrap() == want,
+            "push {i}: the file arrived whole"
+        );
+    }
+}
+
+/// Every process's connections end on TCP (those that were upgraded switched back, at exact
+/// offsets), each counted once, for the reasons of these process models; the clients count
+/// one connection each.
+/// `over`: the reasons a client may give (`peer_rejected` between two hosts' addresses; on
+/// loopback, where nothing upgrades, the host tier's one reason).
+fn check_outcomes(s: &Scratch, server: &str, logins: u64, over: &[&str], server_reasons: &[&str]) {
+    let client = s.stats("client");
+    let served = s.stats(server);
+    for r in client.iter().chain(&served) {
+        eprintln!("{}, switched back {}", r.summary(), r.switched_back);
+    }
+    assert_eq!(client.len() as u64, logins, "one record per client process");
+    assert_eq!(sum_connections(&client), logins);
+    let ends_on_tcp = |r: &Stats, allowed: &[&str]| {
+        assert_eq!(
+            r.switched_back,
+            r.upgraded(),
+            "back on TCP: {}",
+            r.summary()
+        );
+        let named: u64 = allowed.iter().map(|a| r.reason(a)).sum();
+        assert_eq!(
+            r.fallback,
+            named,
+            "reasons among {allowed:?}: {}",
+            r.summary()
+        );
+    };
+    for r in &client {
+        ends_on_tcp(r, over);
+    }
+    let mut allowed = server_reasons.to_vec();
+    allowed.extend_from_slice(over);
+    for r in &served {
+        ends_on_tcp(r, &allowed);
+    }
+}
+
+fn sshd(reexec: bool, ip: String) {
+    assert_root();
+    let (Some(sshd), Some(ssh)) = (require("/usr/sbin/sshd"), require("ssh")) else {
+        return;
+    };
+    let s = Scratch::new(if reexec { "sshd" } else { "sshd-r" });
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // (records of processes that dropped root: a sticky, world-writable dir, as /tmp)
+        std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    // The privilege-separation directory the sandboxed child is chrooted into.
+    let _ = std::fs::create_dir_all("/run/sshd");
+    let hostkey = s.dir.join("hostkey");
+    let key = s.dir.join("userkey");
+    keygen(&hostkey);
+    keygen(&key);
+    std::fs::copy(key.with_extension("pub"), s.dir.join("authorized_keys")).unwrap();
+    let blob = s.dir.join("blob");
+    std::fs::write(&blob, random_bytes(BLOB, 41)).unwrap();
+    let port = free_port_on(&ip);
+    let log = s.dir.join("sshd.log");
+    let conf = s.dir.join("sshd_config");
+    std::fs::write(
+        &conf,
+        format!(
+            "Port {port}\nListenAddress {ip}\nHostKey {hk}\nAuthorizedKeysFile {d}/authorized_keys\n\
+             StrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\nPidFile {d}/sshd.pid\n",
+            hk = hostkey.display(),
+            d = s.dir.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = shimmed(&sshd, &s, "sshd");
+    cmd.args(["-D", "-f"]).arg(&conf).arg("-E").arg(&log);
+    if !reexec {
+        // (gone from OpenSSH 9.8, whose per-login process is always a new image)
+        let mut t = Command::new(&sshd);
+        t.args(["-t", "-r", "-f"]).arg(&conf);
+        if !run(t, Duration::from_secs(30)).status.success() {
+            eprintln!("SKIP: this sshd has no -r (it always re-executes)");
+            return;
+        }
+        cmd.arg("-r");
+    }
+    let mut daemon = Server::start(cmd, "sshd", "TERM");
+    wait_listening(port, &mut daemon, Duration::from_secs(30));
+    transfer(&s, &ssh, &key, (&ip, port), &blob, &log);
+    daemon.assert_running();
+    daemon.stop();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        text.matches("Accepted publickey for root").count(),
+        4,
+        "every login was accepted:\n{text}"
+    );
+    for bad in [
+        "fatal",
+        "killed",
+        "signal 31",
+        "Bad system call",
+        "rdmashim",
+    ] {
+        assert!(!text.contains(bad), "sshd logged {bad:?}:\n{text}");
+    }
+    let reason = expected_reason();
+    let over: &[&str] = if ip == "127.0.0.1" {
+        &[&reason]
+    } else {
+        &["peer_rejected"]
+    };
+    check_outcomes(
+        &s,
+        "sshd",
+        4,
+        over,
+        &[
+            "forked",
+            "handed_to_child",
+            "exec",
+            "credentials_changed",
+            "no_upgrade_request",
+        ],
+    );
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn sshd_privsep_sandbox_reexec() {
+    sshd(true, test_ip());
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn sshd_privsep_sandbox_no_reexec() {
+    sshd(false, test_ip());
+}
+
+/// Host tier: the same on loopback, where nothing upgrades — the shim still lives in every
+/// process of the login, the sandboxed one included (before, its stats file could not be
+/// written in the sandbox's chroot, and the warning's signal-mask calls got it killed by the
+/// filter: every login refused).
+#[test]
+fn sshd_privsep_sandbox_loopback() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: sshd's privilege separation needs root");
+        return;
+    }
+    sshd(true, "127.0.0.1".into());
+}
+
+/// `reexec`: started by its absolute path, dropbear's child re-executes it per login (a fresh
+/// image, for its address-space randomisation) and the connection goes to the new image on
+/// TCP; started by name, the child serves the login itself.
+fn dropbear(reexec: bool) {
+    assert_root();
+    let ip = test_ip();
+    let (Some(dropbear), Some(dropbearkey), Some(ssh), Some(unshare)) = (
+        require("/usr/sbin/dropbear"),
+        require("dropbearkey"),
+        require("ssh"),
+        require("unshare"),
+    ) else {
+        return;
+    };
+    let s = Scratch::new(if reexec { "dropbear" } else { "dropbear-fork" });
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    // dropbear reads root's keys from its home only: a home of the test's own, bind-mounted
+    // over /root in a mount namespace of the server's (nothing outside it sees it).
+    let home = s.dir.join("home");
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    let hostkey = s.dir.join("hostkey");
+    let mut k = Command::new(&dropbearkey);
+    k.args(["-t", "ed25519", "-f"]).arg(&hostkey);
+    run_ok(k, Duration::from_secs(30));
+    let key = s.dir.join("userkey");
+    keygen(&key);
+    std::fs::copy(key.with_extension("pub"), home.join(".ssh/authorized_keys")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for (p, m) in [(&home, 0o700), (&home.join(".ssh"), 0o700)] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        }
+    }
+    let blob = s.dir.join("blob");
+    std::fs::write(&blob, random_bytes(BLOB, 43)).unwrap();
+    let port = free_port_on(&ip);
+    let log = s.dir.join("dropbear.log");
+    // (the shim is preloaded into dropbear only: unshare and the shell exec it)
+    let mut cmd = Command::new(&unshare);
+    cmd.args(["-m", "sh", "-c"])
+        .arg(format!(
+            "mount --bind {home} /root && LD_PRELOAD={lib} RDMASHIM_STATS={st} RDMASHIM_LOG=warn \
+             PATH={dir}:$PATH exec {dropbear} -F -E -s -p {ip}:{port} -r {hk} 2>>{log}",
+            home = home.display(),
+            lib = shim().lib.display(),
+            st = s.stats_pattern("dropbear").display(),
+            dir = dropbear.parent().unwrap().display(),
+            dropbear = if reexec {
+                dropbear.display().to_string()
+            } else {
+                "dropbear".into()
+            },
+            hk = hostkey.display(),
+            log = log.display()
+        ))
+        .env_remove("LD_PRELOAD");
+    let mut daemon = Server::start(cmd, "dropbear", "TERM");
+    wait_listening(port, &mut daemon, Duration::from_secs(30));
+    transfer(&s, &ssh, &key, (&ip, port), &blob, &log);
+    daemon.assert_running();
+    daemon.stop();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        text.matches("Pubkey auth succeeded for 'root'").count(),
+        4,
+        "every login was accepted:\n{text}"
+    );
+    assert!(
+        !text.contains("rdmashim"),
+        "the shim wrote to dropbear's log:\n{text}"
+    );
+    check_outcomes(
+        &s,
+        "dropbear",
+        4,
+        &["peer_rejected"],
+        &[
+            "handed_to_child",
+            "credentials_changed",
+            "forked",
+            "exec",
+            "no_upgrade_request",
+        ],
+    );
+    if reexec {
+        return;
+    }
+    // The listener handed every login to the child that serves it, which took its upgrade
+    // over, and either went back to TCP at the key check's `seteuid` or stayed TCP if that
+    // came first: counted once by each child.
+    let served = s.stats("dropbear");
+    assert_eq!(
+        served
+            .iter()
+            .map(|r| r.reason("handed_to_child"))
+            .sum::<u64>(),
+        4,
+        "each login handed to the child that serves it"
+    );
+    let children: u64 = served
+        .iter()
+        .map(|r| r.upgraded() + r.reason("credentials_changed"))
+        .sum();
+    assert_eq!(children, 4, "each login counted once by its child");
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn dropbear_reexec_per_login() {
+    dropbear(true);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn dropbear_fork_per_login() {
+    dropbear(false);
+}
