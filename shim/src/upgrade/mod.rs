@@ -398,7 +398,13 @@ impl Conn {
         if let Some(&(slot, born)) = self.adopted_from.get() {
             adopt::unadopt(slot, born);
         }
-        self.clear_efds(g);
+        if g.back == Back::None {
+            self.clear_efds(g);
+        }
+        // (else they stay signalled, retired by the switch back: a thread that chose to wait
+        // on them before the switch began and goes to sleep only now must wake at once and
+        // look at the socket — clearing them here left ssh asleep in poll for ever with the
+        // server's bytes in its socket. Cleared when the connection ends, before reuse.)
         if let Some(s) = g.back_sock.take() {
             net::close(s);
         }
@@ -838,9 +844,10 @@ impl Drop for Conn {
     fn drop(&mut self) {
         crate::fdtable::UPGRADE_CONNS.fetch_sub(1, Ordering::Relaxed);
         // Eventfds that were never in an epoll set go back to the pool, at level zero (they
-        // are set only through `sync_efds`, which records it); nobody else can hold them: a
-        // poll of them holds a reference to this connection. One that was in a set may still
-        // be, in a duplicate of that set's epoll fd that the registry does not know: closed.
+        // are set only through `sync_efds` and `ready::retire_efds`, which record it); nobody
+        // else can hold them: a poll of them holds a reference to this connection. One that
+        // was in a set may still be, in a duplicate of that set's epoll fd that the registry
+        // does not know: closed.
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = inner.back_sock.take() {
             net::close(s);

@@ -852,7 +852,7 @@ pub(crate) fn retire_efds(c: &Conn, g: &mut Inner) {
     }
     net::eventfd_signal(c.rd_efd);
     net::eventfd_signal(c.wr_efd);
-    // (cleared when the connection becomes plain TCP: `Conn::to_tcp`)
+    // (cleared when the connection ends, before the eventfds are reused: `Drop for Conn`)
     g.rd_set = true;
     g.wr_set = true;
 }
