@@ -218,19 +218,9 @@ fn before_sandbox() {
     }
     let _s = crate::guard::Section::enter();
     let _e = crate::sys::ErrnoGuard::save();
-    if !crate::upgrade::close_for_sandbox() {
-        return;
+    if crate::upgrade::close_for_sandbox() {
+        hand_back_inherited(true, "sandbox", crate::reason::FallbackReason::Sandboxed);
     }
-    let (conns, inherited) = upgraded_conns(true);
-    for slot in inherited {
-        // (one that cannot be had was reset by its owner: the program sees that)
-        let _ = crate::upgrade::use_inherited(slot);
-    }
-    crate::upgrade::data::hand_back_all(
-        &conns,
-        "sandbox",
-        crate::reason::FallbackReason::Sandboxed,
-    );
 }
 
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
@@ -298,7 +288,7 @@ fn before_exec() {
     }
     let _s = crate::guard::Section::enter();
     let _e = crate::sys::ErrnoGuard::save();
-    hand_back_inherited("exec");
+    hand_back_inherited(false, "exec", crate::reason::FallbackReason::Exec);
     crate::init::write_stats();
 }
 
@@ -310,7 +300,7 @@ fn before_spawn() {
     }
     let _s = crate::guard::Section::enter();
     let _e = crate::sys::ErrnoGuard::save();
-    hand_back_inherited("spawn");
+    hand_back_inherited(false, "spawn", crate::reason::FallbackReason::Exec);
 }
 
 /// Before the process changes its credentials: if RDMA ends for it
@@ -361,15 +351,15 @@ fn upgraded_conns(all: bool) -> (Vec<(std::sync::Arc<crate::upgrade::Conn>, c_in
     (conns, inherited)
 }
 
-/// Returns to TCP every upgraded connection an fd without FD_CLOEXEC refers to (`what`: exec
-/// or spawn, for the log): this process's own, and those a fork child inherited (inetd-style
-/// servers fork, then exec the program that serves the connection), which it asks its parent
-/// for.
-fn hand_back_inherited(what: &'static str) {
-    let (conns, inherited) = upgraded_conns(false);
+/// Returns to TCP every upgraded connection an fd without FD_CLOEXEC refers to (`all`: every
+/// fd; `what`: exec, spawn or sandbox, for the log; `reason` for an undecided one): this
+/// process's own, and those a fork child inherited (inetd-style servers fork, then exec the
+/// program that serves the connection), which it asks its parent for.
+fn hand_back_inherited(all: bool, what: &'static str, reason: crate::reason::FallbackReason) {
+    let (conns, inherited) = upgraded_conns(all);
     for slot in inherited {
-        // (one that cannot be had was reset by its owner: the new image sees that)
+        // (one that cannot be had was reset by its owner: the program sees that)
         let _ = crate::upgrade::use_inherited(slot);
     }
-    crate::upgrade::data::hand_back_all(&conns, what, crate::reason::FallbackReason::Exec);
+    crate::upgrade::data::hand_back_all(&conns, what, reason);
 }

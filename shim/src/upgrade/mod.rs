@@ -1348,11 +1348,8 @@ pub fn close_for_credentials() -> bool {
     if !opened && engine.is_none() && !several_threads() {
         return false;
     }
-    if !crate::probe::close_host(FallbackReason::CredentialsChanged) {
+    if !end_rdma(FallbackReason::CredentialsChanged) {
         return false;
-    }
-    if let Some(e) = engine {
-        e.drop_listeners();
     }
     shim_log!(
         Level::Info,
@@ -1367,17 +1364,27 @@ pub fn close_for_credentials() -> bool {
 /// rdma_cm listeners are dropped, and the caller returns its connections to TCP. Returns
 /// whether RDMA ended now (not if it had already, or never started: no device, say).
 pub fn close_for_sandbox() -> bool {
-    if !crate::probe::close_host(FallbackReason::Sandboxed) {
+    if !end_rdma(FallbackReason::Sandboxed) {
         return false;
-    }
-    if let Some(e) = world_if_created().and_then(World::engine_if_started) {
-        e.drop_listeners();
     }
     shim_log!(
         Level::Info,
         "the process installs a seccomp filter: its connections go back to TCP and new ones stay there ({}); the shim writes nothing more",
         FallbackReason::Sandboxed.name()
     );
+    true
+}
+
+/// RDMA ends for this process: new connections stay TCP with `reason` (unless a host-wide
+/// reason already holds) and its rdma_cm listeners are dropped; the caller returns its
+/// connections to TCP. Returns whether it ended now.
+fn end_rdma(reason: FallbackReason) -> bool {
+    if !crate::probe::close_host(reason) {
+        return false;
+    }
+    if let Some(e) = world_if_created().and_then(World::engine_if_started) {
+        e.drop_listeners();
+    }
     true
 }
 
