@@ -701,6 +701,25 @@ impl Stats {
         );
     }
 
+    /// Asserts every connection of this process ended on TCP: each one upgraded went back
+    /// (`switched_back`), and every fallback has one of the `allowed` reasons (for programs
+    /// whose process models decide by timing which of these happens).
+    pub fn assert_ends_on_tcp(&self, allowed: &[&str]) {
+        assert_eq!(
+            self.switched_back,
+            self.upgraded,
+            "back on TCP: {}",
+            self.summary()
+        );
+        let named: u64 = allowed.iter().map(|a| self.reason(a)).sum();
+        assert_eq!(
+            self.fallback,
+            named,
+            "reasons among {allowed:?}: {}",
+            self.summary()
+        );
+    }
+
     /// Asserts nothing was upgraded and the fallback reasons are exactly `expected` (reason,
     /// count); reasons not listed must not occur.
     pub fn assert_fallback_reasons(&self, expected: &[(&str, u64)]) {

@@ -88,34 +88,16 @@ fn pull(unprivileged: bool) {
     // Each process may decide differently, by timing (whether the upgrade was settled before
     // the child dropped root, before the client forked its receiver), but always so: the
     // connection ends on TCP, and the reasons are the ones of these process models.
-    let ends_on_tcp = |r: &Stats, allowed: &[&str]| {
-        assert_eq!(
-            r.switched_back,
-            r.upgraded(),
-            "back on TCP: {}",
-            r.summary()
-        );
-        let named: u64 = allowed.iter().map(|a| r.reason(a)).sum();
-        assert_eq!(
-            r.fallback,
-            named,
-            "reasons among {allowed:?}: {}",
-            r.summary()
-        );
-    };
     for r in &client {
-        ends_on_tcp(r, &["peer_rejected", "forked", "closed_early"]);
+        r.assert_ends_on_tcp(&["peer_rejected", "forked", "closed_early"]);
     }
     for r in &served {
-        ends_on_tcp(
-            r,
-            &[
-                "credentials_changed",
-                "no_upgrade_request",
-                "forked",
-                "handed_to_child",
-            ],
-        );
+        r.assert_ends_on_tcp(&[
+            "credentials_changed",
+            "no_upgrade_request",
+            "forked",
+            "handed_to_child",
+        ]);
     }
 }
 

@@ -23,6 +23,8 @@ use std::process::Command;
 use std::time::Duration;
 
 const BLOB: usize = 5_000_000;
+/// Logins per test: half pull the blob, half push it.
+const LOGINS: u64 = 4;
 
 fn assert_root() {
     // SAFETY: geteuid has no preconditions.
@@ -39,18 +41,31 @@ fn keygen(path: &Path) {
     run_ok(c, Duration::from_secs(30));
 }
 
-/// Pulls the blob with `cat` and pushes it back with `cat >`, `rounds` times, through a
-/// shimmed OpenSSH client (each its own process and connection), checking every byte.
-/// `log`: the server's, shown if a transfer fails.
-fn transfer(s: &Scratch, ssh: &Path, key: &Path, at: (&str, u16), blob: &Path, log: &Path) {
+/// Starts the server `cmd` (listening on `at`), then logs in [`LOGINS`] times through a
+/// shimmed OpenSSH client (each its own process and connection) with the key
+/// `userkey`: pulls the scratch's `blob` with `cat` and pushes it back with `cat >`,
+/// checking every byte; stops the server. Asserts its log `log` has `accepted` once per
+/// login, and returns the log.
+fn serve_logins(
+    s: &Scratch,
+    cmd: Command,
+    ssh: &Path,
+    at: (&str, u16),
+    log: &Path,
+    accepted: &str,
+) -> String {
     let (ip, port) = at;
-    let want = std::fs::read(blob).unwrap();
+    let key = s.dir.join("userkey");
+    let blob = s.dir.join("blob");
+    let mut daemon = Server::start(cmd, "ssh server", "TERM");
+    wait_listening(port, &mut daemon, Duration::from_secs(30));
+    let want = std::fs::read(&blob).unwrap();
     let server_log = || std::fs::read_to_string(log).unwrap_or_default();
-    for i in 0..2 {
+    for i in 0..LOGINS / 2 {
         let client = |label: &str| {
             let mut c = shimmed(ssh, s, label);
             c.arg("-i")
-                .arg(key)
+                .arg(&key)
                 .args([
                     "-o",
                     "StrictHostKeyChecking=no",
@@ -78,12 +93,21 @@ fn transfer(s: &Scratch, ssh: &Path, key: &Path, at: (&str, u16), blob: &Path, l
         let up = s.dir.join(format!("up{i}"));
         let mut push = client("client");
         push.arg(format!("cat > {}", up.display()));
-        run_ok_with_input(push, blob, Duration::from_secs(120));
+        run_ok_with_input(push, &blob, Duration::from_secs(120));
         assert!(
             std::fs::read(&up).unwrap() == want,
             "push {i}: the file arrived whole"
         );
     }
+    daemon.assert_running();
+    daemon.stop();
+    let text = server_log();
+    assert_eq!(
+        text.matches(accepted).count() as u64,
+        LOGINS,
+        "every login was accepted:\n{text}"
+    );
+    text
 }
 
 /// Every process's connections end on TCP (those that were upgraded switched back, at exact
@@ -91,36 +115,21 @@ fn transfer(s: &Scratch, ssh: &Path, key: &Path, at: (&str, u16), blob: &Path, l
 /// one connection each.
 /// `over`: the reasons a client may give (`peer_rejected` between two hosts' addresses; on
 /// loopback, where nothing upgrades, the host tier's one reason).
-fn check_outcomes(s: &Scratch, server: &str, logins: u64, over: &[&str], server_reasons: &[&str]) {
+fn check_outcomes(s: &Scratch, server: &str, over: &[&str], server_reasons: &[&str]) {
     let client = s.stats("client");
     let served = s.stats(server);
     for r in client.iter().chain(&served) {
         eprintln!("{}, switched back {}", r.summary(), r.switched_back);
     }
-    assert_eq!(client.len() as u64, logins, "one record per client process");
-    assert_eq!(sum_connections(&client), logins);
-    let ends_on_tcp = |r: &Stats, allowed: &[&str]| {
-        assert_eq!(
-            r.switched_back,
-            r.upgraded(),
-            "back on TCP: {}",
-            r.summary()
-        );
-        let named: u64 = allowed.iter().map(|a| r.reason(a)).sum();
-        assert_eq!(
-            r.fallback,
-            named,
-            "reasons among {allowed:?}: {}",
-            r.summary()
-        );
-    };
+    assert_eq!(client.len() as u64, LOGINS, "one record per client process");
+    assert_eq!(sum_connections(&client), LOGINS);
     for r in &client {
-        ends_on_tcp(r, over);
+        r.assert_ends_on_tcp(over);
     }
     let mut allowed = server_reasons.to_vec();
     allowed.extend_from_slice(over);
     for r in &served {
-        ends_on_tcp(r, &allowed);
+        r.assert_ends_on_tcp(&allowed);
     }
 }
 
@@ -142,8 +151,7 @@ fn sshd(reexec: bool, ip: String) {
     keygen(&hostkey);
     keygen(&key);
     std::fs::copy(key.with_extension("pub"), s.dir.join("authorized_keys")).unwrap();
-    let blob = s.dir.join("blob");
-    std::fs::write(&blob, random_bytes(BLOB, 41)).unwrap();
+    std::fs::write(s.dir.join("blob"), random_bytes(BLOB, 41)).unwrap();
     let port = free_port_on(&ip);
     let log = s.dir.join("sshd.log");
     let conf = s.dir.join("sshd_config");
@@ -169,16 +177,13 @@ fn sshd(reexec: bool, ip: String) {
         }
         cmd.arg("-r");
     }
-    let mut daemon = Server::start(cmd, "sshd", "TERM");
-    wait_listening(port, &mut daemon, Duration::from_secs(30));
-    transfer(&s, &ssh, &key, (&ip, port), &blob, &log);
-    daemon.assert_running();
-    daemon.stop();
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(
-        text.matches("Accepted publickey for root").count(),
-        4,
-        "every login was accepted:\n{text}"
+    let text = serve_logins(
+        &s,
+        cmd,
+        &ssh,
+        (&ip, port),
+        &log,
+        "Accepted publickey for root",
     );
     for bad in [
         "fatal",
@@ -198,7 +203,6 @@ fn sshd(reexec: bool, ip: String) {
     check_outcomes(
         &s,
         "sshd",
-        4,
         over,
         &[
             "forked",
@@ -272,8 +276,7 @@ fn dropbear(reexec: bool) {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
         }
     }
-    let blob = s.dir.join("blob");
-    std::fs::write(&blob, random_bytes(BLOB, 43)).unwrap();
+    std::fs::write(s.dir.join("blob"), random_bytes(BLOB, 43)).unwrap();
     let port = free_port_on(&ip);
     let log = s.dir.join("dropbear.log");
     // (the shim is preloaded into dropbear only: unshare and the shell exec it)
@@ -295,16 +298,13 @@ fn dropbear(reexec: bool) {
             log = log.display()
         ))
         .env_remove("LD_PRELOAD");
-    let mut daemon = Server::start(cmd, "dropbear", "TERM");
-    wait_listening(port, &mut daemon, Duration::from_secs(30));
-    transfer(&s, &ssh, &key, (&ip, port), &blob, &log);
-    daemon.assert_running();
-    daemon.stop();
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(
-        text.matches("Pubkey auth succeeded for 'root'").count(),
-        4,
-        "every login was accepted:\n{text}"
+    let text = serve_logins(
+        &s,
+        cmd,
+        &ssh,
+        (&ip, port),
+        &log,
+        "Pubkey auth succeeded for 'root'",
     );
     assert!(
         !text.contains("rdmashim"),
@@ -313,7 +313,6 @@ fn dropbear(reexec: bool) {
     check_outcomes(
         &s,
         "dropbear",
-        4,
         &["peer_rejected"],
         &[
             "handed_to_child",
@@ -335,14 +334,14 @@ fn dropbear(reexec: bool) {
             .iter()
             .map(|r| r.reason("handed_to_child"))
             .sum::<u64>(),
-        4,
+        LOGINS,
         "each login handed to the child that serves it"
     );
     let children: u64 = served
         .iter()
         .map(|r| r.upgraded() + r.reason("credentials_changed"))
         .sum();
-    assert_eq!(children, 4, "each login counted once by its child");
+    assert_eq!(children, LOGINS, "each login counted once by its child");
 }
 
 #[test]
