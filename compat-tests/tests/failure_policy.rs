@@ -51,7 +51,7 @@ def writer():
         s.shutdown(socket.SHUT_WR)
     except OSError as e:
         print("client writer:", name(e), "after", sent, flush=True)
-threading.Thread(target=writer, daemon=True).start()
+w = threading.Thread(target=writer, daemon=True); w.start()
 got = 0; bad = None
 try:
     while got < TOTAL:
@@ -70,6 +70,9 @@ try:
 except OSError as e:
     print("client:", name(e), "after", got, flush=True)
 print("prefix", "ok" if bad is None else "differs at %d" % bad, flush=True)
+# (the writer ends with the connection; one still printing when the interpreter shuts down
+# makes it abort: "could not acquire lock for <stdout>")
+w.join(20)
 "#;
 
 /// Runs the pair with `fault` (and `env`) in the environment of `faulty` ("server" or
