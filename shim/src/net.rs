@@ -88,15 +88,20 @@ pub fn shutdown(fd: c_int, how: c_int) -> Result<(), Errno> {
 
 /// Resets the TCP connection of socket `fd` as a peer's RST would: `connect` with
 /// `AF_UNSPEC` disconnects it (the kernel sends an RST and records ECONNRESET for the socket's
-/// next call; the calls after that see a closed connection), on every fd of the same socket.
+/// next call), on every fd of the same socket; then `shutdown(SHUT_RDWR)`, which fails on the
+/// disconnected socket (ENOTCONN) but still marks both directions shut, so that the calls
+/// after the first see what they see after a peer's RST — EOF for reads, EPIPE for writes —
+/// not ENOTCONN (two threads of a program, one of which takes the ECONNRESET).
 pub fn reset_socket(fd: c_int) -> Result<(), Errno> {
     // SAFETY: all-zero is a valid sockaddr; only its family is read.
     let mut sa: libc::sockaddr = unsafe { std::mem::zeroed() };
     sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
     let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
     // SAFETY: `sa` is a valid sockaddr of `len` bytes for the duration of the call.
-    check(unsafe { libc::syscall(libc::SYS_connect, fd, &sa as *const libc::sockaddr, len) })
-        .map(|_| ())
+    check(unsafe { libc::syscall(libc::SYS_connect, fd, &sa as *const libc::sockaddr, len) })?;
+    // (ENOTCONN expected: the marks are set all the same)
+    let _ = shutdown(fd, libc::SHUT_RDWR);
+    Ok(())
 }
 
 /// fcntl(fd, F_DUPFD_CLOEXEC, min): a private duplicate at or above `min` (falls back to any
