@@ -1194,6 +1194,29 @@ pub fn behave_switched_back(bin: &str, scenario: &str) -> RoleStats {
     r
 }
 
+/// Over RDMA, a scenario whose server ends RDMA for its process mid-connection (`setuid`,
+/// `dup2_high`): its first connection, on the rings at that moment, is counted upgraded and
+/// switched back by both sides, the client read the rest from TCP, and the second connection,
+/// made after, stays TCP with `reason` at the server.
+pub fn behave_rdma_ended(bin: &str, scenario: &str, reason: &str) -> RoleStats {
+    let shim = Side::Shim(Via::Preload);
+    let r = behave_roles(bin, scenario, shim, shim, &test_ip(), Some(SETTLE));
+    let c = r.client.as_ref().expect("the client wrote no stats");
+    let s = r.server.as_ref().expect("the server wrote no stats");
+    for (role, st) in [("client", c), ("server", s)] {
+        assert_eq!(st.connections(), 2, "{scenario} {role}: {}", st.summary());
+        assert_eq!(st.upgraded(), 1, "{scenario} {role}: {}", st.summary());
+        assert_eq!(st.switched_back, 1, "{scenario} {role}: {}", st.summary());
+    }
+    assert_eq!(s.reason(reason), 1, "{scenario} server: {}", s.summary());
+    assert!(
+        c.bytes("tcp_rx") > c.bytes("ring_rx").min(1 << 20),
+        "{scenario}: the client read little from TCP after the switch back: {}",
+        c.summary()
+    );
+    r
+}
+
 /// [`behave`] for a scenario that makes `conns` connections (each side's stats must account
 /// for that many). Returns the roles' stats, for checks of the scenario's own.
 pub fn behave_conns(

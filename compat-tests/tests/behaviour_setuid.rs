@@ -36,24 +36,5 @@ fn plain_client() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    let shim = Side::Shim(Via::Preload);
-    let r = behave_roles(BIN, "setuid", shim, shim, &test_ip(), Some(SETTLE));
-    let c = r.client.as_ref().expect("the client wrote no stats");
-    let s = r.server.as_ref().expect("the server wrote no stats");
-    for (role, st) in [("client", c), ("server", s)] {
-        assert_eq!(st.connections(), 2, "{role}: {}", st.summary());
-        assert_eq!(st.upgraded(), 1, "{role}: {}", st.summary());
-        assert_eq!(st.switched_back, 1, "{role}: {}", st.summary());
-    }
-    assert_eq!(
-        s.reason("credentials_changed"),
-        1,
-        "server: {}",
-        s.summary()
-    );
-    assert!(
-        c.bytes("tcp_rx") > c.bytes("ring_rx").min(1 << 20),
-        "the client read little from TCP after the switch back: {}",
-        c.summary()
-    );
+    behave_rdma_ended(BIN, "setuid", "credentials_changed");
 }

@@ -240,6 +240,9 @@ impl EventChannel {
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         crate::fds::closing(self.fd());
         // SAFETY: every id on this channel holds an Arc of us, so all are destroyed.
         unsafe { (self.lib.cm.rdma_destroy_event_channel)(self.raw.as_ptr()) };
@@ -958,6 +961,9 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         let lib = self.lib();
         // (before the CQs and PD it uses, which its parts hold, are released)
         self.destroy_qp();

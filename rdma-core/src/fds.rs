@@ -14,7 +14,7 @@
 
 use std::ffi::c_int;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 /// The watcher (a `fn(RawFd, bool)` as an address; 0: none).
 static WATCHER: AtomicUsize = AtomicUsize::new(0);
@@ -32,6 +32,25 @@ pub fn set_watcher(f: fn(RawFd, bool)) {
 /// (where the descriptor limit allows; 0: no move, the default).
 pub fn set_floor(floor: RawFd) {
     FLOOR.store(floor.max(0), Ordering::Release);
+}
+
+/// Set by [`abandon`]: the transport's descriptors may no longer be its own.
+static ABANDONED: AtomicBool = AtomicBool::new(false);
+
+/// The host is about to give one of the transport's descriptor numbers to a file of its own
+/// (a `dup2` onto it: the call cannot be refused, the number being free on a kernel without
+/// the transport), and has stopped every user of the transport first. From now on nothing is
+/// released through the libraries — every queue pair, completion queue, registration, channel
+/// and device context is leaked until the process ends — because each release is a command
+/// written to a descriptor that may now be that file. Irrevocable; inherited by fork
+/// children.
+pub fn abandon() {
+    ABANDONED.store(true, Ordering::Release);
+}
+
+/// Whether [`abandon`] was called: every drop leaks instead of calling the libraries.
+pub fn abandoned() -> bool {
+    ABANDONED.load(Ordering::Acquire)
 }
 
 fn tell(fd: RawFd, open: bool) {

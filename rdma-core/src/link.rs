@@ -821,6 +821,9 @@ impl Incoming {
 
 impl Drop for Incoming {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         self.refuse(RejectReason::Resources);
     }
 }

@@ -790,6 +790,9 @@ impl io::Write for Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         let _ = self.close_inner();
     }
 }

@@ -224,6 +224,9 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         if self.owned {
             for fd in self.fds() {
                 crate::fds::closing(fd);
@@ -283,6 +286,9 @@ impl Pd {
 
 impl Drop for Pd {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         // SAFETY: children (MRs, QPs) hold an Arc of us, so none is left.
         unsafe { (self.ctx.lib.verbs.ibv_dealloc_pd)(self.as_ptr()) };
     }
@@ -359,6 +365,9 @@ impl CompChannel {
 
 impl Drop for CompChannel {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         crate::fds::closing(self.fd());
         // SAFETY: every CQ using this channel holds an Arc of us, so none is left.
         unsafe { (self.ctx.lib.verbs.ibv_destroy_comp_channel)(self.as_ptr()) };
@@ -467,6 +476,9 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         // SAFETY: QPs using this CQ hold an Arc of us, so none is left.
         unsafe { (self.ctx.lib.verbs.ibv_destroy_cq)(self.as_ptr()) };
     }
@@ -587,6 +599,9 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
+        if crate::fds::abandoned() {
+            return;
+        }
         // SAFETY: live MR, deregistered once.
         unsafe { (self.pd.ctx.lib.verbs.ibv_dereg_mr)(self.raw.as_ptr()) };
     }

@@ -59,9 +59,28 @@ pub fn pread(fd: c_int, buf: &mut [u8], off: i64) -> Result<usize, Errno> {
     check(unsafe { libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), off) })
 }
 
+/// Set by [`abandon_private`]: the shim's own descriptors may be the program's files.
+static ABANDONED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// The program is about to put a file of its own at the number of one of the shim's
+/// descriptors (`upgrade::close_for_replaced_fd`): from now on the shim never reads, writes or
+/// closes a descriptor of its own again ([`close`], [`poke`], [`drain`], [`eventfd_signal`]
+/// and [`eventfd_clear`] do nothing); they stay open, unused, until the process ends.
+pub fn abandon_private() {
+    ABANDONED.store(true, core::sync::atomic::Ordering::Release);
+}
+
+/// Whether the shim may still use its own descriptors (see [`abandon_private`]).
+fn private_usable() -> bool {
+    !ABANDONED.load(core::sync::atomic::Ordering::Acquire)
+}
+
 /// close(2) of a descriptor of the shim's own (its private mark goes first: see
 /// [`private`]).
 pub fn close(fd: c_int) {
+    if !private_usable() {
+        return;
+    }
     crate::fdtable::TABLE.unmark_private(fd);
     // SAFETY: the caller owns fd.
     unsafe { libc::syscall(libc::SYS_close, fd) };
@@ -125,6 +144,13 @@ pub fn is_nonblocking(fd: c_int) -> bool {
     // SAFETY: no pointers.
     let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
     r >= 0 && (r as c_int) & libc::O_NONBLOCK != 0
+}
+
+/// Whether `fd` is an open descriptor (`fcntl(F_GETFD)` succeeds; errno is left as it was).
+pub fn is_open(fd: c_int) -> bool {
+    let _e = crate::sys::ErrnoGuard::save();
+    // SAFETY: no pointers.
+    unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFD) >= 0 }
 }
 
 /// fcntl(fd, F_GETFD) has FD_CLOEXEC.
@@ -194,6 +220,9 @@ pub fn file_id(fd: c_int) -> Option<(u64, u64)> {
 
 /// Writes one byte to `fd` (a non-blocking pipe): a wake-up; a full pipe already is one.
 pub fn poke(fd: c_int) {
+    if !private_usable() {
+        return;
+    }
     let b = 1u8;
     // SAFETY: writes one byte from `b`.
     unsafe { libc::syscall(libc::SYS_write, fd, &b as *const u8, 1usize) };
@@ -201,6 +230,9 @@ pub fn poke(fd: c_int) {
 
 /// Reads whatever is in the non-blocking pipe `fd` (its wake-ups), until it is empty.
 pub fn drain(fd: c_int) {
+    if !private_usable() {
+        return;
+    }
     let mut buf = [0u8; 256];
     loop {
         // SAFETY: reads at most buf.len() bytes into buf.
@@ -237,6 +269,9 @@ pub fn shared_words(n: usize) -> Option<&'static [core::sync::atomic::AtomicU64]
 
 /// Adds one to an eventfd (it becomes readable; a new edge for edge-triggered waiters).
 pub fn eventfd_signal(fd: c_int) {
+    if !private_usable() {
+        return;
+    }
     let one: u64 = 1;
     // SAFETY: writes the 8 bytes of `one`.
     unsafe { libc::syscall(libc::SYS_write, fd, &one as *const u64, 8usize) };
@@ -244,6 +279,9 @@ pub fn eventfd_signal(fd: c_int) {
 
 /// Resets an eventfd to zero (not readable).
 pub fn eventfd_clear(fd: c_int) {
+    if !private_usable() {
+        return;
+    }
     let mut v: u64 = 0;
     // SAFETY: reads at most 8 bytes into `v`.
     unsafe { libc::syscall(libc::SYS_read, fd, &mut v as *mut u64, 8usize) };
@@ -284,11 +322,11 @@ pub fn ppoll_raw(
     check(r)
 }
 
-/// epoll_create1(EPOLL_CLOEXEC).
-pub fn epoll_create() -> Result<c_int, Errno> {
+/// epoll_create1(EPOLL_CLOEXEC), marked private and moved at or above `min` (as [`eventfd`]).
+pub fn epoll_create(min: c_int) -> Result<c_int, Errno> {
     // SAFETY: no pointers.
     check(unsafe { libc::syscall(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) })
-        .map(|v| private(v as c_int))
+        .map(|v| private_at_or_above(v as c_int, min))
 }
 
 /// epoll_ctl(2).

@@ -2160,6 +2160,32 @@ mod handover {
         assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
     }
 
+    /// The settle pause the test asks for (`BEHAVE_SETTLE_MS`: the upgrade happens meanwhile).
+    pub fn settle() {
+        if let Some(ms) = std::env::var("BEHAVE_SETTLE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            sleep_ms(ms);
+        }
+    }
+
+    /// The end of a scenario whose process changed mid-connection (`setuid`, `dup2_high`):
+    /// echoes the rest of `fd` and closes it, then serves a second connection from `l` —
+    /// "again", echoed, then EOF.
+    pub fn rest_then_again(fd: RawFd, l: &TcpListener) {
+        echo_rest(fd);
+        // SAFETY: our fd, closed once.
+        unsafe { libc::close(fd) };
+        let (mut s, _) = l.accept().expect("accept the second connection");
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 5), b"again");
+        s.write_all(b"again").unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "the second connection's rest: {rest:?}");
+    }
+
     /// The greeting, then the echo of the first part: where every handover scenario's server
     /// starts; returns the connection's fd.
     pub fn first_part(s: TcpStream) -> RawFd {
@@ -2237,6 +2263,34 @@ mod handover {
             libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
             "system: {st:#x}"
         );
+        echo_rest(fd);
+        // SAFETY: our fd, closed once.
+        unsafe { libc::close(fd) };
+    }
+
+    /// A server that writes into the connection through the C library's `stdout` (bash's
+    /// `printf ... >&3`; a server that serves its connection on its standard descriptors in
+    /// the same image): after the first part it puts the connection at descriptor 1 (`dup2`),
+    /// writes [`CHILD`] with `fwrite` and `fflush`, puts its own standard output back, and
+    /// echoes the rest. glibc's stdio writes with an internal call no preload sees.
+    pub fn stdout_server(s: TcpStream) {
+        extern "C" {
+            static mut stdout: *mut libc::FILE;
+        }
+        let fd = first_part(s);
+        // SAFETY: plain descriptor calls on our own descriptors; `stdout` is glibc's stream,
+        // written and flushed by this thread only, at a descriptor that is the connection.
+        unsafe {
+            let saved = libc::dup(1);
+            assert!(saved >= 0, "dup(1): errno {}", errno());
+            assert_eq!(libc::dup2(fd, 1), 1, "dup2 onto 1: errno {}", errno());
+            let out = stdout;
+            let n = libc::fwrite(CHILD.as_ptr().cast(), 1, CHILD.len(), out);
+            assert_eq!(n, CHILD.len(), "fwrite");
+            assert_eq!(libc::fflush(out), 0, "fflush: errno {}", errno());
+            assert_eq!(libc::dup2(saved, 1), 1, "dup2 back: errno {}", errno());
+            libc::close(saved);
+        }
         echo_rest(fd);
         // SAFETY: our fd, closed once.
         unsafe { libc::close(fd) };
@@ -2327,12 +2381,7 @@ mod setuid {
 
     pub fn serve(l: TcpListener) {
         let (s, _) = l.accept().expect("accept");
-        if let Some(ms) = std::env::var("BEHAVE_SETTLE_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            sleep_ms(ms);
-        }
+        handover::settle();
         let fd = handover::first_part(s);
         // SAFETY: plain calls with valid arguments (our own ids; an empty group list).
         unsafe {
@@ -2347,16 +2396,7 @@ mod setuid {
             assert_eq!(libc::setgid(libc::getgid()), 0, "setgid: errno {}", errno());
             assert_eq!(libc::setuid(libc::getuid()), 0, "setuid: errno {}", errno());
         }
-        handover::echo_rest(fd);
-        // SAFETY: our fd, closed once.
-        unsafe { libc::close(fd) };
-        let (mut s, _) = l.accept().expect("accept the second connection");
-        assert_eq!(read_exact_fd(s.as_raw_fd(), 5), b"again");
-        s.write_all(b"again").unwrap();
-        s.shutdown(Shutdown::Write).unwrap();
-        let mut rest = Vec::new();
-        s.read_to_end(&mut rest).unwrap();
-        assert!(rest.is_empty(), "the second connection's rest: {rest:?}");
+        handover::rest_then_again(fd, &l);
     }
 
     pub fn client(addr: SocketAddr) {
@@ -2367,6 +2407,93 @@ mod setuid {
         let mut got = Vec::new();
         s.read_to_end(&mut got).unwrap();
         assert_eq!(got, b"again");
+    }
+}
+
+/// A server that keeps files of its own at fixed high descriptor numbers (a shell's
+/// `exec 1000>file`, programs that reserve a block of numbers for their logs): in the middle of
+/// a connection it echoes part of a large stream, `dup2`s a file onto every number from 1000 to
+/// 1063 (free numbers, on a kernel without the shim), writes through each and checks that the
+/// file got every line, in order, closes them, echoes the rest, then serves a second
+/// connection made after.
+mod dup2_high {
+    use super::*;
+
+    /// The first number the server puts its file at, and how many.
+    const FIRST: RawFd = 1000;
+    const COUNT: RawFd = 64;
+
+    /// Makes room for descriptor numbers up to `FIRST + COUNT` (the soft limit is often 1024;
+    /// root may raise the hard one).
+    fn room() {
+        let need = (FIRST + COUNT) as libc::rlim_t + 1;
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: rl is a valid out-pointer.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) }, 0);
+        if rl.rlim_cur >= need {
+            return;
+        }
+        rl.rlim_cur = need;
+        rl.rlim_max = rl.rlim_max.max(need);
+        // SAFETY: rl is a valid rlimit.
+        let r = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) };
+        assert_eq!(r, 0, "RLIMIT_NOFILE to {need}: errno {}", errno());
+    }
+
+    fn ino(fd: RawFd) -> u64 {
+        // SAFETY: an all-zero stat is a valid value to be overwritten.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: st is a valid out-pointer.
+        let r = unsafe { libc::fstat(fd, &mut st) };
+        assert_eq!(r, 0, "fstat {fd}: errno {}", errno());
+        st.st_ino
+    }
+
+    pub fn serve(l: TcpListener) {
+        room();
+        let (s, _) = l.accept().expect("accept");
+        handover::settle();
+        let fd = handover::first_part(s);
+        let path = std::env::temp_dir().join(format!("behave-dup2-high-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("the file");
+        std::fs::remove_file(&path).unwrap();
+        let f = file.as_raw_fd();
+        let mut want = Vec::new();
+        for n in FIRST..FIRST + COUNT {
+            // SAFETY: plain dup2 onto a number this program holds nothing at.
+            let r = unsafe { libc::dup2(f, n) };
+            assert_eq!(r, n, "dup2 onto {n}: errno {}", errno());
+        }
+        for n in FIRST..FIRST + COUNT {
+            assert_eq!(ino(n), ino(f), "{n} is not the file");
+            let line = format!("line {n}\n");
+            // SAFETY: writes from a live buffer of its length.
+            let w = unsafe { libc::write(n, line.as_ptr().cast(), line.len()) };
+            assert_eq!(w, line.len() as isize, "write to {n}: errno {}", errno());
+            want.extend_from_slice(line.as_bytes());
+        }
+        let mut got = Vec::new();
+        let mut rd = &file;
+        std::io::Seek::seek(&mut rd, std::io::SeekFrom::Start(0)).unwrap();
+        rd.read_to_end(&mut got).unwrap();
+        assert!(
+            got == want,
+            "the file holds {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        for n in FIRST..FIRST + COUNT {
+            // SAFETY: the duplicates just made, closed once.
+            assert_eq!(unsafe { libc::close(n) }, 0, "close {n}: errno {}", errno());
+        }
+        handover::rest_then_again(fd, &l);
     }
 }
 
@@ -2413,6 +2540,11 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("fork_ring", handover::fork_server, handover::exec_client),
     ("close_all", close_all::server, close_all::client),
     (
+        "stdout_dup",
+        handover::stdout_server,
+        handover::spawn_client,
+    ),
+    (
         "fork_exec",
         handover::fork_exec_server,
         handover::exec_client,
@@ -2425,6 +2557,7 @@ const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
     ("epoll_reuse", epoll_reuse::serve, epoll_reuse::client),
     ("fork_dial", fork_dial::serve, fork_dial::client),
     ("setuid", setuid::serve, setuid::client),
+    ("dup2_high", dup2_high::serve, setuid::client),
 ];
 
 fn main() {

@@ -191,6 +191,10 @@ pub(crate) fn start_client(
     if probe::host_reason().is_some() {
         return false;
     }
+    if is_stdio(fd) {
+        stash(fd, FallbackReason::Stdio);
+        return false;
+    }
     if e.has(flags::EPOLLED) {
         stash(fd, FallbackReason::UnsupportedOption);
         return false;
@@ -218,11 +222,22 @@ pub(crate) fn start_client(
     }
 }
 
+/// Whether `fd` is a standard descriptor (0, 1, 2): glibc's `stdin`/`stdout`/`stderr` streams
+/// read and write it with internal calls that no hook sees, so a connection there cannot be
+/// moved off TCP (reason `stdio`).
+pub(crate) fn is_stdio(fd: c_int) -> bool {
+    (0..=2).contains(&fd)
+}
+
 /// accept() returned `nfd` on a listener (entry `l`): starts its upgrade if the listener
 /// has an rdma_cm side (returns true), else remembers why not (false).
 pub(crate) fn start_server(l: FdEntry, nfd: c_int) -> bool {
     let _e = ErrnoGuard::save();
     if probe::host_reason().is_some() {
+        return false;
+    }
+    if is_stdio(nfd) {
+        stash(nfd, FallbackReason::Stdio);
         return false;
     }
     if !l.has(flags::RDMA_LISTENER) {

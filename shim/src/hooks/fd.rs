@@ -58,6 +58,10 @@ hook! {
     fallback: syscall(SYS_dup; fd);
     fast: unknown(fd);
     |real, cx| {
+        if TABLE.get(fd).kind() == Kind::Private {
+            // (not open, on a kernel without the shim: see `close`)
+            return Fail(Errno::EBADF);
+        }
         if TABLE.get(fd).is_unknown() || conn::in_foreign_child() {
             return PassThrough;
         }
@@ -67,6 +71,9 @@ hook! {
         if r >= 0 {
             conn::share(e, r);
             TABLE.set(r, track::dup_entry(e, false));
+            if conn::is_stdio(r) {
+                super::process::before_stdio(e, r);
+            }
         }
         Handled(r)
     }
@@ -79,6 +86,10 @@ fn dup_onto(
     cloexec: bool,
     call: impl FnOnce() -> c_int,
 ) -> Outcome<c_int> {
+    if TABLE.get(oldfd).kind() == Kind::Private {
+        // (not open, on a kernel without the shim: see `close`)
+        return Fail(Errno::EBADF);
+    }
     if oldfd == newfd {
         return PassThrough;
     }
@@ -89,7 +100,16 @@ fn dup_onto(
     if conn::in_foreign_child() {
         return PassThrough;
     }
+    if en.kind() == Kind::Private && crate::net::is_open(oldfd) {
+        // The program puts a file at a number it believes free, one of the shim's: the call
+        // cannot be refused (without the shim it would succeed), so the shim stops using its
+        // descriptors first.
+        super::process::before_private_replaced(newfd);
+    }
     let eo = entry_for_dup(oldfd);
+    if conn::is_stdio(newfd) {
+        super::process::before_stdio(eo, oldfd);
+    }
     if !en.is_unknown() {
         // The kernel closes newfd first.
         conn::forget(newfd, en);
@@ -119,6 +139,10 @@ hook! {
     id: Dup3;
     fallback: syscall(SYS_dup3; oldfd, newfd, fl);
     |real, cx| {
+        if fl & !libc::O_CLOEXEC != 0 {
+            // (EINVAL, nothing changes)
+            return PassThrough;
+        }
         // SAFETY: the caller's arguments.
         dup_onto(oldfd, newfd, fl & libc::O_CLOEXEC != 0, || unsafe { real(oldfd, newfd, fl) })
     }
@@ -218,6 +242,17 @@ type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
 type IoctlFn = unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int;
 
 fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_int> {
+    let probe = matches!(
+        cmd,
+        libc::F_GETFD | libc::F_SETFD | libc::F_DUPFD | libc::F_DUPFD_CLOEXEC
+    );
+    if probe && TABLE.get(fd).kind() == Kind::Private {
+        // A descriptor of the shim's, which the program did not open: on a kernel without the
+        // shim that number is not open, and programs ask `F_GETFD` to learn whether it is
+        // (bash saves and later restores a number it finds open before `exec 1000>file`).
+        // (not `F_GETFL`/`F_SETFL`, which the RDMA libraries use on their own descriptors)
+        return Fail(Errno::EBADF);
+    }
     match cmd {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             if TABLE.get(fd).is_unknown() || conn::in_foreign_child() {
@@ -229,6 +264,9 @@ fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_in
             if r >= 0 {
                 conn::share(e, r);
                 TABLE.set(r, track::dup_entry(e, cmd == libc::F_DUPFD_CLOEXEC));
+                if conn::is_stdio(r) {
+                    super::process::before_stdio(e, r);
+                }
             }
             Handled(r)
         }

@@ -223,6 +223,51 @@ fn before_sandbox() {
     }
 }
 
+/// Before the program puts a file of its own at `fd`, a descriptor of the shim's or of the
+/// RDMA libraries' (`dup2`/`dup3` onto a number at 1000 or above, where they live: a shell's
+/// `exec 1000>file`, a program that keeps its files at fixed high numbers): the number is free
+/// on a kernel without the shim, so the call cannot be refused. RDMA ends for the process for
+/// good (`fd_replaced`) while its descriptors are still the shim's: inherited connections are
+/// asked for, its own on the ring go back to TCP at exact offsets, the ones it closed get a
+/// bounded time to finish, and then no thread of the shim's uses the transport or a
+/// descriptor of its own again (`upgrade::replace_private_fd`). Not in a vfork child (our
+/// memory is the parent's; its descriptors are its own copy).
+pub(super) fn before_private_replaced(fd: c_int) {
+    if conn::in_foreign_child() {
+        return;
+    }
+    let _s = crate::guard::Section::enter();
+    let _e = crate::sys::ErrnoGuard::save();
+    if crate::upgrade::close_for_replaced_fd(fd) {
+        hand_back_inherited(true, "dup2", crate::reason::FallbackReason::FdReplaced);
+        crate::upgrade::abandon_descriptors();
+    }
+}
+
+/// A connection under the upgrade (entry `e`) is about to be at a standard descriptor, or just
+/// got there (`dup2`/`dup3` onto 0, 1 or 2; `dup`/`F_DUPFD` returning one): the program may now
+/// read or write it through glibc's stdio, whose internal calls no hook sees (bash's
+/// `printf ... >&3` writes to a `stdout` whose descriptor is the socket). It goes back to plain
+/// TCP first, as before an exec: undecided, it stays TCP (`stdio`); on the ring, it switches
+/// back at exact offsets; a fork child's inherited one is asked for. Not in a vfork child.
+pub(super) fn before_stdio(e: crate::fdtable::FdEntry, fd: c_int) {
+    if e.kind() != crate::fdtable::Kind::Upgraded || conn::in_foreign_child() {
+        return;
+    }
+    let _s = crate::guard::Section::enter();
+    let _e = crate::sys::ErrnoGuard::save();
+    if !crate::upgrade::slot_is_ours(e.slot()) {
+        // (one that cannot be had was reset by its owner: the program sees that)
+        let _ = crate::upgrade::use_inherited(e.slot());
+    } else if let Some(c) = crate::upgrade::lookup(e.slot()) {
+        crate::upgrade::data::hand_back_all(
+            &[(c, fd)],
+            "stdio",
+            crate::reason::FallbackReason::Stdio,
+        );
+    }
+}
+
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
 
 /// _exit(2), called by the program (glibc's own `exit` reaches the kernel without it, after the

@@ -124,6 +124,47 @@ struct Setup {
     done: Mutex<Vec<Done>>,
     /// The thread was started (on the first job).
     started: AtomicBool,
+    /// A job is being run (see [`halt`]).
+    busy: AtomicBool,
+}
+
+/// Set by [`halt`]: the engine and setup threads stop for good (inherited by fork children,
+/// whose RDMA ended with their parent's).
+static HALT: AtomicBool = AtomicBool::new(false);
+/// The engine thread saw [`HALT`] and stopped.
+static HALTED: AtomicBool = AtomicBool::new(false);
+/// How long [`halt`] waits for the threads to stop.
+const HALT_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether the engine was halted ([`halt`]): no thread of the shim's uses the transport any
+/// more, and nothing may be asked of it.
+pub(crate) fn halted() -> bool {
+    HALT.load(Ordering::Acquire)
+}
+
+/// Stops the engine and setup threads for good, before one of the transport's descriptors
+/// is taken over by the program (see [`super::close_for_replaced_fd`]): each leaves what it
+/// holds as it is — queue pairs, listeners, connect requests, timers — without a call into
+/// the RDMA libraries (whose descriptors may be the program's files from now on). Waits until
+/// neither thread is inside a call of the transport's, at most [`HALT_WAIT`] (an engine that
+/// never started stops at once); returns whether they stopped in time.
+pub(crate) fn halt() -> bool {
+    HALT.store(true, Ordering::Release);
+    let Some(e) = engine_even_halted() else {
+        return true;
+    };
+    net::eventfd_signal(e.wake);
+    e.setup.more.notify_all();
+    let deadline = Instant::now() + HALT_WAIT;
+    loop {
+        if HALTED.load(Ordering::Acquire) && !e.setup.busy.load(Ordering::Acquire) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        net::nap_ms(1);
+    }
 }
 
 /// One rdma_cm listener beside a listening socket.
@@ -227,9 +268,13 @@ pub fn upgraded_to(peer: SocketAddr) {
 }
 
 impl Engine {
-    /// Starts the engine thread. `None` if it cannot (no epoll/eventfd/thread).
+    /// Starts the engine thread. `None` if it cannot (no epoll/eventfd/thread), or once the
+    /// engine was halted.
     pub fn start() -> Option<Engine> {
-        let epfd = net::epoll_create().ok()?;
+        if halted() {
+            return None;
+        }
+        let epfd = net::epoll_create(super::PRIVATE_FD_MIN).ok()?;
         let wake = match net::eventfd(super::PRIVATE_FD_MIN) {
             Ok(fd) => fd,
             Err(_) => {
@@ -363,13 +408,29 @@ impl Engine {
             let job = {
                 let mut q = self.setup.jobs.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
+                    if halted() {
+                        // (the engine rejected the queued requests as it stopped: `halt`)
+                        drop(q);
+                        loop {
+                            std::thread::park();
+                        }
+                    }
                     if let Some(j) = q.pop_front() {
+                        // (under the queue's lock: `halt` sees either the job or its run)
+                        self.setup.busy.store(true, Ordering::Release);
                         break j;
                     }
                     q = self.setup.more.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
             let done = run_job(job);
+            if halted() {
+                // (too late for the engine, which may be gone: its link is left as it is)
+                std::mem::forget(done);
+                self.setup.busy.store(false, Ordering::Release);
+                continue;
+            }
+            self.setup.busy.store(false, Ordering::Release);
             self.setup
                 .done
                 .lock()
@@ -681,6 +742,11 @@ fn engine() -> Option<&'static Engine> {
     super::world_if_created().and_then(|w| w.engine_if_started())
 }
 
+/// The engine if it was started, halted or not.
+fn engine_even_halted() -> Option<&'static Engine> {
+    super::world_if_created().and_then(|w| w.engine.get().and_then(|e| e.as_ref()))
+}
+
 fn run(epfd: c_int, wake: c_int) {
     let mut st = State {
         epfd,
@@ -693,6 +759,11 @@ fn run(epfd: c_int, wake: c_int) {
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
+        if halted() {
+            st.halt();
+            HALTED.store(true, Ordering::Release);
+            return;
+        }
         st.commands();
         st.finished();
         let timeout = st.timeout_ms();
@@ -1637,6 +1708,44 @@ impl State {
                     self.forget(t);
                 }
             }
+        }
+    }
+
+    /// The engine stops for good ([`halt`]), while the transport's descriptors are still the
+    /// shim's: each connection the application closed whose ring is still being torn down is
+    /// aborted (its peer reads ECONNRESET; the caller gave it time to finish first), and every
+    /// connection is forgotten as at the end of its close (its link destroyed, the private
+    /// duplicate of its socket closed); queued commands and jobs are dropped, connect requests
+    /// rejected. Nothing is left that calls the transport afterwards.
+    fn halt(mut self) {
+        let Some(e) = engine_even_halted() else {
+            return;
+        };
+        drop(std::mem::take(
+            &mut *e.setup.jobs.lock().unwrap_or_else(|p| p.into_inner()),
+        ));
+        drop(std::mem::take(
+            &mut *e.cmds.lock().unwrap_or_else(|p| p.into_inner()),
+        ));
+        drop(std::mem::take(
+            &mut *e.setup.done.lock().unwrap_or_else(|p| p.into_inner()),
+        ));
+        let slots: Vec<u32> = self.conns.keys().copied().collect();
+        for slot in slots {
+            let Some(t) = self.conns.remove(&slot) else {
+                continue;
+            };
+            if t.closing.is_none() {
+                // (the application's: back on TCP already, or reset: `close_for_replaced_fd`)
+                continue;
+            }
+            if let Phase::Linked(l) = &mut t.conn.lock().phase {
+                if !l.is_disconnected() {
+                    l.conn_mut().abort();
+                    l.progress(false);
+                }
+            }
+            self.forget(t);
         }
     }
 

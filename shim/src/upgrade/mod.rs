@@ -1052,14 +1052,21 @@ fn slot_parts(slot: u32) -> (u32, usize) {
 }
 
 impl World {
-    /// The engine, started on first use; `None` if it cannot run here (no RDMA, no thread).
+    /// The engine, started on first use; `None` if it cannot run here (no RDMA, no thread)
+    /// or was halted.
     pub fn engine(&self) -> Option<&Engine> {
-        self.engine.get_or_init(Engine::start).as_ref()
+        self.engine
+            .get_or_init(Engine::start)
+            .as_ref()
+            .filter(|_| !engine::halted())
     }
 
-    /// The engine if it was started.
+    /// The engine, if it was started and not halted (`engine::halt`).
     pub fn engine_if_started(&self) -> Option<&Engine> {
-        self.engine.get().and_then(|e| e.as_ref())
+        self.engine
+            .get()
+            .and_then(|e| e.as_ref())
+            .filter(|_| !engine::halted())
     }
 
     /// A pooled eventfd pair (both at level zero, in no epoll set), if any.
@@ -1373,6 +1380,52 @@ pub fn close_for_sandbox() -> bool {
         FallbackReason::Sandboxed.name()
     );
     true
+}
+
+/// The shim's descriptors were given up ([`close_for_replaced_fd`]).
+static FDS_GIVEN_UP: AtomicBool = AtomicBool::new(false);
+
+/// Before the program puts a file of its own at `fd`, a descriptor of the shim's or of the
+/// RDMA libraries' (see `hooks/process.rs`): RDMA ends for the process for good (reason
+/// `fd_replaced`, kept by its fork children), its rdma_cm listeners are dropped, and the caller
+/// returns its connections to TCP, then calls [`abandon_descriptors`]. Returns false if this
+/// was done before (nothing of the shim's is used any more).
+pub fn close_for_replaced_fd(fd: c_int) -> bool {
+    if FDS_GIVEN_UP.swap(true, Ordering::AcqRel) {
+        return false;
+    }
+    end_rdma(FallbackReason::FdReplaced);
+    shim_log!(
+        Level::Info,
+        "the program puts a file of its own at descriptor {fd}, one of the shim's: its connections go back to TCP and new ones stay there ({}); the shim's descriptors are left unused from now on",
+        FallbackReason::FdReplaced.name()
+    );
+    true
+}
+
+/// After [`close_for_replaced_fd`] and the return of the connections to TCP: connections the
+/// application closed get a bounded time to finish on their rings (as at exit), the engine
+/// stops ([`engine::halt`]: what it still holds is finished or rejected), and from then on
+/// nothing is released or used through the RDMA libraries (`rdmashim_core::fds::abandon`) and
+/// no descriptor of the shim's is read, written or closed (`net::abandon_private`): any of
+/// them may be the program's file.
+pub fn abandon_descriptors() {
+    if let Some(w) = world_if_created() {
+        let deadline = Instant::now() + std::time::Duration::from_secs(2);
+        for c in w.all() {
+            if c.lock().closed {
+                data::flush_before_exit(&c, deadline);
+            }
+        }
+    }
+    if !engine::halt() {
+        shim_log!(
+            Level::Warn,
+            "the shim's threads did not stop in time: what they hold is left as it is"
+        );
+    }
+    rdmashim_core::fds::abandon();
+    net::abandon_private();
 }
 
 /// RDMA ends for this process: new connections stay TCP with `reason` (unless a host-wide
