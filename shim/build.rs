@@ -1,5 +1,5 @@
-//! Builds the C-variadic entry points (`fcntl`, `fcntl64`, `ioctl`, `prctl`; `execl`, `execlp`,
-//! `execle`) and the stdio stream maker of the `fdopen` hook, and links them into the cdylib
+//! Builds the C-variadic entry points (`fcntl`, `fcntl64`, `ioctl`, `prctl`, `syscall`; `execl`,
+//! `execlp`, `execle`) and the stdio stream maker of the `fdopen` hook, and links them into the cdylib
 //! only. Stable Rust cannot define C-variadic functions; these few lines of C read the optional
 //! argument per command (or the argument list) and call a fixed-signature function. `csrc/stdio.c` needs glibc's `struct _IO_FILE`, which only C
 //! sees.
@@ -15,6 +15,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/variadic.c");
     println!("cargo:rerun-if-changed=csrc/stdio.c");
     println!("cargo:rerun-if-changed=csrc/exec.c");
+    println!("cargo:rerun-if-changed=csrc/syscall.c");
     println!("cargo:rerun-if-changed=csrc/exports.map");
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
@@ -22,6 +23,7 @@ fn main() {
         .file(manifest.join("csrc/variadic.c"))
         .file(manifest.join("csrc/stdio.c"))
         .file(manifest.join("csrc/exec.c"))
+        .file(manifest.join("csrc/syscall.c"))
         .warnings(true)
         .extra_warnings(true)
         .flag_if_supported("-fno-strict-aliasing")

@@ -83,12 +83,12 @@ pub(crate) fn relocate(fd: RawFd) -> RawFd {
         return fd;
     }
     // SAFETY: no pointers.
-    let high = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, floor) };
+    let high = unsafe { crate::raw_syscall!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, floor) };
     if high < 0 {
         return fd;
     }
     // SAFETY: `fd` is the caller's, just replaced by `high` in every place that holds it.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
+    unsafe { crate::raw_syscall!(libc::SYS_close, fd) };
     high as c_int
 }
 

@@ -35,6 +35,98 @@ pub fn cycles() -> Option<u64> {
     }
 }
 
+/// Makes system call `nr` with six arguments (unused ones are ignored by the kernel) without
+/// going through the C library's `syscall()`, which a preload shim defines to see the
+/// program's raw closes: the transport's and the shim's own calls must not reach its hooks.
+/// Returns what `syscall(3)` returns: the result, or -1 with errno set.
+///
+/// # Safety
+/// As the system call `nr` with these arguments (pointers valid for what it does with them).
+#[inline]
+pub unsafe fn syscall6(nr: std::ffi::c_long, a: [std::ffi::c_long; 6]) -> std::ffi::c_long {
+    #[cfg(target_arch = "x86_64")]
+    let r: std::ffi::c_long = {
+        let r;
+        // SAFETY: the kernel's x86_64 system call convention (number and result in rax,
+        // arguments in rdi, rsi, rdx, r10, r8, r9; rcx and r11 clobbered); what the call does
+        // with its arguments is the caller's contract.
+        unsafe {
+            core::arch::asm!(
+                "syscall",
+                inlateout("rax") nr => r,
+                in("rdi") a[0],
+                in("rsi") a[1],
+                in("rdx") a[2],
+                in("r10") a[3],
+                in("r8") a[4],
+                in("r9") a[5],
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            )
+        };
+        r
+    };
+    #[cfg(target_arch = "aarch64")]
+    let r: std::ffi::c_long = {
+        let r;
+        // SAFETY: the kernel's arm64 system call convention (number in x8, arguments in
+        // x0..x5, result in x0); the arguments are the caller's contract.
+        unsafe {
+            core::arch::asm!(
+                "svc 0",
+                in("x8") nr,
+                inlateout("x0") a[0] => r,
+                in("x1") a[1],
+                in("x2") a[2],
+                in("x3") a[3],
+                in("x4") a[4],
+                in("x5") a[5],
+                options(nostack),
+            )
+        };
+        r
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    // SAFETY: the caller's contract (on these architectures through libc's `syscall`).
+    return unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        if (-4095..0).contains(&r) {
+            // SAFETY: __errno_location returns the calling thread's errno.
+            unsafe { *libc::__errno_location() = -r as c_int };
+            return -1;
+        }
+        r
+    }
+}
+
+/// [`syscall6`] with one to six arguments of any integer or pointer type, as `libc::syscall`
+/// takes them: `raw_syscall!(libc::SYS_close, fd)`. Unsafe: use inside an `unsafe` block.
+#[macro_export]
+macro_rules! raw_syscall {
+    ($nr:expr $(,)?) => { $crate::sys::syscall6($nr as ::core::ffi::c_long, [0; 6]) };
+    ($nr:expr, $a:expr $(,)?) => { $crate::raw_syscall!(@ $nr, $a, 0, 0, 0, 0, 0) };
+    ($nr:expr, $a:expr, $b:expr $(,)?) => { $crate::raw_syscall!(@ $nr, $a, $b, 0, 0, 0, 0) };
+    ($nr:expr, $a:expr, $b:expr, $c:expr $(,)?) => { $crate::raw_syscall!(@ $nr, $a, $b, $c, 0, 0, 0) };
+    ($nr:expr, $a:expr, $b:expr, $c:expr, $d:expr $(,)?) => { $crate::raw_syscall!(@ $nr, $a, $b, $c, $d, 0, 0) };
+    ($nr:expr, $a:expr, $b:expr, $c:expr, $d:expr, $e:expr $(,)?) => { $crate::raw_syscall!(@ $nr, $a, $b, $c, $d, $e, 0) };
+    ($nr:expr, $a:expr, $b:expr, $c:expr, $d:expr, $e:expr, $f:expr $(,)?) => { $crate::raw_syscall!(@ $nr, $a, $b, $c, $d, $e, $f) };
+    (@ $nr:expr, $a:expr, $b:expr, $c:expr, $d:expr, $e:expr, $f:expr) => {
+        $crate::sys::syscall6(
+            $nr as ::core::ffi::c_long,
+            [
+                $a as ::core::ffi::c_long,
+                $b as ::core::ffi::c_long,
+                $c as ::core::ffi::c_long,
+                $d as ::core::ffi::c_long,
+                $e as ::core::ffi::c_long,
+                $f as ::core::ffi::c_long,
+            ],
+        )
+    };
+}
+
 use ffi::{
     ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd,
     ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, rdma_cm_event, rdma_cm_id,

@@ -294,6 +294,26 @@ impl FdTable {
         }
     }
 
+    /// [`set`](Self::set) for a number the kernel has just given out: returns the entry it
+    /// replaced, which is UNKNOWN unless the close of the number's previous file was never
+    /// seen (the caller deals with that). UNKNOWN too if the entry could not be stored.
+    pub fn set_new(&self, fd: i32, e: FdEntry) -> FdEntry {
+        let cell = if e.is_unknown() {
+            self.cell(fd)
+        } else {
+            self.cell_alloc(fd)
+        };
+        match cell {
+            Some(c) => {
+                if !e.is_unknown() {
+                    self.mark_used(fd);
+                }
+                FdEntry(c.swap(e.0, Ordering::AcqRel))
+            }
+            None => FdEntry::UNKNOWN,
+        }
+    }
+
     /// Notes that chunk 0 holds (or is about to hold) a non-UNKNOWN entry, if `fd` is in it.
     #[inline]
     fn mark_used(&self, fd: i32) {
@@ -309,6 +329,14 @@ impl FdTable {
             Some(c) => FdEntry(c.swap(0, Ordering::AcqRel)),
             None => FdEntry::UNKNOWN,
         }
+    }
+
+    /// Clears the entry of `fd` if it is still `e`; returns whether it did.
+    pub fn take_if(&self, fd: i32, e: FdEntry) -> bool {
+        self.cell(fd).is_some_and(|c| {
+            c.compare_exchange(e.0, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
     }
 
     /// Atomically replaces the entry with `f(old)` unless `f` returns `None` (compare-and-swap

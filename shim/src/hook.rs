@@ -112,6 +112,7 @@ hooks! {
     Setfsgid = "setfsgid",
     Capset = "capset",
     Prctl = "prctl",
+    Syscall = "syscall",
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ fn check(r: c_long) -> Result<usize, Errno> {
 pub fn recv(fd: c_int, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
     // SAFETY: buf is a writable slice of its length; no address is asked for.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_recvfrom,
             fd,
             buf.as_mut_ptr(),
@@ -40,7 +40,7 @@ pub fn recv(fd: c_int, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
 pub fn send(fd: c_int, buf: &[u8], flags: c_int) -> Result<usize, Errno> {
     // SAFETY: buf is a readable slice of its length; no address is given.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_sendto,
             fd,
             buf.as_ptr(),
@@ -56,7 +56,9 @@ pub fn send(fd: c_int, buf: &[u8], flags: c_int) -> Result<usize, Errno> {
 /// pread(2) at `off` (sendfile with an offset pointer).
 pub fn pread(fd: c_int, buf: &mut [u8], off: i64) -> Result<usize, Errno> {
     // SAFETY: buf is a writable slice of its length.
-    check(unsafe { libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), off) })
+    check(unsafe {
+        rdmashim_core::raw_syscall!(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), off)
+    })
 }
 
 /// Set by [`abandon_private`]: the shim's own descriptors may be the program's files.
@@ -83,13 +85,13 @@ pub fn close(fd: c_int) {
     }
     crate::fdtable::TABLE.unmark_private(fd);
     // SAFETY: the caller owns fd.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_close, fd) };
 }
 
 /// close_range(2) as a raw system call: 0, or -1 with errno set.
 pub fn close_range(first: core::ffi::c_uint, last: core::ffi::c_uint, flags: c_int) -> c_int {
     // SAFETY: no pointers.
-    unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int }
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_close_range, first, last, flags) as c_int }
 }
 
 /// `fd` was just made by the shim for itself: the program's close-all loops must not close
@@ -102,7 +104,7 @@ pub fn private(fd: c_int) -> c_int {
 /// shutdown(2).
 pub fn shutdown(fd: c_int, how: c_int) -> Result<(), Errno> {
     // SAFETY: no pointers.
-    check(unsafe { libc::syscall(libc::SYS_shutdown, fd, how) }).map(|_| ())
+    check(unsafe { rdmashim_core::raw_syscall!(libc::SYS_shutdown, fd, how) }).map(|_| ())
 }
 
 /// Resets the TCP connection of socket `fd` as a peer's RST would: `connect` with
@@ -117,7 +119,9 @@ pub fn reset_socket(fd: c_int) -> Result<(), Errno> {
     sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
     let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
     // SAFETY: `sa` is a valid sockaddr of `len` bytes for the duration of the call.
-    check(unsafe { libc::syscall(libc::SYS_connect, fd, &sa as *const libc::sockaddr, len) })?;
+    check(unsafe {
+        rdmashim_core::raw_syscall!(libc::SYS_connect, fd, &sa as *const libc::sockaddr, len)
+    })?;
     // (ENOTCONN expected: the marks are set all the same)
     let _ = shutdown(fd, libc::SHUT_RDWR);
     Ok(())
@@ -127,12 +131,14 @@ pub fn reset_socket(fd: c_int) -> Result<(), Errno> {
 /// number if `min` is beyond the fd limit).
 pub fn dup_private(fd: c_int, min: c_int) -> Result<c_int, Errno> {
     // SAFETY: no pointers.
-    let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, min) };
+    let r = unsafe { rdmashim_core::raw_syscall!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, min) };
     match check(r) {
         Ok(n) => Ok(private(n as c_int)),
         Err(e) if e.0 == libc::EINVAL || e.0 == libc::EMFILE => {
             // SAFETY: no pointers.
-            let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 0) };
+            let r = unsafe {
+                rdmashim_core::raw_syscall!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, 0)
+            };
             check(r).map(|n| private(n as c_int))
         }
         Err(e) => Err(e),
@@ -142,7 +148,7 @@ pub fn dup_private(fd: c_int, min: c_int) -> Result<c_int, Errno> {
 /// fcntl(fd, F_GETFL) has O_NONBLOCK (the open file description's, shared by dups).
 pub fn is_nonblocking(fd: c_int) -> bool {
     // SAFETY: no pointers.
-    let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
+    let r = unsafe { rdmashim_core::raw_syscall!(libc::SYS_fcntl, fd, libc::F_GETFL) };
     r >= 0 && (r as c_int) & libc::O_NONBLOCK != 0
 }
 
@@ -150,13 +156,32 @@ pub fn is_nonblocking(fd: c_int) -> bool {
 pub fn is_open(fd: c_int) -> bool {
     let _e = crate::sys::ErrnoGuard::save();
     // SAFETY: no pointers.
-    unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFD) >= 0 }
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_fcntl, fd, libc::F_GETFD) >= 0 }
+}
+
+/// The inode number of socket `fd`, or 0 if `fd` is not an open socket: on sockfs, where
+/// every socket has its own, the socket's identity. One `fstat` (errno left as it was).
+pub fn socket_inode(fd: c_int) -> u64 {
+    let _e = crate::sys::ErrnoGuard::save();
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: st is a valid out-pointer for a struct stat; a bad fd fails with EBADF.
+    let r = unsafe { rdmashim_core::raw_syscall!(libc::SYS_fstat, fd, st.as_mut_ptr()) };
+    if r < 0 {
+        return 0;
+    }
+    // SAFETY: zero-initialised, and filled by the kernel on success.
+    let st = unsafe { st.assume_init() };
+    if st.st_mode & libc::S_IFMT == libc::S_IFSOCK {
+        st.st_ino
+    } else {
+        0
+    }
 }
 
 /// fcntl(fd, F_GETFD) has FD_CLOEXEC.
 pub fn is_cloexec(fd: c_int) -> bool {
     // SAFETY: no pointers.
-    let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFD) };
+    let r = unsafe { rdmashim_core::raw_syscall!(libc::SYS_fcntl, fd, libc::F_GETFD) };
     r >= 0 && (r as c_int) & libc::FD_CLOEXEC != 0
 }
 
@@ -165,7 +190,7 @@ pub fn is_cloexec(fd: c_int) -> bool {
 pub fn eventfd(min: c_int) -> Result<c_int, Errno> {
     // SAFETY: no pointers.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_eventfd2,
             0,
             libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
@@ -195,7 +220,7 @@ pub fn pipe_private(min: c_int) -> Result<(c_int, c_int), Errno> {
     let mut fds = [0 as c_int; 2];
     // SAFETY: fds is a writable array of two ints.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_pipe2,
             fds.as_mut_ptr(),
             libc::O_NONBLOCK | libc::O_CLOEXEC,
@@ -214,7 +239,7 @@ pub fn file_id(fd: c_int) -> Option<(u64, u64)> {
     // SAFETY: an all-zero stat is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: st is a valid out-pointer; a bad fd fails with EBADF.
-    let r = unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) };
+    let r = unsafe { rdmashim_core::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) };
     (r == 0).then_some((st.st_dev, st.st_ino))
 }
 
@@ -225,7 +250,7 @@ pub fn poke(fd: c_int) {
     }
     let b = 1u8;
     // SAFETY: writes one byte from `b`.
-    unsafe { libc::syscall(libc::SYS_write, fd, &b as *const u8, 1usize) };
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_write, fd, &b as *const u8, 1usize) };
 }
 
 /// Reads whatever is in the non-blocking pipe `fd` (its wake-ups), until it is empty.
@@ -236,7 +261,8 @@ pub fn drain(fd: c_int) {
     let mut buf = [0u8; 256];
     loop {
         // SAFETY: reads at most buf.len() bytes into buf.
-        let r = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
+        let r =
+            unsafe { rdmashim_core::raw_syscall!(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
         if r < buf.len() as c_long {
             return;
         }
@@ -274,7 +300,7 @@ pub fn eventfd_signal(fd: c_int) {
     }
     let one: u64 = 1;
     // SAFETY: writes the 8 bytes of `one`.
-    unsafe { libc::syscall(libc::SYS_write, fd, &one as *const u64, 8usize) };
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_write, fd, &one as *const u64, 8usize) };
 }
 
 /// Resets an eventfd to zero (not readable).
@@ -284,7 +310,7 @@ pub fn eventfd_clear(fd: c_int) {
     }
     let mut v: u64 = 0;
     // SAFETY: reads at most 8 bytes into `v`.
-    unsafe { libc::syscall(libc::SYS_read, fd, &mut v as *mut u64, 8usize) };
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_read, fd, &mut v as *mut u64, 8usize) };
 }
 
 /// poll(2) through ppoll with a millisecond timeout (-1: forever). Returns the number of ready
@@ -310,7 +336,7 @@ pub fn ppoll_raw(
     // SAFETY: fds is valid for its length; tsp is null or a live reference; the signal mask
     // pointer is the application's (null or a valid sigset_t, as its ppoll call requires).
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_ppoll,
             fds.as_mut_ptr(),
             fds.len() as libc::nfds_t,
@@ -325,7 +351,7 @@ pub fn ppoll_raw(
 /// epoll_create1(EPOLL_CLOEXEC), marked private and moved at or above `min` (as [`eventfd`]).
 pub fn epoll_create(min: c_int) -> Result<c_int, Errno> {
     // SAFETY: no pointers.
-    check(unsafe { libc::syscall(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) })
+    check(unsafe { rdmashim_core::raw_syscall!(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) })
         .map(|v| private_at_or_above(v as c_int, min))
 }
 
@@ -333,8 +359,10 @@ pub fn epoll_create(min: c_int) -> Result<c_int, Errno> {
 pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> Result<(), Errno> {
     let mut ev = libc::epoll_event { events, u64: data };
     // SAFETY: ev is a valid epoll_event for the duration of the call.
-    check(unsafe { libc::syscall(libc::SYS_epoll_ctl, epfd, op, fd, &mut ev as *mut _) })
-        .map(|_| ())
+    check(unsafe {
+        rdmashim_core::raw_syscall!(libc::SYS_epoll_ctl, epfd, op, fd, &mut ev as *mut _)
+    })
+    .map(|_| ())
 }
 
 /// epoll_pwait(2) without a signal mask.
@@ -345,7 +373,7 @@ pub fn epoll_wait(
 ) -> Result<usize, Errno> {
     // SAFETY: out is a writable array of its length.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_epoll_pwait,
             epfd,
             out.as_mut_ptr(),
@@ -373,7 +401,7 @@ fn getsockopt_buf(fd: c_int, level: c_int, name: c_int, buf: &mut [u8]) -> Resul
     let mut len = buf.len() as socklen_t;
     // SAFETY: buf/len are a valid out-buffer of that length.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_getsockopt,
             fd,
             level,
@@ -396,7 +424,7 @@ pub fn get_int_opt(fd: c_int, level: c_int, name: c_int) -> Result<c_int, Errno>
 pub fn set_int_opt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Result<(), Errno> {
     // SAFETY: v is a valid int for the option's length.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_setsockopt,
             fd,
             level,
@@ -423,7 +451,7 @@ pub fn sock_timeout_ms(fd: c_int, name: c_int) -> Option<c_int> {
     let mut len = size_of::<libc::timeval>() as socklen_t;
     // SAFETY: tv/len are valid out-parameters for a timeval option.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_getsockopt,
             fd,
             libc::SOL_SOCKET,
@@ -443,8 +471,10 @@ pub fn sock_timeout_ms(fd: c_int, name: c_int) -> Option<c_int> {
 pub fn fionread(fd: c_int) -> Result<c_int, Errno> {
     let mut v: c_int = 0;
     // SAFETY: FIONREAD writes an int to the pointer.
-    check(unsafe { libc::syscall(libc::SYS_ioctl, fd, libc::FIONREAD, &mut v as *mut c_int) })
-        .map(|_| v)
+    check(unsafe {
+        rdmashim_core::raw_syscall!(libc::SYS_ioctl, fd, libc::FIONREAD, &mut v as *mut c_int)
+    })
+    .map(|_| v)
 }
 
 fn to_addr(ss: &sockaddr_storage) -> Option<SocketAddr> {
@@ -475,7 +505,8 @@ fn name_of(fd: c_int, nr: c_long) -> Option<SocketAddr> {
     let mut ss = MaybeUninit::<sockaddr_storage>::zeroed();
     let mut len = size_of::<sockaddr_storage>() as socklen_t;
     // SAFETY: ss/len are valid out-parameters of the declared size.
-    let r = unsafe { libc::syscall(nr, fd, ss.as_mut_ptr(), &mut len as *mut socklen_t) };
+    let r =
+        unsafe { rdmashim_core::raw_syscall!(nr, fd, ss.as_mut_ptr(), &mut len as *mut socklen_t) };
     if r < 0 {
         return None;
     }
@@ -511,10 +542,10 @@ pub fn canonical_addr(a: SocketAddr) -> SocketAddr {
 pub fn raise_sigpipe() {
     // SAFETY: tgkill to our own thread with a valid signal number.
     unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_tgkill,
             libc::getpid(),
-            libc::syscall(libc::SYS_gettid),
+            rdmashim_core::raw_syscall!(libc::SYS_gettid),
             libc::SIGPIPE,
         )
     };

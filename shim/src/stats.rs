@@ -13,7 +13,7 @@
 //! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"fallback":N,
 //! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N},
 //! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N},
-//! "security":{"unproven_requests":N}}`
+//! "security":{"unproven_requests":N},"fds":{"missed_closes":N}}`
 //! Every hook and every reason is always present (zeros included), in a fixed order.
 
 use crate::guard::Cx;
@@ -107,6 +107,10 @@ static LOG_DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Server side: rdma_cm requests for one of this process's connections that could not prove
 /// their sender holds it (`docs/protocol.md` 2.8: a forger's), rejected.
 static UNPROVEN_REQUESTS: AtomicU64 = AtomicU64::new(0);
+/// Descriptors of the program's whose close no hook saw (an inline system call, io_uring),
+/// found when the number was given out again or by the engine's check of its connections'
+/// sockets: released then as their close would have been.
+static MISSED_CLOSES: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
 fn shard(cx: Cx) -> Option<&'static Shard> {
@@ -210,6 +214,11 @@ pub fn count_unproven_request() {
     UNPROVEN_REQUESTS.fetch_add(1, Relaxed);
 }
 
+/// Counts one close that no hook saw (see [`MISSED_CLOSES`]).
+pub fn count_missed_close() {
+    MISSED_CLOSES.fetch_add(1, Relaxed);
+}
+
 /// Counts one log record that could not be written.
 pub fn count_log_dropped() {
     LOG_DROPPED.fetch_add(1, Relaxed);
@@ -230,6 +239,7 @@ pub fn reset() {
     REASONS.iter().for_each(|c| c.store(0, Relaxed));
     LOG_DROPPED.store(0, Relaxed);
     UNPROVEN_REQUESTS.store(0, Relaxed);
+    MISSED_CLOSES.store(0, Relaxed);
 }
 
 /// A consistent-enough copy of all counters (each counter is read once; counters of different
@@ -246,6 +256,7 @@ pub struct Snapshot {
     pub waits: [u64; 4],
     pub log_dropped: u64,
     pub unproven_requests: u64,
+    pub missed_closes: u64,
 }
 
 impl Snapshot {
@@ -262,6 +273,7 @@ impl Snapshot {
             waits: [0; 4],
             log_dropped: 0,
             unproven_requests: 0,
+            missed_closes: 0,
         }
     }
 
@@ -287,6 +299,7 @@ impl Snapshot {
         }
         s.log_dropped = LOG_DROPPED.load(Relaxed);
         s.unproven_requests = UNPROVEN_REQUESTS.load(Relaxed);
+        s.missed_closes = MISSED_CLOSES.load(Relaxed);
         s
     }
 
@@ -314,8 +327,8 @@ impl Snapshot {
         write_pairs(w, named(&Wait::ALL, Wait::name, &self.waits))?;
         writeln!(
             w,
-            "}},\"output\":{{\"log_dropped\":{}}},\"security\":{{\"unproven_requests\":{}}}}}",
-            self.log_dropped, self.unproven_requests
+            "}},\"output\":{{\"log_dropped\":{}}},\"security\":{{\"unproven_requests\":{}}},\"fds\":{{\"missed_closes\":{}}}}}",
+            self.log_dropped, self.unproven_requests, self.missed_closes
         )
     }
 }

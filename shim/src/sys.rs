@@ -63,7 +63,7 @@ fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> Result<c_int, Errno> {
     }
     // SAFETY: path is NUL-terminated and outlives the call.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_openat,
             libc::AT_FDCWD,
             path.as_ptr() as *const c_char,
@@ -76,14 +76,15 @@ fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> Result<c_int, Errno> {
 
 fn close(fd: c_int) {
     // SAFETY: fd was opened by this module and is closed once.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_close, fd) };
 }
 
 /// Writes all of `data` to `fd` with raw `write` syscalls.
 pub fn write_all(fd: c_int, mut data: &[u8]) -> Result<(), Errno> {
     while !data.is_empty() {
         // SAFETY: data is a valid readable slice for its length.
-        let r = unsafe { libc::syscall(libc::SYS_write, fd, data.as_ptr(), data.len()) };
+        let r =
+            unsafe { rdmashim_core::raw_syscall!(libc::SYS_write, fd, data.as_ptr(), data.len()) };
         match check(r) {
             Ok(n) => data = data.get(n as usize..).unwrap_or(&[]),
             Err(e) if e.0 == libc::EINTR => continue,
@@ -106,7 +107,7 @@ fn sigmask(how: c_int, set: u64) -> u64 {
     let mut old = 0u64;
     // SAFETY: both pointers are valid 8-byte masks, the kernel's sigset size on Linux.
     unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_rt_sigprocmask,
             how,
             &set as *const u64,
@@ -121,7 +122,7 @@ fn sigmask(how: c_int, set: u64) -> u64 {
 fn sigpending() -> u64 {
     let mut set = 0u64;
     // SAFETY: set is a valid 8-byte mask.
-    unsafe { libc::syscall(libc::SYS_rt_sigpending, &mut set as *mut u64, 8usize) };
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_rt_sigpending, &mut set as *mut u64, 8usize) };
     set
 }
 
@@ -134,7 +135,7 @@ fn sigconsume(sig: c_int) {
     };
     // SAFETY: valid mask, null siginfo (allowed), a zero timeout: returns at once.
     unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_rt_sigtimedwait,
             &set as *const u64,
             core::ptr::null_mut::<libc::siginfo_t>(),
@@ -179,7 +180,7 @@ fn fstat(fd: c_int) -> Result<libc::stat, Errno> {
     // SAFETY: an all-zero stat is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: st is a valid out-pointer; a bad fd fails with EBADF.
-    check(unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
+    check(unsafe { rdmashim_core::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
     Ok(st)
 }
 
@@ -189,7 +190,7 @@ fn lstat_at(dir: c_int, name: &[u8]) -> Result<libc::stat, Errno> {
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: name is NUL-terminated (callers build it so); st is a valid out-pointer.
     check(unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_newfstatat,
             dir,
             name.as_ptr() as *const c_char,
@@ -202,7 +203,9 @@ fn lstat_at(dir: c_int, name: &[u8]) -> Result<libc::stat, Errno> {
 
 fn unlink_at(dir: c_int, name: &[u8]) {
     // SAFETY: name is NUL-terminated (callers build it so).
-    unsafe { libc::syscall(libc::SYS_unlinkat, dir, name.as_ptr() as *const c_char, 0) };
+    unsafe {
+        rdmashim_core::raw_syscall!(libc::SYS_unlinkat, dir, name.as_ptr() as *const c_char, 0)
+    };
 }
 
 /// The directory a file of the shim goes into, opened once (`O_PATH`), so that every later
@@ -259,7 +262,7 @@ impl OutDir {
     fn open_at(&self, name: &[u8], flags: c_int, mode: libc::mode_t) -> Result<c_int, Errno> {
         // SAFETY: name is NUL-terminated (built by this module).
         let r = unsafe {
-            libc::syscall(
+            rdmashim_core::raw_syscall!(
                 libc::SYS_openat,
                 self.fd,
                 name.as_ptr() as *const c_char,
@@ -319,7 +322,7 @@ pub fn random(buf: &mut [u8]) -> Result<(), Errno> {
         let rest = &mut buf[done..];
         // SAFETY: rest is a writable slice of its length.
         let r = unsafe {
-            libc::syscall(
+            rdmashim_core::raw_syscall!(
                 libc::SYS_getrandom,
                 rest.as_mut_ptr(),
                 rest.len(),
@@ -397,7 +400,7 @@ pub fn write_file_atomic(path: &[u8], data: &[u8]) -> Result<(), Errno> {
     }
     // SAFETY: both names are NUL-terminated and relative to the same directory fd.
     let r = unsafe {
-        libc::syscall(
+        rdmashim_core::raw_syscall!(
             libc::SYS_renameat,
             dir.fd,
             tmp.as_ptr() as *const c_char,

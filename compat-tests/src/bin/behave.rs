@@ -2497,6 +2497,209 @@ mod dup2_high {
     }
 }
 
+/// A server that sets up io_uring in the middle of a connection (through `syscall()`, as the
+/// Rust io-uring crate and libuv do; glibc has no function for it), echoes the rest, then
+/// serves a second connection. io_uring's reads, writes and closes reach the kernel without any
+/// call a preload sees, so under the shim RDMA ends first: the connection, on the rings then,
+/// goes back to TCP at exact offsets, and the next one stays TCP (`io_uring`). Whether the
+/// kernel grants the instance (a container may refuse it) changes nothing the scenario checks.
+mod io_uring_setup {
+    use super::*;
+
+    pub fn serve(l: TcpListener) {
+        let (s, _) = l.accept().expect("accept");
+        handover::settle();
+        let fd = handover::first_part(s);
+        // struct io_uring_params: 120 bytes, all zero (no flags) for io_uring_setup(2).
+        let mut params = [0u8; 120];
+        // SAFETY: io_uring_setup(2) with 4 entries and a zeroed params struct it may fill.
+        let ring = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
+        if ring >= 0 {
+            // SAFETY: the descriptor just made, closed once.
+            unsafe { libc::close(ring as RawFd) };
+        }
+        handover::rest_then_again(fd, &l);
+    }
+}
+
+/// Closes that the program makes where a preloaded library may not see them: libuv (Node.js)
+/// closes every descriptor with `syscall(SYS_close, fd)`; an inline system call (a static
+/// helper, a hand-written wrapper) or io_uring's close reach the kernel through no library
+/// function at all. Five connections, each an echo of a few blocks, then the client's last
+/// words and its close:
+/// 0. closed with `syscall(SYS_close)`; a file opened next gets the number and is written;
+/// 1. closed with the system call instruction; the next socket gets the number (connection 2);
+/// 2. a plain one on that socket;
+/// 3. closed with the system call instruction; a file opened next (a call no preload sees)
+///    gets the number and is written once the server has read the connection's end — which it
+///    reads after the client's bytes, never before and never a reset — and says so on
+///    connection 4.
+///
+/// Each file must hold exactly what was written to it, and the server every connection's
+/// bytes, in order, then EOF. Under the shim before: the closes left their connections open
+/// on the ring (the server waited for an EOF that never came) and the numbers' entries named
+/// them, so a file's writes went to the peer.
+mod missed_close {
+    use super::*;
+
+    const BLOCKS: usize = 8;
+    const CONNS: usize = 5;
+
+    pub fn serve(l: TcpListener) {
+        for round in 0..CONNS {
+            let (mut s, _) = l.accept().expect("accept");
+            handover::settle();
+            s.write_all(format!("r{round}").as_bytes()).unwrap();
+            s.set_read_timeout(Some(T)).unwrap();
+            let mut buf = vec![0u8; 4096];
+            for _ in 0..BLOCKS {
+                s.read_exact(&mut buf).unwrap();
+                s.write_all(&buf).unwrap();
+            }
+            let rest = read_to_eof(&mut s);
+            assert_eq!(
+                String::from_utf8_lossy(&rest),
+                format!("bye {round}"),
+                "connection {round}: its last bytes"
+            );
+        }
+    }
+
+    /// close(2) made with the system call instruction itself: no library function runs, so
+    /// no preloaded hook sees it. Returns the kernel's result.
+    fn unseen_close(fd: RawFd) -> i64 {
+        let r: i64;
+        // SAFETY: close(2) of the caller's descriptor, which it never uses again; the kernel's
+        // system call convention for this architecture.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") libc::SYS_close => r,
+                in("rdi") fd as i64,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            )
+        };
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            std::arch::asm!(
+                "svc 0",
+                in("x8") libc::SYS_close,
+                inlateout("x0") fd as i64 => r,
+                options(nostack),
+            )
+        };
+        r
+    }
+
+    /// A connection to the server, with a read timeout.
+    fn connect(addr: SocketAddr) -> TcpStream {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        s
+    }
+
+    fn exchange(s: &mut TcpStream, round: usize) {
+        let mut mark = vec![0u8; format!("r{round}").len()];
+        s.read_exact(&mut mark).unwrap();
+        assert_eq!(String::from_utf8_lossy(&mark), format!("r{round}"));
+        let mut got = vec![0u8; 4096];
+        for i in 0..BLOCKS {
+            let block = pattern(4096, (round * BLOCKS + i) as u8);
+            s.write_all(&block).unwrap();
+            s.read_exact(&mut got).unwrap();
+            assert!(
+                got == block,
+                "connection {round}, block {i} came back different"
+            );
+        }
+        s.write_all(format!("bye {round}").as_bytes()).unwrap();
+    }
+
+    /// Opens a new file, which must get number `fd` (the lowest free one), writes a line to it
+    /// through that number and checks the file holds exactly that line.
+    fn file_at(fd: RawFd, round: usize) {
+        let path = std::env::temp_dir().join(format!(
+            "behave-missed-close-{}-{round}",
+            std::process::id()
+        ));
+        let f = std::fs::File::create(&path).unwrap();
+        assert_eq!(f.as_raw_fd(), fd, "the new file got another number");
+        let line = format!("file {round}\n");
+        // SAFETY: writes the line's bytes to the file just opened.
+        let w = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+        assert_eq!(
+            w,
+            line.len() as isize,
+            "write to the file: errno {}",
+            errno()
+        );
+        drop(f);
+        let got = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            got == line.as_bytes(),
+            "the file at {fd} holds {:?}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+
+    pub fn client(addr: SocketAddr) {
+        // 0: syscall(SYS_close), as libuv closes.
+        let mut s = connect(addr);
+        exchange(&mut s, 0);
+        let fd = s.into_raw_fd();
+        // SAFETY: closes the connection's descriptor, which nothing uses afterwards.
+        let r = unsafe { libc::syscall(libc::SYS_close, fd) };
+        assert_eq!(r, 0, "syscall(SYS_close): errno {}", errno());
+        file_at(fd, 0);
+
+        // 1 and 2: an unseen close; the next socket gets the number.
+        let mut s = connect(addr);
+        exchange(&mut s, 1);
+        let fd = s.into_raw_fd();
+        assert_eq!(unseen_close(fd), 0);
+        let mut s = connect(addr);
+        assert_eq!(s.as_raw_fd(), fd, "the next socket got another number");
+        exchange(&mut s, 2);
+        drop(s);
+
+        // 3 and 4: an unseen close; a file opened without any hooked call gets the number.
+        let mut s = connect(addr);
+        exchange(&mut s, 3);
+        let mut next = connect(addr);
+        let fd = s.into_raw_fd();
+        assert_eq!(unseen_close(fd), 0);
+        let path =
+            std::env::temp_dir().join(format!("behave-missed-close-{}-3", std::process::id()));
+        // (the server takes connection 4 once it has read the end of connection 3)
+        let f = std::fs::File::create(&path).unwrap();
+        assert_eq!(f.as_raw_fd(), fd, "the new file got another number");
+        exchange(&mut next, 4);
+        let line = b"file 3\n";
+        // SAFETY: writes the line's bytes to the file just opened.
+        let w = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+        assert_eq!(
+            w,
+            line.len() as isize,
+            "write to the file: errno {}",
+            errno()
+        );
+        drop(f);
+        let got = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            got == line,
+            "the file at {fd} holds {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        drop(next);
+    }
+}
+
 type Server = fn(TcpStream);
 type ListenerServer = fn(TcpListener);
 type Client = fn(SocketAddr);
@@ -2558,6 +2761,8 @@ const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
     ("fork_dial", fork_dial::serve, fork_dial::client),
     ("setuid", setuid::serve, setuid::client),
     ("dup2_high", dup2_high::serve, setuid::client),
+    ("missed_close", missed_close::serve, missed_close::client),
+    ("io_uring", io_uring_setup::serve, setuid::client),
 ];
 
 fn main() {

@@ -358,6 +358,48 @@ pub(crate) fn forget(fd: c_int, e: FdEntry) {
     TABLE.take(fd);
 }
 
+/// A hooked call has just made `fd` (socket, socketpair, accept, a duplicate of a tracked fd,
+/// epoll_create): records its entry `e`. An entry already there means that the close of the
+/// number's previous file was never seen ([`lost`]).
+#[inline]
+pub(crate) fn set_new(fd: c_int, e: FdEntry) {
+    let old = TABLE.set_new(fd, e);
+    if !old.is_unknown() {
+        lost(fd, old);
+    }
+}
+
+/// The file that entry `e` of `fd` was made for is gone: closed where no hook saw it (an
+/// inline system call, io_uring), and the number given out again. The entry is already
+/// replaced; what it referred to is released as its close would have, without touching `fd`
+/// (the new file's): a connection's share ([`crate::upgrade::socket_lost`]: the last one ends
+/// it on its ring, its peer reads what was written, then EOF), an rdma_cm listener, an epoll
+/// set's registrations. A descriptor of the shim's gone that way: RDMA ends for the process
+/// as when a `dup2` replaces one. Counted (`fds.missed_closes`). Not in a vfork child (its
+/// closes leave the parent's entries, on purpose: see `close`).
+#[cold]
+#[inline(never)]
+pub(crate) fn lost(fd: c_int, e: FdEntry) {
+    if in_foreign_child() {
+        return;
+    }
+    stats::count_missed_close();
+    match e.kind() {
+        Kind::Upgraded if crate::upgrade::slot_is_ours(e.slot()) => {
+            let _s = crate::guard::Section::enter();
+            let _e = ErrnoGuard::save();
+            crate::upgrade::socket_lost(e.slot(), fd);
+        }
+        Kind::Listening if e.has(flags::RDMA_LISTENER) => {
+            let _s = crate::guard::Section::enter();
+            crate::upgrade::stop_listener(fd);
+        }
+        Kind::Other if e.has(flags::EPOLL_FD) => crate::upgrade::ready::forget_epoll(fd),
+        Kind::Private => super::process::before_private_replaced(fd),
+        _ => {}
+    }
+}
+
 /// A new fd `nfd` refers to the connection of entry `e` (dup): one more share.
 pub(crate) fn share(e: FdEntry, nfd: c_int) {
     if e.kind() == Kind::Upgraded && crate::upgrade::slot_is_ours(e.slot()) {

@@ -70,7 +70,7 @@ hook! {
         let r = unsafe { real(fd) };
         if r >= 0 {
             conn::share(e, r);
-            TABLE.set(r, track::dup_entry(e, false));
+            conn::set_new(r, track::dup_entry(e, false));
             if conn::is_stdio(r) {
                 super::process::before_stdio(e, r);
             }
@@ -263,7 +263,7 @@ fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_in
             let r = unsafe { real(fd, cmd, arg) };
             if r >= 0 {
                 conn::share(e, r);
-                TABLE.set(r, track::dup_entry(e, cmd == libc::F_DUPFD_CLOEXEC));
+                conn::set_new(r, track::dup_entry(e, cmd == libc::F_DUPFD_CLOEXEC));
                 if conn::is_stdio(r) {
                     super::process::before_stdio(e, r);
                 }
@@ -318,7 +318,7 @@ pub unsafe extern "C" fn rdmashim_fcntl(fd: c_int, cmd: c_int, arg: usize, which
     // SAFETY: FcntlFn is the prototype of fcntl and fcntl64.
     let Some(real) = (unsafe { crate::real::get::<FcntlFn>(id) }) else {
         // SAFETY: the raw fcntl system call with the caller's arguments.
-        return unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) } as c_int;
+        return unsafe { rdmashim_core::raw_syscall!(libc::SYS_fcntl, fd, cmd, arg) } as c_int;
     };
     let Some(cx) = guard::hook_entry() else {
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -380,7 +380,7 @@ pub unsafe extern "C" fn rdmashim_ioctl(fd: c_int, req: c_ulong, arg: usize) -> 
     // SAFETY: IoctlFn is ioctl's prototype.
     let Some(real) = (unsafe { crate::real::get::<IoctlFn>(Hook::Ioctl) }) else {
         // SAFETY: the raw ioctl system call with the caller's arguments.
-        return unsafe { libc::syscall(libc::SYS_ioctl, fd, req, arg) } as c_int;
+        return unsafe { rdmashim_core::raw_syscall!(libc::SYS_ioctl, fd, req, arg) } as c_int;
     };
     let Some(cx) = guard::hook_entry() else {
         // SAFETY: the caller's arguments, unchanged, to the real function.

@@ -24,6 +24,7 @@ mod poll;
 mod process;
 mod socket;
 mod stdio;
+mod syscall;
 mod up;
 
 pub(crate) use conn::{sweep_pending_connects, PID};
@@ -218,11 +219,11 @@ macro_rules! hook {
     };
     (@fallback $ret:ty, syscall ($nr:ident; $($farg:expr),*)) => {
         // SAFETY: the raw system call behind this libc wrapper, with the caller's arguments.
-        (unsafe { libc::syscall(libc::$nr, $($farg),*) }) as $ret
+        (unsafe { rdmashim_core::raw_syscall!(libc::$nr, $($farg),*) }) as $ret
     };
     (@fallback $ret:ty, void_syscall ($nr:ident; $($farg:expr),*)) => {
         // SAFETY: the raw system call behind this libc wrapper, with the caller's arguments.
-        { unsafe { libc::syscall(libc::$nr, $($farg),*) }; }
+        { unsafe { rdmashim_core::raw_syscall!(libc::$nr, $($farg),*) }; }
     };
     (@fallback $ret:ty, enosys) => {
         crate::hooks::enosys::<$ret>()

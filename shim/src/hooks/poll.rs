@@ -86,7 +86,7 @@ hook! {
 /// A new epoll fd: recorded so that its close forgets the upgrade's registrations in it.
 fn new_epoll_fd(fd: c_int) {
     if fd >= 0 {
-        TABLE.set(fd, FdEntry::new(Kind::Other, flags::EPOLL_FD, 0));
+        super::conn::set_new(fd, FdEntry::new(Kind::Other, flags::EPOLL_FD, 0));
     }
 }
 

@@ -184,25 +184,54 @@ pub unsafe extern "C" fn rdmashim_prctl(
     // reads them.
     let Some(real) = (unsafe { crate::real::get::<PrctlFn>(crate::hook::Hook::Prctl) }) else {
         // SAFETY: the raw prctl system call with the caller's arguments.
-        return unsafe { libc::syscall(libc::SYS_prctl, option, a2, a3, a4, a5) } as c_int;
+        return unsafe { rdmashim_core::raw_syscall!(libc::SYS_prctl, option, a2, a3, a4, a5) }
+            as c_int;
     };
     if option != libc::PR_SET_SECCOMP {
         // SAFETY: the caller's arguments, unchanged, to the real function.
         return unsafe { real(option, a2, a3, a4, a5) };
     }
-    if let Some(cx) = crate::guard::hook_entry() {
-        crate::stats::count_call(cx, crate::hook::Hook::Prctl);
-        let _ = super::run(crate::hook::Hook::Prctl, || {
-            before_sandbox();
-            PassThrough::<c_int>
-        });
-    }
+    before_sandbox_call(crate::hook::Hook::Prctl);
     // SAFETY: the caller's arguments, unchanged, to the real function.
     let r = unsafe { real(option, a2, a3, a4, a5) };
     if r == 0 {
         crate::log::silence();
     }
     r
+}
+
+/// [`before_sandbox`] as the logic of hook `h` (`prctl`, or `syscall` for `seccomp(2)`),
+/// unless the call comes from the shim itself.
+pub(super) fn before_sandbox_call(h: crate::hook::Hook) {
+    if let Some(cx) = crate::guard::hook_entry() {
+        crate::stats::count_call(cx, h);
+        let _ = super::run(h, || {
+            before_sandbox();
+            PassThrough::<c_int>
+        });
+    }
+}
+
+/// Before the process sets up an io_uring instance (`syscall(SYS_io_uring_setup, ...)`: the
+/// Rust io-uring crate, libuv): its reads, writes and closes of a socket would reach the
+/// kernel unseen, so RDMA ends for the process here, while the instance does not exist yet:
+/// the connections it inherited are asked for, its own on the ring go back to TCP at exact
+/// offsets, and new ones stay TCP (`io_uring`). Not in a vfork child.
+pub(super) fn before_io_uring() {
+    let Some(cx) = crate::guard::hook_entry() else {
+        return;
+    };
+    crate::stats::count_call(cx, crate::hook::Hook::Syscall);
+    let _ = super::run(crate::hook::Hook::Syscall, || {
+        if !conn::in_foreign_child() {
+            let _s = crate::guard::Section::enter();
+            let _e = crate::sys::ErrnoGuard::save();
+            if crate::upgrade::close_for_io_uring() {
+                hand_back_inherited(true, "io_uring", crate::reason::FallbackReason::IoUring);
+            }
+        }
+        PassThrough::<c_int>
+    });
 }
 
 /// Before the process installs a seccomp filter (`prctl(PR_SET_SECCOMP)`: sshd's
@@ -300,7 +329,7 @@ fn quick_exit_via(h: crate::hook::Hook, status: c_int) -> ! {
         unsafe { real(status) }
     }
     // SAFETY: exit_group ends every thread of the process, as `_exit` does; never returns.
-    unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_exit_group, status) };
     std::process::abort()
 }
 

@@ -19,7 +19,7 @@ hook! {
         // SAFETY: the caller's arguments.
         let fd = unsafe { real(domain, ty, protocol) };
         if fd >= 0 {
-            TABLE.set(fd, track::socket_entry(domain, ty, protocol));
+            conn::set_new(fd, track::socket_entry(domain, ty, protocol));
         }
         Handled(fd)
     }
@@ -37,8 +37,8 @@ hook! {
             // SAFETY: on success the kernel wrote two fds to the caller's sv[2].
             let (a, b) = unsafe { (*sv, *sv.add(1)) };
             let e = FdEntry::new(Kind::Other, 0, 0);
-            TABLE.set(a, e);
-            TABLE.set(b, e);
+            conn::set_new(a, e);
+            conn::set_new(b, e);
         }
         Handled(r)
     }
@@ -82,7 +82,7 @@ hook! {
 fn accepted(lfd: c_int, nfd: c_int, accept_flags: c_int) {
     let l = conn::entry_or_classify(lfd);
     let e = track::accepted_entry(l, accept_flags);
-    TABLE.set(nfd, e);
+    conn::set_new(nfd, e);
     if e.kind() == Kind::TcpCandidate && !conn::start_server(l, nfd) {
         conn::account(nfd);
     }

@@ -256,8 +256,9 @@ pub(crate) fn send_file(
 ) -> Outcome<isize> {
     let (offset, own_pos) = if off.is_null() {
         // SAFETY: lseek with no pointers.
-        let pos =
-            unsafe { libc::syscall(libc::SYS_lseek, in_fd, 0 as libc::off_t, libc::SEEK_CUR) };
+        let pos = unsafe {
+            rdmashim_core::raw_syscall!(libc::SYS_lseek, in_fd, 0 as libc::off_t, libc::SEEK_CUR)
+        };
         if pos < 0 {
             return Outcome::Fail(crate::sys::errno());
         }
@@ -275,7 +276,14 @@ pub(crate) fn send_file(
     if let Ok(n) = r {
         if own_pos {
             // SAFETY: lseek with no pointers.
-            unsafe { libc::syscall(libc::SYS_lseek, in_fd, offset + n as i64, libc::SEEK_SET) };
+            unsafe {
+                rdmashim_core::raw_syscall!(
+                    libc::SYS_lseek,
+                    in_fd,
+                    offset + n as i64,
+                    libc::SEEK_SET
+                )
+            };
         } else {
             // SAFETY: as above: the application's offset pointer.
             unsafe { *off = offset + n as i64 };
@@ -512,7 +520,8 @@ pub(crate) fn epoll_wait(
                 left,
                 &elapsed_ms,
                 |e, m, t| unsafe {
-                    libc::syscall(libc::SYS_epoll_pwait, epfd, e, m, t, mask, 8usize) as c_int
+                    rdmashim_core::raw_syscall!(libc::SYS_epoll_pwait, epfd, e, m, t, mask, 8usize)
+                        as c_int
                 },
             )
         }

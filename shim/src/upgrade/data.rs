@@ -922,7 +922,13 @@ pub fn shutdown(c: &Conn, fd: c_int, how: c_int) -> Result<(), Errno> {
 /// when this process forked may still be open in a child (fork-per-connection servers close
 /// their copy at once and the child serves it): it is switched back to TCP instead, and the
 /// kernel ends the stream when the last process closes the socket, as on TCP.
+///
+/// `fd` may no longer be the socket (a close no hook saw, found later: the number may hold
+/// another file now, or none): then nothing is done with it, and the connection ends on its
+/// ring (its peer reads what was written, then EOF; a fork child that asks for it is told it
+/// was reset).
 pub fn close_last(c: &Arc<Conn>, fd: c_int) {
+    let fd = c.is_socket(fd).then_some(fd);
     let mut g = c.lock();
     g.closed = true;
     if !g.committed && matches!(g.phase, Phase::Linked(_)) {
@@ -932,7 +938,7 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
         // an RST after writing to a closed socket).
         c.fall_back(&mut g, FallbackReason::ClosedEarly);
     }
-    let back = c.attrs.shared_by_fork() && give_back(c, &mut g, Some(fd));
+    let back = fd.is_some() && c.attrs.shared_by_fork() && give_back(c, &mut g, fd);
     let drain = match &mut g.phase {
         Phase::Linked(l) if !back => {
             l.conn_mut().close();
@@ -941,18 +947,18 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
         }
         _ => false,
     };
-    if matches!(&g.phase, Phase::Linked(l) if l.conn().back_started()) {
+    if let Some(fd) = fd.filter(|_| matches!(&g.phase, Phase::Linked(l) if l.conn().back_started()))
+    {
         // Closed while switching back: the continuation still goes out (the socket is closed
         // after it, when the engine lets its own duplicate go).
         super::keep_back_sock(&mut g, fd);
     }
     c.settle(&mut g);
     drop(g);
-    super::ready::forget_conn(c, fd);
-    let sock = if drain {
-        net::dup_private(fd, super::PRIVATE_FD_MIN).ok()
-    } else {
-        None
+    super::ready::forget_conn(c, fd.unwrap_or(-1));
+    let sock = match fd {
+        Some(fd) if drain => net::dup_private(fd, super::PRIVATE_FD_MIN).ok(),
+        _ => None,
     };
     match super::world_if_created().and_then(|w| w.engine_if_started()) {
         Some(e) => e.closed(c.clone(), sock),

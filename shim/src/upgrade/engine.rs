@@ -209,6 +209,9 @@ const DIAL_SLACK: Duration = Duration::from_millis(5);
 /// How often the engine looks at requests held for connections offered to a fork child even
 /// without an event.
 const OFFER_TICK: Duration = Duration::from_millis(50);
+/// How often, while it has connections, the engine checks that its connections' fds are
+/// still their sockets ([`super::check_sockets`]: finds closes no hook saw).
+const SOCKET_CHECK: Duration = Duration::from_secs(1);
 
 /// The engine's handle (shared with application threads).
 pub struct Engine {
@@ -710,6 +713,8 @@ struct State {
     requests: super::board::Requests,
     /// Connect requests held for connections offered to a fork child, until when.
     held: Vec<(Incoming, Arc<Conn>, Instant)>,
+    /// When the connections' sockets are checked next ([`SOCKET_CHECK`]).
+    sockets_at: Instant,
 }
 
 /// An application thread is about to wait on the completion channel of `c`'s link `l`
@@ -756,6 +761,7 @@ fn run(epfd: c_int, wake: c_int) {
         busy: false,
         requests: super::board::Requests::default(),
         held: Vec::new(),
+        sockets_at: Instant::now() + SOCKET_CHECK,
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -876,6 +882,10 @@ impl State {
             // (a child's adoption and this process's close wake the engine; the tick is a
             // safety net)
             let t = t.min(now + OFFER_TICK);
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        if !self.conns.is_empty() {
+            let t = self.sockets_at;
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if self.requests.pending() {
@@ -1602,6 +1612,12 @@ impl State {
 
     fn timers(&mut self) {
         let now = Instant::now();
+        if now >= self.sockets_at {
+            self.sockets_at = now + SOCKET_CHECK;
+            if !self.conns.is_empty() {
+                super::check_sockets();
+            }
+        }
         if !self.delayed.is_empty() {
             let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
                 .into_iter()

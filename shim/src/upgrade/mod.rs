@@ -178,6 +178,9 @@ pub struct Conn {
     /// An fd of the application that referred to this connection when last seen (checked
     /// against the fd table before use: it may have been closed or reused since).
     pub fd_hint: AtomicI32,
+    /// The socket's inode (0 if it could not be read): an fd whose entry names this
+    /// connection is its socket only if it has this inode ([`Conn::is_socket`]).
+    sock_ino: u64,
     /// The decision is final and it is TCP: data calls go straight to the socket.
     pub fell_back: AtomicBool,
     /// Epoll registrations of the socket have EPOLLOUT removed (the write side is on the ring).
@@ -213,6 +216,13 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Whether `fd` is (still) this connection's socket: an entry outlives a close that no
+    /// hook saw, and the number may hold another file since, or none. One `fstat`; true when
+    /// the socket's identity is unknown.
+    pub(crate) fn is_socket(&self, fd: c_int) -> bool {
+        self.sock_ino == 0 || net::socket_inode(fd) == self.sock_ino
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn new(
         slot: u32,
@@ -238,6 +248,7 @@ impl Conn {
             wr_efd,
             fds: AtomicU32::new(1),
             fd_hint: AtomicI32::new(fd),
+            sock_ino: net::socket_inode(fd),
             fell_back: AtomicBool::new(false),
             out_masked: AtomicBool::new(false),
             sleepers: AtomicU32::new(0),
@@ -1382,6 +1393,23 @@ pub fn close_for_sandbox() -> bool {
     true
 }
 
+/// Before this process sets up an io_uring instance (see `hooks/syscall.rs`): io_uring's
+/// reads, writes and closes of a socket reach the kernel without any call the shim sees, so
+/// RDMA ends for the process for good (reason `io_uring`, kept by its fork children, which
+/// share the instance), its rdma_cm listeners are dropped, and the caller returns its
+/// connections to TCP while the instance does not exist yet. Returns whether RDMA ended now.
+pub fn close_for_io_uring() -> bool {
+    if !end_rdma(FallbackReason::IoUring) {
+        return false;
+    }
+    shim_log!(
+        Level::Info,
+        "the process sets up io_uring, whose I/O the shim cannot see: its connections go back to TCP and new ones stay there ({})",
+        FallbackReason::IoUring.name()
+    );
+    true
+}
+
 /// The shim's descriptors were given up ([`close_for_replaced_fd`]).
 static FDS_GIVEN_UP: AtomicBool = AtomicBool::new(false);
 
@@ -1728,6 +1756,46 @@ pub fn start_listener(fd: c_int, addr: SocketAddr) -> bool {
 pub fn stop_listener(fd: c_int) {
     if let Some(e) = world_if_created().and_then(|w| w.engine_if_started()) {
         e.unlisten(fd);
+    }
+}
+
+/// Fd `fd`, whose entry named the connection of `slot`, was closed where no hook saw it (its
+/// entry is already cleared; the number may hold another file now): its share of the
+/// connection is released as its close would have, without touching `fd` — the last one ends
+/// the connection on its ring, and its peer reads what was written, then EOF.
+pub fn socket_lost(slot: u32, fd: c_int) {
+    if let Some(c) = lookup(slot) {
+        if c.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
+            data::close_last(&c, fd);
+        }
+    }
+}
+
+/// Finds fds of upgraded connections whose socket is gone (closed where no hook saw it: an
+/// inline system call, io_uring) and releases them ([`socket_lost`]), counted as missed
+/// closes. The engine runs it about once a second while it has connections: a close that is
+/// not followed by a hooked call that gets the same number (which finds it at once) is found
+/// within that time. One `fstat` per such fd.
+pub(crate) fn check_sockets() {
+    let mut gone = Vec::new();
+    crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
+        if e.kind() == crate::fdtable::Kind::Upgraded
+            && slot_is_ours(e.slot())
+            && lookup(e.slot()).is_some_and(|c| !c.is_socket(fd))
+        {
+            gone.push((fd, e));
+        }
+    });
+    for (fd, e) in gone {
+        // (unless a hook dealt with the number meanwhile)
+        if crate::fdtable::TABLE.take_if(fd, e) {
+            stats::count_missed_close();
+            shim_log!(
+                Level::Debug,
+                "fd {fd}: its connection's socket was closed where no hook saw it; the connection is released"
+            );
+            socket_lost(e.slot(), fd);
+        }
     }
 }
 
