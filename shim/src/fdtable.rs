@@ -277,41 +277,30 @@ impl FdTable {
     /// Stores the entry of `fd`. Storing UNKNOWN never allocates. Returns false if the entry
     /// could not be stored (fd out of range, or no memory for the chunk).
     pub fn set(&self, fd: i32, e: FdEntry) -> bool {
-        let cell = if e.is_unknown() {
-            self.cell(fd)
-        } else {
-            self.cell_alloc(fd)
-        };
-        match cell {
-            Some(c) => {
-                if !e.is_unknown() {
-                    self.mark_used(fd);
-                }
-                c.store(e.0, Ordering::Release);
-                true
-            }
-            None => e.is_unknown(),
-        }
+        self.swap(fd, e).is_some() || e.is_unknown()
     }
 
     /// [`set`](Self::set) for a number the kernel has just given out: returns the entry it
     /// replaced, which is UNKNOWN unless the close of the number's previous file was never
     /// seen (the caller deals with that). UNKNOWN too if the entry could not be stored.
     pub fn set_new(&self, fd: i32, e: FdEntry) -> FdEntry {
+        self.swap(fd, e).unwrap_or(FdEntry::UNKNOWN)
+    }
+
+    /// Stores the entry of `fd` and returns the one it replaced; `None` if it could not be
+    /// stored (fd out of range, or no memory for the chunk). Storing UNKNOWN never allocates.
+    fn swap(&self, fd: i32, e: FdEntry) -> Option<FdEntry> {
         let cell = if e.is_unknown() {
             self.cell(fd)
         } else {
             self.cell_alloc(fd)
         };
-        match cell {
-            Some(c) => {
-                if !e.is_unknown() {
-                    self.mark_used(fd);
-                }
-                FdEntry(c.swap(e.0, Ordering::AcqRel))
+        cell.map(|c| {
+            if !e.is_unknown() {
+                self.mark_used(fd);
             }
-            None => FdEntry::UNKNOWN,
-        }
+            FdEntry(c.swap(e.0, Ordering::AcqRel))
+        })
     }
 
     /// Notes that chunk 0 holds (or is about to hold) a non-UNKNOWN entry, if `fd` is in it.

@@ -2619,15 +2619,17 @@ mod missed_close {
         s.write_all(format!("bye {round}").as_bytes()).unwrap();
     }
 
-    /// Opens a new file, which must get number `fd` (the lowest free one), writes a line to it
-    /// through that number and checks the file holds exactly that line.
-    fn file_at(fd: RawFd, round: usize) {
+    /// Opens a new file, which must get number `fd` (the lowest free one), runs `meanwhile`,
+    /// then writes a line to it through that number and checks the file holds exactly that
+    /// line.
+    fn file_at(fd: RawFd, round: usize, meanwhile: impl FnOnce()) {
         let path = std::env::temp_dir().join(format!(
             "behave-missed-close-{}-{round}",
             std::process::id()
         ));
         let f = std::fs::File::create(&path).unwrap();
         assert_eq!(f.as_raw_fd(), fd, "the new file got another number");
+        meanwhile();
         let line = format!("file {round}\n");
         // SAFETY: writes the line's bytes to the file just opened.
         let w = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
@@ -2655,7 +2657,7 @@ mod missed_close {
         // SAFETY: closes the connection's descriptor, which nothing uses afterwards.
         let r = unsafe { libc::syscall(libc::SYS_close, fd) };
         assert_eq!(r, 0, "syscall(SYS_close): errno {}", errno());
-        file_at(fd, 0);
+        file_at(fd, 0, || {});
 
         // 1 and 2: an unseen close; the next socket gets the number.
         let mut s = connect(addr);
@@ -2673,29 +2675,8 @@ mod missed_close {
         let mut next = connect(addr);
         let fd = s.into_raw_fd();
         assert_eq!(unseen_close(fd), 0);
-        let path =
-            std::env::temp_dir().join(format!("behave-missed-close-{}-3", std::process::id()));
         // (the server takes connection 4 once it has read the end of connection 3)
-        let f = std::fs::File::create(&path).unwrap();
-        assert_eq!(f.as_raw_fd(), fd, "the new file got another number");
-        exchange(&mut next, 4);
-        let line = b"file 3\n";
-        // SAFETY: writes the line's bytes to the file just opened.
-        let w = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
-        assert_eq!(
-            w,
-            line.len() as isize,
-            "write to the file: errno {}",
-            errno()
-        );
-        drop(f);
-        let got = std::fs::read(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
-        assert!(
-            got == line,
-            "the file at {fd} holds {:?}",
-            String::from_utf8_lossy(&got)
-        );
+        file_at(fd, 3, || exchange(&mut next, 4));
         drop(next);
     }
 }

@@ -338,15 +338,19 @@ pub(crate) fn tcp_io(
 /// registrations, then clear its entry. Not in a foreign child (see `in_foreign_child`).
 pub(crate) fn forget(fd: c_int, e: FdEntry) {
     complete_if_connected(fd, e);
+    release(fd, e);
+    TABLE.take(fd);
+}
+
+/// Releases what entry `e` of `fd` names, the fd being closed (or closed already, unseen: see
+/// [`lost`]): its share of an upgraded connection ([`crate::upgrade::release_share`]), an
+/// rdma_cm listener, an epoll set's registrations.
+fn release(fd: c_int, e: FdEntry) {
     match e.kind() {
         Kind::Upgraded if crate::upgrade::slot_is_ours(e.slot()) => {
             let _s = crate::guard::Section::enter();
             let _e = ErrnoGuard::save();
-            if let Some(c) = crate::upgrade::lookup(e.slot()) {
-                if c.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    crate::upgrade::data::close_last(&c, fd);
-                }
-            }
+            crate::upgrade::release_share(e.slot(), fd);
         }
         Kind::Listening if e.has(flags::RDMA_LISTENER) => {
             let _s = crate::guard::Section::enter();
@@ -355,7 +359,6 @@ pub(crate) fn forget(fd: c_int, e: FdEntry) {
         Kind::Other if e.has(flags::EPOLL_FD) => crate::upgrade::ready::forget_epoll(fd),
         _ => {}
     }
-    TABLE.take(fd);
 }
 
 /// A hooked call has just made `fd` (socket, socketpair, accept, a duplicate of a tracked fd,
@@ -372,9 +375,8 @@ pub(crate) fn set_new(fd: c_int, e: FdEntry) {
 /// The file that entry `e` of `fd` was made for is gone: closed where no hook saw it (an
 /// inline system call, io_uring), and the number given out again. The entry is already
 /// replaced; what it referred to is released as its close would have, without touching `fd`
-/// (the new file's): a connection's share ([`crate::upgrade::socket_lost`]: the last one ends
-/// it on its ring, its peer reads what was written, then EOF), an rdma_cm listener, an epoll
-/// set's registrations. A descriptor of the shim's gone that way: RDMA ends for the process
+/// (the new file's), by [`release`]: the last share of a connection ends it on its ring (its
+/// peer reads what was written, then EOF). A descriptor of the shim's gone that way: RDMA ends for the process
 /// as when a `dup2` replaces one. Counted (`fds.missed_closes`). Not in a vfork child (its
 /// closes leave the parent's entries, on purpose: see `close`).
 #[cold]
@@ -384,19 +386,10 @@ pub(crate) fn lost(fd: c_int, e: FdEntry) {
         return;
     }
     stats::count_missed_close();
-    match e.kind() {
-        Kind::Upgraded if crate::upgrade::slot_is_ours(e.slot()) => {
-            let _s = crate::guard::Section::enter();
-            let _e = ErrnoGuard::save();
-            crate::upgrade::socket_lost(e.slot(), fd);
-        }
-        Kind::Listening if e.has(flags::RDMA_LISTENER) => {
-            let _s = crate::guard::Section::enter();
-            crate::upgrade::stop_listener(fd);
-        }
-        Kind::Other if e.has(flags::EPOLL_FD) => crate::upgrade::ready::forget_epoll(fd),
-        Kind::Private => super::process::before_private_replaced(fd),
-        _ => {}
+    if e.kind() == Kind::Private {
+        super::process::before_private_replaced(fd);
+    } else {
+        release(fd, e);
     }
 }
 

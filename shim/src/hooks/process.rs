@@ -167,7 +167,7 @@ type PrctlFn = unsafe extern "C" fn(
 ) -> c_int;
 
 /// The Rust half of `prctl(2)` (csrc/variadic.c reads its four optional arguments). Only
-/// `PR_SET_SECCOMP` concerns the shim: see [`before_sandbox`]; once a filter is in place the
+/// `PR_SET_SECCOMP` concerns the shim: see [`before_sandbox_call`]; once a filter is in place the
 /// shim writes no log record and no stats file ([`crate::log::silence`]).
 ///
 /// # Safety
@@ -200,56 +200,59 @@ pub unsafe extern "C" fn rdmashim_prctl(
     r
 }
 
-/// [`before_sandbox`] as the logic of hook `h` (`prctl`, or `syscall` for `seccomp(2)`),
-/// unless the call comes from the shim itself.
+/// Before the process installs a seccomp filter (`prctl(PR_SET_SECCOMP)`: sshd's
+/// pre-authentication child, other privilege-separated servers' workers; `syscall(SYS_seccomp)`:
+/// libseccomp), as the logic of hook `h`: the filter may kill the process at the first system
+/// call it does not expect, and the shim cannot know which it allows. So RDMA ends here, while
+/// every call is still allowed (`sandboxed`; see [`end_rdma_before`]).
 pub(super) fn before_sandbox_call(h: crate::hook::Hook) {
-    if let Some(cx) = crate::guard::hook_entry() {
-        crate::stats::count_call(cx, h);
-        let _ = super::run(h, || {
-            before_sandbox();
-            PassThrough::<c_int>
-        });
-    }
+    end_rdma_before(
+        h,
+        crate::upgrade::close_for_sandbox,
+        "sandbox",
+        crate::reason::FallbackReason::Sandboxed,
+    );
 }
 
 /// Before the process sets up an io_uring instance (`syscall(SYS_io_uring_setup, ...)`: the
 /// Rust io-uring crate, libuv): its reads, writes and closes of a socket would reach the
-/// kernel unseen, so RDMA ends for the process here, while the instance does not exist yet:
-/// the connections it inherited are asked for, its own on the ring go back to TCP at exact
-/// offsets, and new ones stay TCP (`io_uring`). Not in a vfork child.
+/// kernel unseen, so RDMA ends here, while the instance does not exist yet (`io_uring`; see
+/// [`end_rdma_before`]).
 pub(super) fn before_io_uring() {
+    end_rdma_before(
+        crate::hook::Hook::Syscall,
+        crate::upgrade::close_for_io_uring,
+        "io_uring",
+        crate::reason::FallbackReason::IoUring,
+    );
+}
+
+/// Before a call of hook `h` after which the process cannot keep RDMA: `end` (one of
+/// `crate::upgrade`'s `close_for_*`) ends it for the process — its rdma_cm listeners are
+/// dropped and new connections stay TCP — and if it did now, the connections it inherited from
+/// its parent are asked for (as before an exec) and its own on the ring go back to TCP at exact
+/// offsets (`what`, `reason`). Counted as `h`'s call; not for the shim's own calls, nor in a
+/// vfork child (our memory is the parent's).
+fn end_rdma_before(
+    h: crate::hook::Hook,
+    end: fn() -> bool,
+    what: &'static str,
+    reason: crate::reason::FallbackReason,
+) {
     let Some(cx) = crate::guard::hook_entry() else {
         return;
     };
-    crate::stats::count_call(cx, crate::hook::Hook::Syscall);
-    let _ = super::run(crate::hook::Hook::Syscall, || {
+    crate::stats::count_call(cx, h);
+    let _ = super::run(h, || {
         if !conn::in_foreign_child() {
             let _s = crate::guard::Section::enter();
             let _e = crate::sys::ErrnoGuard::save();
-            if crate::upgrade::close_for_io_uring() {
-                hand_back_inherited(true, "io_uring", crate::reason::FallbackReason::IoUring);
+            if end() {
+                hand_back_inherited(true, what, reason);
             }
         }
         PassThrough::<c_int>
     });
-}
-
-/// Before the process installs a seccomp filter (`prctl(PR_SET_SECCOMP)`: sshd's
-/// pre-authentication child, other privilege-separated servers' workers): the filter may kill
-/// the process at the first system call it does not expect, and the shim cannot know which it
-/// allows. So RDMA ends here, while every call is still allowed: the connections it inherited
-/// from its parent are asked for (as before an exec), its own on the ring go back to TCP at
-/// exact offsets, its rdma_cm listeners are dropped and new connections stay TCP
-/// (`sandboxed`). Not in a vfork child (our memory is the parent's).
-fn before_sandbox() {
-    if conn::in_foreign_child() {
-        return;
-    }
-    let _s = crate::guard::Section::enter();
-    let _e = crate::sys::ErrnoGuard::save();
-    if crate::upgrade::close_for_sandbox() {
-        hand_back_inherited(true, "sandbox", crate::reason::FallbackReason::Sandboxed);
-    }
 }
 
 /// Before the program puts a file of its own at `fd`, a descriptor of the shim's or of the

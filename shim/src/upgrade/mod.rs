@@ -1759,11 +1759,10 @@ pub fn stop_listener(fd: c_int) {
     }
 }
 
-/// Fd `fd`, whose entry named the connection of `slot`, was closed where no hook saw it (its
-/// entry is already cleared; the number may hold another file now): its share of the
-/// connection is released as its close would have, without touching `fd` — the last one ends
-/// the connection on its ring, and its peer reads what was written, then EOF.
-pub fn socket_lost(slot: u32, fd: c_int) {
+/// Fd `fd`, whose entry names the connection of `slot`, is being closed, or was closed where
+/// no hook saw it (the number may hold another file now, which is left alone: see
+/// [`data::close_last`]): its share of the connection is released; the last one closes it.
+pub fn release_share(slot: u32, fd: c_int) {
     if let Some(c) = lookup(slot) {
         if c.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
             data::close_last(&c, fd);
@@ -1772,7 +1771,7 @@ pub fn socket_lost(slot: u32, fd: c_int) {
 }
 
 /// Finds fds of upgraded connections whose socket is gone (closed where no hook saw it: an
-/// inline system call, io_uring) and releases them ([`socket_lost`]), counted as missed
+/// inline system call, io_uring) and releases them ([`release_share`]), counted as missed
 /// closes. The engine runs it about once a second while it has connections: a close that is
 /// not followed by a hooked call that gets the same number (which finds it at once) is found
 /// within that time. One `fstat` per such fd.
@@ -1794,7 +1793,7 @@ pub(crate) fn check_sockets() {
                 Level::Debug,
                 "fd {fd}: its connection's socket was closed where no hook saw it; the connection is released"
             );
-            socket_lost(e.slot(), fd);
+            release_share(e.slot(), fd);
         }
     }
 }
