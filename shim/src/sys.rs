@@ -471,9 +471,111 @@ pub fn dir_has_entries(path: &[u8]) -> Option<bool> {
     }
 }
 
+/// What `/proc/self/fd/N` reads for an io_uring instance.
+const IO_URING_LINK: &[u8] = b"anon_inode:[io_uring]";
+
+/// Whether this process holds a descriptor of an io_uring instance: every entry of
+/// `/proc/self/fd` is looked at with one `fstat`, and those that may be anonymous inodes (no
+/// file type, as through Linux 6.14, or a regular file on a device without a major number,
+/// as later) with a `readlinkat`. For instances set up by inline system calls (liburing, the
+/// io-uring crates), which the `syscall` hook never sees. False when `/proc` is not there, and
+/// for an instance whose descriptor was closed after its registration (the ring lives on
+/// without one).
+pub fn holds_io_uring() -> bool {
+    let _e = ErrnoGuard::save();
+    // SAFETY: a NUL-terminated path; opendir/readdir/closedir use glibc-internal calls, never
+    // our hooks; every entry's name is NUL-terminated; st and link are valid out-buffers of
+    // the sizes given; the directory is closed once.
+    unsafe {
+        let d = libc::opendir(c"/proc/self/fd".as_ptr());
+        if d.is_null() {
+            return false;
+        }
+        let dfd = libc::dirfd(d);
+        let mut found = false;
+        loop {
+            let ent = libc::readdir(d);
+            if ent.is_null() {
+                break;
+            }
+            let name = (*ent).d_name.as_ptr();
+            let Some(fd) = core::ffi::CStr::from_ptr(name)
+                .to_str()
+                .ok()
+                .and_then(|n| n.parse::<c_int>().ok())
+            else {
+                continue;
+            };
+            if fd == dfd {
+                continue;
+            }
+            let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+            if rdmashim_core::raw_syscall!(libc::SYS_fstat, fd, st.as_mut_ptr()) < 0 {
+                continue;
+            }
+            let st = st.assume_init();
+            let kind = st.st_mode & libc::S_IFMT;
+            if !(kind == 0 || (kind == libc::S_IFREG && libc::major(st.st_dev) == 0)) {
+                continue;
+            }
+            let mut link = [0u8; 32];
+            let n = rdmashim_core::raw_syscall!(
+                libc::SYS_readlinkat,
+                dfd,
+                name,
+                link.as_mut_ptr(),
+                link.len()
+            );
+            if n > 0 && link.get(..n as usize) == Some(IO_URING_LINK) {
+                found = true;
+                break;
+            }
+        }
+        libc::closedir(d);
+        found
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_uring_descriptors_are_found() {
+        // Anonymous inodes of other kinds, a pipe and a file are not io_uring.
+        // SAFETY: plain descriptor-making calls.
+        let others = unsafe {
+            [
+                libc::eventfd(0, libc::EFD_CLOEXEC),
+                libc::epoll_create1(libc::EPOLL_CLOEXEC),
+                libc::open(
+                    c"/proc/self/status".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                ),
+            ]
+        };
+        assert!(others.iter().all(|&fd| fd >= 0));
+        assert!(!holds_io_uring());
+        let mut params = [0u8; 120];
+        // SAFETY: io_uring_setup(entries, params): params is a zeroed io_uring_params (120 bytes).
+        let ring = unsafe {
+            rdmashim_core::raw_syscall!(libc::SYS_io_uring_setup, 4, params.as_mut_ptr())
+        };
+        if ring < 0 {
+            // (io_uring disabled on this host: kernel.io_uring_disabled, or a seccomp profile)
+            eprintln!(
+                "io_uring_setup failed ({}): detection not exercised",
+                errno().0
+            );
+        } else {
+            assert!(holds_io_uring());
+            close(ring as c_int);
+            assert!(!holds_io_uring());
+        }
+        for fd in others {
+            close(fd);
+        }
+    }
 
     #[test]
     fn atomic_write_and_errno_preserved() {

@@ -110,6 +110,47 @@ fn wait_child(pid: libc::pid_t) {
     );
 }
 
+/// A system call made with the instruction itself (the kernel's convention for this
+/// architecture): no library function runs, so no preloaded hook sees it — as in liburing,
+/// Go, a static helper. Returns the kernel's result (`-errno` on failure).
+fn unseen_syscall(nr: i64, a: [i64; 6]) -> i64 {
+    let r: i64;
+    // SAFETY: the caller's system call with its arguments; the asm clobbers what the kernel
+    // may change.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => r,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            in("r9") a[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        )
+    };
+    // SAFETY: as above.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        std::arch::asm!(
+            "svc 0",
+            in("x8") nr,
+            inlateout("x0") a[0] => r,
+            in("x1") a[1],
+            in("x2") a[2],
+            in("x3") a[3],
+            in("x4") a[4],
+            in("x5") a[5],
+            options(nostack),
+        )
+    };
+    r
+}
+
 fn sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
@@ -2522,6 +2563,220 @@ mod io_uring_setup {
     }
 }
 
+/// io_uring set up the way liburing does it, with the system call instruction (no library
+/// function a preload sees), and driven by hand: one submission at a time, its completion
+/// waited for. Enough for a server that does its sockets' I/O through io_uring.
+mod uring {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    const OFF_CQ_RING: i64 = 0x800_0000;
+    const OFF_SQES: i64 = 0x1000_0000;
+    const ENTER_GETEVENTS: i64 = 1;
+    pub const OP_CLOSE: u8 = 19;
+    pub const OP_SEND: u8 = 26;
+    pub const OP_RECV: u8 = 27;
+    pub const OP_ACCEPT: u8 = 13;
+
+    /// One instance: its descriptor and the three shared areas (submission ring, its
+    /// entries, completion ring), with the offsets the kernel gave.
+    pub struct Ring {
+        pub fd: RawFd,
+        sq: *mut u8,
+        sqes: *mut u8,
+        cq: *mut u8,
+        /// struct io_uring_params as the kernel filled it, in 32-bit words.
+        p: [u32; 30],
+    }
+
+    fn map(fd: RawFd, len: usize, off: i64) -> *mut u8 {
+        // SAFETY: a shared mapping of the io_uring descriptor's area at `off`, as io_uring(7)
+        // describes; checked below.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                off,
+            )
+        };
+        assert_ne!(
+            m,
+            libc::MAP_FAILED,
+            "mmap of io_uring area {off:#x}: errno {}",
+            errno()
+        );
+        m.cast()
+    }
+
+    impl Ring {
+        /// A new instance of 4 entries, or the kernel's refusal (`-errno`).
+        pub fn new() -> Result<Ring, i64> {
+            let mut p = [0u32; 30];
+            let fd = unseen_syscall(
+                libc::SYS_io_uring_setup,
+                [4, p.as_mut_ptr() as i64, 0, 0, 0, 0],
+            );
+            if fd < 0 {
+                return Err(fd);
+            }
+            let fd = fd as RawFd;
+            // sq_off starts at word 10, cq_off at word 20 (struct io_uring_params).
+            let sq_len = p[10 + 6] as usize + p[0] as usize * 4;
+            let cq_len = p[20 + 5] as usize + p[1] as usize * 16;
+            Ok(Ring {
+                fd,
+                sq: map(fd, sq_len, 0),
+                sqes: map(fd, p[0] as usize * 64, OFF_SQES),
+                cq: map(fd, cq_len, OFF_CQ_RING),
+                p,
+            })
+        }
+
+        fn word(base: *mut u8, off: u32) -> &'static AtomicU32 {
+            // SAFETY: `off` is one of the kernel's offsets of a 32-bit field in a mapping that
+            // lives as long as the process (never unmapped).
+            unsafe { &*(base.add(off as usize) as *const AtomicU32) }
+        }
+
+        /// Submits one operation (`op` on `fd`, buffer `addr`/`len`) and waits for its
+        /// completion. Returns its result (`-errno` on failure).
+        pub fn run(&mut self, op: u8, fd: RawFd, addr: u64, len: u32) -> i32 {
+            let p = self.p;
+            let tail = Self::word(self.sq, p[11]).load(Ordering::Relaxed);
+            let idx = tail & Self::word(self.sq, p[12]).load(Ordering::Relaxed);
+            let mut e = [0u8; 64];
+            e[0] = op;
+            e[4..8].copy_from_slice(&fd.to_ne_bytes());
+            e[16..24].copy_from_slice(&addr.to_ne_bytes());
+            e[24..28].copy_from_slice(&len.to_ne_bytes());
+            e[32..40].copy_from_slice(&1u64.to_ne_bytes());
+            // SAFETY: entry `idx` of the submission entries (below sq_entries), ours until the
+            // tail moves past it; the array slot `idx` likewise.
+            unsafe {
+                std::ptr::copy_nonoverlapping(e.as_ptr(), self.sqes.add(idx as usize * 64), 64);
+                (self.sq.add(p[16] as usize + idx as usize * 4) as *mut u32).write(idx);
+            }
+            Self::word(self.sq, p[11]).store(tail.wrapping_add(1), Ordering::Release);
+            loop {
+                let r = unseen_syscall(
+                    libc::SYS_io_uring_enter,
+                    [self.fd as i64, 1, 1, ENTER_GETEVENTS, 0, 0],
+                );
+                if r != -(libc::EINTR as i64) {
+                    assert!(r >= 0, "io_uring_enter: {r}");
+                    break;
+                }
+            }
+            let head = Self::word(self.cq, p[20]).load(Ordering::Relaxed);
+            let ctail = Self::word(self.cq, p[21]).load(Ordering::Acquire);
+            assert_ne!(head, ctail, "io_uring_enter returned with no completion");
+            let at = head & Self::word(self.cq, p[22]).load(Ordering::Relaxed);
+            // SAFETY: completion `at` (below cq_entries), written by the kernel before the
+            // tail we read with Acquire.
+            let res = unsafe {
+                (self.cq.add(p[25] as usize + at as usize * 16 + 8) as *const i32).read()
+            };
+            Self::word(self.cq, p[20]).store(head.wrapping_add(1), Ordering::Release);
+            res
+        }
+    }
+}
+
+/// A server that does its sockets' I/O through io_uring set up with inline system calls
+/// (liburing's way: no call the shim sees), the instance made before its first accept, as
+/// such servers start. Three connections: the first two accepted with accept(2), the third
+/// with io_uring's accept; each echoed through io_uring's receive and send until the client's
+/// EOF, then closed through io_uring. io_uring moves bytes on the sockets where no hook runs,
+/// so under the shim RDMA ends when the engine finds the instance, before it takes up the first
+/// connection: every connection stays TCP (`io_uring`), and each echo is whole.
+mod uring_io {
+    use super::*;
+
+    const CONNS: usize = 3;
+    const LEN: usize = 300_000;
+
+    pub fn serve(l: TcpListener) {
+        let mut ring = uring::Ring::new().unwrap_or_else(|e| panic!("io_uring_setup: {e}"));
+        let lfd = l.as_raw_fd();
+        for round in 0..CONNS {
+            let fd = if round < 2 {
+                l.accept().expect("accept").0.into_raw_fd()
+            } else {
+                let fd = ring.run(uring::OP_ACCEPT, lfd, 0, 0);
+                assert!(fd >= 0, "io_uring accept: {fd}");
+                fd
+            };
+            handover::settle();
+            let mut buf = vec![0u8; 16 << 10];
+            let mut total = 0;
+            loop {
+                let n = ring.run(
+                    uring::OP_RECV,
+                    fd,
+                    buf.as_mut_ptr() as u64,
+                    buf.len() as u32,
+                );
+                assert!(n >= 0, "connection {round}: io_uring recv: {n}");
+                if n == 0 {
+                    break;
+                }
+                let mut off = 0;
+                while off < n as usize {
+                    let w = ring.run(
+                        uring::OP_SEND,
+                        fd,
+                        buf[off..].as_ptr() as u64,
+                        (n as usize - off) as u32,
+                    );
+                    assert!(w > 0, "connection {round}: io_uring send: {w}");
+                    off += w as usize;
+                }
+                total += n as usize;
+            }
+            assert_eq!(total, LEN, "connection {round}: bytes received");
+            assert_eq!(ring.run(uring::OP_CLOSE, fd, 0, 0), 0, "io_uring close");
+        }
+    }
+
+    pub fn client(addr: SocketAddr) {
+        for round in 0..CONNS {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(T)).unwrap();
+            let data = pattern(LEN, round as u8);
+            let mut r = s.try_clone().unwrap();
+            let reader = std::thread::spawn(move || read_to_eof(&mut r));
+            s.write_all(&data).unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            let got = reader.join().unwrap();
+            assert_eq!(got.len(), LEN, "connection {round}: echo length");
+            assert!(got == data, "connection {round}: echo differs");
+        }
+    }
+}
+
+/// A server whose connection is on the rings when it sets up io_uring with inline system
+/// calls (no call the shim sees), keeps the instance and pauses (two and a half seconds, as a
+/// server busy elsewhere), then echoes the rest and serves a second connection. Under the shim
+/// the engine's periodic look finds the instance: the connection goes back to TCP at exact
+/// offsets while the server pauses, and the next one stays TCP (`io_uring`).
+mod uring_late {
+    use super::*;
+
+    pub fn serve(l: TcpListener) {
+        let (s, _) = l.accept().expect("accept");
+        handover::settle();
+        let fd = handover::first_part(s);
+        let ring = uring::Ring::new().unwrap_or_else(|e| panic!("io_uring_setup: {e}"));
+        sleep_ms(2500);
+        handover::rest_then_again(fd, &l);
+        // SAFETY: the instance's descriptor, closed once (its mappings stay: the process ends).
+        unsafe { libc::close(ring.fd) };
+    }
+}
+
 /// Closes that the program makes where a preloaded library may not see them: libuv (Node.js)
 /// closes every descriptor with `syscall(SYS_close, fd)`; an inline system call (a static
 /// helper, a hand-written wrapper) or io_uring's close reach the kernel through no library
@@ -2563,36 +2818,6 @@ mod missed_close {
                 "connection {round}: its last bytes"
             );
         }
-    }
-
-    /// close(2) made with the system call instruction itself: no library function runs, so
-    /// no preloaded hook sees it. Returns the kernel's result.
-    fn unseen_close(fd: RawFd) -> i64 {
-        let r: i64;
-        // SAFETY: close(2) of the caller's descriptor, which it never uses again; the kernel's
-        // system call convention for this architecture.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            std::arch::asm!(
-                "syscall",
-                inlateout("rax") libc::SYS_close => r,
-                in("rdi") fd as i64,
-                lateout("rcx") _,
-                lateout("r11") _,
-                options(nostack),
-            )
-        };
-        // SAFETY: as above.
-        #[cfg(target_arch = "aarch64")]
-        unsafe {
-            std::arch::asm!(
-                "svc 0",
-                in("x8") libc::SYS_close,
-                inlateout("x0") fd as i64 => r,
-                options(nostack),
-            )
-        };
-        r
     }
 
     /// A connection to the server, with a read timeout.
@@ -2663,7 +2888,10 @@ mod missed_close {
         let mut s = connect(addr);
         exchange(&mut s, 1);
         let fd = s.into_raw_fd();
-        assert_eq!(unseen_close(fd), 0);
+        assert_eq!(
+            unseen_syscall(libc::SYS_close, [fd as i64, 0, 0, 0, 0, 0]),
+            0
+        );
         let mut s = connect(addr);
         assert_eq!(s.as_raw_fd(), fd, "the next socket got another number");
         exchange(&mut s, 2);
@@ -2674,7 +2902,10 @@ mod missed_close {
         exchange(&mut s, 3);
         let mut next = connect(addr);
         let fd = s.into_raw_fd();
-        assert_eq!(unseen_close(fd), 0);
+        assert_eq!(
+            unseen_syscall(libc::SYS_close, [fd as i64, 0, 0, 0, 0, 0]),
+            0
+        );
         // (the server takes connection 4 once it has read the end of connection 3)
         file_at(fd, 3, || exchange(&mut next, 4));
         drop(next);
@@ -2744,6 +2975,8 @@ const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
     ("dup2_high", dup2_high::serve, setuid::client),
     ("missed_close", missed_close::serve, missed_close::client),
     ("io_uring", io_uring_setup::serve, setuid::client),
+    ("uring_io", uring_io::serve, uring_io::client),
+    ("uring_late", uring_late::serve, setuid::client),
 ];
 
 fn main() {

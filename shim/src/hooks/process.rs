@@ -394,7 +394,7 @@ fn before_credentials() {
     if !crate::upgrade::close_for_credentials() {
         return;
     }
-    let (conns, _) = upgraded_conns(true);
+    let (conns, _) = crate::upgrade::upgraded_conns(true);
     crate::upgrade::data::hand_back_all(
         &conns,
         "credential change",
@@ -402,38 +402,12 @@ fn before_credentials() {
     );
 }
 
-/// This process's upgraded connections (with an fd of the application's for each) and the
-/// inherited slots of a fork child's, among the fds without FD_CLOEXEC, or among all fds with
-/// `all`.
-fn upgraded_conns(all: bool) -> (Vec<(std::sync::Arc<crate::upgrade::Conn>, c_int)>, Vec<u32>) {
-    let mut conns: Vec<(std::sync::Arc<crate::upgrade::Conn>, c_int)> = Vec::new();
-    let mut inherited: Vec<u32> = Vec::new();
-    if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0 {
-        return (conns, inherited);
-    }
-    crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
-        if e.kind() != crate::fdtable::Kind::Upgraded || (!all && crate::net::is_cloexec(fd)) {
-            return;
-        }
-        if !crate::upgrade::slot_is_ours(e.slot()) {
-            if !inherited.contains(&e.slot()) {
-                inherited.push(e.slot());
-            }
-        } else if let Some(c) = crate::upgrade::lookup(e.slot()) {
-            if !conns.iter().any(|(k, _)| std::sync::Arc::ptr_eq(k, &c)) {
-                conns.push((c, fd));
-            }
-        }
-    });
-    (conns, inherited)
-}
-
 /// Returns to TCP every upgraded connection an fd without FD_CLOEXEC refers to (`all`: every
 /// fd; `what`: exec, spawn or sandbox, for the log; `reason` for an undecided one): this
 /// process's own, and those a fork child inherited (inetd-style servers fork, then exec the
 /// program that serves the connection), which it asks its parent for.
 fn hand_back_inherited(all: bool, what: &'static str, reason: crate::reason::FallbackReason) {
-    let (conns, inherited) = upgraded_conns(all);
+    let (conns, inherited) = crate::upgrade::upgraded_conns(all);
     for slot in inherited {
         // (one that cannot be had was reset by its owner: the program sees that)
         let _ = crate::upgrade::use_inherited(slot);

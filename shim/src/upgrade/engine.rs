@@ -715,6 +715,9 @@ struct State {
     held: Vec<(Incoming, Arc<Conn>, Instant)>,
     /// When the connections' sockets are checked next ([`SOCKET_CHECK`]).
     sockets_at: Instant,
+    /// When the engine next looks for an io_uring instance ([`Self::look_for_io_uring`]):
+    /// before it takes up a new connection and while it has connections, when due.
+    uring_at: Instant,
 }
 
 /// An application thread is about to wait on the completion channel of `c`'s link `l`
@@ -762,6 +765,7 @@ fn run(epfd: c_int, wake: c_int) {
         requests: super::board::Requests::default(),
         held: Vec::new(),
         sockets_at: Instant::now() + SOCKET_CHECK,
+        uring_at: Instant::now(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -915,6 +919,14 @@ impl State {
         let Some(e) = engine() else { return };
         let cmds = std::mem::take(&mut *e.cmds.lock().unwrap_or_else(|p| p.into_inner()));
         self.busy |= !cmds.is_empty();
+        let now = Instant::now();
+        if now >= self.uring_at
+            && cmds
+                .iter()
+                .any(|c| matches!(c, Cmd::Dial(..) | Cmd::Accepted(_)))
+        {
+            self.look_for_io_uring(now);
+        }
         for c in cmds {
             match c {
                 Cmd::Dial(c, watch, at, probe) => self.start_dial(c, watch, at, probe),
@@ -1084,6 +1096,11 @@ impl State {
             }
             if g.closed && !probe {
                 c.fall_back(g, FallbackReason::ClosedEarly);
+                return false;
+            }
+            // (RDMA ended for the process meanwhile: io_uring found, a sandbox)
+            if let Some(r) = crate::probe::host_reason() {
+                c.fall_back(g, r);
                 return false;
             }
             true
@@ -1452,6 +1469,12 @@ impl State {
             inc.reject(RejectReason::NoMatchingTcp);
             return;
         }
+        if let Some(r) = crate::probe::host_reason() {
+            // (RDMA ended for the process meanwhile: io_uring found, a sandbox)
+            c.fall_back(&mut g, r);
+            inc.reject(RejectReason::Disabled);
+            return;
+        }
         if offered {
             // (offered to a fork child: decided by `offers`, once this process closed it and a
             // child took it over, or not)
@@ -1610,12 +1633,23 @@ impl State {
         }
     }
 
+    /// [`super::check_io_uring`], next due after [`SOCKET_CHECK`] or, where the look is costly
+    /// (a process of many descriptors: about 1 µs each), after 1000 times what it took, so
+    /// that it never takes more than a thousandth of the engine's time.
+    fn look_for_io_uring(&mut self, now: Instant) {
+        super::check_io_uring();
+        self.uring_at = now + SOCKET_CHECK.max(now.elapsed() * 1000);
+    }
+
     fn timers(&mut self) {
         let now = Instant::now();
         if now >= self.sockets_at {
             self.sockets_at = now + SOCKET_CHECK;
             if !self.conns.is_empty() {
                 super::check_sockets();
+                if now >= self.uring_at {
+                    self.look_for_io_uring(now);
+                }
             }
         }
         if !self.delayed.is_empty() {

@@ -1798,6 +1798,67 @@ pub(crate) fn check_sockets() {
     }
 }
 
+/// This process's upgraded connections (with an fd of the application's for each) and the
+/// inherited slots of a fork child's, among the fds without FD_CLOEXEC, or among all fds with
+/// `all`.
+pub fn upgraded_conns(all: bool) -> (Vec<(Arc<Conn>, c_int)>, Vec<u32>) {
+    let mut conns: Vec<(Arc<Conn>, c_int)> = Vec::new();
+    let mut inherited: Vec<u32> = Vec::new();
+    if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0 {
+        return (conns, inherited);
+    }
+    crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
+        if e.kind() != crate::fdtable::Kind::Upgraded || (!all && net::is_cloexec(fd)) {
+            return;
+        }
+        if !slot_is_ours(e.slot()) {
+            if !inherited.contains(&e.slot()) {
+                inherited.push(e.slot());
+            }
+        } else if let Some(c) = lookup(e.slot()) {
+            if !conns.iter().any(|(k, _)| Arc::ptr_eq(k, &c)) {
+                conns.push((c, fd));
+            }
+        }
+    });
+    (conns, inherited)
+}
+
+/// io_uring set up where no hook saw it (inline system calls: liburing, the io-uring crates)
+/// and found by [`crate::sys::holds_io_uring`], as the engine looks before it takes up a
+/// new connection and about once a second while it has some: RDMA ends for the process as
+/// when the `syscall` hook sees the setup ([`close_for_io_uring`]), and its connections go back
+/// to TCP at exact offsets on a thread of their own (the engine drives the dials they may
+/// wait for; without that thread they are reset). Seen late, an instance may already have moved bytes on a socket whose stream
+/// is on the ring: the window is about a second (docs/upgrade.md §7).
+pub(crate) fn check_io_uring() {
+    if !crate::sys::holds_io_uring() || !close_for_io_uring() {
+        return;
+    }
+    let (conns, _) = upgraded_conns(true);
+    if conns.is_empty() {
+        return;
+    }
+    let conns = Arc::new(conns);
+    let theirs = conns.clone();
+    let spawned = crate::signals::spawn_internal("rdmashim-back", move || {
+        crate::guard::mark_internal_thread();
+        if std::panic::catch_unwind(|| {
+            data::hand_back_all(&theirs, "io_uring", FallbackReason::IoUring);
+        })
+        .is_err()
+        {
+            failed_by_panic("the thread returning connections to TCP");
+        }
+    });
+    if spawned.is_err() {
+        // (the engine cannot wait for them itself: it drives their dials)
+        for (c, fd) in conns.iter() {
+            data::reset_shared(c, Some(*fd), "io_uring", "no thread to return it to TCP");
+        }
+    }
+}
+
 /// At exit: give upgraded connections a bounded time to deliver what they accepted.
 pub fn flush_at_exit() {
     let Some(w) = world_if_created() else {
