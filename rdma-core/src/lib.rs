@@ -8,6 +8,8 @@
 //! - [`cm`]: rdma_cm event channels and ids, RC QPs, and the work requests rdmashim posts.
 //! - [`ring`]: the double-mapped ("magic") receive ring.
 //! - [`probe`]: what this host can do, in one call.
+//! - [`shm`]: the same links between two processes of one host, over shared memory, and
+//!   their handshake over a Unix socket ([`ShmListener`], [`ShmDialer`]).
 //! - `endpoint` (private): one connection's verbs resources and work requests.
 //! - [`link`]: one ring connection driven by its owner without blocking ([`Link`]), and its
 //!   non-blocking set-up ([`Dialer`], [`UpgradeListener`], [`Incoming`]): what the preload shim
@@ -28,6 +30,7 @@ pub mod link;
 pub mod pool;
 pub mod probe;
 pub mod ring;
+pub mod shm;
 pub mod stream;
 pub mod sys;
 pub mod tick;
@@ -38,4 +41,5 @@ pub mod verbs;
 pub use cm::inherited_state;
 pub use error::{Error, Result, Unavailable};
 pub use link::{DialError, DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
-pub use stream::{barrier, Handle, Listener, RecvHandle, SendHandle, Stream};
+pub use shm::{ShmDialer, ShmIncoming, ShmListener};
+pub use stream::{barrier, Handle, Listener, LocalListener, RecvHandle, SendHandle, Stream};

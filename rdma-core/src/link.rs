@@ -62,6 +62,7 @@ use rdmashim_proto::{
 use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel};
 use crate::endpoint::{Endpoint, EndpointSizes, SEND_TAG};
 use crate::error::{Error, Unavailable};
+use crate::shm::ShmEndpoint;
 use crate::sys::{self, ffi};
 use crate::tick;
 use crate::verbs::{self, empty_wc, wc_imm_data};
@@ -143,7 +144,7 @@ pub(crate) fn check_available() -> Result<(), Error> {
     Ok(())
 }
 
-fn nonce() -> u64 {
+pub(crate) fn nonce() -> u64 {
     // RandomState is seeded from the OS's random source (and varied per instance).
     let mut h = RandomState::new().build_hasher();
     h.write_u64(Instant::now().elapsed().as_nanos() as u64);
@@ -176,10 +177,17 @@ enum Td {
     Disconnected,
 }
 
+/// What carries a link's messages: a queue pair through rdma_cm, or memory shared with a
+/// process of the same host (`crate::shm`).
+enum Ep {
+    Rdma(Endpoint),
+    Shm(ShmEndpoint),
+}
+
 /// One ring connection driven by its owner, without blocking (see the module docs).
 pub struct Link {
     conn: Connection,
-    ep: Endpoint,
+    ep: Ep,
     teardown: Td,
     /// What the transport reported when the connection failed (the failing call and status).
     failure: Option<String>,
@@ -203,8 +211,9 @@ impl fmt::Debug for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Link")
             .field("state", &self.conn.state())
-            .field("local", &self.ep.local_addr())
-            .field("peer", &self.ep.peer_addr())
+            .field("local", &self.local_addr())
+            .field("peer", &self.peer_addr())
+            .field("shm", &matches!(self.ep, Ep::Shm(_)))
             .finish()
     }
 }
@@ -225,6 +234,24 @@ const MAX_ARMS: u8 = 4;
 
 impl Link {
     fn new(conn: Connection, ep: Endpoint, close_timeout: Duration) -> Link {
+        Self::with(conn, Ep::Rdma(ep), close_timeout)
+    }
+
+    /// A link over shared memory (made by `crate::shm`'s handshake).
+    pub(crate) fn from_shm(conn: Connection, ep: ShmEndpoint, close_timeout: Duration) -> Link {
+        let mut l = Self::with(conn, Ep::Shm(ep), close_timeout);
+        // (its "channel" is the rendezvous socket: read on every progress, as nothing else
+        // tells of the peer's end but the owner watching cm_fd)
+        l.cm_watched = false;
+        l
+    }
+
+    /// Whether this link's peer is a process of this host, over shared memory.
+    pub fn is_local(&self) -> bool {
+        matches!(self.ep, Ep::Shm(_))
+    }
+
+    fn with(conn: Connection, ep: Ep, close_timeout: Duration) -> Link {
         Link {
             conn,
             ep,
@@ -288,7 +315,11 @@ impl Link {
     /// a grant of `conn_mut().send(..)` in place (saving the copy [`stage`](Self::stage)
     /// makes from a buffer of its own); `None` on a link without a staging ring.
     pub fn staging(&mut self, cursor: u64, len: usize) -> Option<&mut [u8]> {
-        let tx = self.ep.tx.as_mut()?;
+        let ep = match &mut self.ep {
+            Ep::Rdma(ep) => ep,
+            Ep::Shm(s) => return Some(s.staging(cursor, len)),
+        };
+        let tx = ep.tx.as_mut()?;
         let off = (cursor % tx.size() as u64) as usize;
         Some(tx.ring_mut().slice_mut(off, len))
     }
@@ -296,14 +327,21 @@ impl Link {
     /// The readable ring bytes at `offset`, after `conn().recv()` returned
     /// `Recv::Ring { offset, len }` (`len` ≤ the ring size; panics beyond it).
     pub fn ring(&self, offset: usize, len: usize) -> &[u8] {
-        self.ep.rx.ring().slice(offset, len)
+        match &self.ep {
+            Ep::Rdma(ep) => ep.rx.ring().slice(offset, len),
+            Ep::Shm(s) => s.ring(offset, len),
+        }
     }
 
     /// Arms the CQ: the completion channel fd becomes readable at the next completion. Call
     /// [`progress`](Self::progress) once more after arming: a completion between the last poll
     /// and the arm raises no event.
     pub fn arm(&mut self) {
-        match self.ep.cq.arm() {
+        let ep = match &self.ep {
+            Ep::Rdma(ep) => ep,
+            Ep::Shm(s) => return s.arm(),
+        };
+        match ep.cq.arm() {
             Ok(()) => self.arms = self.arms.saturating_add(1).min(MAX_ARMS),
             Err(e) => self.transport_failed(e.to_string()),
         }
@@ -314,10 +352,14 @@ impl Link {
     /// call can have raised (at least one, so an event left over from a miscount is taken
     /// on a later call; the channel stays readable meanwhile, so nobody sleeps through it).
     pub fn take_events(&mut self) {
+        let ep = match &self.ep {
+            Ep::Rdma(ep) => ep,
+            Ep::Shm(s) => return s.take_events(),
+        };
         let n = self.arms.max(1);
         self.arms = 0;
         for _ in 0..n {
-            match self.ep.comp.take_event() {
+            match ep.comp.take_event() {
                 Ok(Some(_)) => continue,
                 Ok(None) => return,
                 Err(e) => {
@@ -331,13 +373,19 @@ impl Link {
     /// The completion channel's fd (non-blocking; readable after [`arm`](Self::arm) and a
     /// completion).
     pub fn comp_fd(&self) -> RawFd {
-        self.ep.comp.fd()
+        match &self.ep {
+            Ep::Rdma(ep) => ep.comp.fd(),
+            Ep::Shm(s) => s.comp_fd(),
+        }
     }
 
     /// The link's own rdma_cm event channel fd (non-blocking; readable when an event is
     /// pending: then call `progress(true)`).
     pub fn cm_fd(&self) -> RawFd {
-        self.ep.ch.fd()
+        match &self.ep {
+            Ep::Rdma(ep) => ep.ch.fd(),
+            Ep::Shm(s) => s.cm_fd(),
+        }
     }
 
     /// When [`progress`](Self::progress) must run again even without events, if ever: the
@@ -375,19 +423,30 @@ impl Link {
     /// finished).
     pub fn disconnect(&mut self) {
         if self.teardown != Td::Disconnected {
-            let _ = self.ep.id.disconnect();
+            match &mut self.ep {
+                Ep::Rdma(ep) => {
+                    let _ = ep.id.disconnect();
+                }
+                Ep::Shm(s) => s.disconnect(),
+            }
             self.teardown = Td::Disconnected;
         }
     }
 
     /// The local address of the connection.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.ep.local_addr()
+        match &self.ep {
+            Ep::Rdma(ep) => ep.local_addr(),
+            Ep::Shm(_) => None,
+        }
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.ep.peer_addr()
+        match &self.ep {
+            Ep::Rdma(ep) => ep.peer_addr(),
+            Ep::Shm(_) => None,
+        }
     }
 
     // ----- the driver, in pieces (a Stream moves its queued bytes between them) --------------
@@ -417,10 +476,20 @@ impl Link {
 
     /// Polls the CQ dry; returns whether anything completed.
     pub(crate) fn poll_cq(&mut self) -> bool {
+        if let Ep::Shm(s) = &mut self.ep {
+            return match s.poll(&mut self.conn) {
+                Ok(any) => any,
+                Err(m) => {
+                    self.transport_failed(format!("shared memory: {m}"));
+                    true
+                }
+            };
+        }
         let mut wcs = [empty_wc(); 16];
         let mut any = false;
         loop {
-            let n = match self.ep.cq.poll(&mut wcs) {
+            let Ep::Rdma(ep) = &self.ep else { return any };
+            let n = match ep.cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(e) => {
                     self.transport_failed(e.to_string());
@@ -438,16 +507,17 @@ impl Link {
     }
 
     fn on_completion(&mut self, wc: &ffi::ibv_wc) {
+        let Ep::Rdma(ep) = &mut self.ep else { return };
         let ok = wc.status == ffi::ibv_wc_status::IBV_WC_SUCCESS;
         if wc.wr_id & SEND_TAG != 0 {
-            self.ep.on_send_completion(wc.wr_id);
+            ep.on_send_completion(wc.wr_id);
             if !ok {
                 let msg = self.wc_error("send", wc);
                 self.transport_failed(msg);
             }
             return;
         }
-        let Some(slot) = self.ep.recv_slot(wc.wr_id) else {
+        let Some(slot) = ep.recv_slot(wc.wr_id) else {
             return;
         };
         if !ok {
@@ -473,12 +543,14 @@ impl Link {
                 byte_len: Some(wc.byte_len),
             });
         } else if wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV {
-            let payload = self.ep.recv_payload(slot, wc.byte_len);
+            let payload = ep.recv_payload(slot, wc.byte_len);
             let _ = self.conn.handle_completion(Completion::Recv { payload });
         }
         // Re-posted after the core saw the completion, before the credit that returns it.
         if self.teardown != Td::Disconnected && self.conn.error().is_none() {
-            self.ep.repost_recv(slot);
+            if let Ep::Rdma(ep) = &mut self.ep {
+                ep.repost_recv(slot);
+            }
         }
     }
 
@@ -495,9 +567,21 @@ impl Link {
     /// Reads the connection's rdma_cm events; the CQ is polled dry before each is handled.
     /// Returns whether there was any.
     fn poll_cm(&mut self) -> bool {
+        let ch = match &mut self.ep {
+            Ep::Rdma(ep) => ep.ch.clone(),
+            Ep::Shm(s) => {
+                if !s.peer_gone() {
+                    return false;
+                }
+                self.poll_cq();
+                self.transport_failed("shared memory: the peer's end closed".into());
+                self.disconnect();
+                return true;
+            }
+        };
         let mut any = false;
         loop {
-            match self.ep.ch.try_event() {
+            match ch.try_event() {
                 Ok(None) => return any,
                 Ok(Some(ev)) => {
                     any = true;
@@ -547,8 +631,10 @@ impl Link {
             return;
         }
         loop {
-            if self.ep.sq_room() == 0 && (!self.poll_cq() || self.ep.sq_room() == 0) {
-                return;
+            if let Ep::Rdma(ep) = &self.ep {
+                if ep.sq_room() == 0 && (!self.poll_cq() || self.sq_room() == 0) {
+                    return;
+                }
             }
             let Some(a) = self.conn.poll_action() else {
                 return;
@@ -568,7 +654,13 @@ impl Link {
             if data {
                 crate::timeline::mark(crate::timeline::Mark::PostCalled);
             }
-            let posted = self.ep.post(&a, rkey);
+            let posted = match &mut self.ep {
+                Ep::Rdma(ep) => ep.post(&a, rkey),
+                Ep::Shm(s) => {
+                    s.post(&a);
+                    Ok(())
+                }
+            };
             #[cfg(feature = "timeline")]
             if data {
                 crate::timeline::mark(crate::timeline::Mark::PostReturned);
@@ -586,14 +678,16 @@ impl Link {
         let Td::Draining { since, fenced } = self.teardown else {
             return;
         };
-        let done = self.ep.outstanding() == 0
+        let Ep::Rdma(ep) = &mut self.ep else {
+            // (shared memory: everything posted is in the peer's queue already)
+            self.disconnect();
+            return;
+        };
+        let done = ep.outstanding() == 0
             || self.conn.error().is_some()
             || since.elapsed() >= self.close_timeout;
-        if !done && !fenced && !self.ep.last_signaled() {
-            let posted = self
-                .conn
-                .peer_ring()
-                .map(|r| self.ep.post_fence(&r).is_ok());
+        if !done && !fenced && !ep.last_signaled() {
+            let posted = self.conn.peer_ring().map(|r| ep.post_fence(&r).is_ok());
             if posted == Some(true) {
                 self.teardown = Td::Draining {
                     since,
@@ -605,6 +699,13 @@ impl Link {
             return;
         }
         self.disconnect();
+    }
+
+    fn sq_room(&self) -> u64 {
+        match &self.ep {
+            Ep::Rdma(ep) => ep.sq_room(),
+            Ep::Shm(_) => u64::MAX,
+        }
     }
 
     /// The `io::Error` for a send the core refused.

@@ -79,11 +79,24 @@ impl MagicRing {
         result
     }
 
+    /// Maps `fd`, a memfd of exactly `size` bytes that can never change size (a shared-memory
+    /// link's ring, its own or its peer's: see `crate::shm`), twice back to back. The
+    /// descriptor stays the caller's.
+    pub(crate) fn map_shared(fd: i32, size: usize) -> Result<Self, RingError> {
+        check_size(size)?;
+        let total = size.checked_mul(2).ok_or(RingError::BadSize(size))?;
+        Self::map_views(fd, size, total)
+    }
+
     fn map(fd: i32, size: usize, total: usize) -> Result<Self, RingError> {
         // SAFETY: fd is a fresh memfd.
         if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
             return Err(RingError::Os("ftruncate", io::Error::last_os_error()));
         }
+        Self::map_views(fd, size, total)
+    }
+
+    fn map_views(fd: i32, size: usize, total: usize) -> Result<Self, RingError> {
         // Reserve 2*size of address space first, so both views land back to back.
         // SAFETY: an anonymous PROT_NONE reservation at an address the kernel picks.
         let base = unsafe {

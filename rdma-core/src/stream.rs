@@ -177,6 +177,46 @@ impl Listener {
     }
 }
 
+/// A listener for streams from processes of this host, over shared memory (`crate::shm`):
+/// the native API's local twin of [`Listener`].
+pub struct LocalListener {
+    inner: crate::shm::ShmListener,
+    cfg: StreamConfig,
+}
+
+impl LocalListener {
+    /// Listens on the abstract Unix name `name`; accepted streams use `cfg`.
+    pub fn bind(name: &[u8], cfg: StreamConfig) -> io::Result<LocalListener> {
+        cfg.sizes()?;
+        Ok(LocalListener {
+            inner: crate::shm::ShmListener::bind(name)?,
+            cfg,
+        })
+    }
+
+    /// Waits for the next client and completes its handshake. A request that cannot be
+    /// accepted is rejected and the listener goes on waiting; local failures are returned.
+    pub fn accept(&self) -> io::Result<Stream> {
+        loop {
+            let Some(incoming) = self.inner.next()? else {
+                verbs::poll_readable(self.inner.fd(), -1, "poll(rendezvous socket)")?;
+                continue;
+            };
+            let link = match incoming.accept(&self.cfg, 0, &rdmashim_proto::Proof::Native) {
+                Ok(l) => l,
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => continue,
+                Err(e) => return Err(e),
+            };
+            let mut s = Stream::new(link, self.cfg);
+            if s.link.conn_mut().commit_switch(0).is_err() {
+                continue;
+            }
+            s.link.perform();
+            return Ok(s);
+        }
+    }
+}
+
 /// One ring-stream connection: a reliable, ordered byte stream like a TCP socket, moved by
 /// RDMA WRITE WITH IMMEDIATE into the peer's receive ring.
 ///
@@ -243,6 +283,33 @@ impl Stream {
                 DialStatus::Failed(DialError::Local(e)) => return Err(e),
                 DialStatus::Failed(e) => {
                     return Err(err(e.io_kind(), format!("rdma_connect to {addr}: {e}")))
+                }
+            }
+        };
+        let mut s = Stream::new(link, cfg);
+        s.link
+            .conn_mut()
+            .commit_switch(0)
+            .map_err(|e| err(io::ErrorKind::InvalidData, e.to_string()))?;
+        s.progress();
+        Ok(s)
+    }
+
+    /// Connects to a [`LocalListener`] of this host listening on the abstract Unix name
+    /// `name`, over shared memory, with `cfg`. No listener: `ConnectionRefused`.
+    pub fn connect_local(name: &[u8], cfg: StreamConfig) -> io::Result<Stream> {
+        let mut dial =
+            crate::shm::ShmDialer::start(name, 0, 0, rdmashim_proto::Proof::Native, 0, &cfg)?;
+        let link = loop {
+            match dial.poll() {
+                DialStatus::Pending => {
+                    let left = dial.deadline().saturating_duration_since(Instant::now());
+                    verbs::poll_readable(dial.fd(), poll_ms(left), "poll(rendezvous socket)")?;
+                }
+                DialStatus::Connected(link) => break link,
+                DialStatus::Failed(DialError::Local(e)) => return Err(e),
+                DialStatus::Failed(e) => {
+                    return Err(err(e.io_kind(), format!("shared-memory connect: {e}")))
                 }
             }
         };
