@@ -239,11 +239,9 @@ impl Link {
 
     /// A link over shared memory (made by `crate::shm`'s handshake).
     pub(crate) fn from_shm(conn: Connection, ep: ShmEndpoint, close_timeout: Duration) -> Link {
-        let mut l = Self::with(conn, Ep::Shm(ep), close_timeout);
-        // (its "channel" is the rendezvous socket: read on every progress, as nothing else
-        // tells of the peer's end but the owner watching cm_fd)
-        l.cm_watched = false;
-        l
+        // (its "channel" is the rendezvous socket, read as rdma_cm's is: every millisecond
+        // unless the owner watches cm_fd)
+        Self::with(conn, Ep::Shm(ep), close_timeout)
     }
 
     /// Whether this link's peer is a process of this host, over shared memory.

@@ -493,7 +493,8 @@ impl ShmEndpoint {
     }
 
     /// Whether the peer's end of the rendezvous socket closed (its process gone, or its
-    /// link dropped). Reads nothing else: no message follows the handshake.
+    /// link dropped), or the socket failed. No message follows the handshake: one that came
+    /// anyway is read and ignored.
     pub(crate) fn peer_gone(&mut self) -> bool {
         let Some(s) = &self.sock else { return true };
         let mut b = [0u8; 1];
@@ -509,7 +510,9 @@ impl ShmEndpoint {
                 0
             )
         };
-        r == 0
+        // (0: the end; an error but "nothing yet", e.g. ECONNRESET: the end as well — the
+        // socket would be reported readable for ever)
+        r == 0 || (r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
     }
 
     /// Ends the connection: the peer sees its end of the socket close.
