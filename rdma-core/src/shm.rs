@@ -554,6 +554,19 @@ fn seqpacket() -> io::Result<Fd> {
     )
 }
 
+/// A rendezvous socket bound (`nr` = `SYS_bind`) or connected (`SYS_connect`) to the
+/// abstract name `name`; `what` names the call in errors.
+fn seqpacket_at(name: &[u8], nr: libc::c_long, what: &str) -> io::Result<Fd> {
+    let sock = seqpacket()?;
+    let (a, len) = abstract_addr(name)?;
+    let at = &a as *const libc::sockaddr_un;
+    // SAFETY: bind or connect with a valid sockaddr_un of `len` bytes.
+    if unsafe { crate::raw_syscall!(nr, sock.raw(), at, len) } != 0 {
+        return Err(os_err(what));
+    }
+    Ok(sock)
+}
+
 /// Sends one message of `bytes` with descriptors `fds` (none: `&[]`).
 fn send_msg(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let mut iov = libc::iovec {
@@ -702,20 +715,7 @@ impl ShmListener {
     /// Listens on the abstract Unix name `name` (non-blocking). `AddrInUse` if another
     /// socket has it.
     pub fn bind(name: &[u8]) -> io::Result<ShmListener> {
-        let sock = seqpacket()?;
-        let (a, len) = abstract_addr(name)?;
-        // SAFETY: a valid sockaddr_un of `len` bytes.
-        if unsafe {
-            crate::raw_syscall!(
-                libc::SYS_bind,
-                sock.raw(),
-                &a as *const libc::sockaddr_un,
-                len
-            )
-        } != 0
-        {
-            return Err(os_err("bind"));
-        }
+        let sock = seqpacket_at(name, libc::SYS_bind, "bind")?;
         // SAFETY: no pointers.
         if unsafe { crate::raw_syscall!(libc::SYS_listen, sock.raw(), 1024) } != 0 {
             return Err(os_err("listen"));
@@ -984,20 +984,7 @@ impl ShmDialer {
         cfg: &StreamConfig,
     ) -> io::Result<ShmDialer> {
         let sizes = cfg.sizes()?;
-        let sock = seqpacket()?;
-        let (a, len) = abstract_addr(name)?;
-        // SAFETY: a valid sockaddr_un of `len` bytes.
-        if unsafe {
-            crate::raw_syscall!(
-                libc::SYS_connect,
-                sock.raw(),
-                &a as *const libc::sockaddr_un,
-                len
-            )
-        } != 0
-        {
-            return Err(os_err("connect"));
-        }
+        let sock = seqpacket_at(name, libc::SYS_connect, "connect")?;
         let mut inbox = Inbox::new(sizes.ring_size, sizes.recv_slots)?;
         let (conn, req) = Connection::connect(
             cfg.protocol,

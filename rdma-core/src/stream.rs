@@ -273,26 +273,13 @@ impl Stream {
     pub fn connect_with(addr: SocketAddr, cfg: StreamConfig) -> io::Result<Stream> {
         // The request carries the rdma_cm source port: no TCP connection behind it.
         let mut dial = Dialer::begin(None, addr, None, rdmashim_proto::Proof::Native, &cfg)?;
-        let link = loop {
-            match dial.poll(0) {
-                DialStatus::Pending => {
-                    let left = dial.deadline().saturating_duration_since(Instant::now());
-                    verbs::poll_readable(dial.fd(), poll_ms(left), "poll(rdma event channel)")?;
-                }
-                DialStatus::Connected(link) => break link,
-                DialStatus::Failed(DialError::Local(e)) => return Err(e),
-                DialStatus::Failed(e) => {
-                    return Err(err(e.io_kind(), format!("rdma_connect to {addr}: {e}")))
-                }
-            }
-        };
-        let mut s = Stream::new(link, cfg);
-        s.link
-            .conn_mut()
-            .commit_switch(0)
-            .map_err(|e| err(io::ErrorKind::InvalidData, e.to_string()))?;
-        s.progress();
-        Ok(s)
+        let what = format!("rdma_connect to {addr}");
+        Self::dialed(
+            || (dial.poll(0), dial.fd(), dial.deadline()),
+            "poll(rdma event channel)",
+            &what,
+            cfg,
+        )
     }
 
     /// Connects to a [`LocalListener`] of this host listening on the abstract Unix name
@@ -300,16 +287,33 @@ impl Stream {
     pub fn connect_local(name: &[u8], cfg: StreamConfig) -> io::Result<Stream> {
         let mut dial =
             crate::shm::ShmDialer::start(name, 0, 0, rdmashim_proto::Proof::Native, 0, &cfg)?;
+        Self::dialed(
+            || (dial.poll(), dial.fd(), dial.deadline()),
+            "poll(rendezvous socket)",
+            "shared-memory connect",
+            cfg,
+        )
+    }
+
+    /// Drives a dial (`poll`: one step, with the dial's fd and deadline) to its end, sleeping
+    /// on its fd (`waiting`: the poll's name in errors), and makes the native stream on the
+    /// link: the switch committed at 0 (`what` names the dial in a failure's message).
+    fn dialed(
+        mut poll: impl FnMut() -> (DialStatus, RawFd, Instant),
+        waiting: &'static str,
+        what: &str,
+        cfg: StreamConfig,
+    ) -> io::Result<Stream> {
         let link = loop {
-            match dial.poll() {
-                DialStatus::Pending => {
-                    let left = dial.deadline().saturating_duration_since(Instant::now());
-                    verbs::poll_readable(dial.fd(), poll_ms(left), "poll(rendezvous socket)")?;
+            match poll() {
+                (DialStatus::Pending, fd, deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    verbs::poll_readable(fd, poll_ms(left), waiting)?;
                 }
-                DialStatus::Connected(link) => break link,
-                DialStatus::Failed(DialError::Local(e)) => return Err(e),
-                DialStatus::Failed(e) => {
-                    return Err(err(e.io_kind(), format!("shared-memory connect: {e}")))
+                (DialStatus::Connected(link), ..) => break link,
+                (DialStatus::Failed(DialError::Local(e)), ..) => return Err(e),
+                (DialStatus::Failed(e), ..) => {
+                    return Err(err(e.io_kind(), format!("{what}: {e}")))
                 }
             }
         };

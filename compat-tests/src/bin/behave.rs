@@ -114,41 +114,14 @@ fn wait_child(pid: libc::pid_t) {
 /// architecture): no library function runs, so no preloaded hook sees it — as in liburing,
 /// Go, a static helper. Returns the kernel's result (`-errno` on failure).
 fn unseen_syscall(nr: i64, a: [i64; 6]) -> i64 {
-    let r: i64;
-    // SAFETY: the caller's system call with its arguments; the asm clobbers what the kernel
-    // may change.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") nr => r,
-            in("rdi") a[0],
-            in("rsi") a[1],
-            in("rdx") a[2],
-            in("r10") a[3],
-            in("r8") a[4],
-            in("r9") a[5],
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        )
-    };
-    // SAFETY: as above.
-    #[cfg(target_arch = "aarch64")]
-    unsafe {
-        std::arch::asm!(
-            "svc 0",
-            in("x8") nr,
-            inlateout("x0") a[0] => r,
-            in("x1") a[1],
-            in("x2") a[2],
-            in("x3") a[3],
-            in("x4") a[4],
-            in("x5") a[5],
-            options(nostack),
-        )
-    };
-    r
+    // SAFETY: the caller's system call with its arguments (rdmashim-core's inline system
+    // call: the instruction itself, never glibc's `syscall`).
+    let r = unsafe { rdmashim_core::sys::syscall6(nr, a) };
+    if r == -1 {
+        -i64::from(errno())
+    } else {
+        r
+    }
 }
 
 fn sleep_ms(ms: u64) {
