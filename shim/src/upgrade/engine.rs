@@ -843,6 +843,12 @@ fn key_of(c: &Conn) -> TupleKey {
 }
 
 /// When the connection's dial or link next needs the engine without an event.
+/// Why a server-side connection waited for its client's RDMA request in vain: RDMA ended for
+/// the process meanwhile (its listeners are gone: io_uring found, a sandbox), or none came.
+fn no_request_reason() -> FallbackReason {
+    crate::probe::host_reason().unwrap_or(FallbackReason::NoUpgradeRequest)
+}
+
 fn phase_timer(g: &Inner) -> Option<Instant> {
     match &g.phase {
         Phase::Dialing(d) => Some(d.deadline()),
@@ -889,7 +895,7 @@ impl State {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if !self.conns.is_empty() {
-            let t = self.sockets_at;
+            let t = self.sockets_at.min(self.uring_at);
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if self.requests.pending() {
@@ -931,6 +937,14 @@ impl State {
             match c {
                 Cmd::Dial(c, watch, at, probe) => self.start_dial(c, watch, at, probe),
                 Cmd::Accepted(c) => {
+                    if let Some(r) = crate::probe::host_reason() {
+                        // (RDMA ended for the process since its accept hook ran: io_uring
+                        // found just now, a sandbox; its listeners are gone, no request comes)
+                        let mut g = c.lock();
+                        if matches!(g.phase, Phase::Awaiting) {
+                            c.fall_back(&mut g, r);
+                        }
+                    }
                     let key = key_of(&c);
                     self.conns.insert(
                         c.slot,
@@ -1627,7 +1641,7 @@ impl State {
             {
                 let mut g = conn.lock();
                 if matches!(g.phase, Phase::Awaiting) {
-                    conn.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
+                    conn.fall_back(&mut g, no_request_reason());
                 }
             }
         }
@@ -1647,10 +1661,11 @@ impl State {
             self.sockets_at = now + SOCKET_CHECK;
             if !self.conns.is_empty() {
                 super::check_sockets();
-                if now >= self.uring_at {
-                    self.look_for_io_uring(now);
-                }
             }
+        }
+        // (a timer of its own: its interval grows with its cost, see `look_for_io_uring`)
+        if !self.conns.is_empty() && now >= self.uring_at {
+            self.look_for_io_uring(now);
         }
         if !self.delayed.is_empty() {
             let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
@@ -1667,7 +1682,7 @@ impl State {
                 Expired::Accepted(_, c) => {
                     let mut g = c.lock();
                     if matches!(g.phase, Phase::Awaiting) {
-                        c.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
+                        c.fall_back(&mut g, no_request_reason());
                     }
                 }
             }
@@ -1813,7 +1828,7 @@ impl State {
             }
             if let Phase::Awaiting = g.phase {
                 // (normally decided when it was closed; never left uncounted)
-                c.fall_back(&mut g, FallbackReason::NoUpgradeRequest);
+                c.fall_back(&mut g, no_request_reason());
             }
             if let Phase::Linked(l) = &g.phase {
                 if !l.is_disconnected() {
