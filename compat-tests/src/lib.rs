@@ -556,7 +556,7 @@ impl Stats {
             raw: v.clone(),
             label: String::new(),
         };
-        for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx"] {
+        for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx", "shm_tx", "shm_rx"] {
             assert!(s.bytes.contains_key(k), "bytes.{k} missing");
         }
         assert_eq!(
@@ -647,15 +647,20 @@ impl Stats {
             .unwrap_or_else(|| panic!("waits.{kind} missing from stats: {}", self.raw))
     }
 
-    /// Bytes that went through the rings, both directions.
+    /// Bytes that went through the RDMA rings, both directions.
     pub fn ring_bytes(&self) -> u64 {
         self.bytes("ring_tx") + self.bytes("ring_rx")
+    }
+
+    /// Bytes that went through shared-memory rings (a peer of this host), both directions.
+    pub fn shm_bytes(&self) -> u64 {
+        self.bytes("shm_tx") + self.bytes("shm_rx")
     }
 
     /// One line for assertion messages: connections, reasons, bytes.
     pub fn summary(&self) -> String {
         format!(
-            "{} pid {}: upgraded {}, fallback {} {:?}, ring_tx {}, ring_rx {}, tcp_tx {}, tcp_rx {}",
+            "{} pid {}: upgraded {}, fallback {} {:?}, ring_tx {}, ring_rx {}, shm_tx {}, shm_rx {}, tcp_tx {}, tcp_rx {}",
             self.label,
             self.pid,
             self.upgraded,
@@ -663,6 +668,8 @@ impl Stats {
             self.nonzero_reasons(),
             self.bytes("ring_tx"),
             self.bytes("ring_rx"),
+            self.bytes("shm_tx"),
+            self.bytes("shm_rx"),
             self.bytes("tcp_tx"),
             self.bytes("tcp_rx")
         )

@@ -14,6 +14,8 @@
 //! - [`link`]: one ring connection driven by its owner without blocking ([`Link`]), and its
 //!   non-blocking set-up ([`Dialer`], [`UpgradeListener`], [`Incoming`]): what the preload shim
 //!   drives from its event loop.
+//! - [`transport`]: the seam: a dial, a listener, a request over either transport
+//!   ([`UpgradeDialer`], [`RequestListener`], [`Request`]), each giving the same [`Link`].
 //! - [`stream`]: the blocking ring-buffer byte stream on top of a link, and the native API
 //!   ([`Listener`], [`Stream`], [`barrier`]).
 //!
@@ -36,6 +38,7 @@ pub mod sys;
 pub mod tick;
 #[cfg(feature = "timeline")]
 pub mod timeline;
+pub mod transport;
 pub mod verbs;
 
 pub use cm::inherited_state;
@@ -43,3 +46,4 @@ pub use error::{Error, Result, Unavailable};
 pub use link::{DialError, DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
 pub use shm::{ShmDialer, ShmIncoming, ShmListener};
 pub use stream::{barrier, Handle, Listener, LocalListener, RecvHandle, SendHandle, Stream};
+pub use transport::{Request, RequestListener, Transport, UpgradeDialer};

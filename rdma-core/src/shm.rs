@@ -65,6 +65,11 @@ const ANSWER_REJECT: u8 = 2;
 /// Descriptors a handshake message carries: ring, queue, eventfd.
 const FDS: usize = 3;
 
+/// Bytes before the `ConnectRequest` in a client's message: the IP address of its end of
+/// the TCP connection (IPv6, an IPv4 one mapped), which rdma_cm would have reported. A claim,
+/// checked like the ports: the request's tag covers the whole 4-tuple.
+const SOURCE_LEN: usize = 16;
+
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// A descriptor of the transport's own: moved above the floor when made, told to the watcher
@@ -778,7 +783,15 @@ impl ShmListener {
             let Ok(Got::Message(n, fds)) = got else {
                 continue;
             };
-            let request = match ConnectRequest::decode(&buf[..n]) {
+            let Some((ip, req)) = buf[..n].split_first_chunk::<SOURCE_LEN>() else {
+                let _ = answer_reject(&sock, RejectReason::Malformed);
+                continue;
+            };
+            let ip = std::net::Ipv6Addr::from(*ip);
+            let ip = ip
+                .to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(ip), std::net::IpAddr::V4);
+            let request = match ConnectRequest::decode(req) {
                 Ok(r) => r,
                 Err(e) => {
                     let _ = answer_reject(&sock, RejectReason::for_decode_error(&e));
@@ -791,6 +804,7 @@ impl ShmListener {
             };
             return Ok(Some(ShmIncoming {
                 sock: Some(sock),
+                source: std::net::SocketAddr::new(ip, request.client_port),
                 request,
                 fds: Some(fds),
             }));
@@ -832,6 +846,8 @@ fn peer_cred(sock: &Fd) -> Option<libc::ucred> {
 /// A decoded request not answered yet. Dropping it rejects it (`Resources`).
 pub struct ShmIncoming {
     sock: Option<Fd>,
+    /// The client's end of the TCP connection, as it claims (its tag proves it or not).
+    source: std::net::SocketAddr,
     request: ConnectRequest,
     fds: Option<[Fd; FDS]>,
 }
@@ -839,6 +855,7 @@ pub struct ShmIncoming {
 impl fmt::Debug for ShmIncoming {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShmIncoming")
+            .field("source", &self.source)
             .field("request", &self.request)
             .finish()
     }
@@ -848,6 +865,12 @@ impl ShmIncoming {
     /// The decoded request.
     pub fn request(&self) -> &ConnectRequest {
         &self.request
+    }
+
+    /// The client's end of the TCP connection, as the request claims it (the IP beside the
+    /// request, its `client_port`): a claim that [`Self::accept`]'s proof checks.
+    pub fn source(&self) -> Option<std::net::SocketAddr> {
+        Some(self.source)
     }
 
     /// The requesting process's pid, uid and gid (`SO_PEERCRED`).
@@ -972,12 +995,12 @@ impl fmt::Debug for ShmDialer {
 
 impl ShmDialer {
     /// Connects to the abstract name `name` and sends the request for the TCP connection
-    /// `client_port` → `server_port` bound by `proof` (`tcp_received`: bytes the
-    /// application has read from the socket so far), with this side's inbox. The reply must
-    /// come by now + `cfg.connect_timeout`. No listener on the name: `ConnectionRefused`.
+    /// `client` → `server_port` bound by `proof` (`tcp_received`: bytes the application has
+    /// read from the socket so far), with this side's inbox. The reply must come by now +
+    /// `cfg.connect_timeout`. No listener on the name: `ConnectionRefused`.
     pub fn start(
         name: &[u8],
-        client_port: u16,
+        client: std::net::SocketAddr,
         server_port: u16,
         proof: Proof,
         tcp_received: u64,
@@ -990,14 +1013,20 @@ impl ShmDialer {
             cfg.protocol,
             inbox.params(),
             &proof,
-            client_port,
+            client.port(),
             server_port,
             crate::link::nonce(),
             tcp_received,
             Instant::now(),
         )
         .map_err(|e| err(io::ErrorKind::InvalidInput, e.to_string()))?;
-        send_msg(sock.raw(), &req.encode(), &inbox.fds())?;
+        let ip = match client.ip() {
+            std::net::IpAddr::V4(a) => a.to_ipv6_mapped(),
+            std::net::IpAddr::V6(a) => a,
+        };
+        let mut msg = ip.octets().to_vec();
+        msg.extend_from_slice(&req.encode());
+        send_msg(sock.raw(), &msg, &inbox.fds())?;
         inbox.passed();
         Ok(ShmDialer {
             state: Some((conn, inbox, sock)),

@@ -285,8 +285,14 @@ impl Stream {
     /// Connects to a [`LocalListener`] of this host listening on the abstract Unix name
     /// `name`, over shared memory, with `cfg`. No listener: `ConnectionRefused`.
     pub fn connect_local(name: &[u8], cfg: StreamConfig) -> io::Result<Stream> {
-        let mut dial =
-            crate::shm::ShmDialer::start(name, 0, 0, rdmashim_proto::Proof::Native, 0, &cfg)?;
+        let mut dial = crate::shm::ShmDialer::start(
+            name,
+            std::net::SocketAddr::from(([0u8; 16], 0)),
+            0,
+            rdmashim_proto::Proof::Native,
+            0,
+            &cfg,
+        )?;
         Self::dialed(
             || (dial.poll(), dial.fd(), dial.deadline()),
             "poll(rendezvous socket)",

@@ -142,6 +142,9 @@ fn hostile_requests_are_rejected_and_the_listener_goes_on() {
     });
     let junk = raw_request(&n, b"not a request");
     assert_eq!(junk.first(), Some(&2), "a rejection: {junk:?}");
+    // (an address, then no request)
+    let short = raw_request(&n, &[0u8; 16]);
+    assert_eq!(short.first(), Some(&2), "a rejection: {short:?}");
     let req = rdmashim_proto::ConnectRequest {
         flags: rdmashim_proto::Flags::NATIVE,
         client_port: 1,
@@ -155,7 +158,7 @@ fn hostile_requests_are_rejected_and_the_listener_goes_on() {
         recv_slots: 4,
         tag: rdmashim_proto::Tag::ZERO,
     };
-    let no_fds = raw_request(&n, &req.encode());
+    let no_fds = raw_request(&n, &[&[0u8; 16][..], &req.encode()].concat());
     assert_eq!(no_fds.first(), Some(&2), "a rejection: {no_fds:?}");
     let reason = rdmashim_proto::Reject::decode(&no_fds[1..]).unwrap().reason;
     assert_eq!(reason, rdmashim_proto::RejectReason::Malformed);

@@ -7,6 +7,7 @@
 //! | `RDMASHIM_LOG=error\|warn\|info\|debug\|off` | log level (default `warn`) |
 //! | `RDMASHIM_LOG_FILE=PATH` | append log lines to PATH (default: stderr); `%p` becomes the pid |
 //! | `RDMASHIM_STATS=PATH` | write the stats JSON to PATH at exit; `%p` becomes the pid |
+//! | `RDMASHIM_LOCAL=1\|0` | connections between processes of this host move to shared-memory rings (`1`), or stay TCP (`0`, the default for now: reason `not_upgradable_address`) |
 //! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
 //! | `RDMASHIM_FAULT=POINT:N` | tests only: panic the `N`th time the shim passes `POINT` (`ring_recv`, `engine_link`; see `fault.rs`) |
 //!
@@ -65,6 +66,8 @@ impl Level {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub disabled: bool,
+    /// `RDMASHIM_LOCAL`: upgrade connections between processes of this host (shared memory).
+    pub local: bool,
     pub log_level: Level,
     /// Log file path pattern (may contain `%p`); `None` means stderr.
     pub log_file: Option<Vec<u8>>,
@@ -92,6 +95,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             disabled: false,
+            local: LOCAL_DEFAULT,
             log_level: Level::Warn,
             log_file: None,
             stats_path: None,
@@ -114,6 +118,10 @@ pub const ENV_LOG_FILE: &str = "RDMASHIM_LOG_FILE";
 pub const ENV_STATS: &str = "RDMASHIM_STATS";
 pub const ENV_TRACE: &str = "RDMASHIM_TRACE";
 pub const ENV_FAULT: &str = "RDMASHIM_FAULT";
+pub const ENV_LOCAL: &str = "RDMASHIM_LOCAL";
+
+/// Whether same-host connections move to shared memory unless `RDMASHIM_LOCAL` says.
+pub const LOCAL_DEFAULT: bool = false;
 
 /// A numeric setting: its variable, accepted range and default.
 pub struct Number {
@@ -193,6 +201,15 @@ impl Config {
                     String::from_utf8_lossy(&v)
                 ));
                 true
+            });
+        }
+        if let Some(v) = get(ENV_LOCAL) {
+            c.local = parse_bool(&v).unwrap_or_else(|| {
+                c.warnings.push(format!(
+                    "{ENV_LOCAL}={}: not a boolean (1/0, true/false, yes/no, on/off); connections on this host stay TCP",
+                    String::from_utf8_lossy(&v)
+                ));
+                false
             });
         }
         if let Some(v) = get(ENV_LOG) {
@@ -313,6 +330,10 @@ mod tests {
         assert_eq!(c.stats_path.as_deref(), Some(&b"/tmp/s.%p.json"[..]));
         assert_eq!(c.log_file.as_deref(), Some(&b"/tmp/l"[..]));
         assert!(!cfg(&[("RDMASHIM_DISABLE", "0")]).disabled);
+        assert!(cfg(&[("RDMASHIM_LOCAL", "yes")]).local);
+        assert!(!cfg(&[("RDMASHIM_LOCAL", "0")]).local);
+        let odd = cfg(&[("RDMASHIM_LOCAL", "sometimes")]);
+        assert!(!odd.local && odd.warnings[0].contains("RDMASHIM_LOCAL=sometimes"));
         assert!(!cfg(&[("RDMASHIM_DISABLE", "")]).disabled);
         let bad = cfg(&[("RDMASHIM_LOG", "loud")]);
         assert_eq!(bad.warnings.len(), 1, "{:?}", bad.warnings);

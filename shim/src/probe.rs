@@ -1,18 +1,22 @@
-//! The host-wide fallback reason, computed once per process, lazily at the first TCP connection
-//! (never at load: a preload library is loaded into every process of a pipeline).
+//! The host-wide fallback reasons, computed once per process, lazily at the first TCP
+//! connection (never at load: a preload library is loaded into every process of a pipeline).
 //!
-//! Two parts, so that the first connection does not wait for the slow one:
-//! - [`host_reason`], on the application's thread at its first connect/accept/listen:
-//!   `disabled` if `RDMASHIM_DISABLE=1`; else `no_device` if `/sys/class/infiniband` has no
-//!   entry (a directory read); else `libraries_missing` once [`load_libraries`] found them
-//!   missing; else none (the per-connection reason applies).
-//! - [`load_libraries`]: loads libibverbs.so.1 and librdmacm.so.1 through the transport's
-//!   loader (kept loaded: the transport's calls need them next). Under TCG this is tens of
-//!   milliseconds (ld.so maps the libraries and their libnl dependencies); the engine thread
-//!   does it at the process's first dial, so the connection that started the engine goes on
-//!   without it, and the engine decides the connections queued meanwhile itself
-//!   (`libraries_missing`). `listen()` calls it directly (its rdma_cm listener needs the
-//!   libraries at once).
+//! Two kinds, since a connection between processes of this host needs no RDMA:
+//! - [`process_reason`]: no connection of the process moves off TCP: `disabled`
+//!   (`RDMASHIM_DISABLE=1`), or a reason [`close_host`] set later (io_uring, a sandbox, ...);
+//! - [`rdma_reason`]: a connection to another host stays on TCP: `no_device` if
+//!   `/sys/class/infiniband` has no entry (a directory read), else `libraries_missing` once
+//!   [`load_libraries`] found them missing;
+//! - [`host_reason`]: the first, and the second unless same-host connections may move to
+//!   shared memory (`RDMASHIM_LOCAL`): the reason every connection stays TCP.
+//!
+//! [`load_libraries`] loads libibverbs.so.1 and librdmacm.so.1 through the transport's
+//! loader (kept loaded: the transport's calls need them next). Under TCG this is tens of
+//! milliseconds (ld.so maps the libraries and their libnl dependencies); the engine thread
+//! does it at the process's first RDMA dial, so the connection that started the engine goes
+//! on without it, and the engine decides the connections queued meanwhile itself
+//! (`libraries_missing`). `listen()` calls it directly (its rdma_cm listener needs the
+//! libraries at once).
 
 use crate::config::Level;
 use crate::reason::FallbackReason;
@@ -24,8 +28,12 @@ pub const SYSFS_INFINIBAND: &[u8] = b"/sys/class/infiniband\0";
 
 const UNKNOWN: u8 = 0;
 const NONE: u8 = 1;
-/// The fast checks' verdict: UNKNOWN, NONE, or a reason's [`host_word`].
+/// The process-wide verdict: UNKNOWN, NONE, or a reason's [`host_word`] (`disabled`, or a
+/// reason [`close_host`] set: every connection of the process stays TCP).
 static HOST: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// The device check's verdict: UNKNOWN, NONE (a device) or `no_device`'s word: it keeps
+/// connections to other hosts on TCP, not those between processes of this one.
+static DEVICE: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// [`HOST`]'s word for `reason`.
 fn host_word(reason: FallbackReason) -> u8 {
@@ -50,30 +58,83 @@ pub fn host_reason_from(
     }
 }
 
-/// The host-wide reason every connection of this process stays on TCP, if one is known.
-/// Two threads racing on the first call both compute it (idempotent); no lock. The libraries'
-/// verdict is known only once [`load_libraries`] ran: until then, none.
+/// The reason every connection of this process stays on TCP, if one is known: the
+/// process-wide one ([`process_reason`]), and, unless connections between processes of this
+/// host may move to shared memory (`RDMASHIM_LOCAL`), RDMA's ([`rdma_reason`]). No lock; two
+/// threads racing on the first call both compute it (idempotent).
 pub fn host_reason() -> Option<FallbackReason> {
-    let fast = match HOST.load(Ordering::Acquire) {
-        UNKNOWN => fast_checks(),
-        NONE => None,
-        v => FallbackReason::from_index(v - 2),
-    };
-    fast.or_else(|| {
-        (LIBS.load(Ordering::Acquire) == NO).then_some(FallbackReason::LibrariesMissing)
+    process_reason().or_else(|| {
+        if crate::config::get().local {
+            None
+        } else {
+            rdma_reason()
+        }
     })
 }
 
-fn fast_checks() -> Option<FallbackReason> {
-    let r = host_reason_from(crate::config::get().disabled, || {
+/// The reason no connection of this process may move off TCP, whatever its transport:
+/// `disabled`, or one [`close_host`] set (io_uring, a sandbox, changed credentials, ...).
+pub fn process_reason() -> Option<FallbackReason> {
+    match HOST.load(Ordering::Acquire) {
+        UNKNOWN => {
+            let r = crate::config::get()
+                .disabled
+                .then_some(FallbackReason::Disabled);
+            let v = r.map_or(NONE, host_word);
+            match HOST.compare_exchange(UNKNOWN, v, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if let Some(r) = r {
+                        shim_log!(
+                            Level::Info,
+                            "connections will stay on TCP ({}: {})",
+                            r.name(),
+                            r.describe()
+                        );
+                    }
+                    r
+                }
+                // (a reason closed meanwhile)
+                Err(now) => word_reason(now),
+            }
+        }
+        v => word_reason(v),
+    }
+}
+
+fn word_reason(v: u8) -> Option<FallbackReason> {
+    match v {
+        UNKNOWN | NONE => None,
+        v => FallbackReason::from_index(v - 2),
+    }
+}
+
+/// The reason a connection to another host stays on TCP, if one is known: `no_device` (no
+/// entry in `/sys/class/infiniband`: a directory read, once), or `libraries_missing` once
+/// [`load_libraries`] found them missing (until it ran: none).
+pub fn rdma_reason() -> Option<FallbackReason> {
+    let dev = match DEVICE.load(Ordering::Acquire) {
+        UNKNOWN => device_check(),
+        v => word_reason(v),
+    };
+    dev.or_else(|| (LIBS.load(Ordering::Acquire) == NO).then_some(FallbackReason::LibrariesMissing))
+}
+
+fn device_check() -> Option<FallbackReason> {
+    let r = host_reason_from(false, || {
         crate::sys::dir_has_entries(SYSFS_INFINIBAND).unwrap_or(false)
     });
     let v = r.map_or(NONE, host_word);
-    if HOST
+    if DEVICE
         .compare_exchange(UNKNOWN, v, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
     {
         match r {
+            Some(r) if crate::config::get().local => shim_log!(
+                Level::Info,
+                "connections to other hosts will stay on TCP ({}: {})",
+                r.name(),
+                r.describe()
+            ),
             Some(r) => shim_log!(
                 Level::Info,
                 "connections will stay on TCP ({}: {})",
@@ -90,6 +151,9 @@ fn fast_checks() -> Option<FallbackReason> {
 /// whose credentials changed after it used RDMA: see `upgrade::before_credentials`), unless a
 /// host-wide reason already holds. Returns whether it took effect.
 pub fn close_host(reason: FallbackReason) -> bool {
+    if process_reason().is_some() {
+        return false;
+    }
     let v = host_word(reason);
     let mut cur = HOST.load(Ordering::Acquire);
     loop {

@@ -11,7 +11,7 @@
 //!
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
 //! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"fallback":N,
-//! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N},
+//! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N,"shm_tx":N,"shm_rx":N},
 //! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N},
 //! "security":{"unproven_requests":N},"fds":{"missed_closes":N}}`
 //! Every hook and every reason is always present (zeros included), in a fixed order.
@@ -26,7 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub const SHARDS: usize = 64;
 const _: () = assert!(SHARDS.is_power_of_two());
 
-/// Byte counters.
+/// Byte counters: the application's bytes on RDMA rings (`ring_*`), on plain TCP
+/// (`tcp_*`), and on shared-memory rings to a process of this host (`shm_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Bytes {
@@ -34,16 +35,40 @@ pub enum Bytes {
     RingRx = 1,
     TcpTx = 2,
     TcpRx = 3,
+    ShmTx = 4,
+    ShmRx = 5,
 }
 
+/// How many byte counters there are.
+pub const BYTES: usize = 6;
+
 impl Bytes {
-    pub const ALL: [Bytes; 4] = [Bytes::RingTx, Bytes::RingRx, Bytes::TcpTx, Bytes::TcpRx];
+    pub const ALL: [Bytes; BYTES] = [
+        Bytes::RingTx,
+        Bytes::RingRx,
+        Bytes::TcpTx,
+        Bytes::TcpRx,
+        Bytes::ShmTx,
+        Bytes::ShmRx,
+    ];
     pub const fn name(self) -> &'static str {
         match self {
             Bytes::RingTx => "ring_tx",
             Bytes::RingRx => "ring_rx",
             Bytes::TcpTx => "tcp_tx",
             Bytes::TcpRx => "tcp_rx",
+            Bytes::ShmTx => "shm_tx",
+            Bytes::ShmRx => "shm_rx",
+        }
+    }
+
+    /// The counter of bytes sent (`tx`) or received on a link of `transport`.
+    pub const fn on_link(transport: rdmashim_core::Transport, tx: bool) -> Bytes {
+        match (transport, tx) {
+            (rdmashim_core::Transport::Rdma, true) => Bytes::RingTx,
+            (rdmashim_core::Transport::Rdma, false) => Bytes::RingRx,
+            (rdmashim_core::Transport::Shm, true) => Bytes::ShmTx,
+            (rdmashim_core::Transport::Shm, false) => Bytes::ShmRx,
         }
     }
 }
@@ -81,7 +106,7 @@ impl Wait {
 #[repr(align(128))]
 pub struct Shard {
     calls: [AtomicU64; Hook::COUNT],
-    bytes: [AtomicU64; 4],
+    bytes: [AtomicU64; BYTES],
     waits: [AtomicU64; 4],
 }
 
@@ -89,7 +114,7 @@ impl Shard {
     const fn new() -> Self {
         Shard {
             calls: [const { AtomicU64::new(0) }; Hook::COUNT],
-            bytes: [const { AtomicU64::new(0) }; 4],
+            bytes: [const { AtomicU64::new(0) }; BYTES],
             waits: [const { AtomicU64::new(0) }; 4],
         }
     }
@@ -252,7 +277,7 @@ pub struct Snapshot {
     pub switched_back: u64,
     pub fallback: u64,
     pub reasons: [u64; FallbackReason::COUNT],
-    pub bytes: [u64; 4],
+    pub bytes: [u64; BYTES],
     pub waits: [u64; 4],
     pub log_dropped: u64,
     pub unproven_requests: u64,
@@ -269,7 +294,7 @@ impl Snapshot {
             switched_back: 0,
             fallback: 0,
             reasons: [0; FallbackReason::COUNT],
-            bytes: [0; 4],
+            bytes: [0; BYTES],
             waits: [0; 4],
             log_dropped: 0,
             unproven_requests: 0,
@@ -403,7 +428,7 @@ mod tests {
             FallbackReason::COUNT
         );
         assert_eq!(v["bytes"]["tcp_tx"], u64::MAX);
-        for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx"] {
+        for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx", "shm_tx", "shm_rx"] {
             assert!(v["bytes"][k].is_u64());
         }
         for k in ["spin_hit", "spin_miss", "spin_preempted"] {
@@ -419,7 +444,7 @@ mod tests {
         let mut s = Snapshot::empty(u32::MAX);
         s.calls = [u64::MAX; Hook::COUNT];
         s.reasons = [u64::MAX; FallbackReason::COUNT];
-        s.bytes = [u64::MAX; 4];
+        s.bytes = [u64::MAX; BYTES];
         s.waits = [u64::MAX; 4];
         s.upgraded = u64::MAX;
         s.fallback = u64::MAX;

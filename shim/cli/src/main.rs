@@ -20,12 +20,14 @@ use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage:
-  rdmashim run [--stats PATH] [--log LEVEL] [--log-file PATH] [--disable] [--lib PATH] [--] PROGRAM [ARGS...]
+  rdmashim run [--stats PATH] [--log LEVEL] [--log-file PATH] [--disable] [--local|--no-local] [--lib PATH] [--] PROGRAM [ARGS...]
       Runs PROGRAM with librdmashim.so preloaded (appended to any existing LD_PRELOAD).
       --stats PATH     write the stats JSON at exit (RDMASHIM_STATS; %p becomes the pid)
       --log LEVEL      error|warn|info|debug (RDMASHIM_LOG)
       --log-file PATH  log to PATH instead of stderr (RDMASHIM_LOG_FILE)
       --disable        never upgrade (RDMASHIM_DISABLE=1)
+      --local          move connections between processes of this host to shared memory
+                       (RDMASHIM_LOCAL=1); --no-local keeps them on TCP (RDMASHIM_LOCAL=0)
       --lib PATH       the library to preload (default: next to this executable, or installed)
   rdmashim doctor
       RDMA devices, libraries, memlock limit, and what would happen to a connection made now.
@@ -41,6 +43,8 @@ struct RunOpts {
     log: Option<String>,
     log_file: Option<OsString>,
     disable: bool,
+    /// `--local` / `--no-local`: RDMASHIM_LOCAL (unset: the environment's, or the default).
+    local: Option<bool>,
     lib: Option<PathBuf>,
     program: Vec<OsString>,
 }
@@ -75,6 +79,8 @@ fn parse_run(args: &[OsString]) -> Result<RunOpts, String> {
             Some("--log-file") => o.log_file = Some(value(&mut i, "--log-file")?),
             Some("--lib") => o.lib = Some(PathBuf::from(value(&mut i, "--lib")?)),
             Some("--disable") => o.disable = true,
+            Some("--local") => o.local = Some(true),
+            Some("--no-local") => o.local = Some(false),
             Some(s) if s.starts_with("--") => return Err(format!("unknown option {s}")),
             _ => break,
         }
@@ -197,6 +203,9 @@ fn run(args: &[OsString]) -> ExitCode {
     if o.disable {
         cmd.env("RDMASHIM_DISABLE", "1");
     }
+    if let Some(l) = o.local {
+        cmd.env("RDMASHIM_LOCAL", if l { "1" } else { "0" });
+    }
     // exec: on success this never returns, and the program's exit status is ours.
     let err = cmd.exec();
     eprintln!(
@@ -250,7 +259,16 @@ mod tests {
         assert_eq!(o.stats.as_deref(), Some(OsStr::new("/tmp/s.%p")));
         assert_eq!(o.log.as_deref(), Some("debug"));
         assert!(o.disable);
+        assert_eq!(o.local, None);
         assert_eq!(o.program, os(&["ls", "-l"]));
+        assert_eq!(
+            parse_run(&os(&["--local", "ls"])).unwrap().local,
+            Some(true)
+        );
+        assert_eq!(
+            parse_run(&os(&["--no-local", "ls"])).unwrap().local,
+            Some(false)
+        );
         // Options after PROGRAM belong to it.
         let o = parse_run(&os(&["curl", "--stats", "x"])).unwrap();
         assert_eq!(o.program, os(&["curl", "--stats", "x"]));

@@ -93,11 +93,20 @@ pub(crate) fn account(fd: c_int) {
         (Some(r), _) => r,
         (None, Some(s)) if classified => s,
         (None, _) => {
-            match reason::decide(None, peer(fd).as_ref().map_or(PeerClass::Other, class_of)) {
-                FallbackReason::TransportUnavailable => {
-                    stashed.unwrap_or(FallbackReason::TransportUnavailable)
+            let class = peer(fd).as_ref().map_or(PeerClass::Other, class_of);
+            match (class, probe::rdma_reason()) {
+                // (a peer of another host, and no RDMA here)
+                (PeerClass::Other, Some(r)) => r,
+                // (a loopback peer, with same-host upgrades on: why its own attempt failed)
+                (PeerClass::Loopback, _) if crate::config::get().local => {
+                    stashed.unwrap_or(FallbackReason::PlainPeer)
                 }
-                r => r,
+                _ => match reason::decide(None, class) {
+                    FallbackReason::TransportUnavailable => {
+                        stashed.unwrap_or(FallbackReason::TransportUnavailable)
+                    }
+                    r => r,
+                },
             }
         }
     };
@@ -242,7 +251,10 @@ pub(crate) fn start_server(l: FdEntry, nfd: c_int) -> bool {
     }
     if !l.has(flags::RDMA_LISTENER) {
         if peer(nfd).as_ref().map_or(PeerClass::Other, class_of) == PeerClass::Other {
-            stash(nfd, FallbackReason::NoUpgradeRequest);
+            stash(
+                nfd,
+                probe::rdma_reason().unwrap_or(FallbackReason::NoUpgradeRequest),
+            );
         }
         return false;
     }
@@ -277,14 +289,13 @@ pub(crate) fn save_syns(fd: c_int) -> bool {
     crate::upgrade::save_syns(fd, true)
 }
 
-/// listen() succeeded on TCP socket `fd`: an rdma_cm listener beside it, if this host can.
-/// `saving`: [`save_syns`] was set; it is cleared again if the listener gets no rdma_cm side.
+/// listen() succeeded on TCP socket `fd`: listeners for upgrade requests beside it (rdma_cm's,
+/// shared memory's), if this host can. `saving`: [`save_syns`] was set; it is cleared again
+/// if the socket gets neither.
 pub(crate) fn start_listener(fd: c_int, saving: bool) {
     let _e = ErrnoGuard::save();
     let _s = crate::guard::Section::enter();
     let listening = probe::host_reason().is_none()
-        // (the rdma_cm listener needs the libraries now: loaded here if the engine has not yet)
-        && probe::load_libraries()
         && crate::net::local_addr(fd).is_some_and(|addr| crate::upgrade::start_listener(fd, addr));
     if listening {
         TABLE.update(fd, |e| {

@@ -162,7 +162,7 @@ pub(crate) fn adopt(slot: u32) -> Option<Arc<Conn>> {
     let first = *fds.first()?;
     let w = world()?;
     let engine = w.engine()?;
-    let port = engine.own_port(old.local)?;
+    let port = engine.own_port(old.local, old.transport)?;
     let conn = w.insert(|own| {
         Conn::new(
             own,

@@ -699,7 +699,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 let _ = l.conn_mut().consume(n);
                 // (a credit this made due goes now; the CQ waits for the next call)
                 l.push();
-                stats::add_bytes_at(shard, Bytes::RingRx, n as u64);
+                stats::add_bytes_at(shard, Bytes::on_link(l.transport(), false), n as u64);
                 c.settle(&mut g);
                 if !waitall || got == total {
                     return Ok(got);
@@ -814,7 +814,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 // (the write first, then the CQ: its completions are not what anyone waits for)
                 l.push();
                 l.progress(false);
-                stats::add_bytes_at(shard, Bytes::RingTx, gr.len as u64);
+                stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), gr.len as u64);
                 sent += gr.len;
                 c.settle(&mut g);
                 if sent == total {

@@ -29,7 +29,8 @@ use crate::reason::FallbackReason;
 use crate::shim_log;
 use crate::stats;
 use core::ffi::c_int;
-use rdmashim_core::link::{DialError, DialStatus, Dialer, Incoming, Link, UpgradeListener};
+use rdmashim_core::link::{DialError, DialStatus, Dialer, Link, UpgradeListener};
+use rdmashim_core::{Request, RequestListener, ShmDialer, ShmListener, Transport, UpgradeDialer};
 use rdmashim_proto::upgrade::{
     Expired, Matcher, MatcherConfig, NegativeCache, NegativeCacheConfig, PeerFailure,
     RequestOutcome, TupleKey,
@@ -77,7 +78,7 @@ enum Cmd {
 /// socket when it was handed over (it may read more meanwhile: the link catches up).
 enum Job {
     /// Answer a connect request matched to a connection (queued at the given time).
-    Accept(Box<Incoming>, Arc<Conn>, u64, Instant),
+    Accept(Box<Request>, Arc<Conn>, u64, Instant),
 }
 
 /// A finished [`Job`], for the engine thread.
@@ -167,9 +168,13 @@ pub(crate) fn halt() -> bool {
     }
 }
 
-/// One rdma_cm listener beside a listening socket.
+/// One listener for upgrade requests: rdma_cm's beside a listening socket, or a rendezvous
+/// socket for clients of this host.
 struct ListenerEntry {
-    l: Arc<UpgradeListener>,
+    l: Arc<RequestListener>,
+    /// rdma_cm's: the address it is bound to. Shared memory's: the listening socket's address
+    /// (the name holds its port), or for this process's own, its address and the number in
+    /// its name.
     addr: SocketAddr,
     /// The listening socket it serves, or `None` once the application closed it: the rdma_cm
     /// side then lives on for the matcher's accepted-connection wait, so the connections
@@ -177,10 +182,25 @@ struct ListenerEntry {
     /// still find it. A new listen() on the same address takes it over.
     fd: Option<c_int>,
     retire_at: Option<Instant>,
-    /// This process's own listener (on a port rdma_cm chose, named in its tokens), beside no
-    /// listening socket: for the connections it accepts on a listening socket whose rdma_cm
-    /// side belongs to another process (see [`Engine::own_port`]). It never retires.
+    /// This process's own listener (on a port rdma_cm chose, or a name of its own; named in
+    /// its tokens), beside no listening socket: for the connections it accepts on a listening
+    /// socket whose rdma_cm side or rendezvous name belongs to another process (see
+    /// [`Engine::own_port`]). It never retires.
     own: bool,
+}
+
+impl ListenerEntry {
+    fn transport(&self) -> Transport {
+        self.l.transport()
+    }
+}
+
+/// The abstract Unix name of a same-host rendezvous socket (its network namespace's: abstract
+/// names are per namespace, as TCP ports are): `port` names the listener of the TCP port
+/// where the token names no other; `own` the number a token names.
+pub(crate) fn shm_name(n: u16, own: bool) -> Vec<u8> {
+    let kind = if own { "own" } else { "tcp" };
+    format!("rdmashim/{kind}/{n}").into_bytes()
 }
 
 /// The rdma_cm listeners, by internal id (their epoll token); `by_fd` maps the application's
@@ -499,16 +519,36 @@ impl Engine {
         self.push(Cmd::Closed(c, sock), urgent);
     }
 
-    /// Binds an rdma_cm listener beside listening socket `fd` (synchronously, so that a client
-    /// that connects right after `listen()` returns finds it). Returns whether it exists.
+    /// Binds the listeners for upgrade requests beside listening socket `fd` bound to `addr`
+    /// (synchronously, so that a client that connects right after `listen()` returns finds
+    /// them): rdma_cm's ([`Self::listen_rdma`]) and, if same-host connections may move to
+    /// shared memory, the rendezvous socket of the port ([`Self::listen_shm`]). Returns
+    /// whether its connections can be upgraded at all.
     pub fn listen(&self, fd: c_int, addr: SocketAddr) -> bool {
+        let rdma = self.listen_rdma(fd, addr);
+        let shm = crate::config::get().local && self.listen_shm(addr);
+        rdma || shm
+    }
+
+    /// The rdma_cm listener beside listening socket `fd` (none on a loopback address, which
+    /// RDMA cannot reach, or on a host without RDMA). Returns whether it exists.
+    fn listen_rdma(&self, fd: c_int, addr: SocketAddr) -> bool {
+        if net::canonical_ip(addr.ip()).is_loopback()
+            || crate::probe::rdma_reason().is_some()
+            // (the rdma_cm listener needs the libraries now: loaded here if the engine has not yet)
+            || !crate::probe::load_libraries()
+        {
+            return false;
+        }
         let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
         // A listener of the same address still retiring (its socket was closed a moment ago):
         // this socket takes it over.
         let retiring = ls
             .by_id
             .iter()
-            .find(|(_, e)| e.fd.is_none() && !e.own && e.addr == addr)
+            .find(|(_, e)| {
+                e.transport() == Transport::Rdma && e.fd.is_none() && !e.own && e.addr == addr
+            })
             .map(|(id, _)| *id);
         if let Some(id) = retiring {
             if let Some(e) = ls.by_id.get_mut(&id) {
@@ -524,12 +564,13 @@ impl Engine {
             Err(e) => {
                 shim_log!(
                     Level::Info,
-                    "listener {addr}: no rdma_cm listener beside it ({e}); its connections stay on TCP"
+                    "listener {addr}: no rdma_cm listener beside it ({e}); its connections from other hosts stay on TCP"
                 );
                 return false;
             }
         };
-        let Some(id) = self.add_listener(&mut ls, l, addr, Some(fd)) else {
+        let Some(id) = self.add_listener(&mut ls, RequestListener::Rdma(l), addr, Some(fd), false)
+        else {
             return false;
         };
         ls.by_fd.insert(fd, id);
@@ -537,14 +578,56 @@ impl Engine {
         true
     }
 
-    /// Adds a bound rdma_cm listener to the set the engine watches (`fd`: the listening
-    /// socket it serves; `None`: this process's own, see [`Self::own_port`]). Returns its id.
+    /// The rendezvous socket for clients of this host that connect to `addr`'s port, named by
+    /// the port alone ([`shm_name`]): one per port and process, kept for the process's life
+    /// (a later listen on the port uses it again). If another process holds the name (it
+    /// listens on the port too, on another address or through SO_REUSEPORT, or did), this
+    /// process's connections on the port are served on a name of its own, which their tokens
+    /// name ([`Self::own_port`]). Returns whether the port's connections can be served.
+    fn listen_shm(&self, addr: SocketAddr) -> bool {
+        let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        if ls
+            .by_id
+            .values()
+            .any(|e| e.transport() == Transport::Shm && !e.own && e.addr.port() == addr.port())
+        {
+            return true;
+        }
+        match ShmListener::bind(&shm_name(addr.port(), false)) {
+            Ok(l) => {
+                let added = self.add_listener(&mut ls, RequestListener::Shm(l), addr, None, false);
+                shim_log!(
+                    Level::Debug,
+                    "listener {addr}: shared-memory rendezvous beside it"
+                );
+                added.is_some()
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                shim_log!(
+                    Level::Debug,
+                    "listener {addr}: the port's rendezvous name is another process's; this one's connections are served on a name of its own"
+                );
+                true
+            }
+            Err(e) => {
+                shim_log!(
+                    Level::Info,
+                    "listener {addr}: no shared-memory rendezvous beside it ({e}); its connections from this host stay on TCP"
+                );
+                false
+            }
+        }
+    }
+
+    /// Adds a bound listener to the set the engine watches (`fd`: the listening socket it
+    /// serves; `own`: this process's own, see [`Self::own_port`]). Returns its id.
     fn add_listener(
         &self,
         ls: &mut Listeners,
-        l: UpgradeListener,
+        l: RequestListener,
         addr: SocketAddr,
         fd: Option<c_int>,
+        own: bool,
     ) -> Option<u32> {
         let id = ls.next_id;
         if net::epoll_ctl(
@@ -566,57 +649,81 @@ impl Engine {
                 addr,
                 fd,
                 retire_at: None,
-                own: fd.is_none(),
+                own,
             },
         );
         Some(id)
     }
 
-    /// The port of this process's own rdma_cm listener on the local address of an accepted
-    /// connection (`local`), bound on first use; `None` if it cannot be. A process accepting on
-    /// a listening socket it inherited (a prefork server's worker) cannot use that socket's
-    /// rdma_cm side, which belongs to the process that made it: its connections are dialled
-    /// here, at the port their token names. The first bind costs the worker's first accept
-    /// what `listen()` costs its parent (rdma_cm opens the device), once.
-    pub fn own_port(&self, local: SocketAddr) -> Option<u16> {
+    /// The port (or name's number) of this process's own listener of `transport` for
+    /// connections accepted with local address `local`, made on first use; `None` if it
+    /// cannot be. A process accepting on a listening socket it inherited (a prefork server's
+    /// worker) cannot use that socket's rdma_cm side or rendezvous name, which belong to the
+    /// process that made it: its connections are dialled here, at what their token names.
+    /// The first rdma_cm bind costs the worker's first accept what `listen()` costs its parent
+    /// (rdma_cm opens the device), once.
+    pub fn own_port(&self, local: SocketAddr, transport: Transport) -> Option<u16> {
         let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
         let ip = net::canonical_ip(local.ip());
-        if let Some(e) = ls
-            .by_id
-            .values()
-            .find(|e| e.own && net::canonical_ip(e.addr.ip()) == ip)
-        {
+        if let Some(e) = ls.by_id.values().find(|e| {
+            e.own
+                && e.transport() == transport
+                && (transport == Transport::Shm || net::canonical_ip(e.addr.ip()) == ip)
+        }) {
             return Some(e.addr.port());
         }
-        let mut want = local;
-        want.set_port(0);
-        let bound = UpgradeListener::bind(want).and_then(|l| {
-            let addr = l.local_addr().ok_or(std::io::ErrorKind::AddrNotAvailable)?;
-            Ok((l, addr))
-        });
+        let bound = match transport {
+            Transport::Rdma => {
+                let mut want = local;
+                want.set_port(0);
+                UpgradeListener::bind(want).and_then(|l| {
+                    let addr = l.local_addr().ok_or(std::io::ErrorKind::AddrNotAvailable)?;
+                    Ok((RequestListener::Rdma(l), addr))
+                })
+            }
+            Transport::Shm => Self::bind_own_shm(local),
+        };
         let (l, addr) = match bound {
             Ok(b) => b,
             Err(e) => {
                 shim_log!(
                     Level::Info,
-                    "{local}: accepted on a listening socket whose rdma_cm side is another process's, and no rdma_cm listener of this one's ({e}); its connections stay on TCP"
+                    "{local}: accepted on a listening socket whose {transport} listener is another process's, and no {transport} listener of this one's ({e}); its connections stay on TCP"
                 );
                 return None;
             }
         };
-        self.add_listener(&mut ls, l, addr, None)?;
+        self.add_listener(&mut ls, l, addr, None, true)?;
         shim_log!(
             Level::Debug,
-            "{local}: this process's own rdma_cm listener on port {}, for connections accepted on an inherited listening socket",
+            "{local}: this process's own {transport} listener ({}), for connections accepted on a listening socket whose listener is another process's",
             addr.port()
         );
         Some(addr.port())
     }
 
-    /// Whether this engine has an rdma_cm listener where a connection accepted with local
-    /// address `local` was headed (the same port, on its address or the wildcard). By
-    /// address, not by fd: a duplicate of the listening socket accepts for it too.
-    pub fn serves(&self, local: SocketAddr) -> bool {
+    /// A rendezvous socket on a name of this process's own ([`shm_name`]'s `own/N`, N drawn at
+    /// random until one is free); its address: `local`'s IP and N.
+    fn bind_own_shm(local: SocketAddr) -> std::io::Result<(RequestListener, SocketAddr)> {
+        let mut last = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        for _ in 0..32 {
+            let mut b = [0u8; 2];
+            crate::sys::random(&mut b).map_err(|e| std::io::Error::from_raw_os_error(e.0))?;
+            let n = u16::from_ne_bytes(b).max(1);
+            match ShmListener::bind(&shm_name(n, true)) {
+                Ok(l) => return Ok((RequestListener::Shm(l), SocketAddr::new(local.ip(), n))),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+
+    /// Whether this engine has a listener of `transport` where a connection accepted with
+    /// local address `local` was headed: rdma_cm's on the same port, on its address or the
+    /// wildcard; the port's rendezvous name. By address, not by fd: a duplicate of the
+    /// listening socket accepts for it too.
+    pub fn serves(&self, local: SocketAddr, transport: Transport) -> bool {
         let local_ip = net::canonical_ip(local.ip());
         self.listeners
             .lock()
@@ -625,8 +732,11 @@ impl Engine {
             .values()
             .any(|e| {
                 !e.own
+                    && e.transport() == transport
                     && e.addr.port() == local.port()
-                    && (e.addr.ip().is_unspecified() || net::canonical_ip(e.addr.ip()) == local_ip)
+                    && (transport == Transport::Shm
+                        || e.addr.ip().is_unspecified()
+                        || net::canonical_ip(e.addr.ip()) == local_ip)
             })
     }
 
@@ -704,7 +814,7 @@ impl Tracked {
 struct State {
     epfd: c_int,
     conns: HashMap<u32, Tracked>,
-    matcher: Matcher<Incoming, Arc<Conn>>,
+    matcher: Matcher<Request, Arc<Conn>>,
     /// Client connections whose dial waits for its time (see [`super::dial_delay`]).
     delayed: Vec<(Instant, Arc<Conn>)>,
     /// Commands were taken up in the last round: look again within [`LAZY`].
@@ -712,7 +822,7 @@ struct State {
     /// Fork children's requests for connections of this process.
     requests: super::board::Requests,
     /// Connect requests held for connections offered to a fork child, until when.
-    held: Vec<(Incoming, Arc<Conn>, Instant)>,
+    held: Vec<(Request, Arc<Conn>, Instant)>,
     /// When the connections' sockets are checked next ([`SOCKET_CHECK`]).
     sockets_at: Instant,
     /// When the engine next looks for an io_uring instance ([`Self::look_for_io_uring`]):
@@ -1124,7 +1234,7 @@ impl State {
         // The token may name the rdma_cm port to dial (a prefork worker's own listener).
         // (a redirect from the server names the port of a fork child that took it over)
         let redirect = self.conns.get(&c.slot).and_then(|t| t.redirect);
-        let (proof, dst) = {
+        let (proof, dst, own, tcp_received) = {
             let mut g = c.lock();
             if !still_wanted(&mut g) {
                 return;
@@ -1133,14 +1243,20 @@ impl State {
             match g.token {
                 TokenWait::Got(key, port) => {
                     let mut dst = c.peer;
-                    if let Some(p) = redirect.or(port) {
+                    let own = redirect.or(port);
+                    if let Some(p) = own {
                         dst.set_port(p);
                     }
                     let tuple = TcpTuple {
                         client: c.local,
                         server: c.peer,
                     };
-                    (Proof::Bound { key, tuple }, dst)
+                    (
+                        Proof::Bound { key, tuple },
+                        dst,
+                        own.is_some(),
+                        g.tcp_received,
+                    )
                 }
                 TokenWait::Awaiting | TokenWait::None => return,
             }
@@ -1150,11 +1266,28 @@ impl State {
         // application's connect; the connections queued before the verdict learn it here,
         // later ones from `probe::host_reason` at their connect) and rdma_cm opens the
         // devices, tens of milliseconds under TCG.
+        // A peer of this host is dialled on the rendezvous name of its port (or the one its
+        // token names), and the request goes at once with the bytes read so far (the link
+        // catches up with later reads, as an RDMA dial's does).
         let t0 = Instant::now();
-        let started = crate::probe::load_libraries().then(|| {
-            let src = SocketAddr::new(c.local.ip(), 0);
-            Dialer::start(Some(src), dst, c.local.port(), proof, link_config())
-        });
+        let started = match c.transport {
+            Transport::Rdma => crate::probe::load_libraries().then(|| {
+                let src = SocketAddr::new(c.local.ip(), 0);
+                Dialer::start(Some(src), dst, c.local.port(), proof, link_config())
+                    .map(UpgradeDialer::Rdma)
+            }),
+            Transport::Shm => Some(
+                ShmDialer::start(
+                    &shm_name(dst.port(), own),
+                    c.local,
+                    c.peer.port(),
+                    proof,
+                    tcp_received,
+                    link_config(),
+                )
+                .map(UpgradeDialer::Shm),
+            ),
+        };
         if super::trace() {
             shim_log!(
                 Level::Debug,
@@ -1196,7 +1329,7 @@ impl State {
                 } else {
                     FallbackReason::PeerUnreachable
                 };
-                shim_log!(Level::Info, "dial {}: {e}", c.peer);
+                shim_log!(Level::Info, "dial {} ({}): {e}", c.peer, c.transport);
                 c.fall_back(&mut g, r);
             }
         }
@@ -1454,10 +1587,12 @@ impl State {
     /// the connection. One that does not (a forger's, or one for a connection that got no
     /// token) is rejected `Unproven` and counted, and the connection waits on for the real
     /// request (the next pending one is offered at once).
-    fn accept(&mut self, inc: Incoming, c: Arc<Conn>) {
-        let proven = c
-            .bound
-            .is_some_and(|(key, tuple)| inc.request().proves(&Proof::Bound { key, tuple }));
+    fn accept(&mut self, inc: Request, c: Arc<Conn>) {
+        // (over the connection's own transport only: a same-host connection's request comes
+        // through the rendezvous socket, a remote one's through rdma_cm)
+        let proven = inc.transport() == c.transport
+            && c.bound
+                .is_some_and(|(key, tuple)| inc.request().proves(&Proof::Bound { key, tuple }));
         if !proven {
             stats::count_unproven_request();
             shim_log!(

@@ -27,8 +27,9 @@ use crate::reason::FallbackReason;
 use crate::shim_log;
 use crate::stats;
 use core::ffi::c_int;
-use rdmashim_core::link::{Dialer, Link};
+use rdmashim_core::link::Link;
 use rdmashim_core::StreamConfig;
+use rdmashim_core::{Transport, UpgradeDialer};
 use rdmashim_proto::{ErrorReason, RejectReason, Side, StreamState};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -43,8 +44,9 @@ const PRIVATE_FD_MIN: c_int = 1000;
 
 /// Where one connection's upgrade stands.
 pub(crate) enum Phase {
-    /// Client: rdma_cm connect under way (the dialer is driven by the engine).
-    Dialing(Box<Dialer>),
+    /// Client: the upgrade's dial under way, over rdma_cm or to a process of this host (the
+    /// dialer is driven by the engine).
+    Dialing(Box<UpgradeDialer>),
     /// Client: waiting for the engine to start the dial.
     Queued,
     /// Server: waiting for the client's connect request (in the engine's matcher).
@@ -166,6 +168,9 @@ pub struct Conn {
     pub side: Side,
     pub peer: SocketAddr,
     pub local: SocketAddr,
+    /// Where its link goes: shared memory if the peer is a process of this host
+    /// ([`transport_for`]), else RDMA.
+    pub transport: Transport,
     /// Server: the key sent in the connection's token and the 4-tuple a request must be
     /// tagged for (`docs/protocol.md` 2.9).
     pub(crate) bound: Option<(rdmashim_proto::BindingKey, rdmashim_proto::TcpTuple)>,
@@ -243,6 +248,7 @@ impl Conn {
             side,
             peer,
             local,
+            transport: transport_for(peer, local),
             bound,
             rd_efd,
             wr_efd,
@@ -307,10 +313,14 @@ impl Conn {
             }
             shim_log!(
                 Level::Debug,
-                "{} {} -> {}: upgraded to RDMA",
+                "{} {} -> {}: upgraded ({})",
                 side_name(self.side),
                 self.local,
-                self.peer
+                self.peer,
+                match self.transport {
+                    Transport::Rdma => "RDMA rings",
+                    Transport::Shm => "shared-memory rings: a process of this host",
+                }
             );
         }
     }
@@ -1588,13 +1598,47 @@ pub(crate) fn spin() -> std::time::Duration {
 
 // ----- entry points for the hooks -----------------------------------------------------------
 
-/// Whether a connection to/from `peer` is worth an upgrade attempt at all (address class and
-/// the negative cache); `Err` is the reason it stays on TCP.
+/// Which transport a connection between `local` and `peer` uses: shared memory when the peer
+/// is a process of this host (a loopback address, or this host's own address: the kernel
+/// then gives the socket that same address at its end), else RDMA.
+pub fn transport_for(peer: SocketAddr, local: SocketAddr) -> Transport {
+    let p = net::canonical_ip(peer.ip());
+    if p.is_loopback() || p == net::canonical_ip(local.ip()) {
+        Transport::Shm
+    } else {
+        Transport::Rdma
+    }
+}
+
+/// Whether a connection over `transport` to a peer at `ip` (canonical) may be upgraded on
+/// this host: shared memory if `RDMASHIM_LOCAL` allows it, RDMA if this host has it and the
+/// address is one RDMA can reach. `Err` is the reason it stays on TCP.
+fn transport_verdict(transport: Transport, ip: std::net::IpAddr) -> Result<(), FallbackReason> {
+    match transport {
+        Transport::Shm if crate::config::get().local => Ok(()),
+        Transport::Shm => Err(FallbackReason::NotUpgradableAddress),
+        Transport::Rdma => {
+            if let Some(r) = crate::probe::rdma_reason() {
+                return Err(r);
+            }
+            rdmashim_proto::upgrade::upgradable(ip)
+                .map_err(|_| FallbackReason::NotUpgradableAddress)
+        }
+    }
+}
+
+/// Whether a connection to/from `peer` is worth an upgrade attempt at all (address class,
+/// the transport it would use, the negative cache); `Err` is the reason it stays on TCP.
+/// Before the connect, only a loopback peer is known to be of this host: a connect to the
+/// host's own address is judged as RDMA's here, and as shared memory's once connected.
 pub fn peer_verdict(peer: SocketAddr) -> Result<(), FallbackReason> {
     let ip = net::canonical_ip(peer.ip());
-    if rdmashim_proto::upgrade::upgradable(ip).is_err() {
-        return Err(FallbackReason::NotUpgradableAddress);
-    }
+    let transport = if ip.is_loopback() {
+        Transport::Shm
+    } else {
+        Transport::Rdma
+    };
+    transport_verdict(transport, ip)?;
     if engine::negative_cached(SocketAddr::new(ip, peer.port())) {
         return Err(FallbackReason::NegativeCache);
     }
@@ -1627,6 +1671,8 @@ pub fn start_client_to(
         return Err(FallbackReason::UnsupportedOption);
     }
     let local = net::local_addr(fd).ok_or(FallbackReason::UnsupportedSocket)?;
+    // (a connect to this host's own address: shared memory, if allowed)
+    transport_verdict(transport_for(peer, local), net::canonical_ip(peer.ip()))?;
     let w = world().ok_or(FallbackReason::Resources)?;
     let engine = w.engine().ok_or(FallbackReason::Resources)?;
     let dup = || net::dup_private(fd, PRIVATE_FD_MIN).map_err(|_| FallbackReason::Resources);
@@ -1705,16 +1751,15 @@ pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
     let w = world().ok_or(FallbackReason::Resources)?;
     let peer = net::peer_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
     let local = net::local_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
-    if rdmashim_proto::upgrade::upgradable(net::canonical_ip(peer.ip())).is_err() {
-        return Err(FallbackReason::NotUpgradableAddress);
-    }
+    let transport = transport_for(peer, local);
+    transport_verdict(transport, net::canonical_ip(peer.ip()))?;
     let engine = w.engine().ok_or(FallbackReason::Resources)?;
     let dial_port = || {
-        if engine.serves(local) {
+        if engine.serves(local, transport) {
             Ok(None)
         } else {
             engine
-                .own_port(local)
+                .own_port(local, transport)
                 .map(Some)
                 .ok_or(FallbackReason::InheritedListener)
         }
@@ -1739,13 +1784,10 @@ pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
     Ok(conn.slot)
 }
 
-/// `listen()` succeeded on `fd`, bound to `addr`: add an rdma_cm listener beside it. Returns
-/// whether it has one.
+/// `listen()` succeeded on `fd`, bound to `addr`: listeners for upgrade requests beside it
+/// (rdma_cm's, unless the address is loopback or the host has no RDMA; shared memory's for
+/// clients of this host, if allowed). Returns whether it has any.
 pub fn start_listener(fd: c_int, addr: SocketAddr) -> bool {
-    let ip = net::canonical_ip(addr.ip());
-    if ip.is_loopback() {
-        return false;
-    }
     match world().and_then(|w| w.engine()) {
         Some(e) => e.listen(fd, addr),
         None => false,

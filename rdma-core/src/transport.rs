@@ -1,0 +1,190 @@
+//! The transport seam of the upgrade: a connection's dial, its server's listener and the
+//! requests it receives are made over RDMA (rdma_cm: [`Dialer`], [`UpgradeListener`],
+//! [`Incoming`]) or, between processes of one host, over shared memory (a Unix rendezvous
+//! socket: [`ShmDialer`], [`ShmListener`], [`ShmIncoming`]). Both give the same [`Link`]:
+//! the protocol core, the switch at an exact offset, credits and the switch back are one;
+//! the caller (the shim's engine) picks the transport per connection and drives either
+//! through these enums without telling them apart.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::time::Instant;
+
+use rdmashim_proto::{ConnectRequest, Proof, RejectReason};
+
+use crate::link::{DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
+use crate::shm::{ShmDialer, ShmIncoming, ShmListener};
+
+/// Which carriage a link, dial or listener uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// RDMA rings through rdma_cm: a peer on another host (or this one's RDMA address).
+    Rdma,
+    /// Shared-memory rings: a peer process of this host.
+    Shm,
+}
+
+impl Transport {
+    /// The transport's name in stats and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Rdma => "rdma",
+            Transport::Shm => "shm",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A client's upgrade dial under way, over either transport.
+#[derive(Debug)]
+// One per dialling connection, boxed whole by its owner: boxing a variant buys nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum UpgradeDialer {
+    /// Over rdma_cm.
+    Rdma(Dialer),
+    /// To a process of this host.
+    Shm(ShmDialer),
+}
+
+impl UpgradeDialer {
+    /// The fd to watch: readable when [`Self::poll`] has something to take.
+    pub fn fd(&self) -> RawFd {
+        match self {
+            UpgradeDialer::Rdma(d) => d.fd(),
+            UpgradeDialer::Shm(d) => d.fd(),
+        }
+    }
+
+    /// When the dial times out.
+    pub fn deadline(&self) -> Instant {
+        match self {
+            UpgradeDialer::Rdma(d) => d.deadline(),
+            UpgradeDialer::Shm(d) => d.deadline(),
+        }
+    }
+
+    /// One step without blocking ([`Dialer::poll`], [`ShmDialer::poll`]). `tcp_received` is
+    /// used by an RDMA dial when it builds its request; a shared-memory dial sent its request
+    /// when it started.
+    pub fn poll(&mut self, tcp_received: u64) -> DialStatus {
+        match self {
+            UpgradeDialer::Rdma(d) => d.poll(tcp_received),
+            UpgradeDialer::Shm(d) => d.poll(),
+        }
+    }
+
+    /// Its transport.
+    pub fn transport(&self) -> Transport {
+        match self {
+            UpgradeDialer::Rdma(_) => Transport::Rdma,
+            UpgradeDialer::Shm(_) => Transport::Shm,
+        }
+    }
+}
+
+/// A server's listener for upgrade requests, over either transport.
+#[derive(Debug)]
+pub enum RequestListener {
+    /// rdma_cm's.
+    Rdma(UpgradeListener),
+    /// A rendezvous socket of this host.
+    Shm(ShmListener),
+}
+
+impl RequestListener {
+    /// Readable when requests are pending (then call [`Self::next`] until `None`).
+    pub fn fd(&self) -> RawFd {
+        match self {
+            RequestListener::Rdma(l) => l.fd(),
+            RequestListener::Shm(l) => l.fd(),
+        }
+    }
+
+    /// The next decoded request, without blocking (undecodable ones are rejected with their
+    /// reason and skipped).
+    pub fn next(&self) -> io::Result<Option<Request>> {
+        Ok(match self {
+            RequestListener::Rdma(l) => l.next()?.map(Request::Rdma),
+            RequestListener::Shm(l) => l.next()?.map(Request::Shm),
+        })
+    }
+
+    /// Its transport.
+    pub fn transport(&self) -> Transport {
+        match self {
+            RequestListener::Rdma(_) => Transport::Rdma,
+            RequestListener::Shm(_) => Transport::Shm,
+        }
+    }
+}
+
+/// A decoded upgrade request not answered yet (dropping it rejects it, `Resources`).
+#[derive(Debug)]
+pub enum Request {
+    /// Over rdma_cm.
+    Rdma(Incoming),
+    /// From a process of this host.
+    Shm(ShmIncoming),
+}
+
+impl Request {
+    /// The decoded request (its ports name the TCP connection).
+    pub fn request(&self) -> &ConnectRequest {
+        match self {
+            Request::Rdma(i) => i.request(),
+            Request::Shm(i) => i.request(),
+        }
+    }
+
+    /// Where it came from: over RDMA, the requester's address as rdma_cm reports it (the
+    /// port is rdma_cm's); over shared memory, the client's TCP end as it claims it.
+    pub fn source(&self) -> Option<SocketAddr> {
+        match self {
+            Request::Rdma(i) => i.source(),
+            Request::Shm(i) => i.source(),
+        }
+    }
+
+    /// Rejects it with `reason`.
+    pub fn reject(self, reason: RejectReason) {
+        match self {
+            Request::Rdma(i) => i.reject(reason),
+            Request::Shm(i) => i.reject(reason),
+        }
+    }
+
+    /// Accepts it if it proves `proof` ([`Incoming::accept`], [`ShmIncoming::accept`]).
+    pub fn accept(self, cfg: &StreamConfig, tcp_received: u64, proof: &Proof) -> io::Result<Link> {
+        match self {
+            Request::Rdma(i) => i.accept(cfg, tcp_received, proof),
+            Request::Shm(i) => i.accept(cfg, tcp_received, proof),
+        }
+    }
+
+    /// Its transport.
+    pub fn transport(&self) -> Transport {
+        match self {
+            Request::Rdma(_) => Transport::Rdma,
+            Request::Shm(_) => Transport::Shm,
+        }
+    }
+}
+
+impl Link {
+    /// The link's transport.
+    pub fn transport(&self) -> Transport {
+        if self.is_local() {
+            Transport::Shm
+        } else {
+            Transport::Rdma
+        }
+    }
+}
