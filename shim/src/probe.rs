@@ -151,7 +151,8 @@ fn device_check() -> Option<FallbackReason> {
 /// whose credentials changed after it used RDMA: see `upgrade::before_credentials`), unless a
 /// host-wide reason already holds. Returns whether it took effect.
 pub fn close_host(reason: FallbackReason) -> bool {
-    if process_reason().is_some() {
+    // (nothing of the process can upgrade anyway: the reason that holds stays its reason)
+    if host_reason().is_some() {
         return false;
     }
     let v = host_word(reason);

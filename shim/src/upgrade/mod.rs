@@ -1599,11 +1599,13 @@ pub(crate) fn spin() -> std::time::Duration {
 // ----- entry points for the hooks -----------------------------------------------------------
 
 /// Which transport a connection between `local` and `peer` uses: shared memory when the peer
-/// is a process of this host (a loopback address, or this host's own address: the kernel
-/// then gives the socket that same address at its end), else RDMA.
+/// is a process of this host — a loopback address, or, with same-host upgrades on
+/// (`RDMASHIM_LOCAL`), this host's own address (the kernel then gives the socket that same
+/// address at its end) — else RDMA (with them off, a connection to the host's own RDMA
+/// address goes over the device's loopback, as the soft-RoCE test tier's do).
 pub fn transport_for(peer: SocketAddr, local: SocketAddr) -> Transport {
     let p = net::canonical_ip(peer.ip());
-    if p.is_loopback() || p == net::canonical_ip(local.ip()) {
+    if p.is_loopback() || (crate::config::get().local && p == net::canonical_ip(local.ip())) {
         Transport::Shm
     } else {
         Transport::Rdma
@@ -1788,6 +1790,11 @@ pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
 /// (rdma_cm's, unless the address is loopback or the host has no RDMA; shared memory's for
 /// clients of this host, if allowed). Returns whether it has any.
 pub fn start_listener(fd: c_int, addr: SocketAddr) -> bool {
+    // (neither transport can serve it: no engine is started for it)
+    let rdma = !net::canonical_ip(addr.ip()).is_loopback() && crate::probe::rdma_reason().is_none();
+    if !rdma && !crate::config::get().local {
+        return false;
+    }
     match world().and_then(|w| w.engine()) {
         Some(e) => e.listen(fd, addr),
         None => false,
