@@ -193,6 +193,26 @@ impl ListenerEntry {
     fn transport(&self) -> Transport {
         self.l.transport()
     }
+
+    /// Whether this is a listening socket's listener of `transport` where a connection with
+    /// local address `local` is headed: rdma_cm's on its port, on its address or the
+    /// wildcard; the port's rendezvous name (one per port, whatever the address).
+    fn serves(&self, local: SocketAddr, transport: Transport) -> bool {
+        !self.own
+            && self.transport() == transport
+            && self.addr.port() == local.port()
+            && (transport == Transport::Shm
+                || self.addr.ip().is_unspecified()
+                || net::canonical_ip(self.addr.ip()) == net::canonical_ip(local.ip()))
+    }
+}
+
+/// Which listeners a listening socket bound to `addr` can have: rdma_cm's (not on a loopback
+/// address, which RDMA cannot reach, nor on a host without RDMA) and the rendezvous socket
+/// for clients of this host (if same-host connections may move to shared memory).
+pub(crate) fn listen_kinds(addr: SocketAddr) -> (bool, bool) {
+    let rdma = !net::canonical_ip(addr.ip()).is_loopback() && crate::probe::rdma_reason().is_none();
+    (rdma, crate::config::get().local)
 }
 
 /// The abstract Unix name of a same-host rendezvous socket (its network namespace's: abstract
@@ -521,23 +541,20 @@ impl Engine {
 
     /// Binds the listeners for upgrade requests beside listening socket `fd` bound to `addr`
     /// (synchronously, so that a client that connects right after `listen()` returns finds
-    /// them): rdma_cm's ([`Self::listen_rdma`]) and, if same-host connections may move to
-    /// shared memory, the rendezvous socket of the port ([`Self::listen_shm`]). Returns
-    /// whether its connections can be upgraded at all.
+    /// them), of the transports [`listen_kinds`] allows: rdma_cm's ([`Self::listen_rdma`])
+    /// and the rendezvous socket of the port ([`Self::listen_shm`]). Returns whether its
+    /// connections can be upgraded at all.
     pub fn listen(&self, fd: c_int, addr: SocketAddr) -> bool {
-        let rdma = self.listen_rdma(fd, addr);
-        let shm = crate::config::get().local && self.listen_shm(addr);
+        let (rdma, shm) = listen_kinds(addr);
+        let rdma = rdma && self.listen_rdma(fd, addr);
+        let shm = shm && self.listen_shm(addr);
         rdma || shm
     }
 
-    /// The rdma_cm listener beside listening socket `fd` (none on a loopback address, which
-    /// RDMA cannot reach, or on a host without RDMA). Returns whether it exists.
+    /// The rdma_cm listener beside listening socket `fd`. Returns whether it exists.
     fn listen_rdma(&self, fd: c_int, addr: SocketAddr) -> bool {
-        if net::canonical_ip(addr.ip()).is_loopback()
-            || crate::probe::rdma_reason().is_some()
-            // (the rdma_cm listener needs the libraries now: loaded here if the engine has not yet)
-            || !crate::probe::load_libraries()
-        {
+        // (the rdma_cm listener needs the libraries now: loaded here if the engine has not yet)
+        if !crate::probe::load_libraries() {
             return false;
         }
         let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
@@ -586,11 +603,7 @@ impl Engine {
     /// name ([`Self::own_port`]). Returns whether the port's connections can be served.
     fn listen_shm(&self, addr: SocketAddr) -> bool {
         let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
-        if ls
-            .by_id
-            .values()
-            .any(|e| e.transport() == Transport::Shm && !e.own && e.addr.port() == addr.port())
-        {
+        if ls.by_id.values().any(|e| e.serves(addr, Transport::Shm)) {
             return true;
         }
         match ShmListener::bind(&shm_name(addr.port(), false)) {
@@ -724,20 +737,12 @@ impl Engine {
     /// wildcard; the port's rendezvous name. By address, not by fd: a duplicate of the
     /// listening socket accepts for it too.
     pub fn serves(&self, local: SocketAddr, transport: Transport) -> bool {
-        let local_ip = net::canonical_ip(local.ip());
         self.listeners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .by_id
             .values()
-            .any(|e| {
-                !e.own
-                    && e.transport() == transport
-                    && e.addr.port() == local.port()
-                    && (transport == Transport::Shm
-                        || e.addr.ip().is_unspecified()
-                        || net::canonical_ip(e.addr.ip()) == local_ip)
-            })
+            .any(|e| e.serves(local, transport))
     }
 
     /// The listening socket `fd` is being closed: its rdma_cm listener retires (see

@@ -1791,8 +1791,7 @@ pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
 /// clients of this host, if allowed). Returns whether it has any.
 pub fn start_listener(fd: c_int, addr: SocketAddr) -> bool {
     // (neither transport can serve it: no engine is started for it)
-    let rdma = !net::canonical_ip(addr.ip()).is_loopback() && crate::probe::rdma_reason().is_none();
-    if !rdma && !crate::config::get().local {
+    if engine::listen_kinds(addr) == (false, false) {
         return false;
     }
     match world().and_then(|w| w.engine()) {
