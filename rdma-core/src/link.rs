@@ -62,7 +62,7 @@ use rdmashim_proto::{
 use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel};
 use crate::endpoint::{Endpoint, EndpointSizes, SEND_TAG};
 use crate::error::{Error, Unavailable};
-use crate::shm::ShmEndpoint;
+use crate::shm::{ShmEndpoint, SockEvent};
 use crate::sys::{self, ffi};
 use crate::tick;
 use crate::verbs::{self, empty_wc, wc_imm_data};
@@ -568,13 +568,22 @@ impl Link {
         let ch = match &mut self.ep {
             Ep::Rdma(ep) => ep.ch.clone(),
             Ep::Shm(s) => {
-                if !s.peer_gone() {
-                    return false;
+                let mut any = false;
+                loop {
+                    match s.sock_event() {
+                        SockEvent::Nothing => return any,
+                        SockEvent::Confirmed => {
+                            any = true;
+                            self.conn.handle_established();
+                        }
+                        SockEvent::Gone => {
+                            self.poll_cq();
+                            self.transport_failed("shared memory: the peer's end closed".into());
+                            self.disconnect();
+                            return true;
+                        }
+                    }
                 }
-                self.poll_cq();
-                self.transport_failed("shared memory: the peer's end closed".into());
-                self.disconnect();
-                return true;
             }
         };
         let mut any = false;

@@ -61,6 +61,11 @@ const KIND_CONTROL: u32 = 2;
 /// First byte of a server's answer on the rendezvous socket.
 const ANSWER_ACCEPT: u8 = 1;
 const ANSWER_REJECT: u8 = 2;
+/// The client's one message after the reply (rdma_cm's RTU): it mapped the server's inbox and
+/// goes on over the rings. Until it comes the server's link is not established, so its side
+/// commits nothing to a ring the client may never read (a client whose dial timed out, or
+/// failed on the reply, closes its end instead).
+const CONFIRM: u8 = 3;
 
 /// Descriptors a handshake message carries: ring, queue, eventfd.
 const FDS: usize = 3;
@@ -497,27 +502,40 @@ impl ShmEndpoint {
         }
     }
 
-    /// Whether the peer's end of the rendezvous socket closed (its process gone, or its
-    /// link dropped), or the socket failed. No message follows the handshake: one that came
-    /// anyway is read and ignored.
-    pub(crate) fn peer_gone(&mut self) -> bool {
-        let Some(s) = &self.sock else { return true };
-        let mut b = [0u8; 1];
-        // SAFETY: a 1-byte buffer; MSG_DONTWAIT never blocks.
-        let r = unsafe {
-            crate::raw_syscall!(
-                libc::SYS_recvfrom,
-                s.raw(),
-                b.as_mut_ptr(),
-                1,
-                libc::MSG_DONTWAIT,
-                0,
-                0
-            )
+    /// What the rendezvous socket says now: the client's [`CONFIRM`] (the server's side is
+    /// established), its end (the peer's process gone, or its link dropped; a failed socket
+    /// too), or nothing. No other message follows the handshake: one that came anyway is
+    /// read and ignored.
+    pub(crate) fn sock_event(&mut self) -> SockEvent {
+        let Some(s) = &self.sock else {
+            return SockEvent::Gone;
         };
-        // (0: the end; an error but "nothing yet", e.g. ECONNRESET: the end as well — the
-        // socket would be reported readable for ever)
-        r == 0 || (r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
+        loop {
+            let mut b = [0u8; 1];
+            // SAFETY: a 1-byte buffer; MSG_DONTWAIT never blocks.
+            let r = unsafe {
+                crate::raw_syscall!(
+                    libc::SYS_recvfrom,
+                    s.raw(),
+                    b.as_mut_ptr(),
+                    1,
+                    libc::MSG_DONTWAIT,
+                    0,
+                    0
+                )
+            };
+            match r {
+                1 if b[0] == CONFIRM => return SockEvent::Confirmed,
+                1 => continue,
+                // (0: the end; an error but "nothing yet", e.g. ECONNRESET: the end as well —
+                // the socket would be reported readable for ever)
+                0 => return SockEvent::Gone,
+                _ if io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock => {
+                    return SockEvent::Nothing
+                }
+                _ => return SockEvent::Gone,
+            }
+        }
     }
 
     /// Ends the connection: the peer sees its end of the socket close.
@@ -527,6 +545,14 @@ impl ShmEndpoint {
             unsafe { crate::raw_syscall!(libc::SYS_shutdown, s.raw(), libc::SHUT_RDWR) };
         }
     }
+}
+
+/// See [`ShmEndpoint::sock_event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SockEvent {
+    Nothing,
+    Confirmed,
+    Gone,
 }
 
 // ----- the rendezvous -------------------------------------------------------------------------
@@ -892,7 +918,7 @@ impl ShmIncoming {
     /// Accepts the request if it proves `proof` (as [`crate::Incoming::accept`]): maps the
     /// client's inbox from its descriptors (checked against the sizes it announced), makes
     /// this side's, starts the core and sends the reply with this side's descriptors. The
-    /// link is established at once (the client can send nothing before it has the reply).
+    /// link is established when the client's [`CONFIRM`] comes (its link watches the socket).
     pub fn accept(
         mut self,
         cfg: &StreamConfig,
@@ -933,7 +959,7 @@ impl ShmIncoming {
                 return Err(e);
             }
         };
-        let (mut conn, reply) = match Connection::accept(
+        let (conn, reply) = match Connection::accept(
             cfg.protocol,
             inbox.params(),
             &self.request,
@@ -960,7 +986,6 @@ impl ShmIncoming {
         msg.extend_from_slice(&r);
         send_msg(sock.raw(), &msg, &inbox.fds())?;
         inbox.passed();
-        conn.handle_established();
         let ep = ShmEndpoint {
             inbox,
             outbox,
@@ -1066,6 +1091,8 @@ impl ShmDialer {
             Err(e) => return self.end(DialError::Local(e)),
         };
         let (mut conn, inbox, sock) = self.state.take().expect("checked above");
+        // (the server's side is established only by the confirmation, sent once this side
+        // has everything it needs: a failure below closes the socket instead)
         match buf[..n].split_first() {
             Some((&ANSWER_REJECT, r)) => DialStatus::Failed(DialError::Rejected(
                 Reject::decode(r).ok().map(|r| r.reason),
@@ -1079,6 +1106,7 @@ impl ShmDialer {
                             .map_err(|e| err(io::ErrorKind::InvalidData, e.to_string()))
                     })
                     .and_then(|a| Outbox::open(three(fds)?, a.ring.size, a.recv_slots))
+                    .and_then(|outbox| send_msg(sock.raw(), &[CONFIRM], &[]).map(|()| outbox))
                     .map(|outbox| {
                         let ep = ShmEndpoint {
                             inbox,

@@ -155,11 +155,18 @@ impl Listener {
     }
 
     fn handshake(&self, incoming: Incoming) -> Result<Stream, Refused> {
-        let deadline = Instant::now() + self.cfg.connect_timeout;
-        let mut s = Stream::new(
-            incoming.answer(&self.cfg, 0, &rdmashim_proto::Proof::Native)?,
-            self.cfg,
-        );
+        let link = incoming.answer(&self.cfg, 0, &rdmashim_proto::Proof::Native)?;
+        Stream::accepted(link, self.cfg)
+    }
+}
+
+impl Stream {
+    /// A server's stream once its answer went out: waits (at most the connect timeout) for
+    /// the client to establish the link (rdma_cm's RTU, or the shared-memory confirmation),
+    /// then commits this side. A client that left meanwhile is `Refused::Peer`.
+    fn accepted(link: Link, cfg: StreamConfig) -> Result<Stream, Refused> {
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let mut s = Stream::new(link, cfg);
         let gone = || Refused::Peer(err(io::ErrorKind::ConnectionAborted, "the client left"));
         let ok = s
             .block(Some(deadline), |s| {
@@ -207,12 +214,11 @@ impl LocalListener {
                 Err(e) if e.kind() == io::ErrorKind::PermissionDenied => continue,
                 Err(e) => return Err(e),
             };
-            let mut s = Stream::new(link, self.cfg);
-            if s.link.conn_mut().commit_switch(0).is_err() {
-                continue;
+            match Stream::accepted(link, self.cfg) {
+                Ok(s) => return Ok(s),
+                Err(Refused::Local(e)) => return Err(e),
+                Err(Refused::Peer(_)) => continue,
             }
-            s.link.perform();
-            return Ok(s);
         }
     }
 }

@@ -166,3 +166,50 @@ fn hostile_requests_are_rejected_and_the_listener_goes_on() {
     c.write_all(b"still").unwrap();
     assert_eq!(&server.join().unwrap(), b"still");
 }
+
+/// The server's side of a link is established only by the client's confirmation, sent once
+/// the client has mapped the server's inbox: a client that never takes up the reply (its dial
+/// timed out, its process died) leaves the server's link unestablished and then failed, so
+/// the server never commits bytes to a ring nobody reads.
+#[test]
+fn the_server_is_established_only_by_the_clients_confirmation() {
+    use rdmashim_core::{DialStatus, ShmDialer, ShmListener};
+    use rdmashim_proto::{Proof, StreamState};
+    let cfg = small();
+    let client: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let incoming = |l: &ShmListener| loop {
+        if let Some(i) = l.next().unwrap() {
+            return i;
+        }
+    };
+
+    // The client goes away with the reply unread.
+    let n = name("unconfirmed");
+    let l = ShmListener::bind(&n).unwrap();
+    let dial = ShmDialer::start(&n, client, 2, Proof::Native, 0, &cfg).unwrap();
+    let mut link = incoming(&l).accept(&cfg, 0, &Proof::Native).unwrap();
+    link.progress(true);
+    assert_eq!(link.conn().state(), StreamState::Handshaking);
+    drop(dial);
+    link.progress(true);
+    assert!(
+        link.conn().error().is_some(),
+        "the client left before confirming: {:?}",
+        link.conn().state()
+    );
+    assert!(link.conn_mut().commit_switch(0).is_err());
+
+    // The client takes the reply up: its confirmation establishes the server's side.
+    let n = name("confirmed");
+    let l = ShmListener::bind(&n).unwrap();
+    let mut dial = ShmDialer::start(&n, client, 2, Proof::Native, 0, &cfg).unwrap();
+    let mut link = incoming(&l).accept(&cfg, 0, &Proof::Native).unwrap();
+    link.progress(true);
+    assert_eq!(link.conn().state(), StreamState::Handshaking);
+    let DialStatus::Connected(_client_link) = dial.poll() else {
+        panic!("the client's dial did not complete");
+    };
+    link.progress(true);
+    assert_eq!(link.conn().state(), StreamState::Switching);
+    assert!(link.conn_mut().commit_switch(0).is_ok());
+}

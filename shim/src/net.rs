@@ -436,6 +436,21 @@ pub fn set_int_opt(fd: c_int, level: c_int, name: c_int, v: c_int) -> Result<(),
     check(r).map(|_| ())
 }
 
+/// Whether a TCP socket's connect ever succeeded, even if the connection has ended since (its
+/// state is then `CLOSE`, as a refused connect's is, and `getpeername` fails for both): the
+/// peer acknowledged its SYN (`tcpi_bytes_acked`, offset 120 of `struct tcp_info` since
+/// Linux 4.1, counts the SYN's sequence number; a refused or timed-out connect has none).
+/// `None` if the kernel does not say.
+pub fn ever_connected(fd: c_int) -> Option<bool> {
+    const BYTES_ACKED: usize = 120;
+    let mut b = [0u8; 256];
+    let n = getsockopt_buf(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut b).ok()?;
+    let field = b
+        .get(BYTES_ACKED..BYTES_ACKED + 8)
+        .filter(|_| n >= BYTES_ACKED + 8)?;
+    Some(u64::from_ne_bytes(field.try_into().ok()?) > 0)
+}
+
 /// `TCP_SAVED_SYN` of an accepted socket: the SYN's IP and TCP headers, copied into `buf`
 /// (the kernel frees its copy). Returns the length; 0 if no SYN was saved.
 pub fn saved_syn(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {

@@ -307,9 +307,12 @@ pub(crate) fn start_listener(fd: c_int, saving: bool) {
 }
 
 /// If a non-blocking connect on `fd` is pending, checks whether it has completed (real
-/// getpeername) and counts it if so.
+/// getpeername; or the connection is over already, its SYN acknowledged) and counts it if so.
 pub(crate) fn complete_if_connected(fd: c_int, e: FdEntry) {
-    if e.has(flags::CONNECTING) && !e.has(flags::COUNTED) && peer(fd).is_some() {
+    if e.has(flags::CONNECTING)
+        && !e.has(flags::COUNTED)
+        && (peer(fd).is_some() || crate::net::ever_connected(fd) == Some(true))
+    {
         account(fd);
     }
 }

@@ -1234,15 +1234,18 @@ fn inherited_fell_back(slot: u32) -> bool {
         .is_some_and(|c| c.fell_back.load(Ordering::Acquire))
 }
 
-/// The outcome of a connection's pending TCP connect: `Some(true)` connected, `Some(false)`
-/// failed, `None` still in progress (or no connect pending). `getpeername`, not `SO_ERROR`:
+/// The outcome of a connection's pending TCP connect: `Some(true)` connected (even if the
+/// connection is over since), `Some(false)` failed, `None` still in progress (or no connect
+/// pending). `getpeername`, not `SO_ERROR`:
 /// reading SO_ERROR would take the error from the application, which reads it itself.
 pub(crate) fn pending_outcome(g: &Inner) -> Option<bool> {
     let fd = g.pending?;
     if net::peer_addr(fd).is_some() {
         Some(true)
     } else if net::poll_now(fd, libc::POLLOUT) & (libc::POLLERR | libc::POLLHUP) != 0 {
-        Some(false)
+        // (failed, or connected and over already: a short exchange the engine looks at
+        // late, when a burst of connections keeps it busy, or at exit)
+        Some(net::ever_connected(fd) == Some(true))
     } else {
         None
     }
