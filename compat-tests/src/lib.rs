@@ -774,6 +774,101 @@ pub fn test_ip() -> String {
     ip
 }
 
+/// Whether shimmed processes of this run upgrade connections between processes of one host
+/// (`RDMASHIM_LOCAL` as the shim reads it: on unless a boolean says off, and off for anything
+/// that is not a boolean). The VM tier turns it off (scripts/vm-tier): both ends of its tests
+/// share the VM's one address, and their connections are to go over rdma_cm.
+pub fn local_upgrades() -> bool {
+    std::env::var_os("RDMASHIM_LOCAL").is_none_or(|v| {
+        matches!(
+            v.to_str().map(str::to_ascii_lowercase).as_deref(),
+            Some("1" | "true" | "yes" | "on")
+        )
+    })
+}
+
+/// The rings a connection between two shimmed processes moves to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rings {
+    /// RDMA rings: to `RDMASHIM_TEST_IP`, in the VM tier.
+    Rdma,
+    /// Shared-memory rings: to a loopback address, with same-host upgrades on.
+    Shm,
+}
+
+impl Rings {
+    /// Where both ends of a scenario meet, if their connections are to upgrade: `Rdma` on
+    /// `RDMASHIM_TEST_IP`, `Shm` on loopback with [`local_upgrades`]; `None` elsewhere.
+    pub fn at(ip: &str) -> Option<Rings> {
+        let test_ip = std::env::var("RDMASHIM_TEST_IP").unwrap_or_default();
+        if !test_ip.is_empty() && test_ip == ip {
+            return Some(Rings::Rdma);
+        }
+        let loopback = ip
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback());
+        (loopback && local_upgrades()).then_some(Rings::Shm)
+    }
+
+    /// The address tests of this kind listen on: [`test_ip`], or 127.0.0.1.
+    pub fn ip(self) -> String {
+        match self {
+            Rings::Rdma => test_ip(),
+            Rings::Shm => "127.0.0.1".to_string(),
+        }
+    }
+
+    /// The bytes `st` moved over rings of this kind, both directions.
+    pub fn bytes(self, st: &Stats) -> u64 {
+        self.tx(st) + self.rx(st)
+    }
+
+    /// The bytes `st` sent over rings of this kind.
+    pub fn tx(self, st: &Stats) -> u64 {
+        st.bytes(match self {
+            Rings::Rdma => "ring_tx",
+            Rings::Shm => "shm_tx",
+        })
+    }
+
+    /// The bytes `st` received over rings of this kind.
+    pub fn rx(self, st: &Stats) -> u64 {
+        st.bytes(match self {
+            Rings::Rdma => "ring_rx",
+            Rings::Shm => "shm_rx",
+        })
+    }
+
+    /// Asserts `st` sent at least `min_tx` and received at least `min_rx` bytes over rings of
+    /// this kind.
+    pub fn assert_at_least(self, st: &Stats, min_tx: u64, min_rx: u64) {
+        assert!(
+            self.tx(st) >= min_tx && self.rx(st) >= min_rx,
+            "expected at least {min_tx} bytes sent and {min_rx} received over {self:?} rings: {}",
+            st.summary()
+        );
+    }
+
+    /// A delta of the RDMA device's packet counters from now, on the RDMA rings (`None` on
+    /// shared memory, which no device carries): see [`DeviceCounters::assert_carried`].
+    pub fn device(self) -> Option<DeviceCounters> {
+        (self == Rings::Rdma).then(|| DeviceCounters::read(&test_device()))
+    }
+
+    /// Asserts some of `st`'s bytes went over rings of this kind and none over the other.
+    pub fn assert_carried(self, st: &Stats, what: &str) {
+        let other = match self {
+            Rings::Rdma => st.shm_bytes(),
+            Rings::Shm => st.ring_bytes(),
+        };
+        assert!(
+            self.bytes(st) > 0 && other == 0,
+            "{what}: bytes over {self:?} rings expected, and none over others: {}",
+            st.summary()
+        );
+    }
+}
+
 /// `RDMASHIM_TEST_DEVICE` (rxe0 in the VM), checked to exist. Panics when unset or missing.
 pub fn test_device() -> String {
     let dev = std::env::var("RDMASHIM_TEST_DEVICE").unwrap_or_default();
@@ -854,16 +949,18 @@ impl DeviceCounters {
     }
 }
 
-/// The fallback reason connections to 127.0.0.1 get on this host, from `rdmashim doctor`:
-/// a host-wide reason (disabled, no_device, libraries_missing) if there is one, else
-/// not_upgradable_address (loopback).
-pub fn expected_reason() -> String {
+/// The fallback reason connections between shimmed processes on 127.0.0.1 get on this host
+/// with same-host upgrades off (`RDMASHIM_LOCAL=0`: tests of the shim's TCP path set it on
+/// their commands), from `rdmashim doctor`: a host-wide reason (disabled, no_device,
+/// libraries_missing) if there is one, else not_upgradable_address (loopback).
+pub fn loopback_tcp_reason() -> String {
     static R: OnceLock<String> = OnceLock::new();
     R.get_or_init(|| {
         let mut c = Command::new(&shim().launcher);
         c.arg("doctor")
             .env_remove("LD_PRELOAD")
-            .env_remove("RDMASHIM_DISABLE");
+            .env_remove("RDMASHIM_DISABLE")
+            .env("RDMASHIM_LOCAL", "0");
         let out = run_ok(c, Duration::from_secs(30));
         let verdict = out
             .lines()
@@ -1157,57 +1254,83 @@ pub fn behave_roles_env(
 /// (`None`: the kernel's own behaviour, which the scenario asserts). Both roles must succeed
 /// (`peer_death`'s server must die of SIGKILL). Under the shim each side's stats must account
 /// for exactly one connection ([`behave_conns`] for scenarios with more):
-/// - on `RDMASHIM_TEST_IP` (the RDMA tier), upgraded on both sides, with bytes through the
-///   rings (the server settles first, so that its part of the scenario runs on the upgraded
+/// - where [`Rings::at`] says they upgrade (`RDMASHIM_TEST_IP` in the RDMA tier, loopback with
+///   same-host upgrades on), upgraded on both sides, with bytes through rings of that kind
+///   (the server settles first, so that its part of the scenario runs on the upgraded
 ///   connection; `peer_death`'s killed server writes no stats);
-/// - elsewhere, with the host's fallback reason.
+/// - elsewhere (loopback with same-host upgrades off), with [`loopback_tcp_reason`].
 pub fn behave(bin: &str, scenario: &str, via: Option<Via>, ip: &str) -> RoleStats {
     behave_conns(bin, scenario, via, ip, 1)
 }
 
-/// A scenario over RDMA (both ends shimmed on [`test_ip`]) whose server forks while its
-/// connection's upgrade is undecided: the client dials a second after its connect (not the
-/// default 10 ms), so that the server has certainly forked by then, whatever the VM's
-/// scheduling, and the client's request comes while the fork's outcome is being decided.
-pub fn behave_dial_late(bin: &str, scenario: &str) -> RoleStats {
+/// A scenario over `rings` (both ends shimmed where they upgrade: [`Rings::ip`]) whose server
+/// forks while its connection's upgrade is undecided: the client dials a second after its
+/// connect (not the default 10 ms), so that the server has certainly forked by then, whatever
+/// the scheduling, and the client's request comes while the fork's outcome is being decided.
+pub fn behave_dial_late(bin: &str, scenario: &str, rings: Rings) -> RoleStats {
     let shim = Side::Shim(Via::Preload);
     behave_roles_env(
         bin,
         scenario,
         shim,
         shim,
-        &test_ip(),
+        &rings.ip(),
         None,
         &[("RDMASHIM_DIAL_DELAY_MS", "1000")],
     )
 }
 
-/// [`behave`] over RDMA for a scenario whose one connection goes back to TCP mid-stream (an
-/// exec, a spawn: a switch back, protocol 8.5): both sides must count it switched back, and the
-/// client must have read bytes from TCP after it (its first bytes came before the upgrade, in
-/// the handshake's small exchange, which the scenario's server checks separately).
-pub fn behave_switched_back(bin: &str, scenario: &str) -> RoleStats {
-    let r = behave(bin, scenario, Some(Via::Preload), &test_ip());
+/// Over shared memory, a scenario whose server forks and hands its connection to the child
+/// (`fork_serve`, `fork_quick_exit`), with the connection on the rings before the fork (the
+/// server settles first): the parent's close of its copy switches it back, since a child
+/// shares it. Both sides count it upgraded and switched back; the parent moved no byte.
+pub fn behave_settled_fork(bin: &str, scenario: &str) -> RoleStats {
+    let shim = Side::Shim(Via::Preload);
+    let r = behave_roles(bin, scenario, shim, shim, "127.0.0.1", Some(SETTLE));
+    for (role, st) in [("client", &r.client), ("server", &r.server)] {
+        let st = st.as_ref().expect("stats");
+        assert!(
+            st.connections() == 1 && st.upgraded() == 1 && st.switched_back == 1,
+            "{scenario} {role}: upgraded, then switched back: {}",
+            st.summary()
+        );
+    }
+    let s = r.server.as_ref().expect("the server wrote no stats");
+    assert_eq!(
+        s.shm_bytes() + s.bytes("tcp_tx"),
+        0,
+        "{scenario} server: {}",
+        s.summary()
+    );
+    r
+}
+
+/// [`behave`] over `rings` for a scenario whose one connection goes back to TCP mid-stream
+/// (an exec, a spawn: a switch back, protocol 8.5): both sides must count it switched back,
+/// and the client must have read bytes from TCP after it (its first bytes came before the
+/// upgrade, in the handshake's small exchange, which the scenario's server checks separately).
+pub fn behave_switched_back(bin: &str, scenario: &str, rings: Rings) -> RoleStats {
+    let r = behave(bin, scenario, Some(Via::Preload), &rings.ip());
     for (role, st) in [("client", &r.client), ("server", &r.server)] {
         let st = st.as_ref().expect("stats");
         assert_eq!(st.switched_back, 1, "{scenario} {role}: {}", st.summary());
     }
     let c = r.client.as_ref().expect("client stats");
     assert!(
-        c.bytes("tcp_rx") > c.bytes("ring_rx").min(1 << 20),
+        c.bytes("tcp_rx") > rings.rx(c).min(1 << 20),
         "{scenario}: the client read little from TCP after the switch back: {}",
         c.summary()
     );
     r
 }
 
-/// Over RDMA, a scenario whose server ends RDMA for its process mid-connection (`setuid`,
-/// `dup2_high`): its first connection, on the rings at that moment, is counted upgraded and
-/// switched back by both sides, the client read the rest from TCP, and the second connection,
-/// made after, stays TCP with `reason` at the server.
-pub fn behave_rdma_ended(bin: &str, scenario: &str, reason: &str) -> RoleStats {
+/// Over `rings`, a scenario whose server ends upgrades for its process mid-connection
+/// (`setuid`, `dup2_high`, io_uring): its first connection, on the rings at that moment, is
+/// counted upgraded and switched back by both sides, the client read the rest from TCP, and
+/// the second connection, made after, stays TCP with `reason` at the server.
+pub fn behave_upgrades_ended(bin: &str, scenario: &str, reason: &str, rings: Rings) -> RoleStats {
     let shim = Side::Shim(Via::Preload);
-    let r = behave_roles(bin, scenario, shim, shim, &test_ip(), Some(SETTLE));
+    let r = behave_roles(bin, scenario, shim, shim, &rings.ip(), Some(SETTLE));
     let c = r.client.as_ref().expect("the client wrote no stats");
     let s = r.server.as_ref().expect("the server wrote no stats");
     for (role, st) in [("client", c), ("server", s)] {
@@ -1217,7 +1340,7 @@ pub fn behave_rdma_ended(bin: &str, scenario: &str, reason: &str) -> RoleStats {
     }
     assert_eq!(s.reason(reason), 1, "{scenario} server: {}", s.summary());
     assert!(
-        c.bytes("tcp_rx") > c.bytes("ring_rx").min(1 << 20),
+        c.bytes("tcp_rx") > rings.rx(c).min(1 << 20),
         "{scenario}: the client read little from TCP after the switch back: {}",
         c.summary()
     );
@@ -1234,10 +1357,9 @@ pub fn behave_conns(
     conns: u64,
 ) -> RoleStats {
     let side = via.map_or(Side::Plain, Side::Shim);
-    let over_rdma =
-        via.is_some() && std::env::var("RDMASHIM_TEST_IP").is_ok_and(|t| !t.is_empty() && t == ip);
-    let device = over_rdma.then(|| DeviceCounters::read(&test_device()));
-    let r = behave_roles(bin, scenario, side, side, ip, over_rdma.then_some(SETTLE));
+    let rings = via.and(Rings::at(ip));
+    let device = (rings == Some(Rings::Rdma)).then(|| DeviceCounters::read(&test_device()));
+    let r = behave_roles(bin, scenario, side, side, ip, rings.map(|_| SETTLE));
     if via.is_none() {
         return r;
     }
@@ -1248,16 +1370,12 @@ pub fn behave_conns(
             "{scenario} {role}: {conns} connection(s): {}",
             st.summary()
         );
-        if over_rdma {
+        if let Some(rings) = rings {
             st.assert_all_upgraded();
             // every scenario's server writes after the settle pause: over the ring
-            assert!(
-                st.ring_bytes() > 0,
-                "{scenario} {role}: no byte went through the rings: {}",
-                st.summary()
-            );
+            rings.assert_carried(st, &format!("{scenario} {role}"));
         } else {
-            st.assert_all_fallback(&expected_reason());
+            st.assert_all_fallback(&loopback_tcp_reason());
         }
     };
     check(

@@ -15,9 +15,12 @@ fn kernel_tcp() {
     behave(BIN, "exec", None, "127.0.0.1");
 }
 
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): the connection is on the
+/// rings when the server execs; both sides count it switched back, and the new image's bytes
+/// reach the client over TCP.
 #[test]
-fn under_the_shim() {
-    behave(BIN, "exec", Some(Via::Preload), "127.0.0.1");
+fn over_shm() {
+    behave_switched_back(BIN, "exec", Rings::Shm);
 }
 
 /// The server under the shim, the client plain: the connection stays TCP.
@@ -26,10 +29,9 @@ fn plain_client() {
     behave_plain_client(BIN, "exec");
 }
 
-/// RDMA tier: the connection is on the rings when the server execs; both sides count it
-/// switched back, and the new image's bytes reach the client over TCP.
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    behave_switched_back(BIN, "exec");
+    behave_switched_back(BIN, "exec", Rings::Rdma);
 }

@@ -27,15 +27,26 @@ fn over_rdma() {
     behave(BIN, "fork", Some(Via::Preload), &test_ip());
 }
 
-/// RDMA tier: the scenario with the connection undecided at the forks (no settle pause, and the
-/// client dials a second after its connect). The parent offers it to its first child at the
-/// fork (docs/upgrade.md §7), but that child only closes its copy and the parent writes on the
-/// connection itself: the offer is withdrawn and the connection stays TCP in every process
-/// (`forked`), the client's request held and then rejected — no byte lost or reordered.
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): see [`undecided`].
+#[test]
+fn undecided_over_shm() {
+    undecided(Rings::Shm);
+}
+
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma_undecided() {
-    let r = behave_dial_late(BIN, "fork");
+    undecided(Rings::Rdma);
+}
+
+/// The scenario with the connection undecided at the forks (no settle pause, and the client
+/// dials a second after its connect). The parent offers it to its first child at the fork
+/// (docs/upgrade.md §7), but that child only closes its copy and the parent writes on the
+/// connection itself: the offer is withdrawn and the connection stays TCP in every process
+/// (`forked`), the client's request held and then rejected — no byte lost or reordered.
+fn undecided(rings: Rings) {
+    let r = behave_dial_late(BIN, "fork", rings);
     let s = r.server.as_ref().expect("the server wrote no stats");
     assert_eq!(s.connections(), 1, "server: {}", s.summary());
     s.assert_all_fallback("forked");

@@ -16,9 +16,10 @@ fn kernel_tcp() {
     behave(BIN, "fork_exec", None, "127.0.0.1");
 }
 
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): see [`on_rings`].
 #[test]
-fn under_the_shim() {
-    behave(BIN, "fork_exec", Some(Via::Preload), "127.0.0.1");
+fn over_shm() {
+    on_rings(Rings::Shm);
 }
 
 /// The server under the shim, the client plain: the connection stays TCP.
@@ -27,12 +28,17 @@ fn plain_client() {
     behave_plain_client(BIN, "fork_exec");
 }
 
-/// RDMA tier: the connection is on the rings when the server forks; both sides count it
-/// switched back, and the child's bytes reach the client over TCP.
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    let r = behave_switched_back(BIN, "fork_exec");
+    on_rings(Rings::Rdma);
+}
+
+/// The connection is on `rings` when the server forks; both sides count it switched back, and
+/// the child's bytes reach the client over TCP.
+fn on_rings(rings: Rings) {
+    let r = behave_switched_back(BIN, "fork_exec", rings);
     // The child's record (written at its exec, then by the new image at its exit): the new
     // image read the rest through hooked calls, none of it from a ring. (Its bytes are not
     // counted: an inherited socket no hook has classified yet passes through uncounted.)
@@ -40,7 +46,7 @@ fn over_rdma() {
         panic!("one record of the server's child: {:#?}", r.server_forks);
     };
     assert!(
-        child.calls("recv") > 0 && child.ring_bytes() == 0,
+        child.calls("recv") > 0 && rings.bytes(child) == 0,
         "the child served the rest over TCP: {} {:?}",
         child.summary(),
         child.calls

@@ -17,9 +17,12 @@ fn kernel_tcp() {
     behave(BIN, "fork_ring", None, "127.0.0.1");
 }
 
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): the connection is on the
+/// rings when the server forks; both sides count it switched back, and the child's bytes reach
+/// the client over TCP.
 #[test]
-fn under_the_shim() {
-    behave(BIN, "fork_ring", Some(Via::Preload), "127.0.0.1");
+fn over_shm() {
+    behave_switched_back(BIN, "fork_ring", Rings::Shm);
 }
 
 /// The server under the shim, the client plain: the connection stays TCP.
@@ -28,10 +31,9 @@ fn plain_client() {
     behave_plain_client(BIN, "fork_ring");
 }
 
-/// RDMA tier: the connection is on the rings when the server forks; both sides count it
-/// switched back, and the child's bytes reach the client over TCP.
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    behave_switched_back(BIN, "fork_ring");
+    behave_switched_back(BIN, "fork_ring", Rings::Rdma);
 }

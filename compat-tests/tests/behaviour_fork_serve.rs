@@ -18,28 +18,52 @@ fn kernel_tcp() {
     behave(BIN, "fork_serve", None, "127.0.0.1");
 }
 
+/// The connection on the rings before the fork (the server settles first): the parent's close
+/// of its copy switches it back (a child shares it), and the child's echo goes over TCP.
 #[test]
-fn under_the_shim() {
-    behave(BIN, "fork_serve", Some(Via::Preload), "127.0.0.1");
+fn settled_over_shm() {
+    let r = behave_settled_fork(BIN, "fork_serve");
+    let [child] = &r.server_forks[..] else {
+        panic!(
+            "one record from the child that served: {:#?}",
+            r.server_forks
+        );
+    };
+    assert!(
+        child.connections() == 0 && child.bytes("tcp_tx") >= 256 * 1024,
+        "the child served the inherited socket over TCP: {}",
+        child.summary()
+    );
 }
 
-/// RDMA tier: both ends shimmed on `RDMASHIM_TEST_IP`. The client dials a second after its
-/// connect (not the default 10 ms), so that the server has certainly forked by then, whatever
-/// the VM's scheduling, and its request comes while the child serves. The parent offered the
-/// connection at the fork, the child took it over at its first read, and the parent, once it
-/// had closed its copy, redirected the client's request to the child's own rdma_cm listener:
-/// the client's connection is upgraded, the echo went through the rings (counted by the device
-/// too), the child's record counts the upgrade and the parent's `handed_to_child`.
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): see [`on_rings`].
+#[test]
+fn over_shm() {
+    on_rings(Rings::Shm);
+}
+
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    let device = DeviceCounters::read(&test_device());
-    let r = behave_dial_late(BIN, "fork_serve");
+    on_rings(Rings::Rdma);
+}
+
+/// The client dials a second after its connect (not the default 10 ms), so that the server has
+/// certainly forked by then, whatever the scheduling, and its request comes while the child
+/// serves. The parent offered the connection at the fork, the child took it over at its first
+/// read, and the parent, once it had closed its copy, redirected the client's request to the
+/// child's own listener (rdma_cm's, or its own rendezvous name): the client's connection is
+/// upgraded, the echo went through the rings (counted by the device too, over RDMA), the
+/// child's record counts the upgrade and the parent's `handed_to_child`.
+fn on_rings(rings: Rings) {
+    let device = rings.device();
+    let r = behave_dial_late(BIN, "fork_serve", rings);
     let c = r.client.as_ref().expect("the client wrote no stats");
     assert_eq!(c.connections(), 1, "client: {}", c.summary());
     c.assert_all_upgraded();
     // (the 256 KiB echo starts 1.5 s after the greeting, after the switch)
-    c.assert_ring_at_least(64 * 1024, 64 * 1024);
+    rings.assert_at_least(c, 64 * 1024, 64 * 1024);
     let s = r.server.as_ref().expect("the server wrote no stats");
     assert_eq!(s.connections(), 1, "server: {}", s.summary());
     s.assert_all_fallback("handed_to_child");
@@ -50,6 +74,8 @@ fn over_rdma() {
         );
     };
     child.assert_all_upgraded();
-    child.assert_ring_at_least(64 * 1024, 64 * 1024);
-    device.delta().assert_carried(c.ring_bytes());
+    rings.assert_at_least(child, 64 * 1024, 64 * 1024);
+    if let Some(d) = device {
+        d.delta().assert_carried(c.ring_bytes());
+    }
 }

@@ -13,9 +13,11 @@ fn kernel_tcp() {
     behave_conns(BIN, "io_uring", None, "127.0.0.1", 2);
 }
 
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): the server sets up
+/// io_uring while its first connection is on the rings ([`behave_upgrades_ended`]).
 #[test]
-fn under_the_shim() {
-    behave_conns(BIN, "io_uring", Some(Via::Preload), "127.0.0.1", 2);
+fn over_shm() {
+    behave_upgrades_ended(BIN, "io_uring", "io_uring", Rings::Shm);
 }
 
 #[test]
@@ -23,8 +25,9 @@ fn plain_client() {
     behave_plain_client(BIN, "io_uring");
 }
 
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    behave_rdma_ended(BIN, "io_uring", "io_uring");
+    behave_upgrades_ended(BIN, "io_uring", "io_uring", Rings::Rdma);
 }

@@ -26,11 +26,30 @@ fn kernel_tcp() {
     behave_conns(BIN, "missed_close", None, "127.0.0.1", CONNS);
 }
 
-/// No upgrade on loopback: the connections are TCP candidates, and the one whose number the
-/// next socket got is the only close found (the other's entry is a TCP one, harmless).
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): see [`on_rings`].
 #[test]
-fn under_the_shim() {
-    let r = behave_conns(BIN, "missed_close", Some(Via::Preload), "127.0.0.1", CONNS);
+fn over_shm() {
+    on_rings(Rings::Shm);
+}
+
+/// With same-host upgrades off, nothing upgrades on loopback: the connections are TCP
+/// candidates, and the one whose number the next socket got is the only close found (the
+/// other's entry is a TCP one, harmless).
+#[test]
+fn loopback_tcp() {
+    let shim = Side::Shim(Via::Preload);
+    let r = behave_roles_env(
+        BIN,
+        "missed_close",
+        shim,
+        shim,
+        "127.0.0.1",
+        None,
+        &[("RDMASHIM_LOCAL", "0")],
+    );
+    let c = r.client.as_ref().expect("the client wrote no stats");
+    assert_eq!(c.connections(), CONNS, "client: {}", c.summary());
+    assert_eq!(c.upgraded(), 0, "client: {}", c.summary());
     assert_eq!(missed_closes(&r), 1);
 }
 
@@ -39,12 +58,17 @@ fn plain_client() {
     behave_plain_client(BIN, "missed_close");
 }
 
-/// RDMA tier: every connection upgraded on both sides; the two unseen closes found, one by the
-/// next socket and one by the engine's check (the server reads each connection's end, and
-/// the files hold only their own bytes).
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    let r = behave_conns(BIN, "missed_close", Some(Via::Preload), &test_ip(), CONNS);
+    on_rings(Rings::Rdma);
+}
+
+/// Every connection upgraded on both sides; the two unseen closes found, one by the next
+/// socket and one by the engine's check (the server reads each connection's end, and the
+/// files hold only their own bytes).
+fn on_rings(rings: Rings) {
+    let r = behave_conns(BIN, "missed_close", Some(Via::Preload), &rings.ip(), CONNS);
     assert_eq!(missed_closes(&r), 2);
 }

@@ -18,9 +18,10 @@ fn kernel_tcp() {
     behave_conns(BIN, "setuid", None, "127.0.0.1", 2);
 }
 
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host), as over RDMA below.
 #[test]
-fn under_the_shim() {
-    behave_conns(BIN, "setuid", Some(Via::Preload), "127.0.0.1", 2);
+fn over_shm() {
+    behave_upgrades_ended(BIN, "setuid", "credentials_changed", Rings::Shm);
 }
 
 /// The server under the shim, the client plain: both connections stay TCP.
@@ -36,5 +37,5 @@ fn plain_client() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    behave_rdma_ended(BIN, "setuid", "credentials_changed");
+    behave_upgrades_ended(BIN, "setuid", "credentials_changed", Rings::Rdma);
 }

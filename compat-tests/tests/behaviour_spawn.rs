@@ -16,9 +16,12 @@ fn kernel_tcp() {
     behave(BIN, "spawn", None, "127.0.0.1");
 }
 
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): the connection is on the
+/// rings when the server spawns; both sides count it switched back, and the rest of the stream
+/// goes over TCP.
 #[test]
-fn under_the_shim() {
-    behave(BIN, "spawn", Some(Via::Preload), "127.0.0.1");
+fn over_shm() {
+    behave_switched_back(BIN, "spawn", Rings::Shm);
 }
 
 /// The server under the shim, the client plain: the connection stays TCP.
@@ -27,10 +30,9 @@ fn plain_client() {
     behave_plain_client(BIN, "spawn");
 }
 
-/// RDMA tier: the connection is on the rings when the server spawns; both sides count it
-/// switched back, and the rest of the stream goes over TCP.
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    behave_switched_back(BIN, "spawn");
+    behave_switched_back(BIN, "spawn", Rings::Rdma);
 }

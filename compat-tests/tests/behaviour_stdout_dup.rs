@@ -22,16 +22,17 @@ fn kernel_tcp() {
     behave(BIN, "stdout_dup", None, "127.0.0.1");
 }
 
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): the connection is on the
+/// rings when the server puts it at its standard output; both sides count it switched back, and
+/// the rest comes over TCP, whole, with the stdio bytes in their place.
 #[test]
-fn under_the_shim() {
-    behave(BIN, "stdout_dup", Some(Via::Preload), "127.0.0.1");
+fn over_shm() {
+    behave_switched_back(BIN, "stdout_dup", Rings::Shm);
 }
 
-/// RDMA tier: the connection is on the rings when the server puts it at its standard output;
-/// both sides count it switched back, and the rest comes over TCP, whole, with the stdio bytes
-/// in their place.
+/// RDMA tier: the same over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
-    behave_switched_back(BIN, "stdout_dup");
+    behave_switched_back(BIN, "stdout_dup", Rings::Rdma);
 }

@@ -20,18 +20,12 @@ fn kernel_tcp() {
     behave_conns(BIN, "uring_late", None, "127.0.0.1", 2);
 }
 
-/// On loopback nothing upgrades: the server counts the two connections its accept hook saw
-/// (io_uring's accept is unseen), the client all three.
+/// Over shared memory (both ends shimmed on 127.0.0.1, on every host): see [`uring_io`] and
+/// [`uring_late`].
 #[test]
-fn under_the_shim() {
-    let shim = Side::Shim(Via::Preload);
-    let r = behave_roles(BIN, "uring_io", shim, shim, "127.0.0.1", None);
-    let c = r.client.as_ref().expect("the client wrote no stats");
-    let s = r.server.as_ref().expect("the server wrote no stats");
-    assert_eq!(c.connections(), 3, "client: {}", c.summary());
-    assert_eq!(s.connections(), 2, "server: {}", s.summary());
-    assert_eq!(c.upgraded() + s.upgraded(), 0);
-    behave_conns(BIN, "uring_late", Some(Via::Preload), "127.0.0.1", 2);
+fn over_shm() {
+    uring_io(Rings::Shm);
+    uring_late(Rings::Shm);
 }
 
 #[test]
@@ -40,26 +34,37 @@ fn plain_client() {
     behave_plain_client(BIN, "uring_late");
 }
 
-/// RDMA tier: the server's engine finds the instance at its first connection, before any
-/// upgrade: both connections its hooks saw stay TCP with `io_uring`; nothing went over a ring
-/// on either side.
+/// RDMA tier: `uring_io` over RDMA rings (both ends on `RDMASHIM_TEST_IP`).
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn over_rdma() {
+    uring_io(Rings::Rdma);
+}
+
+/// RDMA tier: `uring_late` over RDMA rings.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn late_over_rdma() {
+    uring_late(Rings::Rdma);
+}
+
+/// `uring_io` where connections upgrade to `rings`: the server's engine finds the instance at
+/// its first connection, before any upgrade: both connections its hooks saw (io_uring's
+/// accept is unseen) stay TCP with `io_uring`; nothing went over a ring on either side.
+fn uring_io(rings: Rings) {
     let shim = Side::Shim(Via::Preload);
-    let r = behave_roles(BIN, "uring_io", shim, shim, &test_ip(), Some(SETTLE));
+    let r = behave_roles(BIN, "uring_io", shim, shim, &rings.ip(), Some(SETTLE));
     let c = r.client.as_ref().expect("the client wrote no stats");
     let s = r.server.as_ref().expect("the server wrote no stats");
     assert_eq!(s.connections(), 2, "server: {}", s.summary());
     assert_eq!(s.reason("io_uring"), 2, "server: {}", s.summary());
     assert_eq!(c.connections(), 3, "client: {}", c.summary());
     assert_eq!(c.upgraded(), 0, "client: {}", c.summary());
-    assert_eq!(c.ring_bytes() + s.ring_bytes(), 0);
+    assert_eq!(rings.bytes(c) + rings.bytes(s), 0);
 }
 
-/// RDMA tier: found by the engine's periodic look while the server pauses.
-#[test]
-#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
-fn late_over_rdma() {
-    behave_rdma_ended(BIN, "uring_late", "io_uring");
+/// `uring_late` where connections upgrade to `rings`: found by the engine's periodic look
+/// while the server pauses ([`behave_upgrades_ended`]).
+fn uring_late(rings: Rings) {
+    behave_upgrades_ended(BIN, "uring_late", "io_uring", rings);
 }

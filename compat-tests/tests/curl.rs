@@ -1,6 +1,11 @@
 //! curl against local HTTP servers, everything under the shim: `python3 -m http.server` (GET of
 //! a generated file with a sha256 check; keep-alive with several URLs in one curl) and the
 //! test HTTP server of the library (`HTTP_SERVER_PY`) for a POST (the body's sha256 comes back).
+//!
+//! Same-host upgrades are off for every process here (`RDMASHIM_LOCAL=0`): this checks the
+//! shim's TCP path — every hook the program needs fires and every byte is counted — which
+//! must hold for any connection that stays TCP. (Over shared memory: tests/upgrade_*.rs and
+//! tests/same_host.rs.)
 
 use rdmashim_compat_tests::*;
 use std::time::Duration;
@@ -25,6 +30,7 @@ fn curl_get_post_keepalive() {
     // GET server: the stock http.server, HTTP/1.1 so connections stay open.
     let http_port = free_port().to_string();
     let mut cmd = shimmed(&py, &s, "httpd");
+    cmd.env("RDMASHIM_LOCAL", "0");
     cmd.args([
         "-m",
         "http.server",
@@ -42,6 +48,7 @@ fn curl_get_post_keepalive() {
     let script = s.dir.join("post_server.py");
     std::fs::write(&script, HTTP_SERVER_PY).unwrap();
     let mut cmd = under_shim(Via::Launcher, &py, &s, "postd");
+    cmd.env("RDMASHIM_LOCAL", "0");
     cmd.arg(&script).args(["127.0.0.1", &post_port]).arg(&www);
     let mut postd = Server::start(cmd, "post server", "INT");
     wait_listening(
@@ -59,6 +66,7 @@ fn curl_get_post_keepalive() {
     // 1. GET of the generated file, checksum compared.
     let got = s.dir.join("got.bin");
     let mut c = shimmed(&curl, &s, "curl-get");
+    c.env("RDMASHIM_LOCAL", "0");
     c.args(["-sS", "--fail", "-o"])
         .arg(&got)
         .arg(format!("{base}/big.bin"));
@@ -67,6 +75,7 @@ fn curl_get_post_keepalive() {
 
     // 2. Keep-alive: three URLs, one connection (curl reports 1 new connect, then 0, 0).
     let mut c = shimmed(&curl, &s, "curl-ka");
+    c.env("RDMASHIM_LOCAL", "0");
     c.args([
         "-sS",
         "--fail",
@@ -87,6 +96,7 @@ fn curl_get_post_keepalive() {
     let body_file = s.dir.join("body.bin");
     std::fs::write(&body_file, &body).unwrap();
     let mut c = under_shim(Via::Launcher, &curl, &s, "curl-post");
+    c.env("RDMASHIM_LOCAL", "0");
     c.args(["-sS", "--fail", "-H", "Expect:", "--data-binary"])
         .arg(format!("@{}", body_file.display()))
         .arg(format!("http://127.0.0.1:{post_port}/upload"));
@@ -98,7 +108,7 @@ fn curl_get_post_keepalive() {
     assert!(httpd.stop().expect("httpd status").success(), "http.server");
     postd.stop();
 
-    let reason = expected_reason();
+    let reason = loopback_tcp_reason();
     let get = s.one_stats("curl-get");
     let ka = s.one_stats("curl-ka");
     let post = s.one_stats("curl-post");

@@ -1,6 +1,11 @@
 //! A `-D_FORTIFY_SOURCE=2` program: reads with a known buffer size go through glibc's `_chk`
 //! entry points (`__read_chk`, `__recv_chk`, `__recvfrom_chk`, `__poll_chk`), which a preload
 //! that only defines `read`/`recv`/`poll` never sees. The shim must see them and count bytes.
+//!
+//! Same-host upgrades are off for every process here (`RDMASHIM_LOCAL=0`): this checks the
+//! shim's TCP path — every hook the program needs fires and every byte is counted — which
+//! must hold for any connection that stays TCP. (Over shared memory: tests/upgrade_*.rs and
+//! tests/same_host.rs.)
 
 use rdmashim_compat_tests::*;
 use std::process::Command;
@@ -66,6 +71,7 @@ fn fortified_reads_are_seen() {
     );
 
     let mut c = shimmed(&bin, &s, "fortified");
+    c.env("RDMASHIM_LOCAL", "0");
     c.arg("100");
     assert_eq!(run_ok(c, T), "300\n");
     let st = s.one_stats("fortified");
@@ -79,5 +85,5 @@ fn fortified_reads_are_seen() {
     );
     assert_eq!(st.bytes("tcp_tx"), 300);
     assert_eq!(st.connections(), 2);
-    st.assert_all_fallback(&expected_reason());
+    st.assert_all_fallback(&loopback_tcp_reason());
 }

@@ -1,5 +1,10 @@
 //! iperf3 server and client, both under the shim: parallel streams, reverse, bidirectional,
 //! zero-copy (sendfile); some cases through `LD_PRELOAD`, others through `rdmashim run`.
+//!
+//! Same-host upgrades are off for every process here (`RDMASHIM_LOCAL=0`): this checks the
+//! shim's TCP path — every hook the program needs fires and every byte is counted — which
+//! must hold for any connection that stays TCP. (Over shared memory: tests/upgrade_*.rs and
+//! tests/same_host.rs.)
 
 use rdmashim_compat_tests::*;
 use serde_json::Value;
@@ -13,11 +18,13 @@ fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via) {
     let port = free_port().to_string();
     // -1: serve one test and exit normally (writing its stats).
     let mut cmd = under_shim(via, &iperf, &s, "server");
+    cmd.env("RDMASHIM_LOCAL", "0");
     cmd.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
     let mut server = Server::start(cmd, "iperf3 -s", "TERM");
     wait_listening(port.parse().unwrap(), &mut server, Duration::from_secs(20));
 
     let mut c = under_shim(via, &iperf, &s, "client");
+    c.env("RDMASHIM_LOCAL", "0");
     c.args(["-c", "127.0.0.1", "-p", &port, "-t", "2", "-J"])
         .args(client_args);
     let out = run_ok(c, Duration::from_secs(60));
@@ -41,7 +48,7 @@ fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via) {
     }
     drop(server);
 
-    let reason = expected_reason();
+    let reason = loopback_tcp_reason();
     let srv = s.one_stats("server");
     let cli = s.one_stats("client");
     // One control connection plus the data streams, on both sides.

@@ -8,7 +8,8 @@ fn launcher() -> Command {
     let mut c = Command::new(&shim().launcher);
     c.env_remove("LD_PRELOAD")
         .env_remove("RDMASHIM_STATS")
-        .env_remove("RDMASHIM_DISABLE");
+        .env_remove("RDMASHIM_DISABLE")
+        .env_remove("RDMASHIM_LOCAL");
     c
 }
 
@@ -75,7 +76,7 @@ fn options_reach_the_shim() {
     c.arg("run")
         .arg("--stats")
         .arg(s.stats_pattern("py"))
-        .args(["--log", "debug", "--"])
+        .args(["--log", "debug", "--no-local", "--"])
         .arg(&py)
         .args(["-c", code]);
     let out = run(c, T);
@@ -86,7 +87,7 @@ fn options_reach_the_shim() {
     assert!(err.contains("connection stays on TCP"), "{err}");
     let st = s.one_stats("py");
     assert_eq!(st.connections(), 2);
-    st.assert_all_fallback(&expected_reason());
+    st.assert_all_fallback(&loopback_tcp_reason());
 
     let mut c = launcher();
     c.arg("run")
@@ -113,7 +114,19 @@ fn doctor_gives_a_verdict() {
     assert!(out.contains("RLIMIT_MEMLOCK: "), "{out}");
     let verdict = out.lines().last().unwrap();
     assert!(
-        verdict.starts_with("verdict: connections will stay on TCP ("),
+        verdict.starts_with("verdict: connections to other hosts will stay on TCP ("),
+        "{verdict}"
+    );
+    assert!(
+        verdict.ends_with("connections between processes of this host move to shared-memory rings"),
+        "same-host upgrades are on by default: {verdict}"
+    );
+    let mut off = launcher();
+    off.arg("doctor").env("RDMASHIM_LOCAL", "0");
+    let out = run_ok(off, T);
+    let verdict = out.lines().last().unwrap();
+    assert!(
+        verdict.ends_with("stay on TCP too (RDMASHIM_LOCAL is off)"),
         "{verdict}"
     );
     let has_dev = std::fs::read_dir("/sys/class/infiniband")

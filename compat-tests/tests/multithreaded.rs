@@ -1,6 +1,7 @@
 //! A multithreaded program with many sockets (TCP loopback with blocking and non-blocking
 //! connects, concurrent reader/writer fds of one socket, socketpair/dup/dup2/dup3/close churn)
-//! runs clean under the shim, and every connection and byte is accounted for.
+//! runs clean under the shim, and every connection and byte is accounted for (the echo whole
+//! and in order on each connection, whichever of them moved to shared memory mid-stream).
 
 use rdmashim_compat_tests::*;
 
@@ -21,13 +22,25 @@ fn many_threads_many_sockets() {
     let conns = field("connections");
     let payload = field("payload_bytes");
     let st = s.one_stats("mt");
-    // Both ends live in this process: each connection is counted once on each side.
-    assert_eq!(st.connections(), 2 * conns, "{:?}", st.raw);
-    st.assert_all_fallback(&expected_reason());
-    // Client sends payload, server echoes it: each direction carries it twice in total.
-    assert_eq!(st.bytes("tcp_tx"), 2 * payload);
-    assert_eq!(st.bytes("tcp_rx"), 2 * payload);
-    assert_eq!(st.bytes("ring_tx") + st.bytes("ring_rx"), 0);
+    // Both ends live in this process: each connection is counted once on each side. They
+    // are short (up to 96 KiB each way): most end before their upgrade is decided, some
+    // finish over shared memory (same-host upgrades are on by default).
+    assert_eq!(st.connections(), 2 * conns, "{}", st.summary());
+    // Client sends payload, server echoes it: each direction carries it twice in total,
+    // over TCP and the shared-memory rings together, none over RDMA.
+    assert_eq!(
+        st.bytes("tcp_tx") + st.bytes("shm_tx"),
+        2 * payload,
+        "{}",
+        st.summary()
+    );
+    assert_eq!(
+        st.bytes("tcp_rx") + st.bytes("shm_rx"),
+        2 * payload,
+        "{}",
+        st.summary()
+    );
+    assert_eq!(st.ring_bytes(), 0, "{}", st.summary());
     st.assert_fired(&[
         // std's TcpStream uses recv/send; set_nonblocking is ioctl(FIONBIO); try_clone is
         // fcntl(F_DUPFD_CLOEXEC); connect_timeout polls.

@@ -194,11 +194,11 @@ fn sshd(reexec: bool, ip: String) {
     ] {
         assert!(!text.contains(bad), "sshd logged {bad:?}:\n{text}");
     }
-    let reason = expected_reason();
-    let over: &[&str] = if ip == "127.0.0.1" {
-        &[&reason]
-    } else {
+    let reason = loopback_tcp_reason();
+    let over: &[&str] = if Rings::at(&ip).is_some() {
         &["peer_rejected"]
+    } else {
+        &[&reason]
     };
     check_outcomes(
         &s,

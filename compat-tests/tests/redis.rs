@@ -1,4 +1,9 @@
 //! redis-server under the shim, driven by redis-benchmark and redis-cli under the shim.
+//!
+//! Same-host upgrades are off for every process here (`RDMASHIM_LOCAL=0`): this checks the
+//! shim's TCP path — every hook the program needs fires and every byte is counted — which
+//! must hold for any connection that stays TCP. (Over shared memory: tests/upgrade_*.rs and
+//! tests/same_host.rs.)
 
 use rdmashim_compat_tests::*;
 use std::path::Path;
@@ -57,6 +62,7 @@ fn redis_benchmark_and_cli() {
     let s = Scratch::new("redis");
     let port = free_port().to_string();
     let mut cmd = shimmed(&server_bin, &s, "server");
+    cmd.env("RDMASHIM_LOCAL", "0");
     cmd.args([
         "--port",
         &port,
@@ -73,6 +79,7 @@ fn redis_benchmark_and_cli() {
     wait_listening(port.parse().unwrap(), &mut server, Duration::from_secs(20));
 
     let mut b = shimmed(&bench_bin, &s, "bench");
+    b.env("RDMASHIM_LOCAL", "0");
     b.args([
         "-h",
         "127.0.0.1",
@@ -98,6 +105,7 @@ fn redis_benchmark_and_cli() {
     let cli = |label: &str, args: &[&str]| -> String {
         // redis-cli goes through the launcher, server and benchmark through LD_PRELOAD
         let mut c = under_shim(Via::Launcher, &cli_bin, &s, label);
+        c.env("RDMASHIM_LOCAL", "0");
         c.args(["-h", "127.0.0.1", "-p", &port]).args(args);
         run_ok(c, T).trim().to_string()
     };
@@ -113,7 +121,7 @@ fn redis_benchmark_and_cli() {
     let st = server.stop().expect("server status");
     assert!(st.success(), "redis-server exited with {st}");
 
-    let reason = expected_reason();
+    let reason = loopback_tcp_reason();
     let srv = s.one_stats("server");
     let bench = s.one_stats("bench");
     let clis = s.stats("cli");

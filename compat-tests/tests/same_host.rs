@@ -1,5 +1,5 @@
-//! Host tier: processes of one host, both under the shim with same-host upgrades on
-//! (`RDMASHIM_LOCAL=1`), move their loopback connections onto shared-memory rings — no RDMA
+//! Host tier: processes of one host, both under the shim (same-host upgrades are on by
+//! default), move their loopback connections onto shared-memory rings — no RDMA
 //! device needed, so this runs on every machine. Proven by the stats: upgraded connections on
 //! both sides and bytes counted `shm_*` (a fallback to TCP would also give right answers).
 
@@ -13,8 +13,10 @@ fn printable(len: usize, seed: u64) -> Vec<u8> {
     pattern_bytes(len, seed, |x| b'!' + (x % 94) as u8)
 }
 
+/// `c` with same-host upgrades left at the shim's default (on), whatever the test's own
+/// environment says.
 fn local(mut c: std::process::Command) -> std::process::Command {
-    c.env("RDMASHIM_LOCAL", "1");
+    c.env_remove("RDMASHIM_LOCAL");
     c
 }
 
@@ -118,10 +120,10 @@ fn redis_over_shared_memory() {
     assert_eq!(srv.raw["security"]["unproven_requests"], 0);
 }
 
-/// Without `RDMASHIM_LOCAL` the same-host connections stay TCP, counted
-/// `not_upgradable_address` (the default, for now).
+/// With same-host upgrades off (`rdmashim run --no-local`, `RDMASHIM_LOCAL=0`) the same-host
+/// connections stay TCP, counted with [`loopback_tcp_reason`].
 #[test]
-fn off_by_default() {
+fn off_with_the_knob() {
     let Some(cli) = require("redis-cli") else {
         return;
     };
@@ -131,8 +133,14 @@ fn off_by_default() {
     let s = Scratch::new("shm-off");
     let ip = "127.0.0.1";
     let port = free_port_on(ip).to_string();
-    let mut cmd = under_shim(Via::Launcher, &server_bin, &s, "server");
-    cmd.env_remove("RDMASHIM_LOCAL")
+    let mut cmd = std::process::Command::new(&shim().launcher);
+    cmd.env_remove("LD_PRELOAD")
+        .env_remove("RDMASHIM_LOCAL")
+        .arg("run")
+        .arg("--stats")
+        .arg(s.stats_pattern("server"))
+        .args(["--no-local", "--"])
+        .arg(&server_bin)
         .args(["--port", &port, "--bind", ip])
         .args([
             "--save",
@@ -147,7 +155,7 @@ fn off_by_default() {
     let mut server = Server::start(cmd, "redis-server", "TERM");
     wait_listening(port.parse().unwrap(), &mut server, Duration::from_secs(30));
     let mut c = shimmed(&cli, &s, "cli");
-    c.env_remove("RDMASHIM_LOCAL")
+    c.env("RDMASHIM_LOCAL", "0")
         .args(["-h", ip, "-p", &port, "ping"]);
     assert_eq!(run_ok(c, T).trim_end(), "PONG");
     let pid = server.pid();
@@ -155,6 +163,7 @@ fn off_by_default() {
     let srv = s.stats_of("server", pid);
     let cl = s.one_stats("cli");
     assert_eq!(srv.upgraded() + cl.upgraded(), 0);
-    cl.assert_all_fallback(&expected_reason());
+    cl.assert_all_fallback(&loopback_tcp_reason());
+    srv.assert_all_fallback(&loopback_tcp_reason());
     assert_eq!(srv.shm_bytes() + cl.shm_bytes(), 0);
 }

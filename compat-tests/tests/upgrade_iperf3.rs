@@ -1,4 +1,5 @@
-//! RDMA tier: iperf3 server and client, both under the shim, on `RDMASHIM_TEST_IP`: the control
+//! iperf3 server and client, both under the shim, on `RDMASHIM_TEST_IP` (RDMA tier) or on
+//! 127.0.0.1 (shared memory, host tier): the control
 //! connection and every data stream are upgraded, and what iperf3 reports as sent and received
 //! went through the rings, direction by direction; the device's packet counters grew
 //! accordingly. Parallel streams, reverse and bidirectional; through `LD_PRELOAD` and through
@@ -23,14 +24,13 @@ use std::time::{Duration, Instant};
 /// iperf3's measured seconds over the ring.
 const RING_DATA_MIN: u64 = 64 * 1024;
 
-fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via) {
-    let ip = test_ip();
-    let dev = test_device();
+fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via, rings: Rings) {
+    let ip = rings.ip();
     let Some(iperf) = require("iperf3") else {
         return;
     };
     let s = Scratch::new(&format!("up-iperf3-{name}"));
-    let device = DeviceCounters::read(&dev);
+    let device = rings.device();
     let port = free_port_on(&ip).to_string();
     // -1: serve one test and exit normally (writing its stats).
     let mut cmd = under_shim(via, &iperf, &s, "server");
@@ -88,47 +88,73 @@ fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via) {
             st.summary()
         );
         st.assert_all_upgraded();
-        st.assert_upgraded(1 + data_streams, 1);
+        assert_eq!(
+            st.upgraded(),
+            1 + data_streams,
+            "{name} {side}: {}",
+            st.summary()
+        );
+        rings.assert_carried(st, &format!("{name} {side}"));
     }
     // What iperf3 counted as sent after the omitted seconds went through the rings; what it
     // counted as received did too, apart from at most the peer's whole TCP part (its backlog).
-    cli.assert_ring_at_least(up.0, down.1.saturating_sub(srv.bytes("tcp_tx")));
-    srv.assert_ring_at_least(down.0, up.1.saturating_sub(cli.bytes("tcp_tx")));
+    rings.assert_at_least(&cli, up.0, down.1.saturating_sub(srv.bytes("tcp_tx")));
+    rings.assert_at_least(&srv, down.0, up.1.saturating_sub(cli.bytes("tcp_tx")));
     // Every direction that carries a data stream carried it through the sender's ring (beyond
     // the control connection's few hundred bytes).
     for (dir, reported, sender) in [("client->server", up, &cli), ("server->client", down, &srv)] {
         if reported.1 > 0 {
             assert!(
-                sender.bytes("ring_tx") >= RING_DATA_MIN,
+                rings.tx(sender) >= RING_DATA_MIN,
                 "{name} {dir}: the sender wrote only {} ring bytes: {}",
-                sender.bytes("ring_tx"),
+                rings.tx(sender),
                 sender.summary()
             );
         }
     }
     // Nobody received more than the other side sent (ring and TCP together).
-    let total =
-        |st: &Stats, k: &str| st.bytes(&format!("ring_{k}")) + st.bytes(&format!("tcp_{k}"));
-    assert!(total(&srv, "rx") <= total(&cli, "tx"), "{name}");
-    assert!(total(&cli, "rx") <= total(&srv, "tx"), "{name}");
-    // The device carried at least those ring bytes.
-    device.delta().assert_carried(cli.ring_bytes());
+    let rx = |st: &Stats| rings.rx(st) + st.bytes("tcp_rx");
+    let tx = |st: &Stats| rings.tx(st) + st.bytes("tcp_tx");
+    assert!(rx(&srv) <= tx(&cli), "{name}");
+    assert!(rx(&cli) <= tx(&srv), "{name}");
+    // The device carried at least those ring bytes (RDMA).
+    if let Some(d) = device {
+        d.delta().assert_carried(cli.ring_bytes());
+    }
+}
+
+/// Over shared memory (both ends on 127.0.0.1, on every host): four parallel streams.
+#[test]
+fn parallel_4_over_shm() {
+    case("p4-shm", &["-P", "4"], 4, Via::Preload, Rings::Shm);
+}
+
+/// Over shared memory: reverse (the server sends), through the launcher.
+#[test]
+fn reverse_over_shm() {
+    case("reverse-shm", &["-R"], 1, Via::Launcher, Rings::Shm);
+}
+
+/// Over shared memory: both directions at once.
+#[test]
+fn bidir_over_shm() {
+    case("bidir-shm", &["--bidir"], 2, Via::Launcher, Rings::Shm);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn parallel_4_over_rdma() {
-    case("p4", &["-P", "4"], 4, Via::Preload);
+    case("p4", &["-P", "4"], 4, Via::Preload, Rings::Rdma);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn reverse_over_rdma() {
-    case("reverse", &["-R"], 1, Via::Launcher);
+    case("reverse", &["-R"], 1, Via::Launcher, Rings::Rdma);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn bidir_over_rdma() {
-    case("bidir", &["--bidir"], 2, Via::Launcher);
+    case("bidir", &["--bidir"], 2, Via::Launcher, Rings::Rdma);
 }

@@ -7,7 +7,7 @@
 //! | `RDMASHIM_LOG=error\|warn\|info\|debug\|off` | log level (default `warn`) |
 //! | `RDMASHIM_LOG_FILE=PATH` | append log lines to PATH (default: stderr); `%p` becomes the pid |
 //! | `RDMASHIM_STATS=PATH` | write the stats JSON to PATH at exit; `%p` becomes the pid |
-//! | `RDMASHIM_LOCAL=1\|0` | connections between processes of this host move to shared-memory rings (`1`), or stay TCP (`0`, the default for now: reason `not_upgradable_address`) |
+//! | `RDMASHIM_LOCAL=1\|0` | connections between processes of this host move to shared-memory rings (`1`, the default), or stay TCP (`0`: reason `not_upgradable_address`) |
 //! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
 //! | `RDMASHIM_FAULT=POINT:N` | tests only: panic the `N`th time the shim passes `POINT` (`ring_recv`, `engine_link`; see `fault.rs`) |
 //!
@@ -121,7 +121,7 @@ pub const ENV_FAULT: &str = "RDMASHIM_FAULT";
 pub const ENV_LOCAL: &str = "RDMASHIM_LOCAL";
 
 /// Whether same-host connections move to shared memory unless `RDMASHIM_LOCAL` says.
-pub const LOCAL_DEFAULT: bool = false;
+pub const LOCAL_DEFAULT: bool = true;
 
 /// A numeric setting: its variable, accepted range and default.
 pub struct Number {
@@ -330,6 +330,7 @@ mod tests {
         assert_eq!(c.stats_path.as_deref(), Some(&b"/tmp/s.%p.json"[..]));
         assert_eq!(c.log_file.as_deref(), Some(&b"/tmp/l"[..]));
         assert!(!cfg(&[("RDMASHIM_DISABLE", "0")]).disabled);
+        assert!(cfg(&[]).local, "same-host upgrades are on by default");
         assert!(cfg(&[("RDMASHIM_LOCAL", "yes")]).local);
         assert!(!cfg(&[("RDMASHIM_LOCAL", "0")]).local);
         let odd = cfg(&[("RDMASHIM_LOCAL", "sometimes")]);

@@ -127,9 +127,26 @@ pub fn doctor() -> ExitCode {
     } else {
         None
     };
+    // (as the shim reads RDMASHIM_LOCAL: on unless a boolean says off; anything else is off)
+    let local = std::env::var_os("RDMASHIM_LOCAL").is_none_or(|v| {
+        matches!(
+            v.to_str().map(str::to_ascii_lowercase).as_deref(),
+            Some("1" | "true" | "yes" | "on")
+        )
+    });
+    let same_host = if local {
+        "connections between processes of this host move to shared-memory rings"
+    } else {
+        "connections between processes of this host stay on TCP too (RDMASHIM_LOCAL is off)"
+    };
     match why {
-        Some(r) => println!(
+        Some(r @ FallbackReason::Disabled) => println!(
             "verdict: connections will stay on TCP ({}: {})",
+            r.name(),
+            r.describe()
+        ),
+        Some(r) => println!(
+            "verdict: connections to other hosts will stay on TCP ({}: {}); {same_host}",
             r.name(),
             r.describe()
         ),
@@ -141,7 +158,7 @@ pub fn doctor() -> ExitCode {
                 ""
             };
             println!(
-                "verdict: connections will stay on TCP ({}: {}){note}; RDMA device and libraries are present",
+                "verdict: connections to other hosts will stay on TCP ({}: {}){note}; RDMA device and libraries are present; {same_host}",
                 r.name(),
                 r.describe()
             )

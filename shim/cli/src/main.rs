@@ -26,8 +26,8 @@ usage:
       --log LEVEL      error|warn|info|debug (RDMASHIM_LOG)
       --log-file PATH  log to PATH instead of stderr (RDMASHIM_LOG_FILE)
       --disable        never upgrade (RDMASHIM_DISABLE=1)
-      --local          move connections between processes of this host to shared memory
-                       (RDMASHIM_LOCAL=1); --no-local keeps them on TCP (RDMASHIM_LOCAL=0)
+      --no-local       keep connections between processes of this host on TCP
+                       (RDMASHIM_LOCAL=0); --local moves them to shared memory (the default)
       --lib PATH       the library to preload (default: next to this executable, or installed)
   rdmashim doctor
       RDMA devices, libraries, memlock limit, and what would happen to a connection made now.
