@@ -545,16 +545,21 @@ impl Conn {
                 }
                 return;
             }
-        } else if !g.committed
-            && c.state() != StreamState::Handshaking
-            && link.conn_mut().commit_switch(g.tcp_sent).is_ok()
-        {
-            g.committed = true;
-            if g.tcp_wr_shut {
-                let _ = link.conn_mut().shutdown_write();
+        } else if !g.committed && c.state() != StreamState::Handshaking {
+            let peer_switched = !matches!(c.rx_state(), rdmashim_proto::RxState::Tcp { .. });
+            if link.conn_mut().commit_switch(g.tcp_sent).is_ok() {
+                g.committed = true;
+                if g.tcp_wr_shut {
+                    let _ = link.conn_mut().shutdown_write();
+                }
+                link.progress(false);
+                self.count_upgraded();
+            } else if peer_switched && !link.conn().back_started() {
+                // The peer switched, sent and closed before this side could commit (a client
+                // that says goodbye at once, as pgbench's vacuum connection does to its
+                // backend): its direction went over the ring, so the connection was upgraded.
+                self.count_upgraded();
             }
-            link.progress(false);
-            self.count_upgraded();
         }
         if g.back != Back::None || link.conn().back_started() {
             self.settle_back(g);
