@@ -325,17 +325,25 @@ fn dropbear(reexec: bool) {
     if reexec {
         return;
     }
-    // The listener handed every login to the child that serves it, which took its upgrade
-    // over, and either went back to TCP at the key check's `seteuid` or stayed TCP if that
-    // came first: counted once by each child.
+    // The listener handed the logins to the children that serve them, which took their
+    // upgrades over, and either went back to TCP at the key check's `seteuid` or stayed TCP
+    // if that came first: counted once by each child. A login whose offer the listener
+    // withdrew (docs/upgrade.md §7: it forked the next login's child while still holding
+    // this one, or no child adopted it within the hold, as a loaded VM can make it) stays
+    // TCP in every process (`forked`, its client `peer_rejected`), whole.
     let served = s.stats("dropbear");
-    assert_eq!(
-        served
-            .iter()
-            .map(|r| r.reason("handed_to_child"))
-            .sum::<u64>(),
-        LOGINS,
-        "each login handed to the child that serves it"
+    let listener = served
+        .iter()
+        .max_by_key(|r| r.connections())
+        .expect("the listener's record");
+    let (handed, withdrawn) = (
+        listener.reason("handed_to_child"),
+        listener.reason("forked"),
+    );
+    assert!(
+        handed >= 1 && handed + withdrawn == LOGINS,
+        "each login handed to the child that serves it, or withdrawn: {}",
+        listener.summary()
     );
     let children: u64 = served
         .iter()
