@@ -701,11 +701,7 @@ impl Stats {
 
     /// Asserts at least `min_tx` bytes were sent and `min_rx` received through the rings.
     pub fn assert_ring_at_least(&self, min_tx: u64, min_rx: u64) {
-        assert!(
-            self.bytes("ring_tx") >= min_tx && self.bytes("ring_rx") >= min_rx,
-            "expected ring_tx >= {min_tx} and ring_rx >= {min_rx}: {}",
-            self.summary()
-        );
+        Rings::Rdma.assert_at_least(self, min_tx, min_rx);
     }
 
     /// Asserts every connection of this process ended on TCP: each one upgraded went back
@@ -1358,7 +1354,7 @@ pub fn behave_conns(
 ) -> RoleStats {
     let side = via.map_or(Side::Plain, Side::Shim);
     let rings = via.and(Rings::at(ip));
-    let device = (rings == Some(Rings::Rdma)).then(|| DeviceCounters::read(&test_device()));
+    let device = rings.and_then(Rings::device);
     let r = behave_roles(bin, scenario, side, side, ip, rings.map(|_| SETTLE));
     if via.is_none() {
         return r;

@@ -1384,15 +1384,11 @@ pub fn close_for_credentials() -> bool {
     if !opened && engine.is_none() && !several_threads() {
         return false;
     }
-    if !end_rdma(FallbackReason::CredentialsChanged) {
-        return false;
-    }
-    shim_log!(
-        Level::Info,
-        "the process changes its credentials after using RDMA (or with several threads): the kernel would refuse its RDMA commands, so its connections go back to TCP and new ones stay there ({})",
-        FallbackReason::CredentialsChanged.name()
-    );
-    true
+    end_rdma_saying(
+        FallbackReason::CredentialsChanged,
+        format_args!("the process changes its credentials after using RDMA (or with several threads): the kernel would refuse its RDMA commands, so"),
+        "",
+    )
 }
 
 /// Before this process installs a seccomp filter (see `hooks/process.rs`): RDMA ends for it
@@ -1400,15 +1396,11 @@ pub fn close_for_credentials() -> bool {
 /// rdma_cm listeners are dropped, and the caller returns its connections to TCP. Returns
 /// whether RDMA ended now (not if it had already, or never started: no device, say).
 pub fn close_for_sandbox() -> bool {
-    if !end_rdma(FallbackReason::Sandboxed) {
-        return false;
-    }
-    shim_log!(
-        Level::Info,
-        "the process installs a seccomp filter: its connections go back to TCP and new ones stay there ({}); the shim writes nothing more",
-        FallbackReason::Sandboxed.name()
-    );
-    true
+    end_rdma_saying(
+        FallbackReason::Sandboxed,
+        format_args!("the process installs a seccomp filter:"),
+        "; the shim writes nothing more",
+    )
 }
 
 /// Before this process sets up an io_uring instance (see `hooks/syscall.rs`): io_uring's
@@ -1417,15 +1409,11 @@ pub fn close_for_sandbox() -> bool {
 /// share the instance), its rdma_cm listeners are dropped, and the caller returns its
 /// connections to TCP while the instance does not exist yet. Returns whether RDMA ended now.
 pub fn close_for_io_uring() -> bool {
-    if !end_rdma(FallbackReason::IoUring) {
-        return false;
-    }
-    shim_log!(
-        Level::Info,
-        "the process sets up io_uring, whose I/O the shim cannot see: its connections go back to TCP and new ones stay there ({})",
-        FallbackReason::IoUring.name()
-    );
-    true
+    end_rdma_saying(
+        FallbackReason::IoUring,
+        format_args!("the process sets up io_uring, whose I/O the shim cannot see:"),
+        "",
+    )
 }
 
 /// The shim's descriptors were given up ([`close_for_replaced_fd`]).
@@ -1441,10 +1429,10 @@ pub fn close_for_replaced_fd(fd: c_int) -> bool {
         return false;
     }
     end_rdma(FallbackReason::FdReplaced);
-    shim_log!(
-        Level::Info,
-        "the program puts a file of its own at descriptor {fd}, one of the shim's: its connections go back to TCP and new ones stay there ({}); the shim's descriptors are left unused from now on",
-        FallbackReason::FdReplaced.name()
+    log_rdma_ended(
+        FallbackReason::FdReplaced,
+        format_args!("the program puts a file of its own at descriptor {fd}, one of the shim's:"),
+        "; the shim's descriptors are left unused from now on",
     );
     true
 }
@@ -1485,6 +1473,26 @@ fn end_rdma(reason: FallbackReason) -> bool {
         e.drop_listeners();
     }
     true
+}
+
+/// [`end_rdma`], and if it ended now, the log line that says why (`why`, then what follows
+/// for the connections, then `more`). Returns whether it ended now.
+fn end_rdma_saying(reason: FallbackReason, why: core::fmt::Arguments<'_>, more: &str) -> bool {
+    if !end_rdma(reason) {
+        return false;
+    }
+    log_rdma_ended(reason, why, more);
+    true
+}
+
+/// The log line of RDMA's end for this process: `why`, what becomes of its connections (and
+/// the reason they count), then `more`.
+fn log_rdma_ended(reason: FallbackReason, why: core::fmt::Arguments<'_>, more: &str) {
+    shim_log!(
+        Level::Info,
+        "{why} its connections go back to TCP and new ones stay there ({}){more}",
+        reason.name()
+    );
 }
 
 /// Whether the process runs more than one thread (when it cannot be told: yes).
