@@ -1387,16 +1387,26 @@ impl State {
             DialStatus::Failed(e) => {
                 // A shim that declined this one connection (no matching TCP connection yet, a
                 // duplicate, short of resources) will take others: not cached, and its host
-                // is proven.
-                let shim_declined = matches!(
-                    e,
-                    DialError::Rejected(Some(
-                        RejectReason::NoMatchingTcp
-                            | RejectReason::Duplicate
-                            | RejectReason::Resources
-                            | RejectReason::Redirect(_)
-                    ))
-                );
+                // is proven. So is a rejection from a process's own rdma_cm port (the server
+                // redirected the dial to a fork child, or its token named a prefork worker's
+                // listener): it speaks for that one process, which may be gone or not
+                // listening yet, not for the service. After a redirect nothing is cached: the
+                // service's shim answered, over rdma_cm, so its host is reachable.
+                let redirected = self
+                    .conns
+                    .get(&c.slot)
+                    .is_some_and(|t| t.redirect.is_some());
+                let shim_declined = redirected
+                    || matches!(g.token, TokenWait::Got(_, Some(_)))
+                    || matches!(
+                        e,
+                        DialError::Rejected(Some(
+                            RejectReason::NoMatchingTcp
+                                | RejectReason::Duplicate
+                                | RejectReason::Resources
+                                | RejectReason::Redirect(_)
+                        ))
+                    );
                 let (reason, failure) = match &e {
                     DialError::Rejected(r) => (
                         fallback_reason(rdmashim_proto::ErrorReason::Rejected(*r)),
@@ -1415,6 +1425,7 @@ impl State {
                     DialError::Local(_) => (FallbackReason::Resources, None),
                 };
                 shim_log!(Level::Debug, "dial {}: {e:?}", c.peer);
+                let failure = failure.filter(|_| !redirected);
                 if let Some(en) = engine() {
                     if let Some(f) = failure {
                         en.record_failure(c.peer, f);
