@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The report of scripts/bench: medians, pair-by-pair ratios, the rdmashim column's label
-from the shim's own stats files, and the outputs.
+from the shim's own stats files, and the outputs. A run of `scripts/bench --local` (META's
+local=1: kernel TCP and rdmashim's shared-memory rings on one host) has figures of its own
+(LOCAL_ROWS), each ratio judged against its target.
 
   report.py RAW.tsv STATS_DIR META.txt OUT_DIR
 
@@ -27,11 +29,12 @@ COLORS = {"tcp": "#7f7f7f", "shim": "#1f77b4", "rsocket": "#ff7f0e", "device": "
 ROWS = []
 
 
-def row(rid, label, unit, better, tests, device=None):
+def row(rid, label, unit, better, tests, device=None, into=None, target=None):
     src = {s: (t, m) for s, (t, m) in tests.items()}
     if device:
         src["device"] = device
-    ROWS.append({"id": rid, "label": label, "unit": unit, "better": better, "src": src})
+    (ROWS if into is None else into).append({"id": rid, "label": label, "unit": unit, "better": better,
+                                             "src": src, "target": target})
 
 
 def three(test, metric):
@@ -68,6 +71,69 @@ row("first_fallback", "fallback: first connection of a fresh process", "ms", "lo
 row("first_fallback_cpu", "fallback: CPU time of that process", "ms", "lower",
     {"tcp": ("first", "cpu_ms"), "shim": ("first_fallback", "cpu_ms"),
      "rsocket": ("first_fallback", "cpu_ms")})
+
+# ---- same host (scripts/bench --local): kernel TCP on 127.0.0.1 against the shared-memory rings.
+# A target is (op, ratio) on rdmashim / TCP: the issue's ("64 B ping-pong <= 1/10 of loopback
+# TCP's latency", "a 64 KiB stream >= 3x", "redis-benchmark >= 2x"), and on one shared CPU,
+# where spinning cannot help, never worse than TCP.
+LOCAL_SYSTEMS = ["tcp", "shim"]
+LOCAL_ROWS = []
+
+
+def two(test, metric):
+    return {s: (test, metric) for s in LOCAL_SYSTEMS}
+
+
+for where, sfx, fast, slow in (("", "", ("<=", 0.1), None), (", both ends on one CPU", "_shared", ("<=", 1.0), None)):
+    for tool, tn in (("sockperf", "sockperf"), ("pingpong", "send/recv")):
+        for q, qn in (("p50_us", "median"), ("p99_us", "p99")):
+            row(f"{tool}_64{sfx}_{q[:3]}", f"latency 64 B {tn}{where}, {qn}", "us", "lower",
+                two(f"{tool}_64{sfx}", q), into=LOCAL_ROWS, target=fast if q == "p50_us" else slow)
+    row(f"pingpong_64{sfx}_cpu", f"CPU time per 64 B round trip, both ends{where}", "us", "lower",
+        two(f"pingpong_64{sfx}", "cpu_us"), into=LOCAL_ROWS)
+    if not sfx:
+        for tool, tn in (("sockperf", "sockperf"), ("pingpong", "send/recv")):
+            for q, qn in (("p50_us", "median"), ("p99_us", "p99")):
+                row(f"{tool}_4096_{q[:3]}", f"latency 4 KiB {tn}, {qn}", "us", "lower",
+                    two(f"{tool}_4096", q), into=LOCAL_ROWS)
+    row(f"stream{sfx}", f"send/recv stream, 64 KiB writes{where}", "Gbit/s", "higher", two(f"stream{sfx}", "gbit_s"),
+        into=LOCAL_ROWS, target=(">=", 3.0) if not sfx else (">=", 1.0))
+    if not sfx:
+        row("iperf3_P1", "iperf3, 1 stream", "Gbit/s", "higher", two("iperf3_P1", "gbit_s"), into=LOCAL_ROWS)
+        row("iperf3_P4", "iperf3, 4 streams", "Gbit/s", "higher", two("iperf3_P4", "gbit_s"), into=LOCAL_ROWS)
+    for mode, what in (("C1", "one client, -P 1"), ("P1", "50 clients, -P 1"), ("P16", "50 clients, -P 16")):
+        for op in ("SET", "GET"):
+            row(f"redis{sfx}_{op}_{mode}", f"redis-benchmark {op} {what}{where}", "req/s", "higher",
+                two(f"redis{sfx}_{mode}", f"{op.lower()}_rps"), into=LOCAL_ROWS,
+                target=(">=", 2.0) if not sfx else (">=", 1.0))
+row("connrate", "short connections (connect, 64 B echo, close)", "conn/s", "higher", two("connrate", "conn_s"),
+    into=LOCAL_ROWS)
+row("first", "first connection of a fresh process", "ms", "lower", two("first", "first_ms"), into=LOCAL_ROWS)
+row("first_cpu", "CPU time of that process (one connection, then 1 s idle)", "ms", "lower", two("first", "cpu_ms"),
+    into=LOCAL_ROWS)
+row("hold", "memory per held connection, both ends (Pss, 100 connections)", "KiB", "lower",
+    two("hold", "kib_per_conn"), into=LOCAL_ROWS)
+
+
+def target_verdict(rw):
+    """Whether a row's median ratio (rdmashim / TCP) meets its target: None without a target."""
+    t = rw.get("target")
+    r = rw["shim_ratio"].get("tcp")
+    if not t:
+        return None
+    if not r or r["median"] is None:
+        return "no ratio"
+    op, want = t
+    ok = r["median"] <= want if op == "<=" else r["median"] >= want
+    return "met" if ok else "missed"
+
+
+def target_text(t):
+    if not t:
+        return "-"
+    op, want = t
+    return f"{'≤' if op == '<=' else '≥'} {want:g}x"
+
 
 DEVICE_TOOL = {"devlat_64": "ib_write_lat -R -s 64 (t_typical / 99%)",
                "devlat_4096": "ib_write_lat -R -s 4096 (t_typical / 99%)",
@@ -246,12 +312,13 @@ def main(raw, stats_dir, meta_path, out):
     ok, failed, skipped = load_raw(raw)
     per_test, tot = load_stats(stats_dir)
     label, mode = shim_label(tot)
-    rounds = int(meta.get("runs", "1"))
+    local = meta.get("local") == "1"
+    systems, rows, others = (LOCAL_SYSTEMS, LOCAL_ROWS, ("tcp",)) if local else (SYSTEMS, ROWS, ("tcp", "rsocket", "device"))
 
     rows_out = []
-    for rw in ROWS:
+    for rw in rows:
         cells = {}
-        for s in SYSTEMS:
+        for s in systems:
             if s not in rw["src"]:
                 cells[s] = None
                 continue
@@ -270,14 +337,16 @@ def main(raw, stats_dir, meta_path, out):
                     cell["shim_connections"] = st
             cells[s] = cell
         ratios = {}
-        for other in ("tcp", "rsocket", "device"):
+        for other in others:
             a, b = cells.get("shim"), cells.get(other)
             if not a or not b:
                 continue
             rs = [a["runs"][k] / b["runs"][k] for k in a["runs"] if k in b["runs"] and b["runs"][k] > 0]
             ratios[other] = {"median": statistics.median(rs) if rs else None, "pairs": len(rs)}
         rows_out.append({"id": rw["id"], "label": rw["label"], "unit": rw["unit"],
-                         "better": rw["better"], "systems": cells, "shim_ratio": ratios})
+                         "better": rw["better"], "systems": cells, "shim_ratio": ratios,
+                         "target": rw["target"]})
+        rows_out[-1]["verdict"] = target_verdict(rows_out[-1])
 
     def cell_text(c, short=True):
         if c is None:
@@ -297,12 +366,15 @@ def main(raw, stats_dir, meta_path, out):
         return f"{r['median']:.2f}x"
 
     # ---- plain-text table
-    heads = ["figure", "unit", "kernel TCP", "rdmashim", "rsocket", "device",
-             "shim/TCP", "shim/rsocket", "shim/device"]
+    heads = ["figure", "unit"] + [NAMES[s] if s != "shim" else "rdmashim" for s in systems] \
+        + [f"shim/{NAMES[o] if o != 'tcp' else 'TCP'}" for o in others]
+    if local:
+        heads += ["target", "verdict"]
     lines = []
     for rw in rows_out:
-        lines.append([rw["label"], rw["unit"]] + [cell_text(rw["systems"][s]) for s in SYSTEMS]
-                     + [ratio_text(rw, o) for o in ("tcp", "rsocket", "device")])
+        lines.append([rw["label"], rw["unit"]] + [cell_text(rw["systems"][s]) for s in systems]
+                     + [ratio_text(rw, o) for o in others]
+                     + ([target_text(rw["target"]), rw["verdict"] or "-"] if local else []))
     widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(heads)]
 
     def fmt_line(cols):
@@ -310,7 +382,7 @@ def main(raw, stats_dir, meta_path, out):
 
     failures = []   # (system, [tests], error, runs): one entry per system and error
     for rw in rows_out:
-        for s in SYSTEMS:
+        for s in systems:
             c = rw["systems"][s]
             if not (c and c["failed"]):
                 continue
@@ -325,8 +397,8 @@ def main(raw, stats_dir, meta_path, out):
             f"records; each connection is counted once by each end running the shim); reasons it "
             f"stayed on TCP: {fallback_reasons}.")
     if mode == "pass-through":
-        note += (" These rdmashim figures are the shim's pass-through (kernel TCP) path, not RDMA "
-                 "figures.")
+        note += (" These rdmashim figures are the shim's pass-through (kernel TCP) path, not "
+                 + ("shared-memory" if local else "RDMA") + " figures.")
     txt = []
     txt.append(f"rdmashim benchmark, {meta.get('date', '')}: {meta.get('runs')} run(s) per figure "
                f"(median; ratios are medians of per-run pairs)")
@@ -339,8 +411,9 @@ def main(raw, stats_dir, meta_path, out):
         txt.append(fmt_line(l))
     txt.append("")
     txt.append(note)
-    txt.append("device column: " + "; ".join(f"{k}: {v}" for k, v in DEVICE_TOOL.items()) +
-               ". Latencies are one-way (round trip / 2), in microseconds.")
+    if not local:
+        txt.append("device column: " + "; ".join(f"{k}: {v}" for k, v in DEVICE_TOOL.items()) + ".")
+    txt.append("Latencies are one-way (round trip / 2), in microseconds.")
     txt.append("* = some runs failed (median of the others).")
     if failures:
         txt.append("failures (each recorded once, not retried in later runs):")
@@ -357,7 +430,7 @@ def main(raw, stats_dir, meta_path, out):
     print(table)
 
     os.makedirs(out, exist_ok=True)
-    result = {"meta": meta, "systems": {s: NAMES[s] for s in SYSTEMS},
+    result = {"meta": meta, "systems": {s: NAMES[s] for s in systems},
               "shim": {"label": label, "mode": mode, "connections": tot, "per_test": per_test},
               "rows": rows_out, "latency_rounds": lat_rounds, "failures": [{"system": s, "test": t, "error": e, "runs": rr}
                                              for s, t, e, rr in failures]}
@@ -365,6 +438,10 @@ def main(raw, stats_dir, meta_path, out):
         json.dump(result, f, indent=1)
         f.write("\n")
 
+    if local:
+        charts = write_charts_local(out, rows_out, label)
+        write_md_local(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_text, charts)
+        return
     charts = write_charts(out, rows_out, label)
     write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_text, charts, tot,
              lat_rounds)
@@ -636,6 +713,92 @@ def write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_
               "same idea, same device, same applications). TCG timings are noisy (timer-tick "
               "outliers): compare medians, and read p99 values as indicative only.")
     md.append("")
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write("\n".join(md))
+
+
+# ---- same host (scripts/bench --local) ---------------------------------------------------------
+
+def write_charts_local(out, rows_out, label):
+    by = {r["id"]: r for r in rows_out}
+
+    def val(rid, s, p99id=None):
+        c = by[rid]["systems"].get(s)
+        p99 = by[p99id]["systems"][s]["median"] if p99id else None
+        return (c["median"], p99, c["failed"])
+
+    series = [("tcp", "kernel TCP, 127.0.0.1"), ("shim", label)]
+    lat = [(name, {s: val(f"{rid}_p50", s, f"{rid}_p99") for s, _ in series})
+           for name, rid in (("sockperf 64 B", "sockperf_64"), ("send/recv 64 B", "pingpong_64"),
+                             ("sockperf 4 KiB", "sockperf_4096"), ("send/recv 4 KiB", "pingpong_4096"),
+                             ("sockperf 64 B, one CPU", "sockperf_64_shared"),
+                             ("send/recv 64 B, one CPU", "pingpong_64_shared"))]
+    with open(os.path.join(out, "latency.svg"), "w") as f:
+        f.write(svg_bars("Same host: one-way latency, median (bar) and p99 (marker)", "microseconds", lat,
+                         series, True, "ping-pong round trip / 2; one CPU: both ends pinned to the same CPU"))
+    tp = [(name, {s: val(rid, s) for s, _ in series})
+          for name, rid in (("send/recv stream", "stream"), ("stream, one CPU", "stream_shared"),
+                            ("iperf3, 1 stream", "iperf3_P1"), ("iperf3, 4 streams", "iperf3_P4"))]
+    with open(os.path.join(out, "throughput.svg"), "w") as f:
+        f.write(svg_bars("Same host: throughput", "Gbit/s", tp, series, False, "64 KiB writes"))
+    app = [(f"{op} {m}{' 1 CPU' if sfx else ''}", {s: val(f"redis{sfx}_{op}_{mode}", s) for s, _ in series})
+           for sfx in ("", "_shared") for mode, m in (("C1", "c1"), ("P1", "c50"), ("P16", "c50 P16"))
+           for op in ("SET", "GET")]
+    with open(os.path.join(out, "app.svg"), "w") as f:
+        f.write(svg_bars("Same host: redis-benchmark requests per second", "requests/s", app, series, True,
+                         "c1: one client; c50: 50 clients; P16: 16 requests pipelined"))
+    return {"latency": "latency.svg", "throughput": "throughput.svg", "app": "app.svg"}
+
+
+def write_md_local(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_text, charts):
+    md = ["# rdmashim on one host: shared-memory rings against loopback TCP", "",
+          "Generated by `scripts/bench --local --publish`. Do not edit by hand. These are real figures "
+          "of the machine below (no emulation): both ends run on it, on 127.0.0.1.", "",
+          f"- **Date:** {meta.get('date')}",
+          f"- **Machine:** {meta.get('nproc')} CPUs, {meta.get('cpu')}; kernel {meta.get('kernel')}",
+          f"- **Tools:** {meta.get('tools')}",
+          f"- **Runs:** {meta.get('runs')} per figure{' (--quick)' if meta.get('quick') == '1' else ''}; "
+          f"{meta.get('durations')}; measurements took {meta.get('seconds')} s",
+          f"- **CPU placement:** {meta.get('pinning')}", ""]
+    if mode == "pass-through":
+        md += [f"> **The rdmashim column is the pass-through shim, not shared memory.** {label}.", ""]
+    md.append(f"| figure | unit | kernel TCP | {label} | rdmashim ÷ TCP | target | verdict |")
+    md.append("|---|---|--:|--:|--:|--:|---|")
+    for rw in rows_out:
+        md.append("| " + " | ".join([rw["label"], rw["unit"]]
+                                    + [cell_text(rw["systems"][s], short=False).replace("|", "\\|") for s in LOCAL_SYSTEMS]
+                                    + [ratio_text(rw, "tcp"), target_text(rw["target"]),
+                                       f"**{rw['verdict']}**" if rw["verdict"] == "missed" else (rw["verdict"] or "")]) + " |")
+    md.append("")
+    md.append("Each figure is the median of its runs; kernel TCP and rdmashim are measured back to back "
+              "in each run, and each ratio is the median of the per-run ratios. Every latency and "
+              "throughput figure counts only after a warm-up on its connection (`sockperf "
+              "--pre-warmup-wait`, `iperf3 -O`, sockbench's own): under the shim a connection starts "
+              "on TCP and moves to the rings once both ends agree. Latencies are one-way (round trip "
+              "/ 2). `send/recv` is `scripts/bench-tools/sockbench.c` (blocking calls); its CPU time "
+              "per round trip adds the client's (user + system, every thread, over the counted round "
+              "trips) and the server's (over the whole connection, warm-up included). The memory "
+              "row is `sockbench.c hold`: the proportional set size (Pss: a shared page is split "
+              "among the processes mapping it) that 100 open connections, each echoed once before and "
+              "once after 2 s idle, add to the client and the server together, per connection "
+              "(the server holds each in a thread of its own, whose stack counts for both systems). "
+              "Targets are the issue's: a 64 B ping-pong at most 1/10 of loopback TCP's latency, a "
+              "64 KiB stream at least 3x its throughput, redis-benchmark at least 2x; with both ends "
+              "on one CPU, where nobody can spin, never worse than TCP.")
+    md.append("")
+    md.append(note)
+    md.append("")
+    if failures:
+        md.append("## Failures")
+        md.append("")
+        for s, t, e, rr in failures:
+            md.append(f"- {NAMES[s]} / {', '.join(f'`{x}`' for x in t)} (run {', '.join(map(str, rr))}): {e}")
+        md.append("")
+    md.append("## Plots")
+    md.append("")
+    for k in ("latency", "throughput", "app"):
+        md.append(f"![{k}]({charts[k]})")
+        md.append("")
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
 

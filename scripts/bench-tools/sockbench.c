@@ -19,11 +19,23 @@
  *       close: {"conn_s":..,"connections":..,"seconds":..}. The same loop runs WARMUP seconds
  *       first (default 0) without being counted: a steady rate, apart from the once-per-process
  *       work that `first` measures.
+ *   sockbench client IP PORT hold N SECONDS
+ *       memory per connection: opens N connections (each served by a thread of its own,
+ *       echoing 64 B messages), one echo on each, SECONDS idle (so that a preload can move
+ *       them), then one more echo on each, and reports the proportional set size (Pss:
+ *       shared pages split among the processes that map them) that the N connections added,
+ *       in this process and in the server's (asked over a connection of its own before and
+ *       after): {"conns":..,"client_kib":..,"server_kib":..,"kib_per_conn":..}
  *   sockbench client IP PORT first SIZE SECONDS
  *       a fresh process's one short connection (as conn), then SECONDS idle, so that work a
  *       preload does in the background for it is done: the connection's time and the CPU time
  *       (user + system, all threads, from exec on) the whole process used:
  *       {"first_ms":..,"cpu_ms":..}
+ *
+ * The ping-pong's client also reports the CPU time (user + system, every thread of the
+ * process) it used per counted round trip ("cpu_us"), and the server prints one JSON line
+ * per ping-pong connection it served: {"served":"pp","round_trips":..,"cpu_us":..} (its CPU
+ * time over that whole connection, warm-up included, per round trip).
  *
  * Only blocking socket(), connect(), accept(), send(), recv(), shutdown() and close(): the
  * calls every socket preload (rdmashim, rsocket's librspreload) intercepts. sockperf (sendto
@@ -36,6 +48,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -99,6 +112,26 @@ static struct sockaddr_in addr(const char *ip, const char *port) {
     return a;
 }
 
+/* The CPU time (user + system, all threads) this process has used, in seconds. */
+static double cpu_now(void) {
+    struct rusage u;
+    if (getrusage(RUSAGE_SELF, &u)) die("getrusage");
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+/* This process's proportional set size, in KiB (Linux's /proc/self/smaps_rollup). */
+static long pss_kib(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    long v = -1;
+    if (!f) die("/proc/self/smaps_rollup");
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Pss: %ld kB", &v) == 1) break;
+    fclose(f);
+    if (v < 0) { errno = 0; die("no Pss in /proc/self/smaps_rollup"); }
+    return v;
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -125,8 +158,17 @@ static void serve(int c) {
     if (!buf) return;
     if (hdr[0] == 'C') {
         if (!full(c, buf, size, 1)) full(c, buf, size, 0);
-    } else if (hdr[0] == 'P') {
-        while (!full(c, buf, size, 1) && !full(c, buf, size, 0)) {}
+    } else if (hdr[0] == 'P' || hdr[0] == 'H') {
+        double cpu0 = cpu_now();
+        long n = 0;
+        while (!full(c, buf, size, 1) && !full(c, buf, size, 0)) n++;
+        if (hdr[0] == 'P' && n > 0) {
+            printf("{\"served\": \"pp\", \"round_trips\": %ld, \"cpu_us\": %.3f}\n", n, (cpu_now() - cpu0) / n * 1e6);
+            fflush(stdout);
+        }
+    } else if (hdr[0] == 'M') {
+        int64_t v = pss_kib();
+        full(c, &v, 8, 0);
     } else {
         uint64_t total = 0;
         ssize_t r;
@@ -135,6 +177,51 @@ static void serve(int c) {
         full(c, &total, 8, 0);
     }
     free(buf);
+}
+
+static void *hold_thread(void *arg) {
+    int c = (int)(intptr_t)arg;
+    serve(c);
+    close(c);
+    return NULL;
+}
+
+/* The server's Pss, asked over a connection of its own. */
+static long server_pss(const struct sockaddr_in *a) {
+    unsigned char hdr[5] = {'M', 1, 0, 0, 0};
+    int64_t v;
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0 || connect(c, (const void *)a, sizeof *a)) die("connect");
+    if (full(c, hdr, 5, 0) || full(c, &v, 8, 1)) die("the server's Pss");
+    close(c);
+    return (long)v;
+}
+
+/* hold: see the top. */
+static int hold(const struct sockaddr_in *a, int n, double secs) {
+    int one = 1, *fd = calloc((size_t)n, sizeof *fd);
+    unsigned char msg[64] = {'H', 64, 0, 0, 0};
+    if (!fd) die("calloc");
+    long s0 = server_pss(a), c0 = pss_kib();
+    for (int i = 0; i < n; i++) {
+        fd[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd[i] < 0 || connect(fd[i], (const void *)a, sizeof *a)) die("connect");
+        setsockopt(fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (full(fd[i], msg, 5, 0)) die("send");
+    }
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < n; i++)
+            if (full(fd[i], msg, 64, 0) || full(fd[i], msg, 64, 1)) die("echo");
+        if (round == 0) {
+            struct timespec idle = {(time_t)secs, (long)((secs - (time_t)secs) * 1e9)};
+            while (nanosleep(&idle, &idle) && errno == EINTR) {}
+        }
+    }
+    long c1 = pss_kib(), s1 = server_pss(a);
+    printf("{\"conns\": %d, \"client_kib\": %ld, \"server_kib\": %ld, \"kib_per_conn\": %.1f}\n",
+           n, c1 - c0, s1 - s0, (double)(c1 - c0 + s1 - s0) / n);
+    for (int i = 0; i < n; i++) close(fd[i]);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -155,16 +242,30 @@ int main(int argc, char **argv) {
                 die("accept");
             }
             setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            /* (a held connection gets a thread: the others are served one at a time) */
+            unsigned char h;
+            pthread_t t;
+            if (recv(c, &h, 1, MSG_PEEK) == 1 && h == 'H' &&
+                !pthread_create(&t, NULL, hold_thread, (void *)(intptr_t)c)) {
+                pthread_detach(t);
+                continue;
+            }
             serve(c);
             close(c);
         }
         close(l);
         return 0;
     }
+    if (argc == 7 && !strcmp(argv[1], "client") && !strcmp(argv[4], "hold")) {
+        struct sockaddr_in a = addr(argv[2], argv[3]);
+        int n = atoi(argv[5]);
+        if (n <= 0) { errno = EINVAL; die("hold: N"); }
+        return hold(&a, n, atof(argv[6]));
+    }
     int conn = argc >= 5 && !strcmp(argv[4], "conn"), first = argc >= 5 && !strcmp(argv[4], "first");
     if ((argc != 7 && !(!first && argc == 8)) || strcmp(argv[1], "client") ||
         (strcmp(argv[4], "pp") && strcmp(argv[4], "stream") && !conn && !first)) {
-        fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP]\n");
+        fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP] | sockbench client IP PORT hold N SECONDS\n");
         return 2;
     }
     int pp = !strcmp(argv[4], "pp");
@@ -215,12 +316,12 @@ int main(int argc, char **argv) {
         long warm = 100;
         int tsc = tsc_wanted();
         uint64_t k0 = 0, kmid = 0;
-        double tmid = 0;
+        double tmid = 0, cpu0 = 0;
         for (unsigned long i = 0;; i++) {
             /* (with the counter, the clock only every 64th round trip: for the run's end) */
             double t = tsc && t0 != 0 && i % 64 ? t0 : now();
             uint64_t k = tsc ? ticks() : 0;
-            if (warm == 0 && t0 == 0) t0 = t, end = t0 + secs, k0 = k;
+            if (warm == 0 && t0 == 0) t0 = t, end = t0 + secs, k0 = k, cpu0 = cpu_now();
             if (t0 != 0 && t >= end) break;
             if (t0 != 0 && tmid == 0 && t >= t0 + secs / 2) tmid = t, kmid = k;
             if (full(c, buf, size, 0)) die("send");
@@ -231,6 +332,7 @@ int main(int argc, char **argv) {
             rtt[n++] = tsc ? (double)(ticks() - k) : now() - t;
         }
         if (n == 0) { errno = 0; fprintf(stderr, "sockbench: no sample after warm-up\n"); return 1; }
+        double cpu_us = (cpu_now() - cpu0) / n * 1e6;
         if (tsc) {
             /* counter ticks per second over the counted run, and over each half of it */
             double t1 = now();
@@ -245,8 +347,8 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < n; i++) rtt[i] /= hz;
         }
         qsort(rtt, n, sizeof *rtt, cmp);
-        printf("{\"p50_us\": %.3f, \"p99_us\": %.3f, \"samples\": %zu, \"tsc\": %d}\n",
-               rtt[n / 2] / 2 * 1e6, rtt[(size_t)(n * 0.99)] / 2 * 1e6, n, tsc);
+        printf("{\"p50_us\": %.3f, \"p99_us\": %.3f, \"samples\": %zu, \"tsc\": %d, \"cpu_us\": %.3f}\n",
+               rtt[n / 2] / 2 * 1e6, rtt[(size_t)(n * 0.99)] / 2 * 1e6, n, tsc, cpu_us);
     } else {
         uint64_t before = 0;
         for (double w = now() + warmup; now() < w; before += size)
