@@ -1018,6 +1018,14 @@ impl fmt::Debug for ShmDialer {
     }
 }
 
+/// Whether a send on the rendezvous socket failed because the other end closed it.
+fn is_peer_gone(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+    )
+}
+
 impl ShmDialer {
     /// Connects to the abstract name `name` and sends the request for the TCP connection
     /// `client` → `server_port` bound by `proof` (`tcp_received`: bytes the application has
@@ -1117,6 +1125,11 @@ impl ShmDialer {
                     });
                 match link {
                     Ok(l) => DialStatus::Connected(l),
+                    // (the server accepted, then its end went away before the confirmation:
+                    // its application closed the connection meanwhile)
+                    Err(e) if is_peer_gone(&e) => {
+                        DialStatus::Failed(DialError::Broken(e.to_string()))
+                    }
                     Err(e) => DialStatus::Failed(DialError::Local(e)),
                 }
             }

@@ -1517,6 +1517,16 @@ impl State {
                         self.watch(&c, &mut g, link, libc::EPOLL_CTL_ADD);
                     }
                     Err(_) if g.closed => c.fall_back(&mut g, FallbackReason::ClosedEarly),
+                    // (the client's end of a same-host rendezvous is gone: its application
+                    // closed the connection during the handshake)
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                        ) =>
+                    {
+                        c.fall_back_unsure(&mut g, FallbackReason::ClosedEarly)
+                    }
                     Err(e) => {
                         // The client may have given up already (its application closed the
                         // connection, which destroyed its rdma_cm id; the request is then
