@@ -1094,7 +1094,14 @@ impl ShmDialer {
         let (n, fds) = match got {
             Ok(Got::Nothing) if Instant::now() < self.deadline => return DialStatus::Pending,
             Ok(Got::Nothing) => return self.end(DialError::Timeout),
-            Ok(Got::End) => return self.end(DialError::Rejected(None)),
+            // (the name had a listener, which closed the request unanswered: its shim gave up
+            // on it, typically as its application closed the connection; not a host without
+            // the shim, which refuses the connect itself)
+            Ok(Got::End) => {
+                return self.end(DialError::Broken(
+                    "the server closed the rendezvous unanswered".into(),
+                ))
+            }
             Ok(Got::Message(n, fds)) => (n, fds),
             Err(e) => return self.end(DialError::Local(e)),
         };
