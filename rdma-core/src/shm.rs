@@ -1018,8 +1018,10 @@ impl fmt::Debug for ShmDialer {
     }
 }
 
-/// Whether a send on the rendezvous socket failed because the other end closed it.
-fn is_peer_gone(e: &io::Error) -> bool {
+/// Whether a send on a rendezvous socket failed because the other end closed it (the dial's
+/// confirmation, the server's answer): that end's application closed the connection during
+/// the handshake.
+pub fn peer_gone(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
@@ -1134,9 +1136,7 @@ impl ShmDialer {
                     Ok(l) => DialStatus::Connected(l),
                     // (the server accepted, then its end went away before the confirmation:
                     // its application closed the connection meanwhile)
-                    Err(e) if is_peer_gone(&e) => {
-                        DialStatus::Failed(DialError::Broken(e.to_string()))
-                    }
+                    Err(e) if peer_gone(&e) => DialStatus::Failed(DialError::Broken(e.to_string())),
                     Err(e) => DialStatus::Failed(DialError::Local(e)),
                 }
             }

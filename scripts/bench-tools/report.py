@@ -685,22 +685,7 @@ def write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_
                     seen.add(key)
                     md.append(f"- round {f['round']}: {NAMES[f['system']]} failed: {f['error']}")
         md.append("")
-    if failures:
-        md.append("## Failures")
-        md.append("")
-        md.append("A tool that hangs or fails is killed by its timeout, recorded, and not retried in later runs.")
-        md.append("")
-        for s, t, e, rr in failures:
-            md.append(f"- {NAMES[s]} / {', '.join(f'`{x}`' for x in t)} (run {', '.join(map(str, rr))}): {e}")
-        md.append("")
-    md.append("## Plots")
-    md.append("")
-    md.append(f"![latency]({charts['latency']})")
-    md.append("")
-    md.append(f"![throughput]({charts['throughput']})")
-    md.append("")
-    md.append(f"![redis]({charts['app']})")
-    md.append("")
+    md_failures_and_plots(md, failures, charts)
     md.append("## What these figures mean")
     md.append("")
     md.append("Soft-RoCE (`rdma_rxe`) is RDMA implemented in the kernel on top of an ordinary netdev; "
@@ -715,6 +700,23 @@ def write_md(out, meta, rows_out, label, mode, note, failures, cell_text, ratio_
     md.append("")
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
+
+
+def md_failures_and_plots(md, failures, charts):
+    """Appends the report's Failures section (if any) and its Plots section to md."""
+    if failures:
+        md.append("## Failures")
+        md.append("")
+        md.append("A tool that hangs or fails is killed by its timeout, recorded, and not retried in later runs.")
+        md.append("")
+        for s, t, e, rr in failures:
+            md.append(f"- {NAMES[s]} / {', '.join(f'`{x}`' for x in t)} (run {', '.join(map(str, rr))}): {e}")
+        md.append("")
+    md.append("## Plots")
+    md.append("")
+    for alt, k in (("latency", "latency"), ("throughput", "throughput"), ("redis", "app")):
+        md.append(f"![{alt}]({charts[k]})")
+        md.append("")
 
 
 # ---- same host (scripts/bench --local) ---------------------------------------------------------
@@ -788,17 +790,7 @@ def write_md_local(out, meta, rows_out, label, mode, note, failures, cell_text, 
     md.append("")
     md.append(note)
     md.append("")
-    if failures:
-        md.append("## Failures")
-        md.append("")
-        for s, t, e, rr in failures:
-            md.append(f"- {NAMES[s]} / {', '.join(f'`{x}`' for x in t)} (run {', '.join(map(str, rr))}): {e}")
-        md.append("")
-    md.append("## Plots")
-    md.append("")
-    for k in ("latency", "throughput", "app"):
-        md.append(f"![{k}]({charts[k]})")
-        md.append("")
+    md_failures_and_plots(md, failures, charts)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
 

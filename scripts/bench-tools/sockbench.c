@@ -137,12 +137,24 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One short connection of the conn and first modes: connect, SIZE bytes echoed, close. */
-static void one_conn(const struct sockaddr_in *a, char *msg, uint32_t size) {
+/* A connected client socket, Nagle off. */
+static int dial(const struct sockaddr_in *a) {
     int one = 1;
     int c = socket(AF_INET, SOCK_STREAM, 0);
     if (c < 0 || connect(c, (const void *)a, sizeof *a)) die("connect");
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return c;
+}
+
+/* Sleeps SECS seconds, through signals. */
+static void idle(double secs) {
+    struct timespec t = {(time_t)secs, (long)((secs - (time_t)secs) * 1e9)};
+    while (nanosleep(&t, &t) && errno == EINTR) {}
+}
+
+/* One short connection of the conn and first modes: connect, SIZE bytes echoed, close. */
+static void one_conn(const struct sockaddr_in *a, char *msg, uint32_t size) {
+    int c = dial(a);
     if (full(c, msg, size + 5, 0)) die("send");
     if (full(c, msg + 5, size, 1)) die("recv");
     if (close(c)) die("close");
@@ -190,8 +202,7 @@ static void *hold_thread(void *arg) {
 static long server_pss(const struct sockaddr_in *a) {
     unsigned char hdr[5] = {'M', 1, 0, 0, 0};
     int64_t v;
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    if (c < 0 || connect(c, (const void *)a, sizeof *a)) die("connect");
+    int c = dial(a);
     if (full(c, hdr, 5, 0) || full(c, &v, 8, 1)) die("the server's Pss");
     close(c);
     return (long)v;
@@ -199,23 +210,18 @@ static long server_pss(const struct sockaddr_in *a) {
 
 /* hold: see the top. */
 static int hold(const struct sockaddr_in *a, int n, double secs) {
-    int one = 1, *fd = calloc((size_t)n, sizeof *fd);
+    int *fd = calloc((size_t)n, sizeof *fd);
     unsigned char msg[64] = {'H', 64, 0, 0, 0};
     if (!fd) die("calloc");
     long s0 = server_pss(a), c0 = pss_kib();
     for (int i = 0; i < n; i++) {
-        fd[i] = socket(AF_INET, SOCK_STREAM, 0);
-        if (fd[i] < 0 || connect(fd[i], (const void *)a, sizeof *a)) die("connect");
-        setsockopt(fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        fd[i] = dial(a);
         if (full(fd[i], msg, 5, 0)) die("send");
     }
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < n; i++)
             if (full(fd[i], msg, 64, 0) || full(fd[i], msg, 64, 1)) die("echo");
-        if (round == 0) {
-            struct timespec idle = {(time_t)secs, (long)((secs - (time_t)secs) * 1e9)};
-            while (nanosleep(&idle, &idle) && errno == EINTR) {}
-        }
+        if (round == 0) idle(secs);
     }
     long c1 = pss_kib(), s1 = server_pss(a);
     printf("{\"conns\": %d, \"client_kib\": %ld, \"server_kib\": %ld, \"kib_per_conn\": %.1f}\n",
@@ -283,12 +289,8 @@ int main(int argc, char **argv) {
             double t0 = now();
             one_conn(&a, msg, size);
             double t = now() - t0;
-            struct timespec idle = {(time_t)secs, (long)((secs - (time_t)secs) * 1e9)};
-            while (nanosleep(&idle, &idle) && errno == EINTR) {}
-            struct rusage u;
-            if (getrusage(RUSAGE_SELF, &u)) die("getrusage");
-            double cpu = u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-            printf("{\"first_ms\": %.3f, \"cpu_ms\": %.3f}\n", t * 1e3, cpu * 1e3);
+            idle(secs);
+            printf("{\"first_ms\": %.3f, \"cpu_ms\": %.3f}\n", t * 1e3, cpu_now() * 1e3);
             return 0;
         }
         for (double w = now() + warmup; now() < w;) one_conn(&a, msg, size);
@@ -302,9 +304,7 @@ int main(int argc, char **argv) {
         printf("{\"conn_s\": %.1f, \"connections\": %ld, \"seconds\": %.3f, \"warmup\": %.3f}\n", n / t, n, t, warmup);
         return 0;
     }
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    if (c < 0 || connect(c, (void *)&a, sizeof a)) die("connect");
-    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int c = dial(&a);
     unsigned char hdr[5] = {pp ? 'P' : 'S'};
     memcpy(hdr + 1, &size, 4);
     if (full(c, hdr, 5, 0)) die("send");

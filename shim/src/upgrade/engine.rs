@@ -1519,12 +1519,7 @@ impl State {
                     Err(_) if g.closed => c.fall_back(&mut g, FallbackReason::ClosedEarly),
                     // (the client's end of a same-host rendezvous is gone: its application
                     // closed the connection during the handshake)
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-                        ) =>
-                    {
+                    Err(e) if rdmashim_core::shm::peer_gone(&e) => {
                         c.fall_back_unsure(&mut g, FallbackReason::ClosedEarly)
                     }
                     Err(e) => {
