@@ -14,7 +14,13 @@
 //!   [`PREEMPT_COST`]: break-even is about two hits per miss;
 //! - at score 0 the connection stops spinning, except for a probe every
 //!   `PROBE_BASE << backoff` waits; a probe that hits resumes spinning, one that fails doubles
-//!   the interval (up to `PROBE_BASE << BACKOFF_MAX` waits).
+//!   the interval (up to `PROBE_BASE << BACKOFF_MAX` waits). A probe spins for
+//!   1/[`PROBE_SHARE`] of the spin time: it asks whether answers come within a spin again,
+//!   and those that make spinning pay come within tens of microseconds, while on a CPU shared
+//!   with the peer every probe burns all of its time (a full spin per probe cost redis with
+//!   both ends on one CPU 5% of its throughput);
+//! - a wait whose first look finds what it waits for did not spin: the gate learns nothing
+//!   (see `upgrade::data::spin_wait`).
 //!
 //! The transitions are pure functions of a small state ([`State`]) kept packed in one atomic
 //! word, so concurrent threads on one connection update it without a lock (a lost race only
@@ -46,6 +52,36 @@ pub const PREEMPT_COST: u32 = 4;
 pub const PROBE_BASE: u32 = 4;
 /// The largest backoff exponent (a probe every 1024 waits).
 pub const BACKOFF_MAX: u32 = 8;
+/// A probe spins for the spin time divided by this.
+pub const PROBE_SHARE: u32 = 4;
+
+/// Whether a wait spins ([`SpinGate::admit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// It sleeps at once.
+    No,
+    /// It spins for the spin time.
+    Spin,
+    /// It probes: a spin of 1/[`PROBE_SHARE`] of the spin time, after which the gate decides
+    /// whether spinning resumes.
+    Probe,
+}
+
+impl Admit {
+    /// Whether the wait spins at all.
+    pub fn spins(self) -> bool {
+        self != Admit::No
+    }
+
+    /// How long it spins at most, for a spin time of `full`.
+    pub fn limit(self, full: std::time::Duration) -> std::time::Duration {
+        match self {
+            Admit::No => std::time::Duration::ZERO,
+            Admit::Spin => full,
+            Admit::Probe => full / PROBE_SHARE,
+        }
+    }
+}
 
 /// The gate's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,12 +114,14 @@ impl State {
     }
 
     /// Whether the next wait spins, and the state after that decision.
-    pub fn admit(self) -> (bool, State) {
-        if self.score > 0 || self.countdown == 0 {
-            (true, self)
+    pub fn admit(self) -> (Admit, State) {
+        if self.score > 0 {
+            (Admit::Spin, self)
+        } else if self.countdown == 0 {
+            (Admit::Probe, self)
         } else {
             (
-                false,
+                Admit::No,
                 State {
                     countdown: self.countdown - 1,
                     ..self
@@ -155,8 +193,8 @@ impl SpinGate {
     }
 
     /// Whether this wait should spin (counts a wait towards the next probe if not).
-    pub fn admit(&self) -> bool {
-        let mut spin = false;
+    pub fn admit(&self) -> Admit {
+        let mut spin = Admit::No;
         let _ = self.0.fetch_update(Relaxed, Relaxed, |w| {
             let (s, next) = State::unpack(w).admit();
             spin = s;
@@ -255,7 +293,7 @@ mod tests {
     fn drive(g: &SpinGate, ends: impl IntoIterator<Item = SpinEnd>) -> usize {
         let mut spun = 0;
         for e in ends {
-            if g.admit() {
+            if g.admit().spins() {
                 spun += 1;
                 g.record(e);
             }
@@ -320,7 +358,10 @@ mod tests {
         // the next probe hits: spinning resumes for every wait
         let mut admitted = 0;
         for _ in 0..10_000 {
-            if g.admit() {
+            let a = g.admit();
+            if a.spins() {
+                // (the first is a probe, of a share of the spin time; the next a full spin)
+                assert_eq!(a == Admit::Probe, admitted == 0);
                 g.record(SpinEnd::Hit);
                 admitted += 1;
                 if admitted > 1 {
@@ -330,7 +371,7 @@ mod tests {
         }
         assert_eq!(g.state().score, SCORE_RESUME + 1);
         assert_eq!(g.state().backoff, 0);
-        assert!(g.admit());
+        assert_eq!(g.admit(), Admit::Spin);
     }
 
     proptest! {

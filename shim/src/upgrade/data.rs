@@ -280,7 +280,11 @@ pub(crate) fn spin_wait<T>(
     mut turn: impl FnMut() -> Turn<T>,
 ) -> Option<T> {
     let spin = super::spin();
-    if spin.is_zero() || !gate.admit() {
+    if spin.is_zero() {
+        return None;
+    }
+    let spin = gate.admit().limit(spin);
+    if spin.is_zero() {
         return None;
     }
     // The clock is read only once there is something to spin on (before, nothing can change
@@ -322,10 +326,16 @@ pub(crate) fn spin_wait<T>(
         match turn() {
             Turn::Again => {}
             Turn::Leave(v) => return Some(v),
+            // (found at the first look: it was there before the spin began — typically
+            // because the peer ran on this CPU during the call that came before, a send whose
+            // wake-up handed it the CPU — so the spin neither paid nor cost, and the gate
+            // learns nothing: counted a hit, such finds kept a CPU shared with the peer
+            // spinning, each miss then burning the whole spin time the peer needed)
+            Turn::Found(v) if last.is_none() => return Some(v),
             Turn::Found(v) => {
                 // (a thread that lost its CPU meanwhile may find the answer only because
                 // whoever ran instead produced it: that spin did not pay)
-                end_with(if last.is_some() && off_cpu(last, clock.now()) {
+                end_with(if off_cpu(last, clock.now()) {
                     SpinEnd::Preempted
                 } else {
                     SpinEnd::Hit
