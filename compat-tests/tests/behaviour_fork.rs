@@ -45,16 +45,32 @@ fn over_rdma_undecided() {
 /// (docs/upgrade.md §7), but that child only closes its copy and the parent writes on the
 /// connection itself: the offer is withdrawn and the connection stays TCP in every process
 /// (`forked`), the client's request held and then rejected — no byte lost or reordered.
+///
+/// On a loaded host the server may reach its first fork more than the dial delay after the
+/// connect: the request then comes first and is accepted, the connection is on the rings at
+/// both forks, and the second child's send has the parent switch it back (the scenario's own
+/// checks hold the bytes to the order TCP gives). Both outcomes are the shim's to choose; any
+/// other (an upgrade without the switch back, a fallback for another reason) fails.
 fn undecided(rings: Rings) {
     let r = behave_dial_late(BIN, "fork", rings);
     let s = r.server.as_ref().expect("the server wrote no stats");
     assert_eq!(s.connections(), 1, "server: {}", s.summary());
-    s.assert_all_fallback("forked");
     let c = r.client.as_ref().expect("the client wrote no stats");
     assert_eq!(c.connections(), 1, "client: {}", c.summary());
-    assert!(
-        c.upgraded == 0 && c.reason("peer_rejected") + c.reason("closed_early") == 1,
-        "client: {}",
-        c.summary()
-    );
+    if s.upgraded == 0 {
+        s.assert_all_fallback("forked");
+        assert!(
+            c.upgraded == 0 && c.reason("peer_rejected") + c.reason("closed_early") == 1,
+            "client: {}",
+            c.summary()
+        );
+    } else {
+        for (role, st) in [("server", s), ("client", c)] {
+            assert!(
+                st.upgraded == 1 && st.switched_back == 1,
+                "{role}, upgraded before the forks: then switched back: {}",
+                st.summary()
+            );
+        }
+    }
 }
