@@ -8,8 +8,10 @@
 //! - [`cm`]: rdma_cm event channels and ids, RC QPs, and the work requests rdmashim posts.
 //! - [`ring`]: the double-mapped ("magic") receive ring.
 //! - [`probe`]: what this host can do, in one call.
-//! - [`shm`]: the same links between two processes of one host, over shared memory, and
-//!   their handshake over a Unix socket ([`ShmListener`], [`ShmDialer`]).
+//! - [`shm`]: the carriage of the same links between two processes of one host: rings and
+//!   queues in sealed shared memory, wake-ups by eventfd.
+//! - [`rendezvous`]: how two such processes meet and pass those descriptors, over a Unix
+//!   socket ([`ShmListener`], [`ShmDialer`]).
 //! - `endpoint` (private): one connection's verbs resources and work requests.
 //! - [`link`]: one ring connection driven by its owner without blocking ([`Link`]), and its
 //!   non-blocking set-up ([`Dialer`], [`UpgradeListener`], [`Incoming`]): what the preload shim
@@ -31,6 +33,7 @@ pub mod fds;
 pub mod link;
 pub mod pool;
 pub mod probe;
+pub mod rendezvous;
 pub mod ring;
 pub mod shm;
 pub mod stream;
@@ -44,6 +47,6 @@ pub mod verbs;
 pub use cm::inherited_state;
 pub use error::{Error, Result, Unavailable};
 pub use link::{DialError, DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
-pub use shm::{ShmDialer, ShmIncoming, ShmListener};
+pub use rendezvous::{ShmDialer, ShmIncoming, ShmListener};
 pub use stream::{barrier, Handle, Listener, LocalListener, RecvHandle, SendHandle, Stream};
 pub use transport::{Request, RequestListener, Transport, UpgradeDialer};

@@ -187,7 +187,7 @@ impl Stream {
 /// A listener for streams from processes of this host, over shared memory (`crate::shm`):
 /// the native API's local twin of [`Listener`].
 pub struct LocalListener {
-    inner: crate::shm::ShmListener,
+    inner: crate::rendezvous::ShmListener,
     cfg: StreamConfig,
 }
 
@@ -196,7 +196,7 @@ impl LocalListener {
     pub fn bind(name: &[u8], cfg: StreamConfig) -> io::Result<LocalListener> {
         cfg.sizes()?;
         Ok(LocalListener {
-            inner: crate::shm::ShmListener::bind(name)?,
+            inner: crate::rendezvous::ShmListener::bind(name)?,
             cfg,
         })
     }
@@ -291,7 +291,7 @@ impl Stream {
     /// Connects to a [`LocalListener`] of this host listening on the abstract Unix name
     /// `name`, over shared memory, with `cfg`. No listener: `ConnectionRefused`.
     pub fn connect_local(name: &[u8], cfg: StreamConfig) -> io::Result<Stream> {
-        let mut dial = crate::shm::ShmDialer::start(
+        let mut dial = crate::rendezvous::ShmDialer::start(
             name,
             std::net::SocketAddr::from(([0u8; 16], 0)),
             0,

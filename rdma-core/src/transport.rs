@@ -16,7 +16,7 @@ use std::time::Instant;
 use rdmashim_proto::{ConnectRequest, Proof, RejectReason};
 
 use crate::link::{DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
-use crate::shm::{ShmDialer, ShmIncoming, ShmListener};
+use crate::rendezvous::{ShmDialer, ShmIncoming, ShmListener};
 
 /// Which carriage a link, dial or listener uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

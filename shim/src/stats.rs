@@ -74,7 +74,7 @@ impl Bytes {
 }
 
 /// How the blocked data calls on upgraded connections waited: the end of each busy-poll
-/// (see `upgrade::spin`) and each sleep.
+/// (see `spin::wait::limit`) and each sleep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Wait {

@@ -11,28 +11,10 @@ use crate::{config::Level, probe, shim_log};
 use core::ffi::{c_int, c_void};
 use core::mem::{size_of, MaybeUninit};
 use libc::{sockaddr, sockaddr_storage, socklen_t};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 type GetpeernameFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
 type GetsockoptFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
-
-/// The pid the shim state belongs to (set by the constructor and the fork child handler).
-pub(crate) static PID: AtomicU32 = AtomicU32::new(0);
-
-/// Whether we run in a child that shares our memory but not our fd table (a `vfork` child, or a
-/// `clone` child without CLONE_FILES): such a child must not change the fd table or write stats.
-/// Costs one getpid(2); call it only where the table would change.
-pub(crate) fn in_foreign_child() -> bool {
-    let me = crate::sys::getpid();
-    match PID.load(Ordering::Relaxed) {
-        0 => {
-            // Constructor not run yet: this is the process that loaded us.
-            PID.store(me, Ordering::Relaxed);
-            false
-        }
-        p => p != me,
-    }
-}
 
 /// The peer address of `fd` (real getpeername), errno preserved.
 fn peer(fd: c_int) -> Option<sockaddr_storage> {
@@ -349,7 +331,7 @@ pub(crate) fn tcp_io(
 
 /// The fd is about to be closed (close, dup2 target, close_range): resolve a pending connect,
 /// release its share of an upgraded connection or an rdma_cm listener, forget an epoll set's
-/// registrations, then clear its entry. Not in a foreign child (see `in_foreign_child`).
+/// registrations, then clear its entry. Not in a foreign child (see `process::in_foreign_child`).
 pub(crate) fn forget(fd: c_int, e: FdEntry) {
     complete_if_connected(fd, e);
     release(fd, e);
@@ -396,7 +378,7 @@ pub(crate) fn set_new(fd: c_int, e: FdEntry) {
 #[cold]
 #[inline(never)]
 pub(crate) fn lost(fd: c_int, e: FdEntry) {
-    if in_foreign_child() {
+    if super::process::in_foreign_child() {
         return;
     }
     stats::count_missed_close();

@@ -34,7 +34,7 @@ hook! {
             // the shim, so that its I/O passes straight through, as a TCP connection's does
             // anyway, but is no longer counted in the stats; a connect classifies it again)
             TABLE.take(fd);
-        } else if !e.is_unknown() && !conn::in_foreign_child() {
+        } else if !e.is_unknown() && !super::process::in_foreign_child() {
             conn::forget(fd, e);
         }
         PassThrough
@@ -62,7 +62,7 @@ hook! {
             // (not open, on a kernel without the shim: see `close`)
             return Fail(Errno::EBADF);
         }
-        if TABLE.get(fd).is_unknown() || conn::in_foreign_child() {
+        if TABLE.get(fd).is_unknown() || super::process::in_foreign_child() {
             return PassThrough;
         }
         let e = entry_for_dup(fd);
@@ -97,7 +97,7 @@ fn dup_onto(
     if TABLE.get(oldfd).is_unknown() && en.is_unknown() {
         return PassThrough;
     }
-    if conn::in_foreign_child() {
+    if super::process::in_foreign_child() {
         return PassThrough;
     }
     if en.kind() == Kind::Private && crate::net::is_open(oldfd) {
@@ -151,7 +151,7 @@ hook! {
 /// close_range/closefrom: clear every tracked entry in the range first (the shim's own
 /// descriptors excepted: see [`close_around_private`]).
 fn forget_range(first: c_uint, last: c_uint, fl: c_int) {
-    if fl & CLOSE_RANGE_CLOEXEC != 0 || first > last || conn::in_foreign_child() {
+    if fl & CLOSE_RANGE_CLOEXEC != 0 || first > last || super::process::in_foreign_child() {
         return;
     }
     TABLE.for_each(first, last, |fd, e| {
@@ -255,7 +255,7 @@ fn fcntl_logic(real: FcntlFn, fd: c_int, cmd: c_int, arg: usize) -> Outcome<c_in
     }
     match cmd {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
-            if TABLE.get(fd).is_unknown() || conn::in_foreign_child() {
+            if TABLE.get(fd).is_unknown() || super::process::in_foreign_child() {
                 return PassThrough;
             }
             let e = entry_for_dup(fd);

@@ -27,7 +27,8 @@ mod stdio;
 mod syscall;
 mod up;
 
-pub(crate) use conn::{sweep_pending_connects, PID};
+pub(crate) use conn::sweep_pending_connects;
+pub(crate) use process::PID;
 
 /// Runs hook `h`'s logic. A panic poisons the shim (every later call passes through to the
 /// kernel) after every connection not on plain TCP was reset (`upgrade::fail_all`: the

@@ -20,11 +20,29 @@
 //! RDMA commands on descriptors opened under other credentials): its connections go back to
 //! TCP first, as before an exec (see [`before_credentials`]).
 
-use super::conn;
 use super::hook;
 use crate::outcome::Outcome::PassThrough;
 use core::ffi::{c_char, c_int, c_void};
 use libc::pid_t;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The pid the shim state belongs to (set by the constructor and the fork child handler).
+pub(crate) static PID: AtomicU32 = AtomicU32::new(0);
+
+/// Whether we run in a child that shares our memory but not our fd table (a `vfork` child, or a
+/// `clone` child without CLONE_FILES): such a child must not change the fd table or write stats.
+/// Costs one getpid(2); call it only where the table would change.
+pub(crate) fn in_foreign_child() -> bool {
+    let me = crate::sys::getpid();
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            // Constructor not run yet: this is the process that loaded us.
+            PID.store(me, Ordering::Relaxed);
+            false
+        }
+        p => p != me,
+    }
+}
 
 hook! {
     /// fork(2).
@@ -244,7 +262,7 @@ fn end_rdma_before(
     };
     crate::stats::count_call(cx, h);
     let _ = super::run(h, || {
-        if !conn::in_foreign_child() {
+        if !in_foreign_child() {
             let _s = crate::guard::Section::enter();
             let _e = crate::sys::ErrnoGuard::save();
             if end() {
@@ -265,7 +283,7 @@ fn end_rdma_before(
 /// descriptor of its own again (`upgrade::replace_private_fd`). Not in a vfork child (our
 /// memory is the parent's; its descriptors are its own copy).
 pub(super) fn before_private_replaced(fd: c_int) {
-    if conn::in_foreign_child() {
+    if in_foreign_child() {
         return;
     }
     let _s = crate::guard::Section::enter();
@@ -283,7 +301,7 @@ pub(super) fn before_private_replaced(fd: c_int) {
 /// TCP first, as before an exec: undecided, it stays TCP (`stdio`); on the ring, it switches
 /// back at exact offsets; a fork child's inherited one is asked for. Not in a vfork child.
 pub(super) fn before_stdio(e: crate::fdtable::FdEntry, fd: c_int) {
-    if e.kind() != crate::fdtable::Kind::Upgraded || conn::in_foreign_child() {
+    if e.kind() != crate::fdtable::Kind::Upgraded || in_foreign_child() {
         return;
     }
     let _s = crate::guard::Section::enter();
@@ -345,7 +363,7 @@ fn quick_exit_via(h: crate::hook::Hook, status: c_int) -> ! {
 fn before_quick_exit() {
     if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0
         || crate::guard::poisoned()
-        || conn::in_foreign_child()
+        || in_foreign_child()
     {
         return;
     }
@@ -360,7 +378,7 @@ fn before_quick_exit() {
 /// memory is the parent's). A fork child's inherited connections are its parent's to give
 /// back: it asks for them.
 fn before_exec() {
-    if conn::in_foreign_child() {
+    if in_foreign_child() {
         return;
     }
     let _s = crate::guard::Section::enter();
@@ -372,7 +390,7 @@ fn before_exec() {
 /// Before a child is spawned that inherits this process's fds and execs: as [`before_exec`],
 /// without the stats record (this process goes on).
 fn before_spawn() {
-    if conn::in_foreign_child() {
+    if in_foreign_child() {
         return;
     }
     let _s = crate::guard::Section::enter();
@@ -386,7 +404,7 @@ fn before_spawn() {
 /// child's inherited connections are its parent's, which it asks for as before. Not in a vfork
 /// child (our memory is the parent's).
 fn before_credentials() {
-    if conn::in_foreign_child() {
+    if in_foreign_child() {
         return;
     }
     let _s = crate::guard::Section::enter();

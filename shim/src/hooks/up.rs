@@ -4,6 +4,7 @@
 
 use crate::fdtable::{FdEntry, Kind, TABLE};
 use crate::outcome::{Errno, Outcome};
+use crate::spin::wait::{spin_wait_interruptible, Turn};
 use crate::upgrade::data::{self, FileSrc, Flat, FlatSrc, Gather, Scatter};
 use crate::upgrade::{self, ready, Conn};
 use core::ffi::{c_int, c_void};
@@ -454,7 +455,7 @@ pub(crate) fn epoll_ctl(
 ///
 /// Signals: a signal the thread lets through interrupts a real wait (EINTR, never
 /// restarted), but would run its handler unseen between two spinning waits; the spin holds
-/// them back and fails with EINTR as the wait would have ([`data::spin_wait_interruptible`]).
+/// them back and fails with EINTR as the wait would have ([`spin_wait_interruptible`]).
 /// `own_mask` is false for an epoll_pwait with a mask of its own.
 pub(crate) fn epoll_wait(
     epfd: c_int,
@@ -478,20 +479,20 @@ pub(crate) fn epoll_wait(
     if timeout_ms != 0 {
         if let Some(gate) = ready::spin_gate(epfd) {
             let shard = crate::stats::fd_shard(epfd);
-            let (found, h) = data::spin_wait_interruptible(gate, shard, own_mask, || {
+            let (found, h) = spin_wait_interruptible(gate, shard, own_mask, || {
                 ready::arm_for_epoll(epfd);
                 let n = wait(ev, max, 0);
                 if n < 0 {
-                    return data::Turn::Leave(Err(crate::sys::errno()));
+                    return Turn::Leave(Err(crate::sys::errno()));
                 }
                 if n == 0 {
-                    return data::Turn::Again;
+                    return Turn::Again;
                 }
                 // SAFETY: the kernel filled `n` events of the application's array.
                 let arr = unsafe { core::slice::from_raw_parts_mut(ev, n as usize) };
                 match ready::translate_epoll(epfd, arr, n as usize) {
-                    0 => data::Turn::Again,
-                    k => data::Turn::Found(Ok(k as c_int)),
+                    0 => Turn::Again,
+                    k => Turn::Found(Ok(k as c_int)),
                 }
             });
             match found {

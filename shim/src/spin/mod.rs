@@ -20,7 +20,7 @@
 //!   with the peer every probe burns all of its time (a full spin per probe cost redis with
 //!   both ends on one CPU 5% of its throughput);
 //! - a wait whose first look finds what it waits for did not spin: the gate learns nothing
-//!   (see `upgrade::data::spin_wait`).
+//!   (see `wait::spin_wait`).
 //!
 //! The transitions are pure functions of a small state ([`State`]) kept packed in one atomic
 //! word, so concurrent threads on one connection update it without a lock (a lost race only
@@ -28,6 +28,9 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+#[cfg(not(test))]
+pub(crate) mod wait;
 
 /// How a spin ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

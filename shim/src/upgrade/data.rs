@@ -5,7 +5,7 @@
 //! Rules (docs/upgrade.md §5):
 //! - the connection's lock is never held across a wait: TCP calls made under it are
 //!   non-blocking (`MSG_DONTWAIT`), and a call that must block releases the lock, busy-polls the
-//!   link for [`super::spin`], then sleeps in poll(2) on the socket (while that direction is on
+//!   link for [`crate::spin::wait::limit`], then sleeps in poll(2) on the socket (while that direction is on
 //!   TCP) and the direction's eventfd (which the engine sets on a completion);
 //! - bytes moved on TCP before the switch are counted exactly (`tcp_sent`, `note_tcp_read`),
 //!   so the switch-over offset is exact whichever side writes first;
@@ -19,11 +19,9 @@ use crate::net;
 use crate::outcome::Errno;
 use crate::reason::FallbackReason;
 use crate::signals::Delivery;
-use crate::signals::SignalsHeld;
-use crate::spin::SpinEnd;
+use crate::spin::wait::{spin_wait, Turn};
 use crate::stats::{self, Bytes, Wait};
 use core::ffi::c_int;
-use rdmashim_core::tick;
 use rdmashim_proto::{ErrorReason, Recv, SendError, StreamState};
 use std::io::ErrorKind;
 use std::sync::atomic::Ordering;
@@ -227,176 +225,6 @@ fn source(g: &Inner) -> Src {
             Recv::Error(r) => Src::Error(r),
         },
         _ => Src::Tcp(None),
-    }
-}
-
-/// A gap this long between two clock reads of a spinning thread may mean it lost its CPU to
-/// someone else meanwhile (one idle turn of the loop takes well under a microsecond on
-/// hardware, a few under qemu TCG); [`crate::spin::GapJudge`] decides from its context switches.
-const PREEMPTED_GAP: Duration = Duration::from_micros(40);
-
-/// A spinning thread reads the monotonic clock (for its time limit and [`PREEMPTED_GAP`])
-/// every this many turns, and when it finds what it waits for; the calibrated time-stamp
-/// counter ([`tick`]), one instruction, every turn.
-const CLOCK_EVERY: u32 = 4;
-
-/// A gap at least this long can only be another thread's time slice (the scheduler gives a
-/// runnable thread 0.75 ms or more) or a hypervisor's steal: nothing of the spin's own (a post
-/// that under emulation runs the peer's side inside the system call, a timer tick's work) lasts
-/// that long. See [`crate::spin::GapJudge`].
-const SLICE_GAP: Duration = Duration::from_millis(1);
-
-/// This thread's count of involuntary context switches now (`None`: the kernel does not
-/// tell), and whether it moved since the thread last asked (or this is its first question):
-/// asked when a spinning thread sees a gap of over [`PREEMPTED_GAP`] between its clock reads,
-/// not at every spin's start (a getrusage there cost 64 B ping-pong 3 µs of its 19).
-fn involuntary_switches() -> (Option<u64>, bool) {
-    thread_local! {
-        static SEEN: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
-    }
-    let now = net::involuntary_switches();
-    let before = SEEN.with(|s| s.replace(now));
-    (now, now.is_none() || before != now)
-}
-
-/// One look of a spinning wait ([`spin_wait`]).
-pub(crate) enum Turn<T> {
-    /// Nothing yet: look again.
-    Again,
-    /// What the wait was for: the spin ends as a hit.
-    Found(T),
-    /// The wait is over for another reason (the connection left its link, the call failed):
-    /// the spin ends and the gate learns nothing.
-    Leave(T),
-}
-
-/// Busy-waits for at most the spin time ([`super::spin`]), if `gate` lets it: calls `turn`
-/// until it returns something other than [`Turn::Again`], and returns that (`None`: the spin
-/// did not start, ran out or lost its CPU). Tells `gate` and the stats (of `shard`) how the
-/// spin ended.
-pub(crate) fn spin_wait<T>(
-    gate: &crate::spin::SpinGate,
-    shard: usize,
-    mut turn: impl FnMut() -> Turn<T>,
-) -> Option<T> {
-    let spin = super::spin();
-    if spin.is_zero() {
-        return None;
-    }
-    let spin = gate.admit().limit(spin);
-    if spin.is_zero() {
-        return None;
-    }
-    // The clock is read only once there is something to spin on (before, nothing can change
-    // without a system call, and a clock read may be one). A counter that went backwards
-    // (another CPU's) reads as a gap.
-    let clock = tick::Clock::pick();
-    let gap = clock.span(PREEMPTED_GAP);
-    let slice = clock.span(SLICE_GAP);
-    let every = clock.turns_per_read(CLOCK_EVERY);
-    let mut end = None;
-    let mut last: Option<u64> = None;
-    let mut internal = super::INTERNAL_WAKES.load(Ordering::Relaxed);
-    let mut judge = crate::spin::GapJudge::new();
-    // (a gap during which the shim's own threads woke was theirs: see INTERNAL_WAKES)
-    let mut off_cpu = |last: Option<u64>, now: u64| {
-        let before =
-            std::mem::replace(&mut internal, super::INTERNAL_WAKES.load(Ordering::Relaxed));
-        let Some(span) = last.map(|l| now.wrapping_sub(l)) else {
-            return false;
-        };
-        span > gap && internal == before && {
-            let (switches, moved) = involuntary_switches();
-            judge.preempted(switches, moved, span >= slice)
-        }
-    };
-    let end_with = |e: SpinEnd| {
-        gate.record(e);
-        stats::count_wait_at(
-            shard,
-            match e {
-                SpinEnd::Hit => Wait::SpinHit,
-                SpinEnd::Miss => Wait::SpinMiss,
-                SpinEnd::Preempted => Wait::SpinPreempted,
-            },
-        );
-    };
-    let mut n = 0u32;
-    loop {
-        match turn() {
-            Turn::Again => {}
-            Turn::Leave(v) => return Some(v),
-            // (found at the first look: it was there before the spin began — typically
-            // because the peer ran on this CPU during the call that came before, a send whose
-            // wake-up handed it the CPU — so the spin neither paid nor cost, and the gate
-            // learns nothing: counted a hit, such finds kept a CPU shared with the peer
-            // spinning, each miss then burning the whole spin time the peer needed)
-            Turn::Found(v) if last.is_none() => return Some(v),
-            Turn::Found(v) => {
-                // (a thread that lost its CPU meanwhile may find the answer only because
-                // whoever ran instead produced it: that spin did not pay)
-                end_with(if off_cpu(last, clock.now()) {
-                    SpinEnd::Preempted
-                } else {
-                    SpinEnd::Hit
-                });
-                return Some(v);
-            }
-        }
-        // (the monotonic clock every few turns: a read may cost as much as the rest of a
-        // turn; the counter every turn)
-        n = n.wrapping_add(1);
-        if last.is_some() && !n.is_multiple_of(every) {
-            std::hint::spin_loop();
-            continue;
-        }
-        let now = clock.now();
-        if off_cpu(last, now) {
-            end_with(SpinEnd::Preempted);
-            return None;
-        }
-        if now >= *end.get_or_insert(now.saturating_add(clock.span(spin))) {
-            end_with(SpinEnd::Miss);
-            return None;
-        }
-        last = Some(now);
-        std::hint::spin_loop();
-    }
-}
-
-/// [`spin_wait`] in place of a wait that a signal interrupts and that is never restarted
-/// (epoll_wait, poll, select): the asynchronous signals are held back while it spins
-/// ([`crate::signals::SignalsHeld`]), since a handler run between two of its looks would go
-/// unseen. `Err(EINTR)` if the spin found nothing and one arrived that the thread's mask lets
-/// through and that is not ignored, as the wait would have failed; `own_mask` is false for a
-/// call with a signal mask of its own (epoll_pwait, ppoll, pselect), whose real wait after
-/// the spin applies that mask and delivers such a signal.
-///
-/// If the spin found nothing and the call waits under the thread's own mask, the signals are
-/// still held when this returns them: the caller's wait must apply [`SignalsHeld::mask`]
-/// (ppoll's or epoll_pwait's mask, set with the sleep in one step), then release them. A
-/// signal that arrives after the spin's last look then interrupts that wait; were they
-/// released first, its handler would run in between, unseen, and the wait would sleep on.
-pub(crate) fn spin_wait_interruptible<T>(
-    gate: &crate::spin::SpinGate,
-    shard: usize,
-    own_mask: bool,
-    turn: impl FnMut() -> Turn<T>,
-) -> (Result<Option<T>, Errno>, Option<SignalsHeld>) {
-    let held = SignalsHeld::hold();
-    let found = spin_wait(gate, shard, turn);
-    if found.is_some() || !own_mask {
-        if let Some(h) = held {
-            h.release();
-        }
-        return (Ok(found), None);
-    }
-    match held {
-        Some(h) if h.interrupted() => {
-            h.release();
-            (Err(Errno(libc::EINTR)), None)
-        }
-        h => (Ok(None), h),
     }
 }
 
@@ -614,7 +442,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             }
         };
         // A client's first bytes from the server may be its token: out of the stream first.
-        take_token(c, &mut g, fd);
+        super::take_token(c, &mut g, fd);
         if g.token == super::binding::TokenWait::Awaiting && net::readable_now(fd) {
             // Part of a token (it is written whole and arrives in one segment, so this is a
             // moment at most): its bytes are not the application's; the rest follows. A
@@ -622,7 +450,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             naps += 1;
             if naps > TOKEN_PATIENCE_MS {
                 super::give_up_token(c, &mut g);
-                token_decided(c);
+                super::token_decided(c);
                 continue;
             }
             drop(g);
@@ -1007,24 +835,6 @@ fn give_back(c: &Conn, g: &mut Inner, fd: Option<c_int>) -> bool {
 /// How many 1 ms naps a blocked read waits for the rest of a token that began to arrive.
 const TOKEN_PATIENCE_MS: u32 = 200;
 
-/// While a client waits for the server's token, takes it out of the stream if it is there
-/// (see [`super::see_token`]; `fd`: any fd of the socket) before anything of that direction
-/// reaches the application, and tells the engine once the wait is decided.
-pub(crate) fn take_token(c: &Conn, g: &mut Inner, fd: c_int) {
-    if g.token != super::binding::TokenWait::Awaiting {
-        return;
-    }
-    // (a connect still in progress, or failed: no byte of the server's yet, and an EOF is
-    // the failed connect's, not a plain server's; the engine decides the connect first)
-    if g.pending.is_some() && super::pending_outcome(g) != Some(true) {
-        return;
-    }
-    super::see_token(c, g, fd);
-    if g.token != super::binding::TokenWait::Awaiting {
-        token_decided(c);
-    }
-}
-
 /// Whether the server's token may still come at the head of a client's socket, so that
 /// nothing of it may be read for the application: the wait is not decided (and the connect,
 /// if it was still in progress, did not fail: a failed one's socket reads its error).
@@ -1033,18 +843,10 @@ fn token_ahead(g: &Inner) -> bool {
         && (g.pending.is_none() || super::pending_outcome(g) != Some(false))
 }
 
-/// Tells the engine that `c`'s wait for the token was decided by an application thread.
-fn token_decided(c: &Conn) {
-    let engine = super::world_if_created().and_then(|w| w.engine_if_started());
-    if let (Some(e), Some(arc)) = (engine, super::lookup(c.slot)) {
-        e.token_decided(arc);
-    }
-}
-
 /// FIONREAD: bytes a read would return now.
 pub fn fionread(c: &Conn, fd: c_int) -> Result<c_int, Errno> {
     let mut g = c.lock();
-    take_token(c, &mut g, fd);
+    super::take_token(c, &mut g, fd);
     c.drive(&mut g, false);
     match source(&g) {
         // (what came since the look may be the token's)

@@ -88,7 +88,7 @@ enum Done {
 
 fn run_job(job: Job) -> Done {
     // (a shim thread's work on this CPU, whichever runs it: see INTERNAL_WAKES)
-    super::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
+    crate::spin::wait::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
     let t0 = Instant::now();
     match job {
         Job::Accept(inc, c, tcp_received, queued) => {
@@ -904,7 +904,7 @@ fn run(epfd: c_int, wake: c_int) {
             }
         }
         let n = net::epoll_wait(epfd, &mut evs, timeout).unwrap_or_default();
-        super::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
+        crate::spin::wait::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
         if let Some(e) = engine() {
             e.next_wake.store(0, Ordering::SeqCst);
         }
@@ -1519,7 +1519,7 @@ impl State {
                     Err(_) if g.closed => c.fall_back(&mut g, FallbackReason::ClosedEarly),
                     // (the client's end of a same-host rendezvous is gone: its application
                     // closed the connection during the handshake)
-                    Err(e) if rdmashim_core::shm::peer_gone(&e) => {
+                    Err(e) if rdmashim_core::rendezvous::peer_gone(&e) => {
                         c.fall_back_unsure(&mut g, FallbackReason::ClosedEarly)
                     }
                     Err(e) => {

@@ -144,13 +144,6 @@ pub(crate) static UNARMED: AtomicUsize = AtomicUsize::new(0);
 /// arms it (the application went on to something else: completions must be taken again).
 pub(crate) const UNARMED_MAX: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// How many times one of the shim's own threads (the engine, the setup thread) woke up. A
-/// spinning application thread that finds a gap in its clock reads (it lost its CPU) and sees
-/// this moved meanwhile takes the gap for the shim's own housekeeping (the engine wakes every
-/// [`UNARMED_MAX`] while a CQ is unarmed, and preempts a spinner on its CPU), not for a peer
-/// sharing its CPU: it spins on.
-pub(crate) static INTERNAL_WAKES: AtomicU64 = AtomicU64::new(0);
-
 /// When (coarse clock, ms) a CQ was last left unarmed. For a while after it, the engine wakes
 /// every [`UNARMED_MAX`] by itself (whether or not a CQ is unarmed at the moment it goes to
 /// sleep), so that a connection in a blocking ping-pong, unarmed between each wake-up and the
@@ -949,6 +942,32 @@ pub(crate) fn see_token(c: &Conn, g: &mut Inner, fd: c_int) {
     }
 }
 
+/// While a client waits for the server's token, takes it out of the stream if it is there
+/// (see [`see_token`]; `fd`: any fd of the socket) before anything of that direction
+/// reaches the application, and tells the engine once the wait is decided.
+pub(crate) fn take_token(c: &Conn, g: &mut Inner, fd: c_int) {
+    if g.token != binding::TokenWait::Awaiting {
+        return;
+    }
+    // (a connect still in progress, or failed: no byte of the server's yet, and an EOF is
+    // the failed connect's, not a plain server's; the engine decides the connect first)
+    if g.pending.is_some() && pending_outcome(g) != Some(true) {
+        return;
+    }
+    see_token(c, g, fd);
+    if g.token != binding::TokenWait::Awaiting {
+        token_decided(c);
+    }
+}
+
+/// Tells the engine that `c`'s wait for the token was decided by an application thread.
+pub(crate) fn token_decided(c: &Conn) {
+    let engine = world_if_created().and_then(|w| w.engine_if_started());
+    if let (Some(e), Some(arc)) = (engine, lookup(c.slot)) {
+        e.token_decided(arc);
+    }
+}
+
 /// Client: the server's token did not complete in time (a part of one, and no more): what
 /// came is the application's, and the connection stays TCP.
 pub(crate) fn give_up_token(c: &Conn, g: &mut Inner) {
@@ -1593,23 +1612,6 @@ pub(crate) fn link_config() -> &'static StreamConfig {
 pub(crate) fn dial_delay() -> std::time::Duration {
     static D: OnceLock<std::time::Duration> = OnceLock::new();
     *D.get_or_init(|| std::time::Duration::from_millis(crate::config::get().dial_delay_ms))
-}
-
-/// The longest a blocked data call busy-polls before it sleeps (`RDMASHIM_SPIN_US`, default
-/// 500; 0 never spins). Whether a given wait spins at all is each connection's
-/// [`crate::spin::SpinGate`]'s call: it stops spinning where spins do not pay (a CPU shared
-/// with the peer, answers slower than this), so a long limit costs little where it does not
-/// help. A spin that loses its CPU ends at once (it was keeping the CPU from whoever runs
-/// there, maybe the kernel's soft-RoCE work its answer needs).
-///
-/// Measured in the VM (soft-RoCE, one CPU per end, sockbench ping-pong), one-way latency:
-/// 64 B 134 µs without a spin, 22 µs with any limit from 20 µs up; 4 KiB 253 µs without,
-/// 300 at 150 µs (most spins missed, so the gate stopped them), 122 at 400 and 1000;
-/// 16 KiB 703 µs at 400, 613 at 1000. Both ends on one CPU: the gates stop spinning within
-/// a few waits (64 B 159 µs, as without a spin).
-pub(crate) fn spin() -> std::time::Duration {
-    static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| std::time::Duration::from_micros(crate::config::get().spin_us))
 }
 
 // ----- entry points for the hooks -----------------------------------------------------------

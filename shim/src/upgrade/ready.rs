@@ -22,6 +22,7 @@
 use super::{Conn, Inner, Phase};
 use crate::net;
 use crate::outcome::Errno;
+use crate::spin::wait::{spin_wait_interruptible, Turn};
 use crate::spin::SpinGate;
 use core::ffi::c_int;
 use std::collections::HashMap;
@@ -916,7 +917,7 @@ fn without_token(c: &Conn, g: &mut Inner, fd: c_int, kernel: u32) -> u32 {
         return kernel;
     }
     if awaiting {
-        super::data::take_token(c, g, fd);
+        super::take_token(c, g, fd);
         g.token_taken = false;
     }
     if g.token == super::binding::TokenWait::Awaiting || !net::readable_now(fd) {
@@ -1221,7 +1222,7 @@ impl Timeout {
 /// A call that may block first busy-polls, as `epoll_wait` does (`hooks::up::epoll_wait`):
 /// passes with timeout 0 — each drives the connections' links and asks the kernel about the
 /// other fds — for the spin time, if the first connection's spin gate lets it, with the
-/// asynchronous signals held back ([`super::data::spin_wait_interruptible`]; poll is never
+/// asynchronous signals held back ([`spin_wait_interruptible`]; poll is never
 /// restarted after a handler either). Without it, an arrival reached a sleeping poll through the
 /// engine thread (its wake-up, its eventfd write) and then this thread's wake-up.
 pub fn poll(
@@ -1239,14 +1240,13 @@ pub fn poll(
     let deadline = total.map(|t| Instant::now() + t);
     let zero = timeout.with(Some(Duration::ZERO));
     let shard = crate::stats::fd_shard(fds.first().map_or(0, |p| p.fd));
-    let (found, held) =
-        super::data::spin_wait_interruptible(&first.spin, shard, timeout.own_mask(), || {
-            match poll_pass(fds, conns, zero) {
-                Ok(0) => super::data::Turn::Again,
-                Ok(k) => super::data::Turn::Found(Ok(k)),
-                Err(e) => super::data::Turn::Leave(Err(e)),
-            }
-        });
+    let (found, held) = spin_wait_interruptible(&first.spin, shard, timeout.own_mask(), || {
+        match poll_pass(fds, conns, zero) {
+            Ok(0) => Turn::Again,
+            Ok(k) => Turn::Found(Ok(k)),
+            Err(e) => Turn::Leave(Err(e)),
+        }
+    });
     let r = match found {
         Ok(Some(r)) => r,
         Err(e) => Err(e),
