@@ -5,8 +5,8 @@
 //! Rules (docs/upgrade.md §5):
 //! - the connection's lock is never held across a wait: TCP calls made under it are
 //!   non-blocking (`MSG_DONTWAIT`), and a call that must block releases the lock, busy-polls the
-//!   link for [`crate::spin::wait::limit`], then sleeps in poll(2) on the socket (while that direction is on
-//!   TCP) and the direction's eventfd (which the engine sets on a completion);
+//!   link for [`crate::spin::wait::limit`], then sleeps in poll(2) on the socket (while that
+//!   direction is on TCP) and the direction's eventfd (which the engine sets on a completion);
 //! - bytes moved on TCP before the switch are counted exactly (`tcp_sent`, `note_tcp_read`),
 //!   so the switch-over offset is exact whichever side writes first;
 //! - the kernel's semantics are kept: partial reads, MSG_PEEK, MSG_WAITALL, EAGAIN for
