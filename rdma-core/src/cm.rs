@@ -7,6 +7,7 @@
 //! opened ([`CmId::context`]) and moved through its states here (`rdma_init_qp_attr`), the
 //! client completing the connection with `rdma_establish` ([`CmId::establish`]); rdma_cm
 //! carries only the connection's management, on the child's own event channels.
+#![allow(unsafe_code)]
 
 use std::ffi::c_int;
 use std::net::SocketAddr;
@@ -330,67 +331,14 @@ unsafe impl Send for CmId {}
 // SAFETY: see Send.
 unsafe impl Sync for CmId {}
 
-fn sockaddr_of(addr: SocketAddr) -> libc::sockaddr_storage {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-        }
-    }
-    ss
-}
-
-/// Converts a sockaddr of family AF_INET/AF_INET6 (anything else: `None`).
+/// The address in one of rdma_cm's address unions (sockaddr_storage-sized).
 ///
 /// # Safety
-/// `sa` must be the start of a buffer large enough for the address of its family (rdma_cm's
-/// address unions are sockaddr_storage-sized).
-unsafe fn sockaddr_to_std(sa: &libc::sockaddr) -> Option<SocketAddr> {
-    let p = (sa as *const libc::sockaddr).cast::<u8>();
-    match i32::from(sa.sa_family) {
-        libc::AF_INET => {
-            // SAFETY: AF_INET means a sockaddr_in lies here (per the caller's contract);
-            // read_unaligned does not assume its alignment.
-            let sin = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in>()) };
-            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
-            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in6>()) };
-            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
-                ip,
-                u16::from_be(sin6.sin6_port),
-                sin6.sin6_flowinfo,
-                sin6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
+/// `sa` must be the start of a `sockaddr_storage`-sized readable buffer.
+unsafe fn storage_addr(sa: &libc::sockaddr) -> Option<SocketAddr> {
+    let len = std::mem::size_of::<libc::sockaddr_storage>();
+    // SAFETY: per the caller's contract, `len` readable bytes.
+    unsafe { crate::sockaddr::from_raw(sa, len) }
 }
 
 impl CmId {
@@ -440,6 +388,15 @@ impl CmId {
         self.raw.as_ptr()
     }
 
+    /// The protection domain of the id's queue pair, as an address (tests compare it with
+    /// the ring's).
+    #[cfg(test)]
+    pub(crate) fn qp_pd_addr(&self) -> usize {
+        // SAFETY: a live id; its QP (made by create_qp, which every caller has done) is read
+        // for its pd field only.
+        unsafe { (*(*self.as_ptr()).qp).pd as usize }
+    }
+
     /// The channel this id reports to.
     pub fn channel(&self) -> &Arc<EventChannel> {
         &self.channel
@@ -455,7 +412,7 @@ impl CmId {
 
     /// `rdma_bind_addr`.
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
-        let mut ss = sockaddr_of(addr);
+        let (mut ss, _) = crate::sockaddr::to_raw(addr);
         // SAFETY: live id; ss holds a valid sockaddr of the right family.
         let rc = unsafe {
             (self.lib().cm.rdma_bind_addr)(
@@ -480,8 +437,8 @@ impl CmId {
         dst: SocketAddr,
         timeout: Duration,
     ) -> Result<()> {
-        let mut s = src.map(sockaddr_of);
-        let mut d = sockaddr_of(dst);
+        let mut s = src.map(|a| crate::sockaddr::to_raw(a).0);
+        let (mut d, _) = crate::sockaddr::to_raw(dst);
         let sp = s.as_mut().map_or(std::ptr::null_mut(), |s| {
             (s as *mut libc::sockaddr_storage).cast()
         });
@@ -709,13 +666,13 @@ impl CmId {
     pub fn local_addr(&self) -> Option<SocketAddr> {
         // SAFETY: live id; route.addr.src_addr is a sockaddr_storage-sized union that
         // librdmacm keeps filled (zero family when unset).
-        unsafe { sockaddr_to_std(ffi::rdma_get_local_addr(&*self.as_ptr())) }
+        unsafe { storage_addr(ffi::rdma_get_local_addr(&*self.as_ptr())) }
     }
 
     /// The peer's address (after address resolution, or on an accepted id).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         // SAFETY: as in local_addr, for route.addr.dst_addr.
-        unsafe { sockaddr_to_std(ffi::rdma_get_peer_addr(&*self.as_ptr())) }
+        unsafe { storage_addr(ffi::rdma_get_peer_addr(&*self.as_ptr())) }
     }
 
     /// The capacities the provider granted the QP.

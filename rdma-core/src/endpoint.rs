@@ -646,8 +646,7 @@ mod isolation {
             "live connections share a PD: {live:x?}"
         );
         for ep in [&c3.client, &c3.server] {
-            // SAFETY: a live id with a QP (made by Endpoint::new); only its pd field is read.
-            let qp_pd = unsafe { (*(*ep.id.as_ptr()).qp).pd } as usize;
+            let qp_pd = ep.id.qp_pd_addr();
             assert_eq!(qp_pd, pd_of(ep), "the queue pair is not on its ring's PD");
         }
 

@@ -11,6 +11,7 @@
 //! before it is closed. It also sets a floor: each descriptor is moved at or above it as soon
 //! as it is made ([`relocate`]), before anything else sees its number, so that the numbers
 //! programs pick stay free.
+#![allow(unsafe_code)]
 
 use std::ffi::c_int;
 use std::os::fd::RawFd;

@@ -8,6 +8,7 @@
 //! - [`cm`]: rdma_cm event channels and ids, RC QPs, and the work requests rdmashim posts.
 //! - [`ring`]: the double-mapped ("magic") receive ring.
 //! - [`probe`]: what this host can do, in one call.
+//! - [`sockaddr`]: the one conversion between C socket addresses and `SocketAddr`.
 //! - [`shm`]: the carriage of the same links between two processes of one host: rings and
 //!   queues in sealed shared memory, wake-ups by eventfd.
 //! - [`rendezvous`]: how two such processes meet and pass those descriptors, over a Unix
@@ -23,6 +24,9 @@
 //!
 //! The protocol logic (handshake codec, cursors, credits, stream state) is the sans-IO crate
 //! `rdmashim-proto`.
+// `unsafe` lives only in the modules that speak to C or map memory (sys, verbs, cm, fds, ring,
+// shm, rendezvous, sockaddr), each of which allows it for itself; the others cannot use it.
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
@@ -36,6 +40,7 @@ pub mod probe;
 pub mod rendezvous;
 pub mod ring;
 pub mod shm;
+pub mod sockaddr;
 pub mod stream;
 pub mod sys;
 pub mod tick;

@@ -6,6 +6,7 @@
 //! inbox's descriptors, and gets the server's reply and descriptors, or a rejection. The
 //! requester's credentials are read with `SO_PEERCRED`; a request that cannot prove it holds
 //! the TCP connection is refused and learns nothing (docs/protocol.md, "Same host").
+#![allow(unsafe_code)]
 
 use std::fmt;
 use std::io;

@@ -9,6 +9,7 @@
 //! ```
 //!
 //! One RAII type owns the whole reservation; dropping it unmaps both views.
+#![allow(unsafe_code)]
 
 use std::io;
 use std::ptr::NonNull;

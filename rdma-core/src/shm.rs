@@ -30,6 +30,7 @@
 //! Everything a peer puts in shared memory is read as untrusted: queue positions beyond what
 //! the credits allow, unknown entry kinds and oversized control messages fail the link; the
 //! core checks every immediate against the ring as it does for RDMA.
+#![allow(unsafe_code)]
 
 use std::fmt;
 use std::io;

@@ -13,6 +13,7 @@
 //! out; `tests/no_eager_dlopen.rs` checks it. The `static inline` verbs (`ibv_post_send`,
 //! `ibv_poll_cq`, …) are the Rust ones of `rdma-mummy-sys`, which only follow the provider's
 //! ops table and need no symbol.
+#![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::fmt;

@@ -4,6 +4,7 @@
 //! Each object holds an `Arc` of its parent, so the parent outlives it and destruction runs in
 //! the order verbs requires (MR and CQ before PD and channel, all before the context). Drop
 //! never panics: a failed destroy is reported to the log sink, not unwound.
+#![allow(unsafe_code)]
 
 use std::ffi::c_int;
 use std::os::fd::RawFd;

@@ -9,7 +9,7 @@ use crate::outcome::Errno;
 use core::ffi::{c_int, c_long, c_void};
 use core::mem::{size_of, MaybeUninit};
 use libc::{sockaddr_storage, socklen_t};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, SocketAddr};
 
 fn check(r: c_long) -> Result<usize, Errno> {
     if r < 0 {
@@ -492,30 +492,6 @@ pub fn fionread(fd: c_int) -> Result<c_int, Errno> {
     .map(|_| v)
 }
 
-fn to_addr(ss: &sockaddr_storage) -> Option<SocketAddr> {
-    match c_int::from(ss.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: family AF_INET means the storage holds a sockaddr_in.
-            let sin = unsafe { &*(ss as *const sockaddr_storage).cast::<libc::sockaddr_in>() };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: family AF_INET6 means the storage holds a sockaddr_in6.
-            let s6 = unsafe { &*(ss as *const sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(s6.sin6_addr.s6_addr),
-                u16::from_be(s6.sin6_port),
-                s6.sin6_flowinfo,
-                s6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
-}
-
 fn name_of(fd: c_int, nr: c_long) -> Option<SocketAddr> {
     let mut ss = MaybeUninit::<sockaddr_storage>::zeroed();
     let mut len = size_of::<sockaddr_storage>() as socklen_t;
@@ -526,7 +502,7 @@ fn name_of(fd: c_int, nr: c_long) -> Option<SocketAddr> {
         return None;
     }
     // SAFETY: zero-initialised, and the kernel filled at most `len` bytes of it.
-    to_addr(unsafe { &ss.assume_init() })
+    rdmashim_core::sockaddr::from_storage(unsafe { &ss.assume_init() })
 }
 
 /// The peer address of a connected socket.

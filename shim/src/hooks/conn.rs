@@ -11,13 +11,14 @@ use crate::{config::Level, probe, shim_log};
 use core::ffi::{c_int, c_void};
 use core::mem::{size_of, MaybeUninit};
 use libc::{sockaddr, sockaddr_storage, socklen_t};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 
 type GetpeernameFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
 type GetsockoptFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
 
 /// The peer address of `fd` (real getpeername), errno preserved.
-fn peer(fd: c_int) -> Option<sockaddr_storage> {
+fn peer(fd: c_int) -> Option<SocketAddr> {
     let _e = ErrnoGuard::save();
     // SAFETY: GetpeernameFn is getpeername's prototype.
     let real = unsafe { crate::real::get::<GetpeernameFn>(Hook::Getpeername) }?;
@@ -26,22 +27,15 @@ fn peer(fd: c_int) -> Option<sockaddr_storage> {
     // SAFETY: ss/len are valid out-parameters of the declared size.
     let r = unsafe { real(fd, ss.as_mut_ptr().cast(), &mut len) };
     // SAFETY: zero-initialised, and getpeername filled at most `len` bytes of it.
-    (r == 0).then(|| unsafe { ss.assume_init() })
+    (r == 0)
+        .then(|| unsafe { ss.assume_init() })
+        .and_then(|ss| rdmashim_core::sockaddr::from_storage(&ss))
 }
 
-fn class_of(ss: &sockaddr_storage) -> PeerClass {
-    match c_int::from(ss.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: family AF_INET means the storage holds a sockaddr_in.
-            let sin = unsafe { &*(ss as *const sockaddr_storage).cast::<libc::sockaddr_in>() };
-            reason::classify_v4(sin.sin_addr.s_addr.to_ne_bytes())
-        }
-        libc::AF_INET6 => {
-            // SAFETY: family AF_INET6 means the storage holds a sockaddr_in6.
-            let sin6 = unsafe { &*(ss as *const sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            reason::classify_v6(sin6.sin6_addr.s6_addr)
-        }
-        _ => PeerClass::Other,
+fn class_of(a: &SocketAddr) -> PeerClass {
+    match a.ip() {
+        IpAddr::V4(ip) => reason::classify_v4(ip.octets()),
+        IpAddr::V6(ip) => reason::classify_v6(ip.octets()),
     }
 }
 
@@ -108,31 +102,9 @@ fn stash(fd: c_int, r: FallbackReason) {
 }
 
 /// The socket address the application passed to connect.
-fn sockaddr_of(addr: *const sockaddr, len: socklen_t) -> Option<std::net::SocketAddr> {
-    if addr.is_null() || (len as usize) < size_of::<libc::sa_family_t>() {
-        return None;
-    }
-    // SAFETY: connect's contract: `addr` points to `len` readable bytes.
-    let family = c_int::from(unsafe { (*addr).sa_family });
-    match family {
-        libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
-            // SAFETY: an AF_INET address of sufficient length.
-            let sin = unsafe { *addr.cast::<libc::sockaddr_in>() };
-            Some(std::net::SocketAddr::from((
-                u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: an AF_INET6 address of sufficient length.
-            let s6 = unsafe { *addr.cast::<libc::sockaddr_in6>() };
-            Some(std::net::SocketAddr::from((
-                s6.sin6_addr.s6_addr,
-                u16::from_be(s6.sin6_port),
-            )))
-        }
-        _ => None,
-    }
+fn sockaddr_of(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+    // SAFETY: connect's contract: `addr` points to `len` readable bytes (or is null).
+    unsafe { rdmashim_core::sockaddr::from_raw(addr, len as usize) }
 }
 
 /// Before connect() on TCP candidate `fd` (entry `e`) to `addr`: marks the SYN the call will
