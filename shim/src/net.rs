@@ -21,13 +21,23 @@ fn check(r: c_long) -> Result<usize, Errno> {
 
 /// recvfrom(2) into `buf` with `flags`.
 pub fn recv(fd: c_int, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
-    // SAFETY: buf is a writable slice of its length; no address is asked for.
+    // SAFETY: buf is a writable slice of its length.
+    unsafe { recv_raw(fd, buf.as_mut_ptr(), buf.len(), flags) }
+}
+
+/// recv into the `len` bytes at `buf` (an application's buffer, which may be uninitialised
+/// memory: no slice is made over it).
+///
+/// # Safety
+/// `buf` must be valid for writes of `len` bytes.
+pub unsafe fn recv_raw(fd: c_int, buf: *mut u8, len: usize, flags: c_int) -> Result<usize, Errno> {
+    // SAFETY: per the contract; no address is asked for.
     let r = unsafe {
         rdmashim_core::raw_syscall!(
             libc::SYS_recvfrom,
             fd,
-            buf.as_mut_ptr(),
-            buf.len(),
+            buf,
+            len,
             flags,
             core::ptr::null_mut::<c_void>(),
             core::ptr::null_mut::<socklen_t>(),

@@ -647,6 +647,93 @@ mod peek_waitall {
     }
 }
 
+/// readv and recvmsg into scatter lists as programs pass them: buffers never initialised
+/// (read(2) only writes them), segments that overlap (the later segment's bytes win, as the
+/// kernel copies in order), an empty list, and a bad segment (EFAULT, nothing consumed).
+mod scatter {
+    use super::*;
+
+    const FIRST: usize = 1000;
+    const SECOND: usize = 600;
+
+    pub fn server(mut s: TcpStream) {
+        s.write_all(&pattern(FIRST, 5)).unwrap();
+        let mut go = [0u8; 1];
+        s.read_exact(&mut go).unwrap();
+        s.write_all(&pattern(SECOND, 6)).unwrap();
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    fn iov(p: *mut u8, len: usize) -> libc::iovec {
+        libc::iovec {
+            iov_base: p.cast(),
+            iov_len: len,
+        }
+    }
+
+    /// recvmsg with MSG_WAITALL over `iovs`, no address, no control data.
+    fn recvmsg_all(fd: RawFd, iovs: &mut [libc::iovec]) -> isize {
+        // SAFETY: all-zero is a valid msghdr (no name, no control).
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = iovs.as_mut_ptr();
+        m.msg_iovlen = iovs.len() as _;
+        // SAFETY: the iovecs describe live buffers of the test's own.
+        unsafe { libc::recvmsg(fd, &mut m, libc::MSG_WAITALL) }
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let fd = s.as_raw_fd();
+        assert!(poll1(fd, libc::POLLIN, 10_000) & libc::POLLIN != 0);
+        // A bad first segment: EFAULT, and the bytes stay for the next call.
+        let mut ok = [0u8; 8];
+        let bad = [iov(std::ptr::null_mut(), 10), iov(ok.as_mut_ptr(), 8)];
+        // SAFETY: an array of two iovecs (the kernel checks the segments).
+        let r = unsafe { libc::readv(fd, bad.as_ptr(), 2) };
+        assert_eq!((r, errno()), (-1, libc::EFAULT));
+        // SAFETY: a count of zero reads nothing; a negative one is refused.
+        assert_eq!(unsafe { libc::readv(fd, ok.as_ptr().cast(), 0) }, 0);
+        // SAFETY: as above.
+        let r = unsafe { libc::readv(fd, bad.as_ptr(), -1) };
+        assert_eq!((r, errno()), (-1, libc::EINVAL));
+        // Three segments of memory never initialised, filled in order.
+        let mut a: Vec<u8> = Vec::with_capacity(300);
+        let mut b: Vec<u8> = Vec::with_capacity(1);
+        let mut c: Vec<u8> = Vec::with_capacity(699);
+        let mut segs = [
+            iov(a.as_mut_ptr(), 300),
+            iov(b.as_mut_ptr(), 1),
+            iov(c.as_mut_ptr(), 699),
+        ];
+        assert_eq!(recvmsg_all(fd, &mut segs), FIRST as isize);
+        // SAFETY: recvmsg wrote every byte of the three capacities.
+        unsafe {
+            a.set_len(300);
+            b.set_len(1);
+            c.set_len(699);
+        }
+        let first = pattern(FIRST, 5);
+        assert_eq!(a, first[..300]);
+        assert_eq!(b, first[300..301]);
+        assert_eq!(c, first[301..]);
+        // Overlapping segments: [0, 300) then [100, 400) of one buffer.
+        s.write_all(b"g").unwrap();
+        let mut buf = vec![0u8; 400];
+        let p = buf.as_mut_ptr();
+        let mut over = [iov(p, 300), iov(p.wrapping_add(100), 300)];
+        assert_eq!(recvmsg_all(fd, &mut over), SECOND as isize);
+        let second = pattern(SECOND, 6);
+        assert_eq!(buf[..100], second[..100]);
+        assert_eq!(buf[100..], second[300..]);
+        // The end: readv gives 0.
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut tail = [0u8; 16];
+        let end = [iov(tail.as_mut_ptr(), 16)];
+        // SAFETY: one iovec over `tail`.
+        assert_eq!(unsafe { libc::readv(fd, end.as_ptr(), 1) }, 0);
+    }
+}
+
 /// One thread reads while another writes on the same socket, both directions at full speed.
 mod threads {
     use super::*;
@@ -2907,6 +2994,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("select", select::server, select::client),
     ("half_close", half_close::server, half_close::client),
     ("peek_waitall", peek_waitall::server, peek_waitall::client),
+    ("scatter", scatter::server, scatter::client),
     ("threads", threads::server, threads::client),
     ("fork", fork::server, fork::client),
     ("fork_serve", fork_serve::server, fork_serve::client),

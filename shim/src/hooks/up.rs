@@ -3,9 +3,10 @@
 //! `crate::upgrade` works on.
 
 use crate::fdtable::{FdEntry, Kind, TABLE};
+use crate::net;
 use crate::outcome::{Errno, Outcome};
 use crate::spin::wait::{spin_wait_interruptible, Turn};
-use crate::upgrade::data::{self, FileSrc, Flat, FlatSrc, Gather, Scatter};
+use crate::upgrade::data::{self, FileSrc, FlatSrc, Gather, RecvBuf};
 use crate::upgrade::{self, ready, Conn};
 use core::ffi::{c_int, c_void};
 use libc::{iovec, msghdr};
@@ -89,16 +90,86 @@ fn ret(r: Result<usize, Errno>) -> Outcome<isize> {
     }
 }
 
-/// The application's writable buffer of `len` bytes at `p` (EFAULT if null and not empty).
-///
-/// # Safety
-/// `p` must be valid for writes of `len` bytes for `'a` (read(2)'s contract on its buffer).
-unsafe fn app_buf_mut<'a>(p: *mut c_void, len: usize) -> Result<&'a mut [u8], Errno> {
-    match (len, p.is_null()) {
-        (0, _) => Ok(&mut []),
-        (_, true) => Err(Errno(libc::EFAULT)),
-        // SAFETY: per the contract.
-        _ => Ok(unsafe { core::slice::from_raw_parts_mut(p.cast::<u8>(), len) }),
+/// One of the application's receive buffers, as a pointer and a length — never a slice:
+/// read(2)'s buffer may be uninitialised memory (a `&mut [u8]` over it would claim initialised
+/// bytes) and readv's segments may overlap (two `&mut [u8]` over one byte are undefined
+/// behaviour). Only the kernel (recv) and copies from the ring write into it.
+#[derive(Clone, Copy)]
+struct AppSeg {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl AppSeg {
+    /// The `len` bytes at `p` (EFAULT if null and not empty).
+    fn new(p: *mut c_void, len: usize) -> Result<AppSeg, Errno> {
+        if p.is_null() && len > 0 {
+            return Err(Errno(libc::EFAULT));
+        }
+        Ok(AppSeg { ptr: p.cast(), len })
+    }
+
+    /// Receives from socket `fd` into bytes `[off, off + max)` (clipped to the segment).
+    fn recv_tcp(self, fd: c_int, off: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
+        let n = max.min(self.len.saturating_sub(off));
+        // SAFETY: `[off, off + n)` lies inside the segment, which the application passed as
+        // writable for its length (read(2)'s contract).
+        unsafe { net::recv_raw(fd, self.ptr.wrapping_add(off), n, flags) }
+    }
+
+    /// Copies `data` to byte `off` of the segment.
+    fn fill(self, off: usize, data: &[u8]) {
+        assert!(off <= self.len && data.len() <= self.len - off);
+        // SAFETY: inside the segment (checked above), writable per read(2)'s contract; `data`
+        // is the shim's (the ring or a token's remainder), never the application's buffer.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) }
+    }
+}
+
+/// read/recv's one buffer.
+struct AppFlat(AppSeg);
+
+impl RecvBuf for AppFlat {
+    fn total(&self) -> usize {
+        self.0.len
+    }
+    fn recv_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
+        self.0.recv_tcp(fd, at, max, flags)
+    }
+    fn fill(&mut self, at: usize, data: &[u8]) {
+        self.0.fill(at, data)
+    }
+}
+
+/// readv/recvmsg's scatter list (a copy of the application's iovecs: its array may lie in
+/// one of the buffers).
+struct AppScatter(Vec<AppSeg>);
+
+impl RecvBuf for AppScatter {
+    fn total(&self) -> usize {
+        self.0.iter().map(|s| s.len).sum()
+    }
+    fn recv_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
+        // One segment at a time: a short read is always allowed.
+        match data::locate(self.0.iter().map(|s| s.len), at) {
+            Some((i, off)) => self.0[i].recv_tcp(fd, off, max, flags),
+            None => Ok(0),
+        }
+    }
+    fn fill(&mut self, mut at: usize, mut data: &[u8]) {
+        for s in &self.0 {
+            if data.is_empty() {
+                return;
+            }
+            if at >= s.len {
+                at -= s.len;
+                continue;
+            }
+            let n = (s.len - at).min(data.len());
+            s.fill(at, &data[..n]);
+            data = &data[n..];
+            at = 0;
+        }
     }
 }
 
@@ -123,9 +194,8 @@ pub(crate) fn recv_flat(
     len: usize,
     flags: c_int,
 ) -> Outcome<isize> {
-    // SAFETY: the application passed a writable buffer of `len` bytes (as read(2) requires).
-    match unsafe { app_buf_mut(buf, len) } {
-        Ok(slice) => ret(data::recv(c, fd, &mut Flat(slice), flags)),
+    match AppSeg::new(buf, len) {
+        Ok(seg) => ret(data::recv(c, fd, &mut AppFlat(seg), flags)),
         Err(e) => Outcome::Fail(e),
     }
 }
@@ -146,16 +216,17 @@ unsafe fn iovs<'a>(iov: *const iovec, cnt: c_int) -> Result<&'a [iovec], Errno> 
     }
 }
 
-/// The application's iovec array as writable slices (readv, recvmsg).
+/// The application's iovec array as receive segments (readv, recvmsg).
 ///
 /// # Safety
-/// `iov` must point to `cnt` iovecs whose buffers are writable for their lengths.
-unsafe fn iov_slices_mut<'a>(iov: *const iovec, cnt: c_int) -> Result<Vec<&'a mut [u8]>, Errno> {
-    // SAFETY: per the contract, each iovec describes a writable buffer.
+/// `iov` must point to `cnt` iovecs (their buffers are not touched here).
+unsafe fn iov_segs(iov: *const iovec, cnt: c_int) -> Result<AppScatter, Errno> {
+    // SAFETY: per the contract.
     unsafe { iovs(iov, cnt)? }
         .iter()
-        .map(|e| unsafe { app_buf_mut(e.iov_base, e.iov_len) })
-        .collect()
+        .map(|e| AppSeg::new(e.iov_base, e.iov_len))
+        .collect::<Result<Vec<_>, _>>()
+        .map(AppScatter)
 }
 
 /// The application's iovec array as readable slices (writev, sendmsg).
@@ -179,8 +250,8 @@ pub(crate) fn recv_iov(
     flags: c_int,
 ) -> Outcome<isize> {
     // SAFETY: readv's contract on the application's arguments.
-    match unsafe { iov_slices_mut(iov, cnt) } {
-        Ok(v) => ret(data::recv(c, fd, &mut Scatter(v), flags)),
+    match unsafe { iov_segs(iov, cnt) } {
+        Ok(mut v) => ret(data::recv(c, fd, &mut v, flags)),
         Err(e) => Outcome::Fail(e),
     }
 }
@@ -193,11 +264,11 @@ pub(crate) fn recv_msg(c: &Conn, fd: c_int, msg: *mut msghdr, flags: c_int) -> O
     // SAFETY: the application's msghdr (recvmsg's contract).
     let m = unsafe { &mut *msg };
     // SAFETY: msg_iov/msg_iovlen describe the application's buffers.
-    let v = match unsafe { iov_slices_mut(m.msg_iov, m.msg_iovlen as c_int) } {
+    let mut v = match unsafe { iov_segs(m.msg_iov, m.msg_iovlen as c_int) } {
         Ok(v) => v,
         Err(e) => return Outcome::Fail(e),
     };
-    let r = data::recv(c, fd, &mut Scatter(v), flags);
+    let r = data::recv(c, fd, &mut v, flags);
     if r.is_ok() {
         m.msg_namelen = 0;
         m.msg_controllen = 0;

@@ -49,27 +49,8 @@ pub trait SendBuf {
     fn gather(&mut self, at: usize, out: &mut [u8]) -> Result<(), Errno>;
 }
 
-/// One flat receive buffer.
-pub struct Flat<'a>(pub &'a mut [u8]);
-
-impl RecvBuf for Flat<'_> {
-    fn total(&self) -> usize {
-        self.0.len()
-    }
-    fn recv_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
-        let end = (at + max).min(self.0.len());
-        net::recv(fd, &mut self.0[at..end], flags)
-    }
-    fn fill(&mut self, at: usize, data: &[u8]) {
-        self.0[at..at + data.len()].copy_from_slice(data);
-    }
-}
-
-/// Scatter buffers (readv, recvmsg).
-pub struct Scatter<'a>(pub Vec<&'a mut [u8]>);
-
 /// (segment, offset in it) of byte `at` of segments of lengths `lens` (scatter/gather lists).
-fn locate(lens: impl Iterator<Item = usize>, mut at: usize) -> Option<(usize, usize)> {
+pub fn locate(lens: impl Iterator<Item = usize>, mut at: usize) -> Option<(usize, usize)> {
     for (i, len) in lens.enumerate() {
         if at < len {
             return Some((i, at));
@@ -77,36 +58,6 @@ fn locate(lens: impl Iterator<Item = usize>, mut at: usize) -> Option<(usize, us
         at -= len;
     }
     None
-}
-
-impl RecvBuf for Scatter<'_> {
-    fn total(&self) -> usize {
-        self.0.iter().map(|s| s.len()).sum()
-    }
-    fn recv_tcp(&mut self, fd: c_int, at: usize, max: usize, flags: c_int) -> Result<usize, Errno> {
-        // One segment at a time: a short read is always allowed.
-        let Some((i, off)) = locate(self.0.iter().map(|s| s.len()), at) else {
-            return Ok(0);
-        };
-        let seg = &mut self.0[i];
-        let end = (off + max).min(seg.len());
-        net::recv(fd, &mut seg[off..end], flags)
-    }
-    fn fill(&mut self, mut at: usize, mut data: &[u8]) {
-        for s in self.0.iter_mut() {
-            if data.is_empty() {
-                return;
-            }
-            if at >= s.len() {
-                at -= s.len();
-                continue;
-            }
-            let n = (s.len() - at).min(data.len());
-            s[at..at + n].copy_from_slice(&data[..n]);
-            data = &data[n..];
-            at = 0;
-        }
-    }
 }
 
 /// One flat send buffer.
