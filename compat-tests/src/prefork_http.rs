@@ -2,7 +2,8 @@
 //! shim, and the checks of the servers' records.
 
 use crate::{
-    python, random_bytes, run_ok, sha256_hex, shimmed, wait_listening, Scratch, Server, Stats,
+    python, random_bytes, run_ok, sha256_hex, shimmed, wait_listening, Rings, Scratch, Server,
+    Stats,
 };
 use std::path::PathBuf;
 use std::process::Command;
@@ -99,9 +100,9 @@ pub fn serve_and_fetch(
 
 /// The server's records (`all`, its parent's and its workers'), against the client's `cst`:
 /// only workers accepted, [`CONNS`] in all, each upgraded, and most responses went through
-/// their rings.
-pub fn check_workers(name: &str, all: &[Stats], cst: &Stats) {
-    check_workers_woken(name, all, cst, &[]);
+/// their rings (of kind `rings`).
+pub fn check_workers(name: &str, all: &[Stats], cst: &Stats, rings: Rings) {
+    check_workers_woken(name, all, cst, &[], rings);
 }
 
 /// [`check_workers`] for a server that also connects to its own listener (apache's parent
@@ -109,7 +110,7 @@ pub fn check_workers(name: &str, all: &[Stats], cst: &Stats) {
 /// connections carry a few bytes, end at once and stay TCP with one of `wakeups`' reasons, in
 /// whichever process accepted them (a worker that served the client too); every other
 /// connection is the client's, upgraded in the worker that accepted it.
-pub fn check_workers_woken(name: &str, all: &[Stats], cst: &Stats, wakeups: &[&str]) {
+pub fn check_workers_woken(name: &str, all: &[Stats], cst: &Stats, wakeups: &[&str], rings: Rings) {
     let mut upgraded = 0;
     let mut ring_tx = 0;
     for st in all {
@@ -129,7 +130,7 @@ pub fn check_workers_woken(name: &str, all: &[Stats], cst: &Stats, wakeups: &[&s
             );
         }
         upgraded += st.upgraded();
-        ring_tx += st.bytes("ring_tx");
+        ring_tx += rings.tx(st);
     }
     assert_eq!(
         upgraded, CONNS as u64,
@@ -138,7 +139,7 @@ pub fn check_workers_woken(name: &str, all: &[Stats], cst: &Stats, wakeups: &[&s
     // Most responses came after the switch (it takes a fraction of the first 100 ms pause).
     assert!(
         ring_tx >= (CONNS * GETS / 2 * FILE) as u64,
-        "the workers sent {ring_tx} bytes through the rings"
+        "the workers sent {ring_tx} bytes through the {rings:?} rings"
     );
-    assert!(cst.bytes("ring_rx") >= ring_tx, "{}", cst.summary());
+    assert!(rings.rx(cst) >= ring_tx, "{}", cst.summary());
 }

@@ -27,8 +27,17 @@ def app(environ, start_response):
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn gunicorn_gthread_workers_upgrade() {
-    let ip = test_ip();
-    let dev = test_device();
+    gunicorn_workers(Rings::Rdma);
+}
+
+/// The same over shared memory, on 127.0.0.1: every host.
+#[test]
+fn gunicorn_gthread_workers_upgrade_over_shm() {
+    gunicorn_workers(Rings::Shm);
+}
+
+fn gunicorn_workers(rings: Rings) {
+    let ip = rings.ip();
     let Some(gunicorn) = require("gunicorn") else {
         return;
     };
@@ -36,7 +45,7 @@ fn gunicorn_gthread_workers_upgrade() {
     let (_www, want) = www(&s);
     std::fs::write(s.dir.join("app.py"), APP_PY).unwrap();
     let port = free_port_on(&ip);
-    let device = DeviceCounters::read(&dev);
+    let device = rings.device();
     let mut cmd = shimmed(&gunicorn, &s, "gunicorn");
     cmd.args([
         "--workers",
@@ -52,6 +61,8 @@ fn gunicorn_gthread_workers_upgrade() {
     .arg(&s.dir)
     .arg("app:app");
     let cst = serve_and_fetch(&s, cmd, "gunicorn", "TERM", (&ip, port), &want);
-    check_workers("gunicorn", &s.stats("gunicorn"), &cst);
-    device.delta().assert_carried(cst.ring_bytes());
+    check_workers("gunicorn", &s.stats("gunicorn"), &cst, rings);
+    if let Some(d) = device {
+        d.delta().assert_carried(cst.ring_bytes());
+    }
 }

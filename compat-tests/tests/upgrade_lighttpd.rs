@@ -13,8 +13,17 @@ use rdmashim_compat_tests::*;
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn lighttpd_prefork_workers_upgrade() {
-    let ip = test_ip();
-    let dev = test_device();
+    lighttpd_workers(Rings::Rdma);
+}
+
+/// The same over shared memory, on 127.0.0.1: every host.
+#[test]
+fn lighttpd_prefork_workers_upgrade_over_shm() {
+    lighttpd_workers(Rings::Shm);
+}
+
+fn lighttpd_workers(rings: Rings) {
+    let ip = rings.ip();
     let Some(lighttpd) = require("/usr/sbin/lighttpd") else {
         return;
     };
@@ -33,13 +42,15 @@ fn lighttpd_prefork_workers_upgrade() {
         ),
     )
     .unwrap();
-    let device = DeviceCounters::read(&dev);
+    let device = rings.device();
     let mut cmd = shimmed(&lighttpd, &s, "lighttpd");
     cmd.arg("-D").arg("-f").arg(&conf);
     // (its parent stops the workers by signalling its whole process group: not this test's)
     use std::os::unix::process::CommandExt;
     cmd.process_group(0);
     let cst = serve_and_fetch(&s, cmd, "lighttpd", "INT", (&ip, port), &want);
-    check_workers("lighttpd", &s.stats("lighttpd"), &cst);
-    device.delta().assert_carried(cst.ring_bytes());
+    check_workers("lighttpd", &s.stats("lighttpd"), &cst, rings);
+    if let Some(d) = device {
+        d.delta().assert_carried(cst.ring_bytes());
+    }
 }
