@@ -151,7 +151,7 @@ mod nonblocking_connect {
         // SAFETY: plain socket(2).
         let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
         assert!(fd >= 0);
-        let (sa, len) = sockaddr(addr);
+        let (sa, len) = rdmashim_core::sockaddr::to_raw(addr);
         // SAFETY: sa holds a valid sockaddr of len bytes.
         let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
         (fd, if rc == 0 { 0 } else { errno() })
@@ -183,7 +183,7 @@ mod nonblocking_connect {
         // Connecting again: Linux reports the completed asynchronous connect once (0), and
         // EISCONN from then on (a connect that succeeded at once goes straight to EISCONN).
         let again = || {
-            let (sa, len) = sockaddr(addr);
+            let (sa, len) = rdmashim_core::sockaddr::to_raw(addr);
             // SAFETY: sa holds a valid sockaddr of len bytes.
             let rc =
                 unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
@@ -2167,41 +2167,6 @@ mod fork_dial {
 }
 
 // ---------------------------------------------------------------------------------------------
-
-fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is large enough and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
 
 /// exec and spawn with a live connection (servers that re-exec themselves per connection, CGI,
 /// a helper that writes to the client): the socket survives the exec (no FD_CLOEXEC) and the
