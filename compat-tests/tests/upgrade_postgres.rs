@@ -65,18 +65,7 @@ fn chown_postgres(p: &Path) {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn pgbench_against_a_forking_postmaster() {
-    pgbench_against(Rings::Rdma);
-}
-
-/// The same over shared memory, on 127.0.0.1: every host. The backends (children of the
-/// postmaster) take the connections over and meet pgbench on names of their own.
-#[test]
-fn pgbench_against_a_forking_postmaster_over_shm() {
-    pgbench_against(Rings::Shm);
-}
-
-fn pgbench_against(rings: Rings) {
-    let ip = rings.ip();
+    let ip = test_ip();
     let Some(bin) = pg_bin() else {
         require("postgres"); // (panics with the setup hint, or skips when asked to)
         return;
@@ -116,7 +105,7 @@ fn pgbench_against(rings: Rings) {
             .arg("postgres");
         run_ok(as_postgres(c), Duration::from_secs(300))
     };
-    let device = rings.device();
+    let device = DeviceCounters::read(&test_device());
     pgbench("init", &["-i", "-s", "1", "-q"]);
     let out = pgbench(
         "bench",
@@ -191,9 +180,6 @@ fn pgbench_against(rings: Rings) {
         init.upgraded + bench.upgraded,
         "every upgrade of pgbench's is a backend's"
     );
-    rings.assert_at_least(&bench, 16 * 1024, 16 * 1024);
-    rings.assert_carried(&bench, "pgbench");
-    if let Some(d) = device {
-        d.delta().assert_carried(bench.ring_bytes());
-    }
+    bench.assert_ring_at_least(16 * 1024, 16 * 1024);
+    device.delta().assert_carried(bench.ring_bytes());
 }
