@@ -175,10 +175,13 @@ fn pgbench_against_a_forking_postmaster() {
     let served: u64 = backends.iter().map(|b| b.upgraded).sum();
     let init = s.one_stats("init");
     eprintln!("pgbench -i: {}", init.summary());
-    assert_eq!(
-        served,
-        init.upgraded + bench.upgraded,
-        "every upgrade of pgbench's is a backend's"
+    // (pgbench's vacuum connection says goodbye at once: its backend may count it upgraded —
+    // pgbench switched, sent and closed before the backend committed — while pgbench, whose
+    // close came first, counts it `closed_early`; seen once in CI)
+    let expected = init.upgraded + bench.upgraded;
+    assert!(
+        served >= expected && served <= expected + bench.reason("closed_early"),
+        "every upgrade of pgbench's is a backend's: {served} served, {expected} upgraded"
     );
     bench.assert_ring_at_least(16 * 1024, 16 * 1024);
     device.delta().assert_carried(bench.ring_bytes());
