@@ -156,19 +156,11 @@ impl RecvBuf for AppScatter {
             None => Ok(0),
         }
     }
-    fn fill(&mut self, mut at: usize, mut data: &[u8]) {
-        for s in &self.0 {
-            if data.is_empty() {
-                return;
-            }
-            if at >= s.len {
-                at -= s.len;
-                continue;
-            }
-            let n = (s.len - at).min(data.len());
-            s.fill(at, &data[..n]);
-            data = &data[n..];
-            at = 0;
+    fn fill(&mut self, at: usize, data: &[u8]) {
+        let mut done = 0;
+        for (i, off, k) in data::spans(self.0.iter().map(|s| s.len), at, data.len()) {
+            self.0[i].fill(off, &data[done..done + k]);
+            done += k;
         }
     }
 }

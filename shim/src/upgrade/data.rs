@@ -49,15 +49,31 @@ pub trait SendBuf {
     fn gather(&mut self, at: usize, out: &mut [u8]) -> Result<(), Errno>;
 }
 
-/// (segment, offset in it) of byte `at` of segments of lengths `lens` (scatter/gather lists).
-pub fn locate(lens: impl Iterator<Item = usize>, mut at: usize) -> Option<(usize, usize)> {
-    for (i, len) in lens.enumerate() {
-        if at < len {
-            return Some((i, at));
+/// The pieces of bytes `[at, at + n)` of segments of lengths `lens` (scatter/gather lists),
+/// in order: (segment, offset in it, length). Ends early where the segments do.
+pub fn spans(
+    lens: impl Iterator<Item = usize>,
+    mut at: usize,
+    mut n: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    lens.enumerate().filter_map(move |(i, len)| {
+        if n == 0 {
+            return None;
         }
-        at -= len;
-    }
-    None
+        if at >= len {
+            at -= len;
+            return None;
+        }
+        let (off, k) = (at, (len - at).min(n));
+        at = 0;
+        n -= k;
+        Some((i, off, k))
+    })
+}
+
+/// (segment, offset in it) of byte `at` of segments of lengths `lens`.
+pub fn locate(lens: impl Iterator<Item = usize>, at: usize) -> Option<(usize, usize)> {
+    spans(lens, at, 1).next().map(|(i, off, _)| (i, off))
 }
 
 /// One flat send buffer.
@@ -92,19 +108,11 @@ impl SendBuf for Gather<'_> {
         let seg = self.0[i];
         net::send(fd, &seg[off..(off + max).min(seg.len())], flags)
     }
-    fn gather(&mut self, mut at: usize, mut out: &mut [u8]) -> Result<(), Errno> {
-        for s in &self.0 {
-            if out.is_empty() {
-                break;
-            }
-            if at >= s.len() {
-                at -= s.len();
-                continue;
-            }
-            let n = (s.len() - at).min(out.len());
-            out[..n].copy_from_slice(&s[at..at + n]);
-            out = &mut out[n..];
-            at = 0;
+    fn gather(&mut self, at: usize, out: &mut [u8]) -> Result<(), Errno> {
+        let mut done = 0;
+        for (i, off, k) in spans(self.0.iter().map(|s| s.len()), at, out.len()) {
+            out[done..done + k].copy_from_slice(&self.0[i][off..off + k]);
+            done += k;
         }
         Ok(())
     }
