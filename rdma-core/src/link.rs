@@ -331,6 +331,15 @@ impl Link {
         }
     }
 
+    /// A look at the shared-memory inbox that needs neither the link nor its lock (see
+    /// [`crate::shm::Arrivals`]); `None` over RDMA, whose completions only the CQ knows.
+    pub fn arrivals(&self) -> Option<crate::shm::Arrivals> {
+        match &self.ep {
+            Ep::Shm(s) => Some(s.arrivals()),
+            Ep::Rdma(_) => None,
+        }
+    }
+
     /// Arms the CQ: the completion channel fd becomes readable at the next completion. Call
     /// [`progress`](Self::progress) once more after arming: a completion between the last poll
     /// and the arm raises no event.

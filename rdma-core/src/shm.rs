@@ -32,11 +32,13 @@
 //! core checks every immediate against the ring as it does for RDMA.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::fmt;
 use std::io;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 
 use rdmashim_proto::{Completion, Connection, LocalParams, RingDesc, RingSize, MAX_CONTROL_LEN};
 
@@ -164,6 +166,9 @@ struct Mapping {
 // SAFETY: plain shared memory owned by this value; every access goes through atomics or
 // byte copies made by the one owner of the link.
 unsafe impl Send for Mapping {}
+// SAFETY: shared between threads only as an inbox's queue seen through [`Arrivals`], which
+// reads its header words atomically and nothing else.
+unsafe impl Sync for Mapping {}
 
 impl Mapping {
     fn new(fd: &Fd, len: usize) -> io::Result<Mapping> {
@@ -219,10 +224,44 @@ fn queue_len(slots: u16) -> usize {
     (HEADER + usize::from(slots) * ENTRY).div_ceil(page) * page
 }
 
+/// The inbox's queue with the position this side has read up to: what [`Arrivals`] looks
+/// at from other threads.
+struct Queue {
+    map: Mapping,
+    /// A copy of [`Inbox::head`], stored after each poll.
+    head: AtomicU32,
+    /// The inbox is gone (its link dropped): nothing will be taken from it any more.
+    closed: AtomicBool,
+}
+
+/// Whether the peer published anything into an inbox that its link has not taken yet, told
+/// without the link (nor its lock): one atomic load of the tail the peer writes. A thread that
+/// busy-polls an epoll set looks at its connections' inboxes this way, without arming them,
+/// so the peer's messages meanwhile cost no wake-up system call on either side.
+#[derive(Clone)]
+pub struct Arrivals(Arc<Queue>);
+
+impl Arrivals {
+    /// Something is there to take (or was: another thread may be taking it right now).
+    pub fn pending(&self) -> bool {
+        let q = &self.0;
+        !q.closed.load(Ordering::Relaxed)
+            && q.map.word(TAIL_AT).load(Ordering::Acquire) != q.head.load(Ordering::Relaxed)
+    }
+}
+
+impl fmt::Debug for Arrivals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arrivals")
+            .field("pending", &self.pending())
+            .finish()
+    }
+}
+
 /// This side's inbox: what the peer writes into and wakes.
 pub(crate) struct Inbox {
     ring: MagicRing,
-    queue: Mapping,
+    queue: Arc<Queue>,
     /// The descriptors, passed to the peer in the handshake, then closed (the mappings
     /// keep the memory; the eventfd stays: it is what this side sleeps on).
     ring_fd: Option<Fd>,
@@ -231,6 +270,11 @@ pub(crate) struct Inbox {
     slots: u16,
     /// Next entry to read (the sender's tail runs ahead of it by at most `slots`).
     head: u32,
+    /// This side set the queue's asleep flag since it last took the eventfd's events.
+    armed: Cell<bool>,
+    /// The peer took the flag (so it writes the eventfd, or is about to) and the eventfd
+    /// was not read empty of that write yet.
+    owed: Cell<bool>,
 }
 
 impl Inbox {
@@ -240,7 +284,11 @@ impl Inbox {
         let ring = MagicRing::map_shared(ring_fd.raw(), ring_size).map_err(ring_err)?;
         let qlen = queue_len(slots);
         let queue_fd = sealed_memfd(qlen, c"rdmashim-shm-queue")?;
-        let queue = Mapping::new(&queue_fd, qlen)?;
+        let queue = Arc::new(Queue {
+            map: Mapping::new(&queue_fd, qlen)?,
+            head: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
+        });
         // SAFETY: no pointers.
         let wake = Fd::made(
             unsafe {
@@ -260,7 +308,13 @@ impl Inbox {
             wake,
             slots,
             head: 0,
+            armed: Cell::new(false),
+            owed: Cell::new(false),
         })
+    }
+
+    fn arrivals(&self) -> Arrivals {
+        Arrivals(self.queue.clone())
     }
 
     pub(crate) fn params(&self) -> LocalParams {
@@ -293,7 +347,7 @@ impl Inbox {
     /// Hands every message the peer published to `conn`, in order. Returns whether there was
     /// any, or what the peer did wrong.
     fn poll(&mut self, conn: &mut Connection) -> Result<bool, String> {
-        let tail = self.queue.word(TAIL_AT).load(Ordering::Acquire);
+        let tail = self.queue.map.word(TAIL_AT).load(Ordering::Acquire);
         let n = tail.wrapping_sub(self.head);
         if n == 0 {
             return Ok(false);
@@ -311,7 +365,7 @@ impl Inbox {
             // so a peer writing it meanwhile changes nothing we decided on.
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    self.queue.entry(self.head % u32::from(self.slots)),
+                    self.queue.map.entry(self.head % u32::from(self.slots)),
                     e.as_mut_ptr(),
                     ENTRY,
                 )
@@ -333,21 +387,44 @@ impl Inbox {
                 _ => return Err(format!("a queue entry of kind {kind}, length {len}")),
             }
         }
+        self.queue.head.store(self.head, Ordering::Relaxed);
         Ok(true)
     }
 
     /// Says this side is about to sleep: the peer's next message writes the eventfd. Poll
     /// once more afterwards (a message published before the flag was seen raises nothing).
     fn arm(&self) {
-        self.queue.word(ARMED_AT).store(1, Ordering::Relaxed);
+        self.armed.set(true);
+        self.queue.map.word(ARMED_AT).store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 
-    /// Clears the eventfd (non-blocking).
+    /// Takes back the asleep flag and clears the eventfd (non-blocking) — with a system call
+    /// only if the peer took the flag, that is, wrote the eventfd or is about to. A side that
+    /// keeps busy-polling its inbox without arming it never makes one.
     fn take_events(&self) {
+        if self.armed.replace(false) && self.queue.map.word(ARMED_AT).swap(0, Ordering::AcqRel) == 0
+        {
+            self.owed.set(true);
+        }
+        if !self.owed.get() {
+            return;
+        }
         let mut v = 0u64;
         // SAFETY: an 8-byte out-buffer for the eventfd's counter.
-        unsafe { crate::raw_syscall!(libc::SYS_read, self.wake.raw(), &mut v as *mut u64, 8) };
+        let r =
+            unsafe { crate::raw_syscall!(libc::SYS_read, self.wake.raw(), &mut v as *mut u64, 8) };
+        // (read empty: the peer's write is still to come, and is taken next time — else the
+        // eventfd would stay readable, and every sleep on it return at once)
+        if r == 8 {
+            self.owed.set(false);
+        }
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        self.queue.closed.store(true, Ordering::Relaxed);
     }
 }
 
@@ -470,6 +547,10 @@ impl ShmEndpoint {
         self.inbox.take_events();
     }
 
+    pub(crate) fn arrivals(&self) -> Arrivals {
+        self.inbox.arrivals()
+    }
+
     pub(crate) fn comp_fd(&self) -> RawFd {
         self.inbox.wake.raw()
     }
@@ -551,4 +632,82 @@ pub(crate) enum SockEvent {
     Nothing,
     Confirmed,
     Gone,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An inbox and the peer's view of it, in one process.
+    fn pair() -> (Inbox, Outbox) {
+        let inbox = Inbox::new(64 * 1024, 8).expect("inbox");
+        let dup = |fd: RawFd| {
+            // SAFETY: no pointers.
+            Fd::made(unsafe { crate::raw_syscall!(libc::SYS_dup, fd) }, "dup")
+        };
+        let [r, q, w] = inbox.fds();
+        let fds = [dup(r).unwrap(), dup(q).unwrap(), dup(w).unwrap()];
+        let ring = RingSize::new(64 * 1024).unwrap();
+        let outbox = Outbox::open(fds, ring, 8).expect("outbox");
+        (inbox, outbox)
+    }
+
+    /// What the eventfd holds now (and clears it); 0 if empty.
+    fn drain(inbox: &Inbox) -> u64 {
+        let mut v = 0u64;
+        // SAFETY: an 8-byte out-buffer.
+        let r =
+            unsafe { crate::raw_syscall!(libc::SYS_read, inbox.wake.raw(), &mut v as *mut u64, 8) };
+        if r == 8 {
+            v
+        } else {
+            0
+        }
+    }
+
+    #[test]
+    fn arrivals_are_seen_without_the_link() {
+        let (inbox, mut outbox) = pair();
+        let look = inbox.arrivals();
+        assert!(!look.pending());
+        outbox.push(KIND_WRITE_IMM, 7, 0, &[]);
+        assert!(look.pending(), "a published entry is pending");
+        drop(inbox);
+        assert!(!look.pending(), "a dropped inbox has nothing to take");
+    }
+
+    #[test]
+    fn an_unarmed_inbox_costs_the_sender_no_wake_up() {
+        let (inbox, mut outbox) = pair();
+        outbox.push(KIND_WRITE_IMM, 1, 0, &[]);
+        assert_eq!(drain(&inbox), 0, "nobody slept: no eventfd write");
+        inbox.arm();
+        outbox.push(KIND_WRITE_IMM, 2, 0, &[]);
+        outbox.push(KIND_WRITE_IMM, 3, 0, &[]);
+        // (one write per sleep: the sender took the flag with the first)
+        inbox.take_events();
+        assert_eq!(drain(&inbox), 0, "take_events cleared the eventfd");
+        // Armed, then awake again before any message: the flag is taken back, the next
+        // message writes nothing.
+        inbox.arm();
+        inbox.take_events();
+        outbox.push(KIND_WRITE_IMM, 4, 0, &[]);
+        assert_eq!(drain(&inbox), 0);
+    }
+
+    #[test]
+    fn a_wake_up_written_late_is_taken_next_time() {
+        let (inbox, outbox) = pair();
+        inbox.arm();
+        // The sender took the flag but has not written the eventfd yet.
+        assert_eq!(outbox.queue.word(ARMED_AT).swap(0, Ordering::Relaxed), 1);
+        inbox.take_events();
+        let one = 1u64;
+        // SAFETY: 8 bytes from a live u64.
+        unsafe { crate::raw_syscall!(libc::SYS_write, outbox.wake.raw(), &one as *const u64, 8) };
+        // Not armed since, but the write was owed: taken, so no sleep returns at once for it.
+        inbox.take_events();
+        assert_eq!(drain(&inbox), 0, "the late write was taken");
+        assert!(!inbox.owed.get());
+    }
 }

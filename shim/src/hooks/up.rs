@@ -513,7 +513,9 @@ pub(crate) fn epoll_ctl(
 /// the set for the spin time, if the set's spin gate lets it ([`ready::spin_gate`]): real
 /// waits with timeout 0 (which the application could have made itself), each taking what
 /// the set's completion channels and eventfds raised, until something is left for the
-/// application. A completion then reaches the application without the sleep and wake-up
+/// application. Each turn first looks at the shared-memory inboxes of the set's connections
+/// itself, without arming them ([`ready::take_arrivals`]): the peers' messages meanwhile
+/// write no eventfd. A completion then reaches the application without the sleep and wake-up
 /// that cost an emulated CPU more than the message's whole transfer.
 ///
 /// Signals: a signal the thread lets through interrupts a real wait (EINTR, never
@@ -543,7 +545,8 @@ pub(crate) fn epoll_wait(
         if let Some(gate) = ready::spin_gate(epfd) {
             let shard = crate::stats::fd_shard(epfd);
             let (found, h) = spin_wait_interruptible(gate, shard, own_mask, || {
-                ready::arm_for_epoll(epfd);
+                ready::take_arrivals(epfd);
+                ready::arm_for_spin(epfd);
                 let n = wait(ev, max, 0);
                 if n < 0 {
                     return Turn::Leave(Err(crate::sys::errno()));

@@ -1549,6 +1549,9 @@ impl State {
         // connection, if any (`ready::epoll_ctl`), else to the engine's, edge-triggered: an
         // event the engine leaves to a blocked application thread (see `comp_event`) must
         // not wake it again and again.
+        if let Some(a) = link.arrivals() {
+            let _ = c.arrivals.set(a);
+        }
         if super::ready::link_up(c, link.comp_fd()) {
             g.comp_unwatched = true;
         } else {

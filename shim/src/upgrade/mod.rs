@@ -127,6 +127,9 @@ pub(crate) struct Inner {
     /// thread that woke from a blocking wait (see [`Conn::on_wake`]); `None`: armed, or
     /// nobody's business yet.
     pub unarmed: Option<u64>,
+    /// What was left unarmed is a CQ (RDMA), counted in [`UNARMED_CQ`] too; else a
+    /// shared-memory inbox, which a busy-polling wait looks at without arming it.
+    pub unarmed_cq: bool,
     /// The engine does not watch the link's completion channel: an application thread took
     /// it out of the engine's set to wait on it itself, and it stays out until the CQ is next
     /// armed for the engine's sake ([`Conn::on_completions`]). While the CQ is left unarmed
@@ -139,6 +142,21 @@ pub(crate) struct Inner {
 /// are any, waits in poll/select/epoll arm the ones they cover, and the engine arms those left
 /// so for longer than [`UNARMED_MAX`].
 pub(crate) static UNARMED: AtomicUsize = AtomicUsize::new(0);
+
+/// The part of [`UNARMED`] that are CQs: a busy-polling epoll wait arms those at each turn
+/// (their completions reach it only through the completion channel), and leaves
+/// shared-memory inboxes unarmed ([`ready::take_arrivals`] looks at them instead).
+pub(crate) static UNARMED_CQ: AtomicUsize = AtomicUsize::new(0);
+
+/// A connection left unarmed ([`Inner::unarmed`]) is armed, or gone.
+fn unarmed_done(cq: bool) {
+    // (saturating: a fork child zeroes the counts, and may drop its parent's connections)
+    let dec = |n: usize| Some(n.saturating_sub(1));
+    let _ = UNARMED.fetch_update(Ordering::SeqCst, Ordering::SeqCst, dec);
+    if cq {
+        let _ = UNARMED_CQ.fetch_update(Ordering::SeqCst, Ordering::SeqCst, dec);
+    }
+}
 
 /// How long a CQ may stay unarmed after an application thread's blocking wait before the engine
 /// arms it (the application went on to something else: completions must be taken again).
@@ -209,6 +227,11 @@ pub struct Conn {
     pub(crate) adopted_from: OnceLock<(u32, u32)>,
     /// Whether the blocked data calls on this connection busy-poll before they sleep.
     pub(crate) spin: crate::spin::SpinGate,
+    /// Its link's inbox, once it has one over shared memory, as a busy-polling epoll wait
+    /// looks at it ([`ready::take_arrivals`]).
+    pub(crate) arrivals: OnceLock<rdmashim_core::shm::Arrivals>,
+    /// In the registry's list of inboxes left unarmed ([`ready::list_unarmed`]).
+    pub(crate) unarmed_listed: AtomicBool,
     counted: AtomicBool,
     inner: Mutex<Inner>,
 }
@@ -258,6 +281,8 @@ impl Conn {
             offered: AtomicBool::new(false),
             adopted_from: OnceLock::new(),
             spin: crate::spin::SpinGate::default(),
+            arrivals: OnceLock::new(),
+            unarmed_listed: AtomicBool::new(false),
             counted: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 phase,
@@ -277,6 +302,7 @@ impl Conn {
                 token_sock: None,
                 token_taken: false,
                 unarmed: None,
+                unarmed_cq: false,
                 comp_unwatched: false,
             }),
         })
@@ -454,7 +480,9 @@ impl Conn {
         if rearm {
             self.armed(g);
         }
+        let mut cq = false;
         let linked = if let Phase::Linked(l) = &mut g.phase {
+            cq = !l.is_local();
             l.take_events();
             if rearm {
                 // (no thread waits on the channel: the engine must see the next event)
@@ -475,8 +503,14 @@ impl Conn {
         if linked && !rearm && g.unarmed.is_none() {
             let now = net::coarse_ms();
             g.unarmed = Some(now);
+            g.unarmed_cq = cq;
             LAST_UNARMED_MS.store(now, Ordering::Relaxed);
             UNARMED.fetch_add(1, Ordering::SeqCst);
+            if cq {
+                UNARMED_CQ.fetch_add(1, Ordering::SeqCst);
+            } else {
+                ready::list_unarmed(self);
+            }
             engine::nudge(UNARMED_MAX);
         }
         self.settle(g);
@@ -486,7 +520,7 @@ impl Conn {
     /// Forgets the unarmed mark (the caller arms the CQ).
     fn armed(&self, g: &mut Inner) {
         if g.unarmed.take().is_some() {
-            UNARMED.fetch_sub(1, Ordering::SeqCst);
+            unarmed_done(std::mem::take(&mut g.unarmed_cq));
         }
     }
 
@@ -777,7 +811,12 @@ impl Conn {
         if let Phase::Linked(l) = &g.phase {
             self.comp_off_engine(l, &mut g.comp_unwatched);
         }
-        self.ensure_armed(g);
+        // (an inbox left unarmed and listed is armed by the set's next sleep: event loops
+        // that DEL and ADD a connection on every request would arm it each time, and have the
+        // peer write the eventfd for each answer, while they busy-poll)
+        if self.arrivals.get().is_none() || !self.unarmed_listed.load(Ordering::SeqCst) {
+            self.ensure_armed(g);
+        }
     }
 
     /// Takes link `l`'s completion channel out of the engine's set unless it is out already
@@ -868,6 +907,9 @@ impl Drop for Conn {
         // was in a set may still be, in a duplicate of that set's epoll fd that the registry
         // does not know: closed.
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        if inner.unarmed.take().is_some() && slot_is_ours(self.slot) {
+            unarmed_done(inner.unarmed_cq);
+        }
         if let Some(s) = inner.back_sock.take() {
             net::close(s);
         }
@@ -1577,6 +1619,7 @@ pub fn after_fork_child() {
     GENERATION.store((g + 1).min(LAST_GENERATION), Ordering::Relaxed);
     // (the parent's unarmed CQs are not the child's business)
     UNARMED.store(0, Ordering::SeqCst);
+    UNARMED_CQ.store(0, Ordering::SeqCst);
     // The parent's private socket duplicates (connections it was closing at the moment of the
     // fork) stay open in the child until it execs (they are close-on-exec) or exits: their
     // numbers live in the engine thread's state, which did not survive the fork.

@@ -172,6 +172,13 @@ pub struct Registry {
     /// Completion channels left in a set by the EPOLL_CTL_DEL of their connection's last
     /// registration there (see [`Parked`]).
     parked: Vec<Parked>,
+    /// By epoll set: its connections over shared memory, each with its number of
+    /// registrations there — what a busy-polling wait on the set looks at
+    /// ([`take_arrivals`]).
+    local: HashMap<c_int, Vec<(Arc<Conn>, u32)>>,
+    /// Connections over shared memory whose inbox an application thread left unarmed
+    /// ([`list_unarmed`]), for the next epoll sleep to arm ([`arm_for_epoll`]).
+    unarmed: Vec<Arc<Conn>>,
 }
 
 /// A completion channel that stays in an application's epoll set after the EPOLL_CTL_DEL
@@ -234,22 +241,67 @@ pub fn spin_gate(epfd: c_int) -> Option<&'static SpinGate> {
 impl Registry {
     /// Records the registration of `fd` in `epfd` (replacing any), counting it for the set.
     fn put(&mut self, epfd: c_int, fd: c_int, reg: Reg) {
-        if self.regs.insert((epfd, fd), reg).is_none() {
-            if let Some(s) = set_spin(epfd) {
-                s.conns.fetch_add(1, Ordering::Relaxed);
+        let conn = reg.conn.clone();
+        match self.regs.insert((epfd, fd), reg) {
+            None => {
+                if let Some(s) = set_spin(epfd) {
+                    s.conns.fetch_add(1, Ordering::Relaxed);
+                }
             }
+            Some(old) => self.unlist(epfd, &old.conn),
         }
+        self.list(epfd, &conn);
     }
 
     /// Removes the registration of `fd` in `epfd`, if any.
     fn take(&mut self, epfd: c_int, fd: c_int) -> Option<Reg> {
         let old = self.regs.remove(&(epfd, fd));
-        if old.is_some() {
+        if let Some(o) = &old {
             if let Some(s) = set_spin(epfd) {
                 s.conns.fetch_sub(1, Ordering::Relaxed);
             }
+            self.unlist(epfd, &o.conn);
         }
         old
+    }
+
+    /// Counts a registration of `c` in `epfd` in [`Registry::local`], if `c` is over
+    /// shared memory.
+    fn list(&mut self, epfd: c_int, c: &Arc<Conn>) {
+        if c.arrivals.get().is_none() {
+            return;
+        }
+        let l = self.local.entry(epfd).or_default();
+        match l.iter_mut().find(|(x, _)| Arc::ptr_eq(x, c)) {
+            Some((_, n)) => *n += 1,
+            None => l.push((c.clone(), 1)),
+        }
+    }
+
+    /// Forgets `c` in `epfd`'s list, whatever its count.
+    fn unlist_all(&mut self, epfd: c_int, c: &Conn) {
+        if let Some(l) = self.local.get_mut(&epfd) {
+            l.retain(|(x, _)| !is(x, c));
+            if l.is_empty() {
+                self.local.remove(&epfd);
+            }
+        }
+    }
+
+    /// Uncounts a registration of `c` in `epfd` (see [`Registry::list`]).
+    fn unlist(&mut self, epfd: c_int, c: &Conn) {
+        let Some(l) = self.local.get_mut(&epfd) else {
+            return;
+        };
+        if let Some(i) = l.iter().position(|(x, _)| is(x, c)) {
+            l[i].1 -= 1;
+            if l[i].1 == 0 {
+                l.swap_remove(i);
+            }
+        }
+        if l.is_empty() {
+            self.local.remove(&epfd);
+        }
     }
 }
 
@@ -651,6 +703,19 @@ pub(crate) fn link_up(c: &Conn, comp: c_int) -> bool {
         return false;
     };
     let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+    // (registered before it had an inbox: counted for the busy-polling waits now)
+    let regs: Vec<(c_int, Arc<Conn>)> = r
+        .regs
+        .iter()
+        .filter(|(_, g)| is(&g.conn, c))
+        .map(|((epfd, _), g)| (*epfd, g.conn.clone()))
+        .collect();
+    for (epfd, conn) in &regs {
+        r.unlist_all(*epfd, conn);
+    }
+    for (epfd, conn) in &regs {
+        r.list(*epfd, conn);
+    }
     let keys: Vec<(c_int, c_int)> = r
         .regs
         .iter()
@@ -697,13 +762,59 @@ pub(crate) fn link_down(c: &Conn) {
     PARKED.fetch_sub(before - r.parked.len(), Ordering::SeqCst);
 }
 
-/// Before a wait on epoll set `epfd`: arms the CQs of its connections that an application
-/// thread left unarmed ([`Conn::on_wake`]), so that their completions wake this wait (through
-/// the engine and the eventfds). (A set nested in another is covered by the engine's own
+/// Before a sleep on epoll set `epfd`: arms the CQs of its connections that an application
+/// thread left unarmed ([`Conn::on_wake`]), and every shared-memory inbox left unarmed
+/// ([`list_unarmed`]), so that their completions wake this wait (through the completion
+/// channel or the eventfds). (A set nested in another is covered by the engine's own
 /// re-arming after [`super::UNARMED_MAX`].)
 pub fn arm_for_epoll(epfd: c_int) {
+    if super::UNARMED.load(Ordering::SeqCst) > super::UNARMED_CQ.load(Ordering::SeqCst) {
+        // (the inboxes left unarmed, wherever they are registered: one thread's sleep may
+        // arm another's — a system call of the peer's more, while that thread spins)
+        if let Some(w) = super::world_if_created() {
+            let left = {
+                let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+                std::mem::take(&mut r.unarmed)
+            };
+            for c in left {
+                c.unarmed_listed.store(false, Ordering::SeqCst);
+                c.ensure_armed(&mut c.lock());
+            }
+        }
+    }
+    arm_set(epfd, &super::UNARMED_CQ, true);
+}
+
+/// `c`'s inbox was left unarmed (its lock held): listed for the next epoll sleep to arm
+/// (see [`arm_for_epoll`]; once however often).
+pub(crate) fn list_unarmed(c: &Conn) {
+    if c.unarmed_listed.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    match w.get(c.slot).filter(|a| std::ptr::eq(&**a, c)) {
+        Some(a) => w
+            .regs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unarmed
+            .push(a),
+        None => c.unarmed_listed.store(false, Ordering::SeqCst),
+    }
+}
+
+/// [`arm_for_epoll`] for one turn of a busy-polling wait on `epfd`: arms the CQs only, and
+/// leaves the shared-memory inboxes unarmed, so that their peers write no eventfd while the
+/// wait looks at them itself ([`take_arrivals`]).
+pub fn arm_for_spin(epfd: c_int) {
+    arm_set(epfd, &super::UNARMED_CQ, true);
+}
+
+fn arm_set(epfd: c_int, count: &AtomicUsize, cqs_only: bool) {
     unpark(|p| p.epfd == epfd);
-    if super::UNARMED.load(Ordering::SeqCst) == 0 {
+    if count.load(Ordering::SeqCst) == 0 {
         return;
     }
     let Some(w) = super::world_if_created() else {
@@ -713,13 +824,41 @@ pub fn arm_for_epoll(epfd: c_int) {
         let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
         r.regs
             .iter()
-            .filter(|((e, _), _)| *e == epfd)
+            .filter(|((e, _), g)| *e == epfd && !(cqs_only && g.conn.arrivals.get().is_some()))
             .map(|(_, g)| g.conn.clone())
             .collect()
     };
     for c in conns {
         c.ensure_armed(&mut c.lock());
     }
+}
+
+/// One turn of a busy-polling wait on epoll set `epfd`: takes what the peers of its
+/// connections over shared memory published meanwhile (looked at without any lock but the
+/// registry's, then each such connection driven under its own), leaving their inboxes
+/// unarmed while the wait goes on: the peer's next message costs neither side a system call.
+/// The connections' eventfds then report the new readiness to the wait, and its sleep arms
+/// the inboxes first ([`arm_for_epoll`]). Returns whether anything arrived.
+pub fn take_arrivals(epfd: c_int) -> bool {
+    let Some(w) = super::world_if_created() else {
+        return false;
+    };
+    let found: Vec<Arc<Conn>> = {
+        let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(l) = r.local.get(&epfd) else {
+            return false;
+        };
+        l.iter()
+            .filter(|(c, _)| c.arrivals.get().is_some_and(|a| a.pending()))
+            .map(|(c, _)| c.clone())
+            .collect()
+    };
+    for c in &found {
+        // (a thread blocked on the connection's completion channel keeps it armed)
+        let last = c.sleepers.load(Ordering::SeqCst) == 0;
+        c.on_wake(&mut c.lock(), last);
+    }
+    !found.is_empty()
 }
 
 /// The epoll fd `epfd` is being closed: forget its registrations.
@@ -1035,7 +1174,15 @@ pub fn translate_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize) -> 
             // edge-triggered one only through the eventfd the completions set, so that it
             // gets one event per arrival, not two. (A wait left with nothing to report waits
             // again: the eventfd is ready by then.)
-            conn.on_completions(&mut conn.lock());
+            // (an inbox over shared memory is left unarmed, as a busy-polling wait leaves it:
+            // see `take_arrivals`; the set's next sleep arms it)
+            let mut g = conn.lock();
+            if conn.arrivals.get().is_some() {
+                conn.on_wake(&mut g, conn.sleepers.load(Ordering::SeqCst) == 0);
+            } else {
+                conn.on_completions(&mut g);
+            }
+            drop(g);
             if app & EV_ET != 0 {
                 continue;
             }
