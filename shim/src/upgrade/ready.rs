@@ -908,6 +908,11 @@ pub fn forget_conn(c: &Arc<Conn>, closing: c_int) {
     };
     let released = {
         let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        // (no epoll sleep may come to arm it: a server that never sleeps under load would
+        // otherwise keep every closed connection, and its eventfds, listed)
+        if c.unarmed_listed.swap(false, Ordering::SeqCst) {
+            r.unarmed.retain(|x| !Arc::ptr_eq(x, c));
+        }
         let keys: Vec<(c_int, c_int)> = r
             .regs
             .iter()
