@@ -278,16 +278,6 @@ impl Registry {
         }
     }
 
-    /// Forgets `c` in `epfd`'s list, whatever its count.
-    fn unlist_all(&mut self, epfd: c_int, c: &Conn) {
-        if let Some(l) = self.local.get_mut(&epfd) {
-            l.retain(|(x, _)| !is(x, c));
-            if l.is_empty() {
-                self.local.remove(&epfd);
-            }
-        }
-    }
-
     /// Uncounts a registration of `c` in `epfd` (see [`Registry::list`]).
     fn unlist(&mut self, epfd: c_int, c: &Conn) {
         let Some(l) = self.local.get_mut(&epfd) else {
@@ -703,16 +693,14 @@ pub(crate) fn link_up(c: &Conn, comp: c_int) -> bool {
         return false;
     };
     let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
-    // (registered before it had an inbox: counted for the busy-polling waits now)
+    // (registered before it had an inbox, which it has now: each registration is counted for
+    // the busy-polling waits — none was before, `Registry::list` skips a connection without)
     let regs: Vec<(c_int, Arc<Conn>)> = r
         .regs
         .iter()
         .filter(|(_, g)| is(&g.conn, c))
         .map(|((epfd, _), g)| (*epfd, g.conn.clone()))
         .collect();
-    for (epfd, conn) in &regs {
-        r.unlist_all(*epfd, conn);
-    }
     for (epfd, conn) in &regs {
         r.list(*epfd, conn);
     }
@@ -782,7 +770,7 @@ pub fn arm_for_epoll(epfd: c_int) {
             }
         }
     }
-    arm_set(epfd, &super::UNARMED_CQ, true);
+    arm_for_spin(epfd);
 }
 
 /// `c`'s inbox was left unarmed (its lock held): listed for the next epoll sleep to arm
@@ -809,12 +797,8 @@ pub(crate) fn list_unarmed(c: &Conn) {
 /// leaves the shared-memory inboxes unarmed, so that their peers write no eventfd while the
 /// wait looks at them itself ([`take_arrivals`]).
 pub fn arm_for_spin(epfd: c_int) {
-    arm_set(epfd, &super::UNARMED_CQ, true);
-}
-
-fn arm_set(epfd: c_int, count: &AtomicUsize, cqs_only: bool) {
     unpark(|p| p.epfd == epfd);
-    if count.load(Ordering::SeqCst) == 0 {
+    if super::UNARMED_CQ.load(Ordering::SeqCst) == 0 {
         return;
     }
     let Some(w) = super::world_if_created() else {
@@ -824,7 +808,7 @@ fn arm_set(epfd: c_int, count: &AtomicUsize, cqs_only: bool) {
         let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
         r.regs
             .iter()
-            .filter(|((e, _), g)| *e == epfd && !(cqs_only && g.conn.arrivals.get().is_some()))
+            .filter(|((e, _), g)| *e == epfd && g.conn.arrivals.get().is_none())
             .map(|(_, g)| g.conn.clone())
             .collect()
     };
