@@ -1298,8 +1298,9 @@ mod wait_signal {
 /// — a fork-per-connection server's SIGCHLD, a timer — rely on never seeing that EINTR. After
 /// a ping-pong (under the shim over RDMA its waits learn to spin), the client waits in a
 /// blocking `recv` for an answer the server delays by 300 ms, while a timer's SIGALRM arrives:
-/// every 5 ms with SA_RESTART (the recv returns the answer), once without (EINTR, and the next
-/// recv gets the answer), once with SA_RESTART on a socket with SO_RCVTIMEO (EINTR); then it
+/// every 5 ms with SA_RESTART (the recv returns the answer), every 30 ms without (EINTR, and
+/// the next recv gets the answer), every 30 ms with SA_RESTART on a socket with SO_RCVTIMEO
+/// (EINTR); then it
 /// writes 16 MiB while the server does not read for 300 ms and alarms arrive every 5 ms with
 /// SA_RESTART (no send fails; every byte arrives in order).
 mod restart {
@@ -1395,21 +1396,23 @@ mod restart {
         }
     }
 
-    /// Asks for delayed answer `i` and waits in a blocking recv that one alarm, 30 ms later,
-    /// must interrupt (EINTR, the handler ran once); then the answer is read whole.
+    /// Asks for delayed answer `i` and waits in a blocking recv that an alarm, every 30 ms,
+    /// must interrupt (EINTR, the handler ran); then the answer is read whole. (Alarms that
+    /// repeat: one that lands before the recv begins — a test thread held off its CPU for
+    /// 30 ms on a loaded machine — runs its handler and interrupts nothing, over TCP too.)
     fn interrupted(s: &mut TcpStream, buf: &mut [u8; MSG], i: u8, what: &str) {
         let fd = s.as_raw_fd();
         let before = ALARMS.load(Ordering::SeqCst);
         s.write_all(&[b'a' + i]).unwrap();
-        timer(30_000, 0);
+        timer(30_000, 30_000);
         let (n, e) = recv_once(fd, buf);
+        timer(0, 0);
         assert!(
             n == -1 && e == libc::EINTR,
             "{what}: recv returned {n} (errno {e})"
         );
-        assert_eq!(
-            ALARMS.load(Ordering::SeqCst),
-            before + 1,
+        assert!(
+            ALARMS.load(Ordering::SeqCst) > before,
             "{what}: the handler ran"
         );
         rest(fd, buf, 0);
