@@ -9,8 +9,9 @@
 //! allocated returns [`FdEntry::UNKNOWN`] without touching memory beyond the top array. Chunks
 //! are never freed. Fds at or above [`MAX_FDS`] are always unknown (never tracked).
 //!
-//! Entry layout (`u64`): bits 0..8 [`Kind`], bits 8..32 [`flags`], bits 32..64 a slot number
-//! owned by the upgrade layer (0 = none), e.g. an index into its connection slab.
+//! Entry layout (`u64`): bits 0..8 [`Kind`], bits 8..24 [`flags`], bits 24..64 a slot number
+//! of [`SLOT_BITS`] bits owned by the upgrade layer (0 = none): which connection, and which
+//! generation of its slot (`crate::slots`).
 //!
 //! Ordering with the kernel's fd table: an entry is *cleared before* the real `close` (so a
 //! thread that gets the same fd number from `socket` right after the close cannot have its new
@@ -64,7 +65,7 @@ impl Kind {
     }
 }
 
-/// Per-fd flags (24 bits).
+/// Per-fd flags (16 bits).
 pub mod flags {
     /// A non-blocking `connect` is in progress (EINPROGRESS) and has not been seen completing.
     pub const CONNECTING: u32 = 1 << 0;
@@ -99,6 +100,11 @@ pub fn no_upgrades() -> bool {
     UPGRADE_CONNS.load(Ordering::Relaxed) == 0
 }
 
+/// Bits of an entry's slot number.
+pub const SLOT_BITS: u32 = 40;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+const FLAG_MASK: u32 = 0xffff;
+
 /// One fd's state, packed in a `u64`.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct FdEntry(u64);
@@ -118,8 +124,8 @@ impl core::fmt::Debug for FdEntry {
 impl FdEntry {
     pub const UNKNOWN: FdEntry = FdEntry(0);
 
-    pub const fn new(kind: Kind, flags: u32, slot: u32) -> FdEntry {
-        FdEntry(kind as u64 | (((flags & 0x00ff_ffff) as u64) << 8) | ((slot as u64) << 32))
+    pub const fn new(kind: Kind, flags: u32, slot: u64) -> FdEntry {
+        FdEntry(kind as u64 | (((flags & FLAG_MASK) as u64) << 8) | ((slot & SLOT_MASK) << 24))
     }
     pub const fn from_raw(v: u64) -> FdEntry {
         FdEntry(v)
@@ -131,10 +137,10 @@ impl FdEntry {
         Kind::from_bits(self.0 as u8)
     }
     pub const fn flags(self) -> u32 {
-        ((self.0 >> 8) & 0x00ff_ffff) as u32
+        ((self.0 >> 8) as u32) & FLAG_MASK
     }
-    pub const fn slot(self) -> u32 {
-        (self.0 >> 32) as u32
+    pub const fn slot(self) -> u64 {
+        self.0 >> 24
     }
     pub const fn has(self, f: u32) -> bool {
         self.flags() & f == f
@@ -165,13 +171,13 @@ impl FdEntry {
         FdEntry((self.0 & !0xff) | k as u64)
     }
     pub const fn with_flags(self, f: u32) -> FdEntry {
-        FdEntry(self.0 | (((f & 0x00ff_ffff) as u64) << 8))
+        FdEntry(self.0 | (((f & FLAG_MASK) as u64) << 8))
     }
     pub const fn without_flags(self, f: u32) -> FdEntry {
-        FdEntry(self.0 & !(((f & 0x00ff_ffff) as u64) << 8))
+        FdEntry(self.0 & !(((f & FLAG_MASK) as u64) << 8))
     }
-    pub const fn with_slot(self, slot: u32) -> FdEntry {
-        FdEntry((self.0 & 0xffff_ffff) | ((slot as u64) << 32))
+    pub const fn with_slot(self, slot: u64) -> FdEntry {
+        FdEntry((self.0 & 0x00ff_ffff) | ((slot & SLOT_MASK) << 24))
     }
 }
 
@@ -433,17 +439,23 @@ mod tests {
 
     #[test]
     fn entry_packing() {
-        let e = FdEntry::new(Kind::Listening, flags::NONBLOCK | flags::V6, 0xdead_beef);
+        let e = FdEntry::new(Kind::Listening, flags::NONBLOCK | flags::V6, 0xab_dead_beef);
         assert_eq!(e.kind(), Kind::Listening);
         assert!(e.has(flags::NONBLOCK) && e.has(flags::V6) && !e.has(flags::COUNTED));
-        assert_eq!(e.slot(), 0xdead_beef);
+        assert_eq!(e.slot(), 0xab_dead_beef);
         let e2 = e
             .with_kind(Kind::TcpCandidate)
             .without_flags(flags::V6)
             .with_flags(flags::COUNTED);
         assert_eq!(e2.kind(), Kind::TcpCandidate);
         assert_eq!(e2.flags(), flags::NONBLOCK | flags::COUNTED);
-        assert_eq!(e2.slot(), 0xdead_beef);
+        assert_eq!(e2.slot(), 0xab_dead_beef);
+        assert_eq!(
+            e2.with_slot(u64::MAX).slot(),
+            (1 << SLOT_BITS) - 1,
+            "40 bits"
+        );
+        assert_eq!(e2.with_slot(u64::MAX).flags(), e2.flags());
         assert_eq!(e2.with_slot(7).slot(), 7);
         assert!(FdEntry::UNKNOWN.is_unknown());
         assert!(
@@ -495,11 +507,11 @@ mod tests {
         let t = table();
         let fds = [0, 1, 4095, 4096, 4097, 100_000, 2_000_000];
         for fd in fds {
-            t.set(fd, FdEntry::new(Kind::Other, 0, fd as u32));
+            t.set(fd, FdEntry::new(Kind::Other, 0, fd as u64));
         }
         let mut seen = vec![];
         t.for_each(0, u32::MAX, |fd, e| {
-            assert_eq!(e.slot(), fd as u32);
+            assert_eq!(e.slot(), fd as u64);
             seen.push(fd)
         });
         assert_eq!(seen, fds);
@@ -523,7 +535,7 @@ mod tests {
                         for k in 0..per {
                             // Interleaved fds: every thread writes into the same fresh chunks.
                             let fd = k * threads + i + 50_000;
-                            let e = FdEntry::new(Kind::TcpCandidate, 0, (i * 1_000_000 + r) as u32);
+                            let e = FdEntry::new(Kind::TcpCandidate, 0, (i * 1_000_000 + r) as u64);
                             assert!(t.set(fd, e));
                             assert_eq!(t.get(fd), e);
                             if r % 2 == 1 {
@@ -573,7 +585,7 @@ mod tests {
         let t = table();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let valid = |e: FdEntry| {
-            e.is_unknown() || (e.kind() == Kind::TcpCandidate && e.slot() == e.flags())
+            e.is_unknown() || (e.kind() == Kind::TcpCandidate && e.slot() == u64::from(e.flags()))
         };
         let writers: Vec<_> = (0..4)
             .map(|i| {
@@ -582,7 +594,7 @@ mod tests {
                     let mut k = 0u32;
                     while !stop.load(Ordering::Relaxed) {
                         let f = (k + i) & 0xff;
-                        t.set(11, FdEntry::new(Kind::TcpCandidate, f, f));
+                        t.set(11, FdEntry::new(Kind::TcpCandidate, f, u64::from(f)));
                         t.take(11);
                         k = k.wrapping_add(1);
                     }

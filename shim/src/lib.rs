@@ -33,6 +33,7 @@ pub mod probe;
 pub mod reason;
 #[cfg(not(test))]
 mod signals;
+pub mod slots;
 pub mod spin;
 pub mod stats;
 mod sys;

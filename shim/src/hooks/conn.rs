@@ -97,7 +97,7 @@ pub(crate) fn account(fd: c_int) {
 /// Remembers why the upgrade of `fd` was not attempted, for [`account`].
 fn stash(fd: c_int, r: FallbackReason) {
     TABLE.update(fd, |e| {
-        (e.kind() == Kind::TcpCandidate).then(|| e.with_slot(r as u32 + 1))
+        (e.kind() == Kind::TcpCandidate).then(|| e.with_slot(r as u64 + 1))
     });
 }
 

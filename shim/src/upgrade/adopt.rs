@@ -31,7 +31,7 @@ pub(crate) const OFFER_HOLD: Duration = Duration::from_millis(2000);
 
 /// Inherited slots this process adopted, and the slots of its own connections made for them
 /// (a second thread that uses the connection meanwhile finds it here).
-static ADOPTED: Mutex<Vec<(u32, u32)>> = Mutex::new(Vec::new());
+static ADOPTED: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
 /// The board and word index of connection `c` of this process, with its birth count.
 fn board_of(c: &Conn) -> Option<(&'static Board, usize, u32)> {
@@ -39,7 +39,7 @@ fn board_of(c: &Conn) -> Option<(&'static Board, usize, u32)> {
         return None;
     }
     let b = super::world_if_created()?.board()?;
-    Some((b, slot_parts(c.slot).1, c.attrs.born()))
+    Some((b, slot_parts(c.slot).1.index as usize, c.attrs.born()))
 }
 
 /// Before a fork: offers `c` (an accepted server connection waiting for its request) to the
@@ -66,8 +66,9 @@ pub(crate) fn withdraw(c: &Conn) {
 /// failed): unless the parent already redirected the client here, the adoption is withdrawn,
 /// so that the parent rejects the client's request at once instead of sending it to a
 /// listener that will not answer it.
-pub(crate) fn unadopt(slot: u32, born: u32) {
-    let (g, index) = slot_parts(slot);
+pub(crate) fn unadopt(slot: u64, born: u32) {
+    let (g, key) = slot_parts(slot);
+    let index = key.index as usize;
     if let Some(b) = world_of(g).and_then(|w| w.board()) {
         b.withdraw(index, born);
     }
@@ -122,10 +123,10 @@ pub(crate) fn verdict(c: &Conn, closed: bool, follows: bool, late: bool) -> Verd
 /// module's documentation) and returns its own connection for it (every fd of the slot now
 /// refers to that one). `None`: the inherited connection is to be had as before
 /// ([`super::use_inherited`]).
-pub(crate) fn adopt(slot: u32) -> Option<Arc<Conn>> {
-    let (g, index) = slot_parts(slot);
-    let old_world = world_of(g)?;
-    let old = old_world.slab.try_read().ok()?.conns.get(index)?.clone()?;
+pub(crate) fn adopt(slot: u64) -> Option<Arc<Conn>> {
+    let (g, key) = slot_parts(slot);
+    let index = key.index as usize;
+    let old = world_of(g)?.conns.get(key)?;
     // (an inherited connection that was not offered, the usual case, takes no lock)
     if !old.offered.load(Ordering::Acquire) || old.fell_back.load(Ordering::Acquire) {
         return None;
@@ -138,7 +139,7 @@ pub(crate) fn adopt(slot: u32) -> Option<Arc<Conn>> {
     if let Some(&(_, own)) = done.iter().find(|(s, _)| *s == slot) {
         return super::lookup(own);
     }
-    let b = old_world.board()?;
+    let b = world_of(g)?.board()?;
     let born = old.attrs.born();
     let left = super::board::left(g);
     if born > left || !b.is_idle(index, born) {

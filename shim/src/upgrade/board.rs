@@ -370,11 +370,12 @@ fn lost(why: &str) -> Errno {
 
 /// In a fork child: makes the connection of `slot` (its parent's, or an older ancestor's) usable
 /// as plain TCP, asking its owner to switch it back if it is on a ring. `Ok`: use the socket.
-pub(crate) fn inherited(slot: u32) -> Result<(), Errno> {
+pub(crate) fn inherited(slot: u64) -> Result<(), Errno> {
     if super::inherited_fell_back(slot) {
         return Ok(());
     }
-    let (g, index) = slot_parts(slot);
+    let (g, key) = slot_parts(slot);
+    let index = key.index as usize;
     let board = world_of(g).and_then(|w| w.board());
     let Some(b) = board else {
         return Err(lost("its parent made no board"));

@@ -42,7 +42,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Token kinds of the engine's epoll set (kind << 32 | value).
+/// Token kinds of the engine's epoll set (kind << 48 | value: a listener id, or a slot
+/// number of [`crate::fdtable::SLOT_BITS`] bits).
 const WAKE: u64 = 0;
 const LISTENER: u64 = 1;
 const DIAL: u64 = 2;
@@ -55,8 +56,10 @@ const TOKEN: u64 = 7;
 /// The fork board's wake-up pipe (a child asks for a connection).
 const BOARD: u64 = 8;
 
-fn token(kind: u64, value: u32) -> u64 {
-    (kind << 32) | u64::from(value)
+const TOKEN_SHIFT: u32 = 48;
+
+fn token(kind: u64, value: u64) -> u64 {
+    (kind << TOKEN_SHIFT) | value
 }
 
 enum Cmd {
@@ -648,7 +651,7 @@ impl Engine {
             libc::EPOLL_CTL_ADD,
             l.fd(),
             libc::EPOLLIN as u32,
-            token(LISTENER, id),
+            token(LISTENER, u64::from(id)),
         )
         .is_err()
         {
@@ -818,7 +821,7 @@ impl Tracked {
 
 struct State {
     epfd: c_int,
-    conns: HashMap<u32, Tracked>,
+    conns: HashMap<u64, Tracked>,
     matcher: Matcher<Request, Arc<Conn>>,
     /// Client connections whose dial waits for its time (see [`super::dial_delay`]).
     delayed: Vec<(Instant, Arc<Conn>)>,
@@ -914,10 +917,10 @@ fn run(epfd: c_int, wake: c_int) {
         st.finished();
         for ev in &evs[..n] {
             let t = ev.u64;
-            let (kind, value) = (t >> 32, t as u32);
+            let (kind, value) = (t >> TOKEN_SHIFT, t & ((1 << TOKEN_SHIFT) - 1));
             match kind {
                 WAKE => net::eventfd_clear(wake),
-                LISTENER => st.requests(value),
+                LISTENER => st.requests(value as u32),
                 DIAL => st.dial_event(value),
                 COMP => st.comp_event(value),
                 CM => st.cm_event(value),
@@ -1147,7 +1150,7 @@ impl State {
     /// The server's direction of client `slot` may have its first bytes (or an application
     /// thread read them): looks for the token while the wait lasts; once it is decided, stops
     /// watching, and dials if the token came and the dial is due (`dial_now` waited for it).
-    fn token_event(&mut self, slot: u32) {
+    fn token_event(&mut self, slot: u64) {
         let Some(t) = self.conns.get(&slot) else {
             return;
         };
@@ -1180,7 +1183,7 @@ impl State {
 
     /// The pending TCP connect of `slot` made progress: connected (dial now), failed (the
     /// connection never existed), or not yet.
-    fn pend_event(&mut self, slot: u32) {
+    fn pend_event(&mut self, slot: u64) {
         let Some(t) = self.conns.get(&slot) else {
             return;
         };
@@ -1340,7 +1343,7 @@ impl State {
         }
     }
 
-    fn dial_event(&mut self, slot: u32) {
+    fn dial_event(&mut self, slot: u64) {
         let Some(t) = self.conns.get(&slot) else {
             return;
         };
@@ -1699,7 +1702,7 @@ impl State {
         }
     }
 
-    fn comp_event(&mut self, slot: u32) {
+    fn comp_event(&mut self, slot: u64) {
         let Some(t) = self.conns.get(&slot) else {
             return;
         };
@@ -1712,7 +1715,7 @@ impl State {
         c.on_completions(&mut c.lock());
     }
 
-    fn cm_event(&mut self, slot: u32) {
+    fn cm_event(&mut self, slot: u64) {
         let Some(t) = self.conns.get(&slot) else {
             return;
         };
@@ -1723,7 +1726,7 @@ impl State {
     }
 
     /// The peer's FIN or RST on the socket of a connection the application closed.
-    fn sock_event(&mut self, slot: u32) {
+    fn sock_event(&mut self, slot: u64) {
         let Some(t) = self.conns.get(&slot) else {
             return;
         };
@@ -1866,7 +1869,7 @@ impl State {
                 }
             }
         }
-        let due: Vec<u32> = self
+        let due: Vec<u64> = self
             .conns
             .iter()
             .filter(|(_, t)| phase_timer(&t.conn.lock()).is_some_and(|d| d <= now))
@@ -1896,7 +1899,7 @@ impl State {
     fn reap(&mut self) {
         let now = Instant::now();
         // (slot, whether to forget it entirely or only stop tracking it)
-        let ended: Vec<(u32, bool)> = self
+        let ended: Vec<(u64, bool)> = self
             .conns
             .iter()
             .filter_map(|(slot, t)| {
@@ -1954,7 +1957,7 @@ impl State {
         drop(std::mem::take(
             &mut *e.setup.done.lock().unwrap_or_else(|p| p.into_inner()),
         ));
-        let slots: Vec<u32> = self.conns.keys().copied().collect();
+        let slots: Vec<u64> = self.conns.keys().copied().collect();
         for slot in slots {
             let Some(t) = self.conns.remove(&slot) else {
                 continue;

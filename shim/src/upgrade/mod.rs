@@ -25,6 +25,7 @@ use crate::config::Level;
 use crate::net;
 use crate::reason::FallbackReason;
 use crate::shim_log;
+use crate::slots::{Key, Slots};
 use crate::stats;
 use core::ffi::c_int;
 use rdmashim_core::link::Link;
@@ -33,7 +34,7 @@ use rdmashim_core::{Transport, UpgradeDialer};
 use rdmashim_proto::{ErrorReason, RejectReason, Side, StreamState};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 pub(crate) use binding::Mark;
@@ -175,7 +176,7 @@ const EFDS_EPOLLED: u32 = 1 << 31;
 /// One TCP connection under the upgrade.
 pub struct Conn {
     /// The fd table slot that refers to this connection.
-    pub slot: u32,
+    pub slot: u64,
     pub side: Side,
     pub peer: SocketAddr,
     pub local: SocketAddr,
@@ -224,7 +225,7 @@ pub struct Conn {
     pub(crate) offered: AtomicBool,
     /// Server, in a fork child: the inherited connection this one took over ([`adopt`]): its
     /// slot in the parent's world and its birth count there.
-    pub(crate) adopted_from: OnceLock<(u32, u32)>,
+    pub(crate) adopted_from: OnceLock<(u64, u32)>,
     /// Whether the blocked data calls on this connection busy-poll before they sleep.
     pub(crate) spin: crate::spin::SpinGate,
     /// Its link's inbox, once it has one over shared memory, as a busy-polling epoll wait
@@ -246,7 +247,7 @@ impl Conn {
 
     #[allow(clippy::too_many_arguments)]
     fn new(
-        slot: u32,
+        slot: u64,
         fd: c_int,
         side: Side,
         peer: SocketAddr,
@@ -1039,15 +1040,11 @@ pub(crate) fn fallback_reason(r: ErrorReason) -> FallbackReason {
 
 // ----- the process's upgrade state ---------------------------------------------------------
 
-struct Slab {
-    conns: Vec<Option<Arc<Conn>>>,
-    free: Vec<u32>,
-}
-
 /// Everything the upgrade keeps per process. A forked child starts a new one (the parent's
 /// locks may have been held at the fork; its connections are the parent's).
 pub struct World {
-    slab: RwLock<Slab>,
+    /// The connections, by fd-table slot ([`slot_parts`]).
+    conns: Slots<Conn>,
     pub(crate) regs: Mutex<ready::Registry>,
     engine: OnceLock<Option<Engine>>,
     /// Eventfd pairs of ended connections, for the next ones: a connection's two eventfds
@@ -1072,8 +1069,18 @@ static WORLDS: [OnceLock<World>; 256] = [const { OnceLock::new() }; 256];
 static GENERATION: AtomicU32 = AtomicU32::new(1);
 const LAST_GENERATION: u32 = 255;
 
-const INDEX_BITS: u32 = 24;
-const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+/// A slot number (the fd table's, [`crate::fdtable::SLOT_BITS`] bits): the process
+/// generation (8 bits) above the generation of the connection's slot in its world
+/// ([`SLOT_GEN_BITS`]) above its index plus one ([`INDEX_BITS`]; 0: no connection).
+const INDEX_BITS: u32 = 20;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+/// Bits of a slot's generation a slot number keeps: a thread that read an fd's slot just
+/// before the fd was closed finds no connection, rather than the next one in that slot, unless
+/// the slot was used 4096 times meanwhile (freed slots are reused oldest first).
+const SLOT_GEN_BITS: u32 = 12;
+const PROCESS_SHIFT: u32 = INDEX_BITS + SLOT_GEN_BITS;
+/// Connections a process generation can have at once (one more is counted `resources`).
+const MAX_CONNS: usize = (1 << INDEX_BITS) - 1;
 
 fn generation() -> u32 {
     GENERATION.load(Ordering::Relaxed)
@@ -1091,10 +1098,7 @@ pub fn world() -> Option<&'static World> {
         rdmashim_core::fds::set_watcher(transport_fd);
         rdmashim_core::fds::set_floor(PRIVATE_FD_MIN);
         World {
-            slab: RwLock::new(Slab {
-                conns: Vec::new(),
-                free: Vec::new(),
-            }),
+            conns: Slots::new(MAX_CONNS, SLOT_GEN_BITS),
             regs: Mutex::new(ready::Registry::default()),
             engine: OnceLock::new(),
             efd_pool: Mutex::new(Vec::new()),
@@ -1129,13 +1133,19 @@ fn world_of(g: u32) -> Option<&'static World> {
     WORLDS.get(g as usize).and_then(|w| w.get())
 }
 
-/// The process generation a fd-table slot belongs to, and its index in that generation's
-/// slab (`usize::MAX`, which no slab holds, for the empty slot 0).
-fn slot_parts(slot: u32) -> (u32, usize) {
-    (
-        slot >> INDEX_BITS,
-        ((slot & INDEX_MASK) as usize).wrapping_sub(1),
-    )
+/// The process generation a fd-table slot belongs to, and its connection's key in that
+/// generation's world (an index no world holds for the empty slot 0).
+fn slot_parts(slot: u64) -> (u32, Key) {
+    let index = ((slot & INDEX_MASK) as u32).wrapping_sub(1);
+    let gen = (slot >> INDEX_BITS) as u32 & ((1 << SLOT_GEN_BITS) - 1);
+    ((slot >> PROCESS_SHIFT) as u32, Key { index, gen })
+}
+
+/// The fd-table slot of the connection of key `k` in this process generation's world.
+fn slot_number(k: Key) -> u64 {
+    u64::from(generation()) << PROCESS_SHIFT
+        | u64::from(k.gen) << INDEX_BITS
+        | u64::from(k.index + 1)
 }
 
 impl World {
@@ -1175,75 +1185,43 @@ impl World {
         true
     }
 
-    fn insert(&self, make: impl FnOnce(u32) -> Option<Conn>) -> Option<Arc<Conn>> {
-        let mut s = self.slab.write().unwrap_or_else(|p| p.into_inner());
-        let index = match s.free.pop() {
-            Some(i) => i,
-            None => {
-                let i = s.conns.len() as u32;
-                if i + 1 >= INDEX_MASK {
-                    return None;
-                }
-                s.conns.push(None);
-                i
+    fn insert(&self, make: impl FnOnce(u64) -> Option<Conn>) -> Option<Arc<Conn>> {
+        let (_, c) = self.conns.insert(|k| {
+            let c = make(slot_number(k))?;
+            // (under the inserts' lock: a board being made now either sees this connection
+            // or is seen here)
+            if let Some(b) = self.board() {
+                b.took(k.index as usize, c.attrs.born());
             }
-        };
-        let slot = (generation() << INDEX_BITS) | (index + 1);
-        match make(slot) {
-            Some(c) => {
-                let c = Arc::new(c);
-                // (under the slab's lock: a board being made now either sees this connection
-                // or is seen here)
-                if let Some(b) = self.board() {
-                    b.took(index as usize, c.attrs.born());
-                }
-                s.conns[index as usize] = Some(c.clone());
-                Some(c)
-            }
-            None => {
-                s.free.push(index);
-                None
-            }
-        }
+            Some(c)
+        })?;
+        Some(c)
     }
 
     /// The connection of fd-table slot `slot`, if it belongs to this process generation.
-    pub fn get(&self, slot: u32) -> Option<Arc<Conn>> {
+    #[inline]
+    pub fn get(&self, slot: u64) -> Option<Arc<Conn>> {
         if !slot_is_ours(slot) {
             return None;
         }
-        let (_, i) = slot_parts(slot);
-        let s = self.slab.read().unwrap_or_else(|p| p.into_inner());
-        s.conns.get(i).and_then(|c| c.clone())
+        self.conns.get(slot_parts(slot).1)
     }
 
     /// Removes the connection of `slot` (its last fd was closed and the engine is done with it).
-    fn remove(&self, slot: u32) {
-        if !slot_is_ours(slot) {
-            return;
-        }
-        let (_, i) = slot_parts(slot);
-        let mut s = self.slab.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = s.conns.get_mut(i) {
-            if c.take().is_some() {
-                s.free.push(i as u32);
-            }
+    fn remove(&self, slot: u64) {
+        if slot_is_ours(slot) {
+            self.conns.remove(slot_parts(slot).1);
         }
     }
 
     /// The connection in slot index `index` (of any fd-table slot of this generation).
     fn at(&self, index: usize) -> Option<Arc<Conn>> {
-        let s = self.slab.read().unwrap_or_else(|p| p.into_inner());
-        s.conns.get(index).and_then(|c| c.clone())
+        self.conns.at(index)
     }
 
     /// Slot indexes in use or free (one past the highest ever used).
     fn slots(&self) -> usize {
-        self.slab
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .conns
-            .len()
+        self.conns.len()
     }
 
     /// The fork board, if one was made.
@@ -1253,20 +1231,19 @@ impl World {
 
     /// Every live connection (for the exit flush).
     fn all(&self) -> Vec<Arc<Conn>> {
-        let s = self.slab.read().unwrap_or_else(|p| p.into_inner());
-        s.conns.iter().flatten().cloned().collect()
+        self.conns.all().into_iter().map(|(_, c)| c).collect()
     }
 }
 
 /// The connection of `slot` in this process, if any.
-pub fn lookup(slot: u32) -> Option<Arc<Conn>> {
+pub fn lookup(slot: u64) -> Option<Arc<Conn>> {
     world_if_created()?.get(slot)
 }
 
 /// In a fork child, the program uses a connection of `slot`, which its parent made: this
 /// process's own connection for it if the parent offered it at the fork and it takes it over
 /// ([`adopt`]); `None` to go on as [`use_inherited`] says.
-pub fn adopt_inherited(slot: u32) -> Option<Arc<Conn>> {
+pub fn adopt_inherited(slot: u64) -> Option<Arc<Conn>> {
     adopt::adopt(slot)
 }
 
@@ -1280,23 +1257,16 @@ pub fn reclaim_offered(c: &Conn) {
 /// older ancestor) made: makes it plain TCP, asking its owner to switch it back if it is on a
 /// ring ([`board`]), and waits for that. `Ok`: the socket has the whole stream; `Err`: the
 /// connection could not be had (ECONNRESET).
-pub fn use_inherited(slot: u32) -> Result<(), crate::outcome::Errno> {
+pub fn use_inherited(slot: u64) -> Result<(), crate::outcome::Errno> {
     board::inherited(slot)
 }
 
 /// In a fork child: whether the parent's connection of `slot` had settled on TCP (then the
 /// child can use the socket as plain TCP). Never waits on a lock the parent may have held.
-fn inherited_fell_back(slot: u32) -> bool {
-    let (g, i) = slot_parts(slot);
-    let Some(w) = world_of(g) else {
-        return false;
-    };
-    let Ok(s) = w.slab.try_read() else {
-        return false;
-    };
-    s.conns
-        .get(i)
-        .and_then(|c| c.as_ref())
+fn inherited_fell_back(slot: u64) -> bool {
+    let (g, k) = slot_parts(slot);
+    world_of(g)
+        .and_then(|w| w.conns.get(k))
         .is_some_and(|c| c.fell_back.load(Ordering::Acquire))
 }
 
@@ -1318,8 +1288,8 @@ pub(crate) fn pending_outcome(g: &Inner) -> Option<bool> {
 }
 
 /// Whether `slot` names a connection of this process (not one inherited from a parent).
-pub fn slot_is_ours(slot: u32) -> bool {
-    slot & INDEX_MASK != 0 && slot >> INDEX_BITS == generation()
+pub fn slot_is_ours(slot: u64) -> bool {
+    slot & INDEX_MASK != 0 && slot >> PROCESS_SHIFT == u64::from(generation())
 }
 
 /// Before a fork (the `pthread_atfork` prepare handler, in the forking thread): connections
@@ -1342,18 +1312,18 @@ pub fn before_fork() {
     let Some(w) = world_if_created() else {
         return;
     };
-    let Some(slab) = retry(|| w.slab.try_read().ok()) else {
+    if w.board.get().is_none()
+        && !w.conns.is_empty()
+        && retry(|| w.conns.try_exclusive(|| make_board(w))).is_none()
+    {
         return;
-    };
-    if w.board.get().is_none() && !slab.conns.is_empty() {
-        make_board(w, &slab);
     }
-    for c in slab.conns.iter().flatten() {
+    for c in w.all() {
         let Some(mut g) = retry(|| c.try_lock()) else {
             continue;
         };
         let settle = match g.phase {
-            Phase::Awaiting => g.closed || !adopt::offer(c),
+            Phase::Awaiting => g.closed || !adopt::offer(&c),
             Phase::Queued => g.token != binding::TokenWait::Awaiting && g.pending.is_none(),
             _ => false,
         };
@@ -1376,11 +1346,7 @@ fn fail_all() {
     let Some(w) = world_if_created() else {
         return;
     };
-    let conns: Vec<Arc<Conn>> = {
-        let slab = w.slab.read().unwrap_or_else(|p| p.into_inner());
-        slab.conns.iter().flatten().cloned().collect()
-    };
-    for c in conns {
+    for c in w.all() {
         c.fail();
     }
 }
@@ -1562,9 +1528,9 @@ fn several_threads() -> bool {
 }
 
 /// The first fork of a process with connections: the board its children will ask on, with
-/// the connections that exist now (under the slab's lock, which every new one takes), watched
+/// the connections that exist now (under the inserts' lock, which every new one takes), watched
 /// by the engine if it runs (else it watches it from its start).
-fn make_board(w: &World, slab: &Slab) {
+fn make_board(w: &World) {
     let b = w.board.get_or_init(board::Board::create).as_ref();
     let Some(b) = b else {
         shim_log!(
@@ -1573,10 +1539,8 @@ fn make_board(w: &World, slab: &Slab) {
         );
         return;
     };
-    for (i, c) in slab.conns.iter().enumerate() {
-        if let Some(c) = c {
-            b.took(i, c.attrs.born());
-        }
+    for (i, c) in w.conns.all() {
+        b.took(i, c.attrs.born());
     }
     if let Some(e) = w.engine_if_started() {
         e.watch_board(b);
@@ -1590,7 +1554,11 @@ fn board_reset(c: &Conn) {
         return;
     }
     if let Some(b) = world_if_created().and_then(World::board) {
-        b.answer(slot_parts(c.slot).1, c.attrs.born(), board::RESET);
+        b.answer(
+            slot_parts(c.slot).1.index as usize,
+            c.attrs.born(),
+            board::RESET,
+        );
     }
 }
 
@@ -1727,7 +1695,7 @@ pub fn start_client_to(
     peer: SocketAddr,
     pending: bool,
     marked: bool,
-) -> Result<u32, FallbackReason> {
+) -> Result<u64, FallbackReason> {
     // (the cheap verdict first: a connection to a cached peer costs no system call here)
     peer_verdict(peer)?;
     if !marked {
@@ -1810,7 +1778,7 @@ pub fn save_syns(fd: c_int, on: bool) -> bool {
 /// prefork server's worker): a request sent there could never be matched here. Such a process
 /// serves its connections on an rdma_cm listener of its own, on a port rdma_cm chooses, and
 /// its token tells the client to dial that port (docs/protocol.md 2.9).
-pub fn start_server(nfd: c_int) -> Result<u32, FallbackReason> {
+pub fn start_server(nfd: c_int) -> Result<u64, FallbackReason> {
     let w = world().ok_or(FallbackReason::Resources)?;
     let peer = net::peer_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
     let local = net::local_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
@@ -1871,7 +1839,7 @@ pub fn stop_listener(fd: c_int) {
 /// Fd `fd`, whose entry names the connection of `slot`, is being closed, or was closed where
 /// no hook saw it (the number may hold another file now, which is left alone: see
 /// [`data::close_last`]): its share of the connection is released; the last one closes it.
-pub fn release_share(slot: u32, fd: c_int) {
+pub fn release_share(slot: u64, fd: c_int) {
     if let Some(c) = lookup(slot) {
         if c.fds.fetch_sub(1, Ordering::AcqRel) == 1 {
             data::close_last(&c, fd);
@@ -1910,9 +1878,9 @@ pub(crate) fn check_sockets() {
 /// This process's upgraded connections (with an fd of the application's for each) and the
 /// inherited slots of a fork child's, among the fds without FD_CLOEXEC, or among all fds with
 /// `all`.
-pub fn upgraded_conns(all: bool) -> (Vec<(Arc<Conn>, c_int)>, Vec<u32>) {
+pub fn upgraded_conns(all: bool) -> (Vec<(Arc<Conn>, c_int)>, Vec<u64>) {
     let mut conns: Vec<(Arc<Conn>, c_int)> = Vec::new();
-    let mut inherited: Vec<u32> = Vec::new();
+    let mut inherited: Vec<u64> = Vec::new();
     if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0 {
         return (conns, inherited);
     }
