@@ -355,6 +355,221 @@ mod epoll_et {
 /// reported after the re-ADD; after a DEL, poll(2), a blocking read and another epoll set
 /// see the connection and the old set sees nothing of it; then many rounds of the `ae`
 /// pattern (ADD for EPOLLOUT, write, DEL, ADD for EPOLLIN, read, DEL).
+/// epoll registrations an event loop makes and drops on every request, and the sets they are
+/// in: a thread asleep on a set learns of an fd added meanwhile; readiness at the ADD is
+/// reported at once, again and again while it lasts (level-triggered), and no more after the
+/// DEL; data that arrives while the fd is out of the set is neither reported then nor lost;
+/// a set watched by poll(2) or nested in another set reports what it holds; EEXIST and ENOENT
+/// as the kernel gives them. (Under the shim, once both directions are on the ring, these
+/// registrations are kept in user space as long as they can be: docs/upgrade.md.)
+mod epoll_defer {
+    use super::*;
+
+    pub fn server(mut s: TcpStream) {
+        // (after the settle pause in the RDMA tier and over shared memory: on the ring)
+        s.write_all(b"hi").unwrap();
+        let mut b = [0u8; 1];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => break,
+                Ok(_) => s.write_all(&[b[0] ^ 0xff]).unwrap(),
+                Err(e) => panic!("server read: {e}"),
+            }
+        }
+    }
+
+    fn ctl_errno(ep: RawFd, op: i32, fd: RawFd, events: u32, data: u64) -> i32 {
+        let mut ev = libc::epoll_event { events, u64: data };
+        // SAFETY: a valid epoll_event; the fds are the caller's.
+        let rc = unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) };
+        if rc == 0 {
+            0
+        } else {
+            errno()
+        }
+    }
+
+    fn ctl(ep: RawFd, op: i32, fd: RawFd, events: u32, data: u64) {
+        let e = ctl_errno(ep, op, fd, events, data);
+        assert_eq!(e, 0, "epoll_ctl({op}) of fd {fd} in {ep}: errno {e}");
+    }
+
+    fn new_set() -> RawFd {
+        // SAFETY: plain epoll_create1.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0, "epoll_create1 errno {}", errno());
+        ep
+    }
+
+    fn close(fd: RawFd) {
+        // SAFETY: an fd of ours.
+        unsafe { libc::close(fd) };
+    }
+
+    const IN: u32 = libc::EPOLLIN as u32;
+    const OUT: u32 = libc::EPOLLOUT as u32;
+
+    /// One byte to the server and its answer, read through `ep` (the fd registered for
+    /// reading, with data `fd`).
+    fn round(ep: RawFd, fd: RawFd, i: u8) {
+        assert_eq!(send_flags(fd, &[i], 0), 1);
+        let deadline = Instant::now() + T;
+        while !epoll_events(ep, fd as u64, 1000)
+            .iter()
+            .any(|e| e & IN != 0)
+        {
+            assert!(Instant::now() < deadline, "round {i}: no answer");
+        }
+        let mut b = [0u8; 1];
+        assert_eq!(recv_flags(fd, &mut b, 0), 1, "round {i}");
+        assert_eq!(b[0], i ^ 0xff, "round {i}");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let s = TcpStream::connect(addr).unwrap();
+        let fd = s.as_raw_fd();
+        assert_eq!(read_exact_fd(fd, 2), b"hi");
+        let data = fd as u64;
+
+        // A thread asleep on an empty set wakes for an fd added meanwhile that is writable.
+        let ep = new_set();
+        let sleeper = std::thread::spawn(move || {
+            let t = Instant::now();
+            let evs = epoll_events(ep, data, 5000);
+            (evs, t.elapsed())
+        });
+        sleep_ms(300);
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, OUT, data);
+        let (evs, took) = sleeper.join().unwrap();
+        assert_eq!(evs, [OUT], "the sleeper's events ({took:?})");
+        assert!(
+            took < Duration::from_secs(4),
+            "the sleeper woke late: {took:?}"
+        );
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0, 0);
+
+        // Ready at the ADD: reported at once, and at every wait while registered.
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, OUT, data);
+        assert_eq!(epoll_events(ep, data, 0), [OUT]);
+        assert_eq!(epoll_events(ep, data, 1000), [OUT], "level-triggered");
+        // (a MOD that adds reading: nothing to read, still writable)
+        ctl(ep, libc::EPOLL_CTL_MOD, fd, IN | OUT, data);
+        assert_eq!(epoll_events(ep, data, 0), [OUT]);
+        ctl(ep, libc::EPOLL_CTL_MOD, fd, IN, data);
+        assert!(
+            epoll_events(ep, data, 0).is_empty(),
+            "MOD took EPOLLOUT off"
+        );
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0, 0);
+        assert!(epoll_events(ep, data, 0).is_empty(), "after the DEL");
+
+        // What the kernel answers, with the fd out of the set after registrations came and
+        // went.
+        assert_eq!(ctl_errno(ep, libc::EPOLL_CTL_DEL, fd, 0, 0), libc::ENOENT);
+        assert_eq!(
+            ctl_errno(ep, libc::EPOLL_CTL_MOD, fd, IN, data),
+            libc::ENOENT
+        );
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, IN, data);
+        assert_eq!(
+            ctl_errno(ep, libc::EPOLL_CTL_ADD, fd, OUT, data),
+            libc::EEXIST
+        );
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0, 0);
+
+        // Data that arrives while the fd is out of the set: not reported (the wait lasts its
+        // whole timeout), reported after the ADD, and read whole.
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, IN, data);
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0, 0);
+        assert_eq!(send_flags(fd, &[7], 0), 1);
+        sleep_ms(200);
+        let t = Instant::now();
+        assert!(
+            epoll_events(ep, data, 400).is_empty(),
+            "an fd out of the set"
+        );
+        assert!(
+            t.elapsed() >= Duration::from_millis(350),
+            "the wait ended early: {:?}",
+            t.elapsed()
+        );
+        ctl(ep, libc::EPOLL_CTL_ADD, fd, IN, data);
+        assert_eq!(epoll_events(ep, data, 1000), [IN]);
+        let mut b = [0u8; 1];
+        assert_eq!(recv_flags(fd, &mut b, 0), 1);
+        assert_eq!(b[0], 7 ^ 0xff);
+        assert!(epoll_events(ep, data, 0).is_empty(), "drained");
+        ctl(ep, libc::EPOLL_CTL_DEL, fd, 0, 0);
+
+        // A set watched by poll(2): its fd is readable when the set has something to report.
+        let watched = new_set();
+        ctl(watched, libc::EPOLL_CTL_ADD, fd, OUT, data);
+        assert!(
+            poll1(watched, libc::POLLIN, 2000) & libc::POLLIN != 0,
+            "poll on an epoll set holding a writable fd"
+        );
+        assert_eq!(epoll_events(watched, data, 0), [OUT]);
+        // (and later registrations in it too)
+        ctl(watched, libc::EPOLL_CTL_DEL, fd, 0, 0);
+        assert!(
+            poll1(watched, libc::POLLIN, 0) & libc::POLLIN == 0,
+            "empty set"
+        );
+        ctl(watched, libc::EPOLL_CTL_ADD, fd, OUT, data);
+        assert!(
+            poll1(watched, libc::POLLIN, 2000) & libc::POLLIN != 0,
+            "re-added"
+        );
+        close(watched);
+
+        // Sets nested in another: one that held the fd before it was nested, and one that
+        // gets it after.
+        let outer = new_set();
+        let before = new_set();
+        ctl(before, libc::EPOLL_CTL_ADD, fd, OUT, data);
+        ctl(outer, libc::EPOLL_CTL_ADD, before, IN, 1000 + before as u64);
+        let after = new_set();
+        ctl(outer, libc::EPOLL_CTL_ADD, after, IN, 1000 + after as u64);
+        ctl(after, libc::EPOLL_CTL_ADD, fd, OUT, data);
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        let mut got = Vec::new();
+        let deadline = Instant::now() + T;
+        while got.len() < 2 {
+            assert!(Instant::now() < deadline, "nested sets reported {got:?}");
+            // SAFETY: evs has room for 8 events.
+            let n = unsafe { libc::epoll_wait(outer, evs.as_mut_ptr(), 8, 2000) };
+            assert!(n >= 0, "epoll_wait errno {}", errno());
+            for e in &evs[..n as usize] {
+                let d = e.u64;
+                if !got.contains(&d) {
+                    got.push(d);
+                }
+            }
+        }
+        got.sort();
+        assert_eq!(got, [1000 + before as u64, 1000 + after as u64]);
+        assert_eq!(epoll_events(before, data, 0), [OUT]);
+        assert_eq!(epoll_events(after, data, 0), [OUT]);
+        for e in [after, before, outer] {
+            close(e);
+        }
+
+        // The event loop's pattern: writable, write, DEL, ADD for reading, answer, DEL.
+        for i in 0..200u8 {
+            ctl(ep, libc::EPOLL_CTL_ADD, fd, OUT, data);
+            assert_eq!(epoll_events(ep, data, 1000), [OUT], "round {i}");
+            ctl(ep, libc::EPOLL_CTL_DEL, fd, 0, 0);
+            ctl(ep, libc::EPOLL_CTL_ADD, fd, IN, data);
+            round(ep, fd, i);
+            ctl(ep, libc::EPOLL_CTL_DEL, fd, 0, 0);
+        }
+        close(ep);
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut s = s;
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+}
+
 mod epoll_readd {
     use super::*;
 
@@ -2959,6 +3174,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ),
     ("epoll_et", epoll_et::server, epoll_et::client),
     ("epoll_readd", epoll_readd::server, epoll_readd::client),
+    ("epoll_defer", epoll_defer::server, epoll_defer::client),
     ("select", select::server, select::client),
     ("half_close", half_close::server, half_close::client),
     ("peek_waitall", peek_waitall::server, peek_waitall::client),

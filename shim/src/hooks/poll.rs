@@ -125,11 +125,15 @@ hook! {
     id: EpollCtl;
     fallback: syscall(SYS_epoll_ctl; epfd, op, fd, ev);
     fast: when(
-        !TABLE.get(fd).is_tcp_stream() && plain_data(op, ev),
+        plain_target(fd) && plain_data(op, ev),
         crate::stats::fd_shard(fd)
     );
     |_real, _cx| {
         let e = TABLE.get(fd);
+        if e.has(flags::EPOLL_FD) && op != libc::EPOLL_CTL_DEL {
+            // (a set nested in another: its registrations must all be the kernel's)
+            crate::upgrade::ready::observe_set(fd);
+        }
         if e.kind() == Kind::TcpCandidate && op == libc::EPOLL_CTL_ADD && !e.has(flags::COUNTED) {
             TABLE.update(fd, |e| (e.kind() == Kind::TcpCandidate).then(|| e.with_flags(flags::EPOLLED)));
         }
@@ -138,6 +142,13 @@ hook! {
             None => PassThrough,
         }
     }
+}
+
+/// Whether an epoll_ctl's target fd needs nothing of the shim: neither a TCP socket nor an
+/// epoll set (one nested in another is watched by other means than its own waits).
+fn plain_target(fd: c_int) -> bool {
+    let e = TABLE.get(fd);
+    !e.is_tcp_stream() && !e.has(flags::EPOLL_FD)
 }
 
 /// Whether an epoll_wait needs no translation: no connection is under the upgrade and no

@@ -2,7 +2,7 @@
 //! application's raw buffers (pointers, iovecs, msghdrs, fd_sets) into the safe views
 //! `crate::upgrade` works on.
 
-use crate::fdtable::{FdEntry, Kind, TABLE};
+use crate::fdtable::{flags, FdEntry, Kind, TABLE};
 use crate::net;
 use crate::outcome::{Errno, Outcome};
 use crate::spin::wait::{spin_wait_interruptible, Turn};
@@ -364,7 +364,16 @@ pub(crate) fn poll_conns(fds: *const libc::pollfd, n: usize) -> Option<Vec<Optio
     }
     // SAFETY: poll's contract: `fds` points to `n` pollfds.
     let arr = unsafe { core::slice::from_raw_parts(fds, n) };
-    if !arr.iter().any(|p| TABLE.get(p.fd).kind() == Kind::Upgraded) {
+    let mut any = false;
+    for p in arr {
+        let e = TABLE.get(p.fd);
+        any |= e.kind() == Kind::Upgraded;
+        if e.has(flags::EPOLL_FD) {
+            // (an epoll set polled: its registrations must all be the kernel's)
+            ready::observe_set(p.fd);
+        }
+    }
+    if !any {
         return None;
     }
     let v: Vec<Option<Arc<Conn>>> = arr
@@ -409,11 +418,13 @@ pub(crate) fn select(
     let n = n.clamp(0, libc::FD_SETSIZE as c_int);
     let mut any = false;
     for fd in 0..n {
-        if (fd_isset(r, fd) || fd_isset(w, fd) || fd_isset(x, fd))
-            && TABLE.get(fd).kind() == Kind::Upgraded
-        {
-            any = true;
-            break;
+        if fd_isset(r, fd) || fd_isset(w, fd) || fd_isset(x, fd) {
+            let e = TABLE.get(fd);
+            any |= e.kind() == Kind::Upgraded;
+            if e.has(flags::EPOLL_FD) {
+                // (as in `poll_conns`)
+                ready::observe_set(fd);
+            }
         }
     }
     if !any {
@@ -545,6 +556,12 @@ pub(crate) fn epoll_wait(
         if let Some(gate) = ready::spin_gate(epfd) {
             let shard = crate::stats::fd_shard(epfd);
             let (found, h) = spin_wait_interruptible(gate, shard, own_mask, || {
+                if let Some(r) = user_turn(epfd, ev, max, &wait) {
+                    return match r {
+                        Ok(k) => Turn::Found(Ok(k)),
+                        Err(e) => Turn::Leave(Err(e)),
+                    };
+                }
                 ready::take_arrivals(epfd);
                 ready::arm_for_spin(epfd);
                 let n = wait(ev, max, 0);
@@ -600,6 +617,48 @@ pub(crate) fn epoll_wait(
     r
 }
 
+/// The registrations of set `epfd` kept in user space that are ready now
+/// ([`ready::user_events`]), reported with what the kernel has ready for the room left (a
+/// wait with timeout 0); `None` if none is (and then none is kept there any more: the wait
+/// that follows may sleep).
+fn user_turn(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    wait: &impl Fn(*mut libc::epoll_event, c_int, c_int) -> c_int,
+) -> Option<Result<c_int, Errno>> {
+    if max <= 0 {
+        // (the kernel's EINVAL)
+        return None;
+    }
+    let mut user = ready::user_events(epfd);
+    if user.is_empty() {
+        return None;
+    }
+    let max = max as usize;
+    // (one place at least for the kernel's events, unless there is only one: its wait also
+    // checks the array the application gave)
+    if max > 1 {
+        user.truncate(max - 1);
+    }
+    let room = max.saturating_sub(user.len());
+    let mut seen = Vec::new();
+    let k = if room > 0 {
+        let n = wait(ev, room as c_int, 0);
+        if n < 0 {
+            return Some(Err(crate::sys::errno()));
+        }
+        // SAFETY: the kernel filled `n` events of the application's array.
+        let arr = unsafe { core::slice::from_raw_parts_mut(ev, n as usize) };
+        ready::translate_seen(epfd, arr, n as usize, &mut seen)
+    } else {
+        0
+    };
+    // SAFETY: the application's event array of `max` entries (epoll_wait's contract).
+    let all = unsafe { core::slice::from_raw_parts_mut(ev, max) };
+    Some(Ok(ready::merge_user(all, k, &seen, &user) as c_int))
+}
+
 /// The waits of [`epoll_wait`] after its spin: `wait` until an event of the application's is
 /// left after the translation, or the time is up (`left` of `timeout_ms`).
 fn epoll_sleep(
@@ -614,7 +673,15 @@ fn epoll_sleep(
     let mut looked_again = false;
     loop {
         ready::arm_for_epoll(epfd);
+        let sleep = ready::Sleep::begin(epfd);
+        if let Some(r) = user_turn(epfd, ev, max, &wait) {
+            return match r {
+                Ok(k) => Outcome::Handled(k),
+                Err(e) => Outcome::Fail(e),
+            };
+        }
         let n = wait(ev, max, left);
+        drop(sleep);
         if n <= 0 {
             return Outcome::Handled(n);
         }

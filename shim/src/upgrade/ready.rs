@@ -16,6 +16,27 @@
 //!   waits again if nothing was left. When this side's writing moves to the ring, EPOLLOUT is
 //!   taken off the socket's registrations (a socket that sends nothing is always writable).
 //!
+//! Deferred registrations: event loops such as redis' `ae` (redis-benchmark) take a connection
+//! out of their set and put it back, for reading or for writing, on every request: four
+//! `epoll_ctl` calls, each a system call on one of the connection's eventfds. A plain
+//! level-triggered registration that needs no socket (both directions on the ring) is
+//! therefore kept in user space as long as it can be:
+//! - an ADD or MOD that wants an eventfd the set does not hold leaves the registration
+//!   *dirty* (no system call); the next wait on the set looks at its readiness itself
+//!   ([`user_events`]): ready, it is reported from here (and looked at again next time, as a
+//!   level-triggered registration is); not ready, its eventfds join the set then, before the
+//!   wait can sleep;
+//! - an eventfd the application no longer wants (DEL, or a MOD without its direction) stays in
+//!   the set ([`Linger`]): the next registration that wants it takes it back without a system
+//!   call, and if it reports an event first, it leaves the set then ([`translate_epoll`]);
+//! - a thread asleep on the set must learn of a new registration: an ADD or MOD while one
+//!   sleeps ([`SetSpin::sleepers`]) makes its kernel registrations at once, and a set that is
+//!   itself watched (poll, select, or nested in another epoll set: [`observe_set`]) never
+//!   defers again.
+//!
+//! Edge-triggered, one-shot and exclusive registrations are made in the kernel at once, as
+//! before.
+//!
 //! Lock order: a connection's lock, then the registry's. Never the reverse: `epoll_wait`
 //! copies what it needs out of the registry before it looks at a connection.
 
@@ -25,8 +46,8 @@ use crate::outcome::Errno;
 use crate::spin::wait::{spin_wait_interruptible, Turn};
 use crate::spin::SpinGate;
 use core::ffi::c_int;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -142,6 +163,47 @@ struct Reg {
     comp: Option<c_int>,
     /// The socket is in the set too ([`needs_socket`]).
     sock: bool,
+    /// Which of the connection's eventfds the kernel's set holds for this registration
+    /// ([`KIN_RD`], [`KIN_WR`]), and the flags (EPOLLET, EPOLLONESHOT) they were registered
+    /// with.
+    kin: u8,
+    kin_flags: u32,
+    /// Deferred: the registration wants an eventfd the kernel's set does not hold yet (see the
+    /// module documentation, "Deferred registrations"); counted in its set's [`SetSpin::dirty`].
+    dirty: bool,
+}
+
+/// The kernel's set holds a registration's read eventfd.
+const KIN_RD: u8 = 1;
+/// The kernel's set holds a registration's write eventfd.
+const KIN_WR: u8 = 2;
+
+/// The eventfds a registration for `app` wants in the kernel's set (none while the
+/// connection's eventfds are retired: `efds` false).
+fn kin_for(app: u32, efds: bool) -> u8 {
+    if !efds {
+        return 0;
+    }
+    (if wants_rd(app) { KIN_RD } else { 0 }) | (if wants_wr(app) { KIN_WR } else { 0 })
+}
+
+/// The eventfd of `c` that `bit` names, and its tag's source.
+fn efd_of(c: &Conn, bit: u8) -> (c_int, u64) {
+    if bit == KIN_RD {
+        (c.rd_efd, SRC_RD)
+    } else {
+        (c.wr_efd, SRC_WR)
+    }
+}
+
+/// Eventfds of a connection left in an epoll set under the tags of `fd` after the
+/// application's registration no longer wants them (see the module documentation, "Deferred registrations"): plain level-triggered
+/// registrations, taken back without a system call by the next registration of the same
+/// connection and fd that wants them, or taken out of the set when one reports an event no
+/// registration wants.
+struct Linger {
+    conn: Arc<Conn>,
+    kin: u8,
 }
 
 /// Whether a registration of `c` for `app` needs the socket in the set, besides the
@@ -179,6 +241,12 @@ pub struct Registry {
     /// Connections over shared memory whose inbox an application thread left unarmed
     /// ([`list_unarmed`]), for the next epoll sleep to arm ([`arm_for_epoll`]).
     unarmed: Vec<Arc<Conn>>,
+    /// Eventfds no registration wants that stay in their sets, by (epoll fd, fd)
+    /// ([`Linger`]).
+    linger: HashMap<(c_int, c_int), Linger>,
+    /// The dirty registrations, by (epoll fd, fd) (see the module documentation, "Deferred
+    /// registrations").
+    dirty: HashSet<(c_int, c_int)>,
 }
 
 /// A completion channel that stays in an application's epoll set after the EPOLL_CTL_DEL
@@ -209,6 +277,15 @@ struct SetSpin {
     conns: AtomicUsize,
     /// Whether spinning pays for this set's waits (learnt from its own spins).
     gate: SpinGate,
+    /// Dirty registrations in the set (see the module documentation, "Deferred
+    /// registrations"; kept under the registry's lock).
+    dirty: AtomicUsize,
+    /// Threads between their last look at the set's dirty registrations and the end of their
+    /// sleep on it.
+    sleepers: AtomicUsize,
+    /// The set is watched by other means than its own `epoll_wait` ([`observe_set`]): its
+    /// registrations are made in the kernel at once.
+    observed: AtomicBool,
 }
 
 /// Epoll fds below this number get a [`SetSpin`] (event loops create their set early, and
@@ -219,11 +296,170 @@ static SET_SPIN: [SetSpin; SET_SPIN_LEN] = [const {
     SetSpin {
         conns: AtomicUsize::new(0),
         gate: SpinGate::new(),
+        dirty: AtomicUsize::new(0),
+        sleepers: AtomicUsize::new(0),
+        observed: AtomicBool::new(false),
     }
 }; SET_SPIN_LEN];
 
 fn set_spin(epfd: c_int) -> Option<&'static SetSpin> {
     usize::try_from(epfd).ok().and_then(|i| SET_SPIN.get(i))
+}
+
+impl Registry {
+    /// Counts registration `(epfd, fd)` dirty or not ([`Registry::dirty`] and its set's
+    /// [`SetSpin::dirty`]).
+    fn mark_dirty(&mut self, epfd: c_int, fd: c_int, on: bool) {
+        let changed = if on {
+            self.dirty.insert((epfd, fd))
+        } else {
+            self.dirty.remove(&(epfd, fd))
+        };
+        if let (true, Some(s)) = (changed, set_spin(epfd)) {
+            if on {
+                s.dirty.fetch_add(1, Ordering::SeqCst);
+            } else {
+                s.dirty.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The fds of set `epfd`'s dirty registrations, with their connections.
+    fn dirty_of(&self, epfd: c_int) -> Vec<(c_int, Arc<Conn>)> {
+        self.dirty
+            .iter()
+            .filter(|(e, _)| *e == epfd)
+            .filter_map(|k| self.regs.get(k).map(|g| (k.1, g.conn.clone())))
+            .collect()
+    }
+}
+
+/// Whether a plain level-triggered registration in set `epfd` may be deferred (see the module
+/// documentation, "Deferred registrations").
+fn can_defer(epfd: c_int) -> bool {
+    set_spin(epfd).is_some_and(|s| !s.observed.load(Ordering::SeqCst))
+}
+
+/// Whether a thread sleeps on set `epfd` (after its last look at the set's dirty
+/// registrations). SeqCst, after the registration was counted dirty: with [`Sleep`]'s
+/// increment before its look, one of the two sees the other.
+fn sleeping_on(epfd: c_int) -> bool {
+    set_spin(epfd).is_some_and(|s| s.sleepers.load(Ordering::SeqCst) > 0)
+}
+
+/// A thread about to sleep on set `epfd` ([`sleeping_on`]): counted from before its last look
+/// at the set's dirty registrations ([`user_events`]) to the end of its sleep.
+pub struct Sleep(Option<&'static SetSpin>);
+
+impl Sleep {
+    pub fn begin(epfd: c_int) -> Sleep {
+        let s = set_spin(epfd);
+        if let Some(s) = s {
+            s.sleepers.fetch_add(1, Ordering::SeqCst);
+        }
+        Sleep(s)
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(s) = self.0 {
+            s.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Whether set `epfd` is watched by other means than its own waits ([`observe_set`]).
+fn observed(epfd: c_int) -> bool {
+    set_spin(epfd).is_some_and(|s| s.observed.load(Ordering::SeqCst))
+}
+
+/// The dirty registrations of set `epfd` that are ready now, as the application's events
+/// (fd, events, data); those that are not get their eventfds in the kernel's set, so that the
+/// wait that follows learns of them (see the module documentation, "Deferred
+/// registrations"). One atomic load when the set has none.
+pub fn user_events(epfd: c_int) -> Vec<(c_int, u32, u64)> {
+    let mut out = Vec::new();
+    if set_spin(epfd).is_none_or(|s| s.dirty.load(Ordering::SeqCst) == 0) {
+        return out;
+    }
+    let Some(w) = super::world_if_created() else {
+        return out;
+    };
+    let dirty = w
+        .regs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .dirty_of(epfd);
+    for (fd, conn) in dirty {
+        let b = bits(&conn, fd, 0);
+        let _g = conn.lock();
+        let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(reg) = r.regs.get(&(epfd, fd)) else {
+            continue;
+        };
+        if !is(&reg.conn, &conn) || !reg.dirty {
+            continue;
+        }
+        let b = b & (reg.events | EV_ERR | EV_HUP);
+        if b != 0 {
+            out.push((fd, b, reg.data));
+        } else {
+            materialize(&mut r, epfd, fd);
+        }
+    }
+    out
+}
+
+/// Set `epfd` is watched by other means than its own waits (its fd in a poll or select, or
+/// added to another epoll set): its dirty registrations get their eventfds in the kernel's
+/// set now, and its registrations are made there at once from now on (until it is closed).
+pub fn observe_set(epfd: c_int) {
+    let Some(s) = set_spin(epfd) else {
+        return;
+    };
+    s.observed.store(true, Ordering::SeqCst);
+    if s.dirty.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    let Some(w) = super::world_if_created() else {
+        return;
+    };
+    let dirty = w
+        .regs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .dirty_of(epfd);
+    for (fd, conn) in dirty {
+        let _g = conn.lock();
+        let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        if r.regs.get(&(epfd, fd)).is_some_and(|g| is(&g.conn, &conn)) {
+            materialize(&mut r, epfd, fd);
+        }
+    }
+}
+
+/// Appends the application's events `user` ([`user_events`]) to the `k` events of `evs`
+/// that [`translate_seen`] left (`seen`: the fds it reported, merged into rather than
+/// repeated), up to `max`. Returns the new count.
+pub fn merge_user(
+    evs: &mut [libc::epoll_event],
+    mut k: usize,
+    seen: &[(c_int, usize)],
+    user: &[(c_int, u32, u64)],
+) -> usize {
+    for &(fd, b, data) in user {
+        if let Some(&(_, i)) = seen.iter().find(|(f, _)| *f == fd) {
+            evs[i].events |= b;
+        } else if k < evs.len() {
+            evs[k] = libc::epoll_event {
+                events: b,
+                u64: data,
+            };
+            k += 1;
+        }
+    }
+    k
 }
 
 /// The spin gate of epoll set `epfd` if a wait on it should consider busy-polling: the set
@@ -242,6 +478,7 @@ impl Registry {
     /// Records the registration of `fd` in `epfd` (replacing any), counting it for the set.
     fn put(&mut self, epfd: c_int, fd: c_int, reg: Reg) {
         let conn = reg.conn.clone();
+        let dirty = reg.dirty;
         match self.regs.insert((epfd, fd), reg) {
             None => {
                 if let Some(s) = set_spin(epfd) {
@@ -250,6 +487,7 @@ impl Registry {
             }
             Some(old) => self.unlist(epfd, &old.conn),
         }
+        self.mark_dirty(epfd, fd, dirty);
         self.list(epfd, &conn);
     }
 
@@ -259,6 +497,9 @@ impl Registry {
         if let Some(o) = &old {
             if let Some(s) = set_spin(epfd) {
                 s.conns.fetch_sub(1, Ordering::Relaxed);
+            }
+            if o.dirty {
+                self.mark_dirty(epfd, fd, false);
             }
             self.unlist(epfd, &o.conn);
         }
@@ -323,32 +564,108 @@ fn plain_lt(app: u32) -> bool {
     app & (EV_ET | EV_ONESHOT | libc::EPOLLEXCLUSIVE as u32) == 0
 }
 
-/// Registers/updates/removes the eventfd `efd` of `fd` (source `src`) in `epfd` per `want`.
-fn set_efd(epfd: c_int, efd: c_int, src: u64, fd: c_int, app: u32, want: bool, had: bool) {
-    let _ = set_efd_from(epfd, efd, src, fd, app, want, had, 0);
+/// Makes set `epfd` hold the eventfds `want` of `c` for its registration of `fd` (the
+/// application's events `app`), given that it holds `have`, registered with flags
+/// `have_flags`. An eventfd held and still wanted is left as it is when both the old and the
+/// new registration are plain level-triggered ([`plain_lt`]: event loops such as redis' `ae`
+/// MOD a registration whenever they start or stop wanting EPOLLOUT), and registered anew
+/// otherwise (a MOD re-arms an edge-triggered or one-shot registration). Returns what the set
+/// holds after, and the first error.
+fn kernel_efds(
+    epfd: c_int,
+    fd: c_int,
+    c: &Conn,
+    app: u32,
+    want: u8,
+    have: u8,
+    have_flags: u32,
+) -> (u8, Result<(), Errno>) {
+    let mut held = have;
+    let mut res = Ok(());
+    let ev = EV_IN | flags_of(app);
+    for bit in [KIN_RD, KIN_WR] {
+        let (efd, src) = efd_of(c, bit);
+        let r = match (want & bit != 0, have & bit != 0) {
+            (true, false) => net::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, efd, ev, tag(src, fd))
+                .map(|()| held |= bit),
+            (true, true) if plain_lt(app) && have_flags == 0 => Ok(()),
+            (true, true) => net::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, efd, ev, tag(src, fd)),
+            (false, true) => {
+                held &= !bit;
+                net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, efd, 0, 0)
+            }
+            (false, false) => Ok(()),
+        };
+        if res.is_ok() {
+            res = r;
+        }
+    }
+    (held, res)
 }
 
-/// [`set_efd`] for a registration whose application events were `old` (0 if none): an update
-/// that changes nothing in the kernel is skipped ([`plain_lt`]). Returns the kernel's answer.
-#[allow(clippy::too_many_arguments)]
-fn set_efd_from(
-    epfd: c_int,
-    efd: c_int,
-    src: u64,
-    fd: c_int,
-    app: u32,
-    want: bool,
-    had: bool,
-    old: u32,
-) -> Result<(), Errno> {
-    let ev = EV_IN | flags_of(app);
-    match (want, had) {
-        (true, false) => net::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, efd, ev, tag(src, fd)),
-        (true, true) if plain_lt(app) && plain_lt(old) => Ok(()),
-        (true, true) => net::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, efd, ev, tag(src, fd)),
-        (false, true) => net::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, efd, 0, 0),
-        (false, false) => Ok(()),
+/// Takes the eventfds lingering in set `epfd` under the tags of `fd`: those of `c` are
+/// returned (still in the set, plain level-triggered); another connection's (its fd was
+/// closed unseen, and the number is `c`'s now) leave the set.
+fn take_linger(r: &mut Registry, epfd: c_int, fd: c_int, c: &Conn) -> u8 {
+    let Some(l) = r.linger.remove(&(epfd, fd)) else {
+        return 0;
+    };
+    if is(&l.conn, c) {
+        return l.kin;
     }
+    let _ = kernel_efds(epfd, fd, &l.conn, 0, 0, l.kin, 0);
+    0
+}
+
+/// Leaves eventfds `kin` of `c` in set `epfd` under the tags of `fd` ([`Linger`]).
+fn put_linger(r: &mut Registry, epfd: c_int, fd: c_int, c: &Arc<Conn>, kin: u8) {
+    if kin == 0 {
+        return;
+    }
+    let l = r.linger.entry((epfd, fd)).or_insert_with(|| Linger {
+        conn: c.clone(),
+        kin: 0,
+    });
+    l.kin |= kin;
+}
+
+/// Takes the lingering eventfds of `c` (all sets) out of their sets.
+fn drop_lingers(r: &mut Registry, c: &Conn) {
+    if r.linger.is_empty() {
+        return;
+    }
+    r.linger.retain(|(epfd, fd), l| {
+        if !is(&l.conn, c) {
+            return true;
+        }
+        let _ = kernel_efds(*epfd, *fd, c, 0, 0, l.kin, 0);
+        false
+    });
+}
+
+/// Dirty registration `(epfd, fd)` gets the eventfds it wants in the kernel's set (registry
+/// lock held; the connection's too, or the caller knows its eventfds are not retired).
+fn materialize(r: &mut Registry, epfd: c_int, fd: c_int) {
+    let Some(reg) = r.regs.get_mut(&(epfd, fd)) else {
+        return;
+    };
+    if !reg.dirty {
+        return;
+    }
+    let want = kin_for(reg.events, true);
+    let (held, _) = kernel_efds(
+        epfd,
+        fd,
+        &reg.conn,
+        reg.events,
+        want,
+        reg.kin,
+        reg.kin_flags,
+    );
+    reg.kin = held;
+    reg.kin_flags = flags_of(reg.events);
+    reg.dirty = false;
+    r.mark_dirty(epfd, fd, false);
 }
 
 fn wants_rd(app: u32) -> bool {
@@ -454,38 +771,36 @@ pub fn epoll_ctl(
                     }
                 }
             }
-            let old = old.unwrap_or(0);
+            let (have, have_flags) = r
+                .regs
+                .get(&(epfd, fd))
+                .filter(|g| is(&g.conn, c))
+                .map_or((0, 0), |g| (g.kin, g.kin_flags));
+            // (what lingers under this fd's tags: plain registrations, held as such)
+            let lingered = take_linger(&mut r, epfd, fd, c);
+            let have_flags = if have == 0 { 0 } else { have_flags };
             // (retired eventfds, of a connection switching back, are in no set)
             let efds = g.back == super::Back::None;
-            let rd = set_efd_from(
-                epfd,
-                c.rd_efd,
-                SRC_RD,
-                fd,
-                events,
-                efds && wants_rd(events),
-                efds && wants_rd(old),
-                old,
-            );
-            let wr = set_efd_from(
-                epfd,
-                c.wr_efd,
-                SRC_WR,
-                fd,
-                events,
-                efds && wants_wr(events),
-                efds && wants_wr(old),
-                old,
-            );
-            if !sock && prior.is_none() {
-                // (a sockless ADD: the eventfds' registrations are the kernel's only word on
-                // `epfd`)
-                if let Err(e) = rd.and(wr) {
-                    set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(events));
-                    set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(events));
-                    break 'arm Err(e);
+            let want = kin_for(events, efds);
+            let defer = efds && !sock && plain_lt(events) && have_flags == 0 && can_defer(epfd);
+            let (kin, dirty) = if defer {
+                // Deferred (module documentation): nothing changes in the kernel now.
+                let held = have | lingered;
+                put_linger(&mut r, epfd, fd, c, held & !want);
+                (held & want, held & want != want)
+            } else {
+                let (kin, res) =
+                    kernel_efds(epfd, fd, c, events, want, have | lingered, have_flags);
+                if !sock && prior.is_none() {
+                    // (a sockless ADD: the eventfds' registrations are the kernel's only word
+                    // on `epfd`)
+                    if let Err(e) = res {
+                        let _ = kernel_efds(epfd, fd, c, 0, 0, kin, flags_of(events));
+                        break 'arm Err(e);
+                    }
                 }
-            }
+                (kin, false)
+            };
             let held = r.regs.get(&(epfd, fd)).and_then(|g| g.comp);
             let comp = match (held, comp) {
                 (Some(h), _) => Some(h),
@@ -506,8 +821,15 @@ pub fn epoll_ctl(
                     disarmed: false,
                     comp,
                     sock,
+                    kin,
+                    kin_flags: flags_of(events),
+                    dirty,
                 },
             );
+            if dirty && (sleeping_on(epfd) || observed(epfd)) {
+                // (a thread asleep on the set would not learn of it)
+                materialize(&mut r, epfd, fd);
+            }
             Ok(())
         }
         libc::EPOLL_CTL_DEL => {
@@ -518,7 +840,13 @@ pub fn epoll_ctl(
                 _ => net::epoll_ctl(epfd, op, fd, 0, 0),
             };
             if let Some(old) = old {
-                released = unregister_rest(&mut r, epfd, fd, c, &old, Leave::Park);
+                if !old.sock && old.kin_flags == 0 && plain_lt(old.events) && can_defer(epfd) {
+                    // (its eventfds stay in the set: module documentation)
+                    put_linger(&mut r, epfd, fd, c, old.kin);
+                    released = drop_comp(&mut r, epfd, fd, &old, Leave::Park);
+                } else {
+                    released = unregister_rest(&mut r, epfd, fd, c, &old, Leave::Park);
+                }
             }
             res
         }
@@ -585,8 +913,7 @@ fn unregister_rest(
     old: &Reg,
     how: Leave,
 ) -> bool {
-    set_efd(epfd, c.rd_efd, SRC_RD, fd, 0, false, wants_rd(old.events));
-    set_efd(epfd, c.wr_efd, SRC_WR, fd, 0, false, wants_wr(old.events));
+    let _ = kernel_efds(epfd, fd, c, 0, 0, old.kin, old.kin_flags);
     drop_comp(r, epfd, fd, old, how)
 }
 
@@ -856,6 +1183,7 @@ pub fn forget_epoll(epfd: c_int) {
     // (the number's next set learns afresh)
     if let Some(s) = set_spin(epfd) {
         s.gate.reset();
+        s.observed.store(false, Ordering::SeqCst);
     }
     let Some(w) = super::world_if_created() else {
         return;
@@ -864,6 +1192,8 @@ pub fn forget_epoll(epfd: c_int) {
         let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
         let keys: Vec<(c_int, c_int)> =
             r.regs.keys().filter(|(e, _)| *e == epfd).copied().collect();
+        // (lingering eventfds leave with the set)
+        r.linger.retain(|(e, _), _| *e != epfd);
         let mut released = Vec::new();
         for k in keys {
             if let Some(old) = r.take(k.0, k.1) {
@@ -897,6 +1227,7 @@ pub fn forget_conn(c: &Arc<Conn>, closing: c_int) {
         if c.unarmed_listed.swap(false, Ordering::SeqCst) {
             r.unarmed.retain(|x| !Arc::ptr_eq(x, c));
         }
+        drop_lingers(&mut r, c);
         let keys: Vec<(c_int, c_int)> = r
             .regs
             .iter()
@@ -961,23 +1292,31 @@ fn resock(c: &Conn, pick: impl Fn(&Reg) -> bool) {
 pub(crate) fn retire_efds(c: &Conn, g: &mut Inner) {
     if let Some(w) = super::world_if_created() {
         let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
-        for ((epfd, fd), reg) in r.regs.iter_mut() {
+        let mut undirtied = Vec::new();
+        for (&(epfd, fd), reg) in r.regs.iter_mut() {
             if !is(&reg.conn, c) {
                 continue;
             }
-            set_efd(*epfd, c.rd_efd, SRC_RD, *fd, 0, false, wants_rd(reg.events));
-            set_efd(*epfd, c.wr_efd, SRC_WR, *fd, 0, false, wants_wr(reg.events));
+            let _ = kernel_efds(epfd, fd, c, 0, 0, reg.kin, reg.kin_flags);
+            reg.kin = 0;
+            if std::mem::take(&mut reg.dirty) {
+                undirtied.push((epfd, fd));
+            }
             if !reg.sock && !reg.disarmed {
                 let added = net::epoll_ctl(
-                    *epfd,
+                    epfd,
                     libc::EPOLL_CTL_ADD,
-                    *fd,
+                    fd,
                     sock_events(reg.events, c),
-                    tag(SRC_SOCK, *fd),
+                    tag(SRC_SOCK, fd),
                 );
                 reg.sock = added.is_ok();
             }
         }
+        for (epfd, fd) in undirtied {
+            r.mark_dirty(epfd, fd, false);
+        }
+        drop_lingers(&mut r, c);
     }
     net::eventfd_signal(c.rd_efd);
     net::eventfd_signal(c.wr_efd);
@@ -994,27 +1333,14 @@ pub(crate) fn restore_efds(c: &Conn, g: &mut Inner) {
     g.rd_set = false;
     g.wr_set = false;
     if let Some(w) = super::world_if_created() {
-        let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
-        for ((epfd, fd), reg) in &r.regs {
+        let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+        for ((epfd, fd), reg) in r.regs.iter_mut() {
             if is(&reg.conn, c) && !reg.disarmed {
-                set_efd(
-                    *epfd,
-                    c.rd_efd,
-                    SRC_RD,
-                    *fd,
-                    reg.events,
-                    wants_rd(reg.events),
-                    false,
-                );
-                set_efd(
-                    *epfd,
-                    c.wr_efd,
-                    SRC_WR,
-                    *fd,
-                    reg.events,
-                    wants_wr(reg.events),
-                    false,
-                );
+                let want = kin_for(reg.events, true);
+                let (held, _) =
+                    kernel_efds(*epfd, *fd, c, reg.events, want, reg.kin, reg.kin_flags);
+                reg.kin = held;
+                reg.kin_flags = flags_of(reg.events);
             }
         }
     }
@@ -1112,12 +1438,22 @@ fn bits(c: &Conn, fd: c_int, kernel: u32) -> u32 {
 /// Translates the `n` events epoll_wait returned in `evs` for epoll set `epfd`; returns how
 /// many are left for the application (in place).
 pub fn translate_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize) -> usize {
+    translate_seen(epfd, evs, n, &mut Vec::new())
+}
+
+/// [`translate_epoll`], which also lists the fds under the upgrade it reported, each with its
+/// index in `evs`, in `seen`.
+pub fn translate_seen(
+    epfd: c_int,
+    evs: &mut [libc::epoll_event],
+    n: usize,
+    seen: &mut Vec<(c_int, usize)>,
+) -> usize {
     let world = super::world_if_created();
     if world.is_none() && no_app_tags() {
         return n;
     }
     let mut out = 0;
-    let mut seen: Vec<(c_int, usize)> = Vec::new();
     for i in 0..n {
         let ev = evs[i];
         let data = ev.u64;
@@ -1143,12 +1479,35 @@ pub fn translate_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize) -> 
             out += 1;
             continue;
         };
-        let reg = {
-            let r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
-            r.regs
+        let (reg, lingered) = {
+            let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
+            // (an eventfd no registration wants, left in the set: it leaves now, see the
+            // module documentation, "Deferred registrations")
+            let bit = match src {
+                SRC_RD => KIN_RD,
+                SRC_WR => KIN_WR,
+                _ => 0,
+            };
+            let lingered = match r.linger.get_mut(&(epfd, fd)) {
+                Some(l) if l.kin & bit != 0 => {
+                    let _ = kernel_efds(epfd, fd, &l.conn, 0, 0, bit, 0);
+                    l.kin &= !bit;
+                    if l.kin == 0 {
+                        r.linger.remove(&(epfd, fd));
+                    }
+                    true
+                }
+                _ => false,
+            };
+            let reg = r
+                .regs
                 .get(&(epfd, fd))
-                .map(|g| (g.conn.clone(), g.events, g.data, g.disarmed))
+                .map(|g| (g.conn.clone(), g.events, g.data, g.disarmed));
+            (reg, lingered)
         };
+        if lingered {
+            continue;
+        }
         let Some((conn, app, app_data, disarmed)) = reg else {
             if src == SRC_COMP {
                 // a parked channel: its connection's registration went, and so does it
