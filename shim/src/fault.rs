@@ -14,43 +14,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-/// Where a fault can be made to happen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Point {
-    RingRecv,
-    EngineLink,
-}
-
-impl Point {
-    const ALL: [(Point, &'static str); 2] = [
-        (Point::RingRecv, "ring_recv"),
-        (Point::EngineLink, "engine_link"),
-    ];
-
-    pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(p, _)| *p == self)
-            .map_or("", |(_, n)| n)
-    }
-}
-
-/// A configured fault: panic the `after`th time `point` is passed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fault {
-    pub point: Point,
-    pub after: u64,
-}
-
-impl Fault {
-    /// `POINT:N` (N ≥ 1); `None` for anything else.
-    pub fn parse(v: &str) -> Option<Fault> {
-        let (name, n) = v.trim().split_once(':')?;
-        let point = Point::ALL.iter().find(|(_, s)| *s == name)?.0;
-        let after = n.parse::<u64>().ok().filter(|n| *n >= 1)?;
-        Some(Fault { point, after })
-    }
-}
+pub use crate::settings::{Fault, Point};
 
 /// Which point is armed (1 + its index; 0: none) and how many passes are left before it fires.
 static ARMED: AtomicU64 = AtomicU64::new(0);
@@ -115,31 +79,6 @@ pub fn last_panic() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_points_and_counts() {
-        assert_eq!(
-            Fault::parse("ring_recv:3"),
-            Some(Fault {
-                point: Point::RingRecv,
-                after: 3
-            })
-        );
-        assert_eq!(
-            Fault::parse(" engine_link:1 ").map(|f| f.point),
-            Some(Point::EngineLink)
-        );
-        for bad in [
-            "",
-            "ring_recv",
-            "ring_recv:0",
-            "ring_recv:x",
-            "nowhere:2",
-            ":2",
-        ] {
-            assert_eq!(Fault::parse(bad), None, "{bad:?}");
-        }
-    }
 
     #[test]
     fn fires_on_the_nth_pass_of_its_point_only() {

@@ -19,7 +19,7 @@
 //! libraries at once).
 
 use crate::config::Level;
-use crate::reason::FallbackReason;
+use crate::reason::{host_reason_from, FallbackReason};
 use crate::shim_log;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -43,20 +43,6 @@ fn host_word(reason: FallbackReason) -> u8 {
 static LIBS: AtomicU8 = AtomicU8::new(UNKNOWN);
 const YES: u8 = 1;
 const NO: u8 = 2;
-
-/// The fast checks' decision procedure, with the checks passed in (tested without a host).
-pub fn host_reason_from(
-    disabled: bool,
-    has_device: impl FnOnce() -> bool,
-) -> Option<FallbackReason> {
-    if disabled {
-        Some(FallbackReason::Disabled)
-    } else if !has_device() {
-        Some(FallbackReason::NoDevice)
-    } else {
-        None
-    }
-}
 
 /// The reason every connection of this process stays on TCP, if one is known: the
 /// process-wide one ([`process_reason`]), and, unless connections between processes of this
@@ -204,22 +190,4 @@ pub fn load_libraries() -> bool {
         }
     }
     v == YES
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn order() {
-        assert_eq!(
-            host_reason_from(true, || panic!()),
-            Some(FallbackReason::Disabled)
-        );
-        assert_eq!(
-            host_reason_from(false, || false),
-            Some(FallbackReason::NoDevice)
-        );
-        assert_eq!(host_reason_from(false, || true), None);
-    }
 }

@@ -72,6 +72,21 @@ reasons! {
     IoUring = "io_uring": "the process set up an io_uring instance, whose reads, writes and closes reach the kernel without any call the shim can see: a connection on the ring would lose its place in the stream, so RDMA ended before the instance existed (connections on the ring went back to TCP at exact offsets) and new connections stay TCP, in its fork children too",
 }
 
+/// The host probe's decision procedure (probe.rs), with the checks passed in (tested without a
+/// host; `rdmashim doctor` runs it on its own checks): `disabled` first, then `no_device`.
+pub fn host_reason_from(
+    disabled: bool,
+    has_device: impl FnOnce() -> bool,
+) -> Option<FallbackReason> {
+    if disabled {
+        Some(FallbackReason::Disabled)
+    } else if !has_device() {
+        Some(FallbackReason::NoDevice)
+    } else {
+        None
+    }
+}
+
 /// Which kind of address a connection's peer has, as far as upgrading is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerClass {
@@ -152,6 +167,19 @@ mod tests {
         ] {
             assert!(FallbackReason::from_name(n).is_some(), "{n}");
         }
+    }
+
+    #[test]
+    fn host_probe_order() {
+        assert_eq!(
+            host_reason_from(true, || panic!()),
+            Some(FallbackReason::Disabled)
+        );
+        assert_eq!(
+            host_reason_from(false, || false),
+            Some(FallbackReason::NoDevice)
+        );
+        assert_eq!(host_reason_from(false, || true), None);
     }
 
     #[test]

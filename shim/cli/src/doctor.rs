@@ -1,17 +1,154 @@
 //! `rdmashim doctor`: what this host offers, and what would happen to a connection made now.
+//!
+//! The verdict follows the shim's own rules, through the shim's own code where it has one: the
+//! environment is parsed by settings.rs (the library's parser: the same booleans, ranges and
+//! warnings), the host probe's order (`disabled`, then `no_device`: any entry in
+//! `/sys/class/infiniband`) is reason.rs's `host_reason_from`, and the libraries are opened
+//! by the names and with the flags of the transport's loader. What the shim only finds out
+//! when a connection tries, doctor looks at beforehand: whether one connection's rings fit
+//! under RLIMIT_MEMLOCK (counting CAP_IPC_LOCK), and whether any port is ACTIVE.
+//!
+//! Exit status: 0 if connections can be upgraded (over RDMA, or between processes of this
+//! host over shared memory), 1 if every connection will stay on TCP.
 
-use crate::reason::FallbackReason;
+use crate::json::Value;
+use crate::reason::{host_reason_from, FallbackReason};
+use crate::settings::{Config, ENV_DISABLE, ENV_LOCAL, RING_KIB};
 use crate::sys;
+use std::ffi::OsString;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Where the kernel lists RDMA devices.
 const SYSFS: &str = "/sys/class/infiniband";
+/// The libraries the transport loads (rdma-core/src/sys.rs, `LIBIBVERBS` and `LIBRDMACM`).
 const LIBS: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];
-/// PLACEHOLDER until the transport fixes its ring sizes: locked memory one connection needs
-/// (a 1 MiB receive ring and a 1 MiB send staging area).
-pub const RING_BYTES_PER_CONNECTION: u64 = 2 * 1024 * 1024;
+
+/// Receives each connection keeps posted and its send queue depth (rdma-core/src/link.rs,
+/// `StreamConfig::default`, as the shim uses it), each with a buffer of `MAX_CONTROL_LEN`
+/// bytes (rdma-core/proto/src/control.rs): its receive and control-send buffers.
+const RECV_SLOTS: u64 = 64;
+const SQ_DEPTH: u64 = 128;
+const MAX_CONTROL_LEN: u64 = 64;
+/// The largest ring the transport makes (rdma-core/src/link.rs); the shim caps
+/// `RDMASHIM_RING_KIB`'s ring there.
+const MAX_RING: u64 = 8 << 20;
+/// capability(7): CAP_IPC_LOCK's bit. A process with it in its effective set may pin memory
+/// beyond RLIMIT_MEMLOCK (the kernel's memory registration checks `capable(CAP_IPC_LOCK)`).
+const CAP_IPC_LOCK: u32 = 14;
+
+/// What `rdmashim doctor ARGS` asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Args {
+    Report { json: bool },
+    Help,
+}
+
+pub fn parse(args: &[OsString]) -> Result<Args, String> {
+    let mut json = false;
+    for a in args {
+        match a.to_str() {
+            Some("--json") => json = true,
+            Some("-h" | "--help") => return Ok(Args::Help),
+            _ => return Err(format!("doctor: unknown argument {a:?}")),
+        }
+    }
+    Ok(Args::Report { json })
+}
+
+// ----- what doctor looks at -------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gid {
+    pub index: String,
+    pub gid: String,
+    /// `RoCE v2`, `IB/RoCE v1`, ... (empty if the kernel does not say).
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Port {
+    pub number: String,
+    /// As sysfs words it: `4: ACTIVE`.
+    pub state: String,
+    pub phys_state: String,
+    pub link_layer: String,
+    /// The non-zero GIDs.
+    pub gids: Vec<Gid>,
+}
+
+impl Port {
+    fn active(&self) -> bool {
+        self.state.contains("ACTIVE")
+    }
+
+    /// `port 1 ACTIVE, RoCE v2, address 10.99.0.1`.
+    fn summary(&self) -> String {
+        let mut s = format!("port {} ACTIVE", self.number);
+        let has = |k: &str| self.gids.iter().any(|g| g.kind.contains(k));
+        let kind = match self.link_layer.as_str() {
+            "Ethernet" if has("RoCE v2") => "RoCE v2",
+            "Ethernet" if has("RoCE v1") => "RoCE v1",
+            "" => "",
+            other => other,
+        };
+        if !kind.is_empty() {
+            s += &format!(", {kind}");
+        }
+        let mut v4: Vec<String> = self.gids.iter().filter_map(|g| v4_of(&g.gid)).collect();
+        v4.dedup();
+        match v4.len() {
+            0 => {}
+            1 => s += &format!(", address {}", v4[0]),
+            _ => s += &format!(", addresses {}", v4.join(" ")),
+        }
+        s
+    }
+}
+
+/// The IPv4 address of an IPv4-mapped GID (`0000:...:ffff:0a63:0001` is 10.99.0.1).
+fn v4_of(gid: &str) -> Option<String> {
+    let g: Vec<u16> = gid
+        .split(':')
+        .map(|x| u16::from_str_radix(x, 16).ok())
+        .collect::<Option<_>>()?;
+    if g.len() != 8 || g[..5].iter().any(|x| *x != 0) || g[5] != 0xffff {
+        return None;
+    }
+    let [a, b] = g[6].to_be_bytes();
+    let [c, d] = g[7].to_be_bytes();
+    Some(format!("{a}.{b}.{c}.{d}"))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub name: String,
+    pub node_type: String,
+    pub netdevs: Vec<String>,
+    pub ports: Vec<Port>,
+}
+
+/// RLIMIT_MEMLOCK in bytes (`None`: unlimited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memlock {
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+}
+
+/// Everything the verdict is drawn from.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    /// The environment, as the shim would read it.
+    pub config: Config,
+    pub devices: Vec<Device>,
+    /// Each library, and why it does not load.
+    pub libraries: Vec<(&'static str, Option<String>)>,
+    pub memlock: Result<Memlock, String>,
+    /// CAP_IPC_LOCK in the effective set (`None`: unknown).
+    pub cap_ipc_lock: Option<bool>,
+    pub page: u64,
+}
 
 fn read_trim(p: &Path) -> Option<String> {
     fs::read_to_string(p).ok().map(|s| s.trim().to_string())
@@ -29,140 +166,713 @@ fn sorted_entries(p: &Path) -> Vec<String> {
     v
 }
 
-/// Prints the devices; returns how many have at least one ACTIVE port.
-fn devices() -> (usize, usize) {
-    let devs = sorted_entries(Path::new(SYSFS));
+fn devices(root: &Path) -> Vec<Device> {
+    sorted_entries(root)
+        .into_iter()
+        .map(|d| {
+            let base = root.join(&d);
+            let ports = sorted_entries(&base.join("ports"))
+                .into_iter()
+                .map(|p| {
+                    let pb = base.join("ports").join(&p);
+                    let gids = sorted_entries(&pb.join("gids"))
+                        .into_iter()
+                        .filter_map(|g| {
+                            let gid = read_trim(&pb.join("gids").join(&g))?;
+                            if gid.chars().all(|c| c == '0' || c == ':') {
+                                return None;
+                            }
+                            let kind =
+                                read_trim(&pb.join("gid_attrs/types").join(&g)).unwrap_or_default();
+                            Some(Gid {
+                                index: g,
+                                gid,
+                                kind,
+                            })
+                        })
+                        .collect();
+                    Port {
+                        state: read_trim(&pb.join("state")).unwrap_or_default(),
+                        phys_state: read_trim(&pb.join("phys_state")).unwrap_or_default(),
+                        link_layer: read_trim(&pb.join("link_layer")).unwrap_or_default(),
+                        number: p,
+                        gids,
+                    }
+                })
+                .collect();
+            Device {
+                node_type: read_trim(&base.join("node_type")).unwrap_or_default(),
+                netdevs: sorted_entries(&base.join("device/net")),
+                ports,
+                name: d,
+            }
+        })
+        .collect()
+}
+
+/// Whether `/proc/PID/status` text says CAP_IPC_LOCK is in the effective set.
+fn cap_ipc_lock(status: &str) -> Option<bool> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    let caps = u64::from_str_radix(hex.trim(), 16).ok()?;
+    Some(caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+impl Facts {
+    /// This host, and this process's environment and limits (a program started from here
+    /// inherits both).
+    pub fn gather() -> Facts {
+        use std::os::unix::ffi::OsStringExt;
+        Facts {
+            config: Config::from_lookup(|k| std::env::var_os(k).map(|v| v.into_vec())),
+            devices: devices(Path::new(SYSFS)),
+            libraries: LIBS
+                .iter()
+                .map(|l| (*l, sys::try_dlopen(l).err()))
+                .collect(),
+            memlock: sys::memlock_limit()
+                .map(|(soft, hard)| Memlock { soft, hard })
+                .map_err(|e| e.to_string()),
+            cap_ipc_lock: fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| cap_ipc_lock(&s)),
+            page: sys::page_size(),
+        }
+    }
+}
+
+// ----- what the rings pin ---------------------------------------------------------------------
+
+/// The memory one connection over RDMA registers, all of it pinned and counted against
+/// RLIMIT_MEMLOCK (rdma-core/src/pool.rs, `Kit`): its receive ring and its send staging ring
+/// (the peer's ring size, taken to be this side's), each a double mapping registered over both
+/// views (rdma-core/src/ring.rs: the kernel counts every page of the registered range), and
+/// its receive and control-send buffers, in whole pages. A connection over shared memory
+/// registers nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pinned {
+    /// One ring's size.
+    pub ring: u64,
+    /// Both rings, both views each.
+    pub rings: u64,
+    /// The receive and control-send buffers.
+    pub buffers: u64,
+}
+
+impl Pinned {
+    /// For `RDMASHIM_RING_KIB` = `ring_kib`, with pages of `page` bytes. The ring is that many
+    /// KiB rounded up to a power of two, at most 8 MiB (as shim/src/upgrade/mod.rs,
+    /// `link_config`, makes it).
+    pub fn new(ring_kib: u64, page: u64) -> Pinned {
+        let ring = (ring_kib * 1024).next_power_of_two().min(MAX_RING);
+        let pages = |n: u64| n.div_ceil(page) * page;
+        Pinned {
+            ring,
+            rings: 2 * 2 * ring,
+            buffers: pages(RECV_SLOTS * MAX_CONTROL_LEN) + pages(SQ_DEPTH * MAX_CONTROL_LEN),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.rings + self.buffers
+    }
+}
+
+// ----- the verdict ----------------------------------------------------------------------------
+
+/// Why connections stay on TCP, and what would change it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Why {
+    pub reason: FallbackReason,
+    pub detail: String,
+    pub fix: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Connections to other hosts: upgraded over these devices (with their ACTIVE ports
+    /// described), or why they stay TCP.
+    pub rdma: Result<Vec<(String, String)>, Why>,
+    /// Connections between processes of this host move to shared-memory rings.
+    pub same_host: bool,
+    /// What one connection over RDMA pins.
+    pub pinned: Pinned,
+    /// How many connections over RDMA fit under RLIMIT_MEMLOCK (`None`: no limit applies,
+    /// or it is unknown).
+    pub room: Option<u64>,
+}
+
+impl Verdict {
+    /// 0 if some connections can be upgraded, 1 if none can.
+    pub fn exit_code(&self) -> u8 {
+        if self.rdma.is_ok() || self.same_host {
+            0
+        } else {
+            1
+        }
+    }
+}
+
+/// `512 KiB`, `2 MiB`, `2.01 MiB` (not a whole number of them).
+fn mib(v: u64) -> String {
+    let (unit, name) = if v < 1 << 20 {
+        (1u64 << 10, "KiB")
+    } else {
+        (1 << 20, "MiB")
+    };
+    if v & (unit - 1) == 0 {
+        format!("{} {name}", v / unit)
+    } else {
+        format!("{:.2} {name}", v as f64 / unit as f64)
+    }
+}
+
+/// The verdict, by the shim's rules (module documentation).
+pub fn judge(f: &Facts) -> Verdict {
+    let c = &f.config;
+    let pinned = Pinned::new(c.ring_kib, f.page);
+    let room = match (&f.memlock, f.cap_ipc_lock) {
+        (_, Some(true)) | (Err(_), _) | (Ok(Memlock { soft: None, .. }), _) => None,
+        (Ok(Memlock { soft: Some(s), .. }), _) => Some(s / pinned.total()),
+    };
+    let why = |reason: FallbackReason, detail: String, fix: &str| Why {
+        reason,
+        detail,
+        fix: fix.to_string(),
+    };
+    let missing: Vec<String> = f
+        .libraries
+        .iter()
+        .filter_map(|(l, e)| e.as_ref().map(|e| format!("{l}: {e}")))
+        .collect();
+    let active: Vec<(String, String)> = f
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let ports: Vec<String> = d
+                .ports
+                .iter()
+                .filter(|p| p.active())
+                .map(Port::summary)
+                .collect();
+            (!ports.is_empty()).then(|| (d.name.clone(), ports.join("; ")))
+        })
+        .collect();
+    let rdma = match host_reason_from(c.disabled, || !f.devices.is_empty()) {
+        Some(r @ FallbackReason::Disabled) => Err(why(
+            r,
+            format!("{ENV_DISABLE} is set"),
+            &format!("unset {ENV_DISABLE}, or set it to 0"),
+        )),
+        Some(r) => Err(why(
+            r,
+            r.describe().to_string(),
+            "an RDMA device: a NIC's RDMA driver, or soft-RoCE on an Ethernet interface \
+             (as root: rdma link add rxe0 type rxe netdev IFACE)",
+        )),
+        None if !missing.is_empty() => Err(why(
+            FallbackReason::LibrariesMissing,
+            missing.join("; "),
+            "rdma-core's libraries and the device's provider (Debian: libibverbs1, \
+             librdmacm1, ibverbs-providers)",
+        )),
+        None if room == Some(0) => Err(why(
+            FallbackReason::Memlock,
+            format!(
+                "RLIMIT_MEMLOCK {} is below the {} one connection's rings pin: their \
+                 registration fails and the connection stays on TCP (the dialing side counts \
+                 it resources)",
+                mib(f.memlock.as_ref().ok().and_then(|m| m.soft).unwrap_or(0)),
+                mib(pinned.total())
+            ),
+            &format!(
+                "a memlock limit of at least {} KiB per connection (ulimit -l; memlock in \
+                 limits.conf, LimitMEMLOCK= for a systemd service), or CAP_IPC_LOCK, or a \
+                 smaller {}",
+                pinned.total().div_ceil(1024),
+                RING_KIB.name
+            ),
+        )),
+        None if active.is_empty() => Err(why(
+            FallbackReason::PeerUnreachable,
+            "no port of any RDMA device is ACTIVE: the shim will dial, and its dials fail \
+             (counted peer_unreachable, or upgrade_timeout)"
+                .to_string(),
+            "a port that is up (its link, and its network interface: ip link set IFACE up)",
+        )),
+        None => Ok(active),
+    };
+    Verdict {
+        rdma,
+        same_host: !c.disabled && c.local,
+        pinned,
+        room,
+    }
+}
+
+// ----- the report -----------------------------------------------------------------------------
+
+fn print_devices(devs: &[Device]) {
     if devs.is_empty() {
         println!("RDMA devices ({SYSFS}): none");
-        return (0, 0);
+        return;
     }
     println!("RDMA devices ({SYSFS}):");
-    let mut active = 0;
-    for d in &devs {
-        let base = Path::new(SYSFS).join(d);
-        let node = read_trim(&base.join("node_type")).unwrap_or_default();
-        let netdevs = sorted_entries(&base.join("device/net")).join(",");
-        println!(
-            "  {d}: node_type {node}{}",
-            if netdevs.is_empty() {
-                String::new()
-            } else {
-                format!(", netdev {netdevs}")
-            }
-        );
-        let mut dev_active = false;
-        for p in sorted_entries(&base.join("ports")) {
-            let pb = base.join("ports").join(&p);
-            let state = read_trim(&pb.join("state")).unwrap_or_default();
-            let phys = read_trim(&pb.join("phys_state")).unwrap_or_default();
-            let ll = read_trim(&pb.join("link_layer")).unwrap_or_default();
-            dev_active |= state.contains("ACTIVE");
-            println!("    port {p}: state {state}, phys_state {phys}, link_layer {ll}");
-            for g in sorted_entries(&pb.join("gids")) {
-                let Some(gid) = read_trim(&pb.join("gids").join(&g)) else {
-                    continue;
-                };
-                if gid.chars().all(|c| c == '0' || c == ':') {
-                    continue;
-                }
-                let ty = read_trim(&pb.join("gid_attrs/types").join(&g)).unwrap_or_default();
-                println!("      gid[{g}] {gid} {ty}");
-            }
-        }
-        active += usize::from(dev_active);
-    }
-    (devs.len(), active)
-}
-
-fn mib(v: u64) -> String {
-    format!("{:.1} MiB", v as f64 / (1024.0 * 1024.0))
-}
-
-pub fn doctor() -> ExitCode {
-    let disabled = std::env::var_os("RDMASHIM_DISABLE")
-        .map(|v| !matches!(v.to_str(), Some("" | "0" | "false" | "no" | "off")))
-        .unwrap_or(false);
-    let (ndev, nactive) = devices();
-    let mut libs_ok = true;
-    for l in LIBS {
-        match sys::try_dlopen(l) {
-            Ok(()) => println!("{l}: loads"),
-            Err(e) => {
-                libs_ok = false;
-                println!("{l}: does not load ({e})");
-            }
-        }
-    }
-    let memlock_ok = match sys::memlock_limit() {
-        Ok((soft, hard)) => {
-            let show = |v: Option<u64>| v.map_or("unlimited".to_string(), mib);
-            let conns = soft.map_or("any number of".to_string(), |s| {
-                (s / RING_BYTES_PER_CONNECTION).to_string()
-            });
+    for d in devs {
+        let netdevs = if d.netdevs.is_empty() {
+            String::new()
+        } else {
+            format!(", netdev {}", d.netdevs.join(","))
+        };
+        println!("  {}: node_type {}{netdevs}", d.name, d.node_type);
+        for p in &d.ports {
             println!(
-                "RLIMIT_MEMLOCK: soft {}, hard {}; rings need {} per connection (placeholder) -> room for {conns} connections",
-                show(soft),
-                show(hard),
-                mib(RING_BYTES_PER_CONNECTION)
+                "    port {}: state {}, phys_state {}, link_layer {}",
+                p.number, p.state, p.phys_state, p.link_layer
             );
-            soft.is_none_or(|s| s >= RING_BYTES_PER_CONNECTION)
+            for g in &p.gids {
+                println!("      gid[{}] {} {}", g.index, g.gid, g.kind);
+            }
         }
-        Err(e) => {
-            println!("RLIMIT_MEMLOCK: unknown ({e})");
-            true
+    }
+}
+
+/// The verdict line.
+fn verdict_line(v: &Verdict) -> String {
+    let same_host = |rdma_ok: bool| {
+        if v.same_host {
+            "connections between processes of this host move to shared-memory rings"
+        } else if rdma_ok {
+            // (transport_for: only a loopback peer is shared memory's; the host's own
+            // address is then RDMA's, over the device)
+            "loopback connections stay on TCP (RDMASHIM_LOCAL is off; those to this host's own \
+             RDMA address go over the device)"
+        } else {
+            "connections between processes of this host stay on TCP too (RDMASHIM_LOCAL is off)"
         }
     };
+    match &v.rdma {
+        Err(w) if w.reason == FallbackReason::Disabled => format!(
+            "verdict: every connection will stay on TCP ({}: {})",
+            w.reason.name(),
+            w.detail
+        ),
+        Err(w) => format!(
+            "verdict: connections to other hosts will stay on TCP ({}: {}); {}",
+            w.reason.name(),
+            w.detail,
+            same_host(false)
+        ),
+        Ok(devs) => {
+            let over: Vec<String> = devs.iter().map(|(d, p)| format!("{d} ({p})")).collect();
+            format!(
+                "verdict: connections to peers running rdmashim will be upgraded over {}; {}",
+                over.join(", "),
+                same_host(true)
+            )
+        }
+    }
+}
+
+fn report(f: &Facts, v: &Verdict) {
+    for w in &f.config.warnings {
+        println!("warning: {w}");
+    }
+    print_devices(&f.devices);
+    for (l, e) in &f.libraries {
+        match e {
+            None => println!("{l}: loads"),
+            Some(e) => println!("{l}: does not load ({e})"),
+        }
+    }
     match crate::find_lib(None) {
         Ok(p) => println!("shim library: {}", p.display()),
         Err(e) => println!("shim library: {e}"),
     }
-    let why = if disabled {
-        Some(FallbackReason::Disabled)
-    } else if ndev == 0 {
-        Some(FallbackReason::NoDevice)
-    } else if !libs_ok {
-        Some(FallbackReason::LibrariesMissing)
-    } else if !memlock_ok {
-        Some(FallbackReason::Memlock)
-    } else {
-        None
-    };
-    // (as the shim reads RDMASHIM_LOCAL: on unless a boolean says off; anything else is off)
-    let local = std::env::var_os("RDMASHIM_LOCAL").is_none_or(|v| {
-        matches!(
-            v.to_str().map(str::to_ascii_lowercase).as_deref(),
-            Some("1" | "true" | "yes" | "on")
-        )
-    });
-    let same_host = if local {
-        "connections between processes of this host move to shared-memory rings"
-    } else {
-        "connections between processes of this host stay on TCP too (RDMASHIM_LOCAL is off)"
-    };
-    match why {
-        Some(r @ FallbackReason::Disabled) => println!(
-            "verdict: connections will stay on TCP ({}: {})",
-            r.name(),
-            r.describe()
-        ),
-        Some(r) => println!(
-            "verdict: connections to other hosts will stay on TCP ({}: {}); {same_host}",
-            r.name(),
-            r.describe()
-        ),
-        None => {
-            let r = FallbackReason::TransportUnavailable;
-            let note = if nactive == 0 {
-                " (and no port is ACTIVE)"
-            } else {
-                ""
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    println!(
+        "settings: {ENV_DISABLE} {}, {ENV_LOCAL} {}, {} {}",
+        onoff(f.config.disabled),
+        onoff(f.config.local),
+        RING_KIB.name,
+        f.config.ring_kib
+    );
+    let p = v.pinned;
+    println!(
+        "memory: a connection over RDMA pins {} ({} of rings: its {} receive ring and a send \
+         staging ring of the peer's size, the same when the peer has the same {}, each \
+         registered over both views of its double mapping; and {} of buffers); one over \
+         shared memory pins nothing",
+        mib(p.total()),
+        mib(p.rings),
+        mib(p.ring),
+        RING_KIB.name,
+        mib(p.buffers)
+    );
+    match &f.memlock {
+        Ok(m) => {
+            let show = |v: Option<u64>| v.map_or("unlimited".to_string(), mib);
+            let cap = match f.cap_ipc_lock {
+                Some(true) => "; CAP_IPC_LOCK is in the effective set, so the limit does not apply",
+                Some(false) => "; no CAP_IPC_LOCK",
+                None => "; CAP_IPC_LOCK unknown",
             };
+            let room = v
+                .room
+                .map_or("any number of".to_string(), |n| n.to_string());
             println!(
-                "verdict: connections to other hosts will stay on TCP ({}: {}){note}; RDMA device and libraries are present; {same_host}",
-                r.name(),
-                r.describe()
-            )
+                "RLIMIT_MEMLOCK: soft {}, hard {}{cap} -> room for {room} connections over RDMA \
+                 per process",
+                show(m.soft),
+                show(m.hard)
+            );
+        }
+        Err(e) => println!("RLIMIT_MEMLOCK: unknown ({e})"),
+    }
+    match &v.rdma {
+        Err(w) if w.reason == FallbackReason::Disabled => {
+            println!("to upgrade connections: {}", w.fix)
+        }
+        Err(w) => println!("to upgrade connections to other hosts: {}", w.fix),
+        Ok(_) => {}
+    }
+    println!("{}", verdict_line(v));
+}
+
+/// The whole report as one JSON object.
+pub fn to_json(f: &Facts, v: &Verdict) -> Value {
+    use Value::*;
+    let devices = f
+        .devices
+        .iter()
+        .map(|d| {
+            let ports = d
+                .ports
+                .iter()
+                .map(|p| {
+                    let gids = p
+                        .gids
+                        .iter()
+                        .map(|g| {
+                            Obj(vec![
+                                ("index", Value::str(&g.index)),
+                                ("gid", Value::str(&g.gid)),
+                                ("type", Value::str(&g.kind)),
+                            ])
+                        })
+                        .collect();
+                    Obj(vec![
+                        ("port", Value::str(&p.number)),
+                        ("state", Value::str(&p.state)),
+                        ("active", Bool(p.active())),
+                        ("phys_state", Value::str(&p.phys_state)),
+                        ("link_layer", Value::str(&p.link_layer)),
+                        ("gids", Arr(gids)),
+                    ])
+                })
+                .collect();
+            Obj(vec![
+                ("name", Value::str(&d.name)),
+                ("node_type", Value::str(&d.node_type)),
+                ("netdevs", Arr(d.netdevs.iter().map(Value::str).collect())),
+                ("ports", Arr(ports)),
+            ])
+        })
+        .collect();
+    let libraries = f
+        .libraries
+        .iter()
+        .map(|(l, e)| {
+            Obj(vec![
+                ("name", Value::str(*l)),
+                ("loads", Bool(e.is_none())),
+                ("error", Value::opt(e.clone(), Str)),
+            ])
+        })
+        .collect();
+    let memlock = match &f.memlock {
+        Ok(m) => Obj(vec![
+            ("soft", Value::opt(m.soft, Num)),
+            ("hard", Value::opt(m.hard, Num)),
+            ("cap_ipc_lock", Value::opt(f.cap_ipc_lock, Bool)),
+            ("connections", Value::opt(v.room, Num)),
+        ]),
+        Err(e) => Obj(vec![("error", Value::str(e))]),
+    };
+    let (verdict, upgrade_devices, reason, detail, fix) = match &v.rdma {
+        Ok(d) => (
+            "upgrade",
+            d.iter().map(|(n, _)| Value::str(n)).collect(),
+            Null,
+            Null,
+            Null,
+        ),
+        Err(w) => (
+            if v.same_host { "same_host_only" } else { "tcp" },
+            vec![],
+            Value::str(w.reason.name()),
+            Value::str(&w.detail),
+            Value::str(&w.fix),
+        ),
+    };
+    Obj(vec![
+        ("version", Value::str(crate::VERSION)),
+        ("devices", Arr(devices)),
+        ("libraries", Arr(libraries)),
+        (
+            "shim_library",
+            Value::opt(crate::find_lib(None).ok(), |p: PathBuf| {
+                Value::str(p.to_string_lossy())
+            }),
+        ),
+        (
+            "settings",
+            Obj(vec![
+                ("disabled", Bool(f.config.disabled)),
+                ("local", Bool(f.config.local)),
+                ("ring_kib", Num(f.config.ring_kib)),
+                (
+                    "warnings",
+                    Arr(f.config.warnings.iter().map(Value::str).collect()),
+                ),
+            ]),
+        ),
+        ("memlock", memlock),
+        (
+            "per_connection_bytes",
+            Obj(vec![
+                ("rdma", Num(v.pinned.total())),
+                ("ring", Num(v.pinned.ring)),
+                ("shared_memory", Num(0)),
+            ]),
+        ),
+        ("verdict", Value::str(verdict)),
+        ("upgrade_devices", Arr(upgrade_devices)),
+        ("same_host", Bool(v.same_host)),
+        ("reason", reason),
+        ("detail", detail),
+        ("fix", fix),
+        ("exit", Num(u64::from(v.exit_code()))),
+    ])
+}
+
+pub fn doctor(json: bool) -> ExitCode {
+    let f = Facts::gather();
+    let v = judge(&f);
+    if json {
+        println!("{}", to_json(&f, &v));
+    } else {
+        report(&f, &v);
+    }
+    ExitCode::from(v.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(state: &str, gids: &[(&str, &str)]) -> Port {
+        Port {
+            number: "1".into(),
+            state: state.into(),
+            phys_state: "5: LinkUp".into(),
+            link_layer: "Ethernet".into(),
+            gids: gids
+                .iter()
+                .enumerate()
+                .map(|(i, (gid, kind))| Gid {
+                    index: i.to_string(),
+                    gid: gid.to_string(),
+                    kind: kind.to_string(),
+                })
+                .collect(),
         }
     }
-    ExitCode::SUCCESS
+
+    fn rxe(state: &str) -> Device {
+        Device {
+            name: "rxe0".into(),
+            node_type: "1: CA".into(),
+            netdevs: vec![],
+            ports: vec![port(
+                state,
+                &[
+                    ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),
+                    ("0000:0000:0000:0000:0000:ffff:0a63:0001", "IB/RoCE v1"),
+                    ("0000:0000:0000:0000:0000:ffff:0a63:0001", "RoCE v2"),
+                ],
+            )],
+        }
+    }
+
+    /// A healthy host, with the environment `vars`.
+    fn facts(vars: &[(&str, &str)]) -> Facts {
+        Facts {
+            config: Config::from_lookup(|k| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.as_bytes().to_vec())
+            }),
+            devices: vec![rxe("4: ACTIVE")],
+            libraries: LIBS.iter().map(|l| (*l, None)).collect(),
+            memlock: Ok(Memlock {
+                soft: Some(8 << 20),
+                hard: Some(8 << 20),
+            }),
+            cap_ipc_lock: Some(false),
+            page: 4096,
+        }
+    }
+
+    fn reason(v: &Verdict) -> Option<&'static str> {
+        v.rdma.as_ref().err().map(|w| w.reason.name())
+    }
+
+    #[test]
+    fn what_a_connection_pins() {
+        // The default 512 KiB ring: two rings, both views, and 4 + 8 KiB of buffers.
+        let p = Pinned::new(RING_KIB.default, 4096);
+        assert_eq!(p.ring, 512 << 10);
+        assert_eq!(p.total(), 4 * (512 << 10) + (4 << 10) + (8 << 10));
+        // Rounded up to a power of two, capped at 8 MiB; buffers in whole pages.
+        assert_eq!(Pinned::new(600, 4096).ring, 1 << 20);
+        assert_eq!(Pinned::new(8192, 4096).ring, 8 << 20);
+        assert_eq!(Pinned::new(4, 65536).buffers, 2 * 65536);
+    }
+
+    #[test]
+    fn a_healthy_host_upgrades_over_its_active_device() {
+        let f = facts(&[]);
+        let v = judge(&f);
+        assert_eq!(
+            v.rdma,
+            Ok(vec![(
+                "rxe0".to_string(),
+                "port 1 ACTIVE, RoCE v2, address 10.99.0.1".to_string()
+            )])
+        );
+        assert!(v.same_host);
+        // 8 MiB over 2 MiB + 12 KiB per connection
+        assert_eq!(v.room, Some(3));
+        assert_eq!(v.exit_code(), 0);
+        let line = verdict_line(&v);
+        assert_eq!(
+            line,
+            "verdict: connections to peers running rdmashim will be upgraded over rxe0 \
+             (port 1 ACTIVE, RoCE v2, address 10.99.0.1); connections between processes of \
+             this host move to shared-memory rings"
+        );
+        let off = facts(&[("RDMASHIM_LOCAL", "off")]);
+        let v = judge(&off);
+        assert!(v.rdma.is_ok() && !v.same_host && v.exit_code() == 0);
+        assert!(verdict_line(&v).ends_with("go over the device)"));
+    }
+
+    #[test]
+    fn the_shims_order_of_reasons() {
+        // disabled before everything, by the shim's parsing (an unreadable value disables)
+        for val in ["1", "YES", "banana"] {
+            let mut f = facts(&[("RDMASHIM_DISABLE", val)]);
+            f.devices.clear();
+            let v = judge(&f);
+            assert_eq!(reason(&v), Some("disabled"), "{val}");
+            assert!(!v.same_host);
+            assert_eq!(v.exit_code(), 1);
+            assert!(verdict_line(&v)
+                .starts_with("verdict: every connection will stay on TCP (disabled: "));
+        }
+        assert!(judge(&facts(&[("RDMASHIM_DISABLE", "FALSE")])).rdma.is_ok());
+        // then no device
+        let mut f = facts(&[]);
+        f.devices.clear();
+        f.libraries[0].1 = Some("not found".into());
+        let v = judge(&f);
+        assert_eq!((reason(&v), v.exit_code()), (Some("no_device"), 0));
+        let line = verdict_line(&v);
+        assert!(
+            line.starts_with("verdict: connections to other hosts will stay on TCP (no_device: ")
+        );
+        assert!(line
+            .ends_with("connections between processes of this host move to shared-memory rings"));
+        // and nothing at all with same-host upgrades off
+        let mut f = facts(&[("RDMASHIM_LOCAL", "0")]);
+        f.devices.clear();
+        let v = judge(&f);
+        assert_eq!((reason(&v), v.exit_code()), (Some("no_device"), 1));
+        assert!(verdict_line(&v).ends_with("stay on TCP too (RDMASHIM_LOCAL is off)"));
+        // then the libraries
+        let mut f = facts(&[]);
+        f.libraries[1].1 = Some("librdmacm.so.1: cannot open shared object file".into());
+        let v = judge(&f);
+        assert_eq!(reason(&v), Some("libraries_missing"));
+        assert!(v.rdma.unwrap_err().detail.contains("librdmacm.so.1"));
+    }
+
+    #[test]
+    fn memlock_and_cap_ipc_lock() {
+        let mut f = facts(&[]);
+        f.memlock = Ok(Memlock {
+            soft: Some(64 << 10),
+            hard: Some(64 << 10),
+        });
+        let v = judge(&f);
+        assert_eq!((reason(&v), v.room), (Some("memlock"), Some(0)));
+        assert!(v.rdma.unwrap_err().fix.contains("at least 2060 KiB"));
+        // A smaller ring fits: 4 KiB rings pin 16 KiB + 12 KiB.
+        let mut small = f.clone();
+        small.config = Config::from_lookup(|k| (k == "RDMASHIM_RING_KIB").then(|| b"4".to_vec()));
+        assert_eq!(judge(&small).room, Some(2));
+        // CAP_IPC_LOCK lifts the limit; so does an unlimited one.
+        f.cap_ipc_lock = Some(true);
+        assert_eq!(judge(&f).room, None);
+        assert!(judge(&f).rdma.is_ok());
+        let status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t0000000000004000\n";
+        assert_eq!(cap_ipc_lock(status), Some(true));
+        assert_eq!(cap_ipc_lock("CapEff:\t000001fffeffbfff\n"), Some(false));
+        assert_eq!(cap_ipc_lock("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn no_active_port() {
+        let mut f = facts(&[]);
+        f.devices = vec![rxe("1: DOWN")];
+        let v = judge(&f);
+        assert_eq!((reason(&v), v.exit_code()), (Some("peer_unreachable"), 0));
+        assert!(v.rdma.unwrap_err().detail.contains("ACTIVE"));
+    }
+
+    #[test]
+    fn mapped_gids() {
+        assert_eq!(
+            v4_of("0000:0000:0000:0000:0000:ffff:c0a8:0102").as_deref(),
+            Some("192.168.1.2")
+        );
+        assert_eq!(v4_of("fe80:0000:0000:0000:0000:ffff:c0a8:0102"), None);
+        assert_eq!(v4_of("nonsense"), None);
+    }
+
+    #[test]
+    fn arguments() {
+        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(parse(&os(&[])), Ok(Args::Report { json: false }));
+        assert_eq!(parse(&os(&["--json"])), Ok(Args::Report { json: true }));
+        assert_eq!(parse(&os(&["--json", "-h"])), Ok(Args::Help));
+        assert!(parse(&os(&["--verbose"])).is_err());
+    }
+
+    #[test]
+    fn json_of_a_verdict() {
+        let f = facts(&[("RDMASHIM_RING_KIB", "banana")]);
+        let j = to_json(&f, &judge(&f)).to_string();
+        for want in [
+            r#""verdict":"upgrade""#,
+            r#""upgrade_devices":["rxe0"]"#,
+            r#""reason":null"#,
+            r#""rdma":2109440"#,
+            r#""connections":3"#,
+            r#""exit":0"#,
+            "RDMASHIM_RING_KIB=banana: not a whole number",
+        ] {
+            assert!(j.contains(want), "{want} missing: {j}");
+        }
+    }
 }

@@ -1,37 +1,94 @@
 //! `rdmashim`: run a program under the shim, or diagnose the host.
 //!
 //! ```text
-//! rdmashim run [--stats PATH] [--log LEVEL] [--log-file PATH] [--disable] [--lib PATH] [--] PROGRAM [ARGS...]
-//! rdmashim doctor
+//! rdmashim run [OPTIONS] [--] PROGRAM [ARGS...]
+//! rdmashim doctor [--json]
+//! rdmashim --help | --version
 //! ```
 #![deny(unsafe_code)]
 
 mod doctor;
+mod elf;
+mod json;
 mod program;
 #[path = "../../src/reason.rs"]
 #[allow(dead_code)]
 mod reason;
+#[path = "../../src/settings.rs"]
+#[allow(dead_code)]
+mod settings;
 mod sys;
 
+use settings::{DIAL_DELAY_MS, NEGATIVE_CACHE_SECS, RING_KIB, SPIN_US};
 use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-const USAGE: &str = "\
-usage:
-  rdmashim run [--stats PATH] [--log LEVEL] [--log-file PATH] [--disable] [--local|--no-local] [--lib PATH] [--] PROGRAM [ARGS...]
+/// The workspace's version.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `rdmashim run --help`.
+const RUN_USAGE: &str = "  rdmashim run [--stats PATH] [--log LEVEL] [--log-file PATH] [--disable] [--local|--no-local] [--lib PATH] [--] PROGRAM [ARGS...]
       Runs PROGRAM with librdmashim.so preloaded (appended to any existing LD_PRELOAD).
       --stats PATH     write the stats JSON at exit (RDMASHIM_STATS; %p becomes the pid)
-      --log LEVEL      error|warn|info|debug (RDMASHIM_LOG)
+      --log LEVEL      error|warn|info|debug|off (RDMASHIM_LOG)
       --log-file PATH  log to PATH instead of stderr (RDMASHIM_LOG_FILE)
       --disable        never upgrade (RDMASHIM_DISABLE=1)
       --no-local       keep connections between processes of this host on TCP
                        (RDMASHIM_LOCAL=0); --local moves them to shared memory (the default)
-      --lib PATH       the library to preload (default: next to this executable, or installed)
-  rdmashim doctor
-      RDMA devices, libraries, memlock limit, and what would happen to a connection made now.
+      --lib PATH       the library to preload (default: $RDMASHIM_LIB, next to this
+                       executable, or installed); it must be librdmashim.so
+      Exit status: PROGRAM's; 127 if PROGRAM or the library cannot be found (or the file
+      given is not the library), 126 if PROGRAM cannot be executed, 2 for a usage error.
 ";
+
+/// `rdmashim doctor --help`.
+const DOCTOR_USAGE: &str = "  rdmashim doctor [--json]
+      RDMA devices, libraries, the memory the rings pin against RLIMIT_MEMLOCK, and what
+      would happen to a connection made now, judged by the shim's own rules from this
+      environment's RDMASHIM_* variables.
+      --json           one JSON object instead of the report
+      Exit status: 0 if connections can be upgraded (over RDMA, or at least between
+      processes of this host over shared memory); 1 if every connection will stay on TCP;
+      2 for a usage error.
+";
+
+/// The whole usage text: both commands, and every variable the shim reads with its default
+/// (the numbers' ranges and defaults come from the shim's own table, settings.rs).
+fn usage() -> String {
+    let num = |n: &settings::Number| format!("{} to {}, default {}", n.min, n.max, n.default);
+    format!(
+        "usage:\n{RUN_USAGE}{DOCTOR_USAGE}  rdmashim --help | --version
+      This text, or the version (-h, -V); `rdmashim COMMAND --help` for one command's.
+
+The shim reads (each value is checked: a boolean is 1/0, true/false, yes/no or on/off in
+any case; anything else gets one warning and the default):
+  RDMASHIM_DISABLE=BOOL         never upgrade (default off)
+  RDMASHIM_LOCAL=BOOL           connections between processes of this host move to
+                                shared-memory rings (default on)
+  RDMASHIM_LOG=LEVEL            error|warn|info|debug|off (default warn)
+  RDMASHIM_LOG_FILE=PATH        append log lines there, %p = pid (default stderr)
+  RDMASHIM_STATS=PATH           write the stats JSON there at exit, %p = pid (default none)
+  RDMASHIM_RING_KIB=N           each upgraded connection's receive ring, KiB, rounded up to
+                                a power of two ({ring})
+  RDMASHIM_DIAL_DELAY_MS=N      how long a client waits before it upgrades ({dial})
+  RDMASHIM_SPIN_US=N            longest busy-poll of a blocked call ({spin})
+  RDMASHIM_NEGATIVE_CACHE_SECS=N  how long a peer whose upgrade failed is not tried again
+                                ({neg_min} to {neg_max}, 0: always tried; default unset: 60 s
+                                after a reject, 10 min after silence)
+  RDMASHIM_TRACE                set: trace lines of the upgrade (default unset)
+  RDMASHIM_FAULT=POINT:N        tests only: fail on purpose (default unset)
+The launcher reads RDMASHIM_LIB=PATH: the library, unless --lib is given.
+",
+        ring = num(&RING_KIB),
+        dial = num(&DIAL_DELAY_MS),
+        spin = num(&SPIN_US),
+        neg_min = NEGATIVE_CACHE_SECS.min,
+        neg_max = NEGATIVE_CACHE_SECS.max,
+    )
+}
 
 /// Name of the preload library.
 pub const LIB_NAME: &str = "librdmashim.so";
@@ -49,7 +106,14 @@ struct RunOpts {
     program: Vec<OsString>,
 }
 
-fn parse_run(args: &[OsString]) -> Result<RunOpts, String> {
+/// What `rdmashim run ARGS` asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Run {
+    Program(RunOpts),
+    Help,
+}
+
+fn parse_run(args: &[OsString]) -> Result<Run, String> {
     let mut o = RunOpts::default();
     let mut i = 0;
     let value = |i: &mut usize, name: &str| -> Result<OsString, String> {
@@ -81,6 +145,7 @@ fn parse_run(args: &[OsString]) -> Result<RunOpts, String> {
             Some("--disable") => o.disable = true,
             Some("--local") => o.local = Some(true),
             Some("--no-local") => o.local = Some(false),
+            Some("-h" | "--help") => return Ok(Run::Help),
             Some(s) if s.starts_with("--") => return Err(format!("unknown option {s}")),
             _ => break,
         }
@@ -90,7 +155,7 @@ fn parse_run(args: &[OsString]) -> Result<RunOpts, String> {
     if o.program.is_empty() {
         return Err("run: no PROGRAM given".into());
     }
-    Ok(o)
+    Ok(Run::Program(o))
 }
 
 /// Where to look for the library, in order.
@@ -115,22 +180,50 @@ fn lib_candidates(exe: Option<&Path>) -> Vec<PathBuf> {
     v
 }
 
-/// The library to preload (absolute).
-pub fn find_lib(explicit: Option<&Path>) -> Result<PathBuf, String> {
-    if let Some(p) = explicit {
-        return p
-            .canonicalize()
-            .map_err(|e| format!("--lib {}: {e}", p.display()));
+/// A symbol only the shim defines (the Rust half of its `syscall` hook, which its C entry
+/// point calls): how a file is known to be librdmashim.so without loading it.
+const SHIM_SYMBOL: &[u8] = b"rdmashim_syscall";
+
+/// Whether `path` is the shim library: an ELF shared object whose dynamic symbols include
+/// [`SHIM_SYMBOL`]. Read, not loaded (loading would run its constructors here).
+fn check_lib(path: &Path) -> Result<(), String> {
+    let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let not = |what: &str| format!("{} is not {LIB_NAME}: {what}", path.display());
+    let mut e = elf::Elf::read(f).ok_or_else(|| not("it is not an ELF file"))?;
+    if e.kind != elf::ET_DYN {
+        return Err(not("it is not a shared object"));
     }
-    let exe = std::env::current_exe().ok();
-    let cands = lib_candidates(exe.as_deref());
-    cands
-        .iter()
-        .find_map(|c| c.is_file().then(|| c.canonicalize().ok()).flatten())
-        .ok_or_else(|| {
-            let list: Vec<_> = cands.iter().map(|c| c.display().to_string()).collect();
-            format!("{LIB_NAME} not found (looked in: {}); build it with `cargo build -p rdmashim-shim` or pass --lib", list.join(", "))
-        })
+    match e.defines(SHIM_SYMBOL) {
+        Some(true) => Ok(()),
+        Some(false) => Err(not(&format!(
+            "it is a shared object, but not the shim (it does not define {})",
+            String::from_utf8_lossy(SHIM_SYMBOL)
+        ))),
+        None => Err(not("it is a shared object without a dynamic symbol table")),
+    }
+}
+
+/// The library to preload (absolute): `explicit` (`--lib`), else the first candidate that
+/// exists; either way checked to be the shim.
+pub fn find_lib(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    let found = match explicit {
+        Some(p) => p
+            .canonicalize()
+            .map_err(|e| format!("--lib {}: {e}", p.display()))?,
+        None => {
+            let exe = std::env::current_exe().ok();
+            let cands = lib_candidates(exe.as_deref());
+            cands
+                .iter()
+                .find_map(|c| c.is_file().then(|| c.canonicalize().ok()).flatten())
+                .ok_or_else(|| {
+                    let list: Vec<_> = cands.iter().map(|c| c.display().to_string()).collect();
+                    format!("{LIB_NAME} not found (looked in: {}); build it with `cargo build -p rdmashim-shim` or pass --lib", list.join(", "))
+                })?
+        }
+    };
+    check_lib(&found)?;
+    Ok(found)
 }
 
 /// LD_PRELOAD with `lib` appended to `existing` (unless already there).
@@ -157,9 +250,13 @@ fn compose_preload(existing: Option<&OsStr>, lib: &Path) -> OsString {
 
 fn run(args: &[OsString]) -> ExitCode {
     let o = match parse_run(args) {
-        Ok(o) => o,
+        Ok(Run::Program(o)) => o,
+        Ok(Run::Help) => {
+            print!("usage:\n{RUN_USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            eprintln!("rdmashim: {e}\n{USAGE}");
+            eprint!("rdmashim: {e}\nusage:\n{RUN_USAGE}");
             return ExitCode::from(2);
         }
     };
@@ -223,13 +320,31 @@ fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     match args.first().and_then(|a| a.to_str()) {
         Some("run") => run(&args[1..]),
-        Some("doctor") => doctor::doctor(),
+        Some("doctor") => match doctor::parse(&args[1..]) {
+            Ok(doctor::Args::Report { json }) => doctor::doctor(json),
+            Ok(doctor::Args::Help) => {
+                print!("usage:\n{DOCTOR_USAGE}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprint!("rdmashim: {e}\nusage:\n{DOCTOR_USAGE}");
+                ExitCode::from(2)
+            }
+        },
         Some("-h" | "--help" | "help") => {
-            print!("{USAGE}");
+            print!("{}", usage());
             ExitCode::SUCCESS
         }
-        _ => {
-            eprint!("{USAGE}");
+        Some("-V" | "--version") => {
+            println!("rdmashim {VERSION}");
+            ExitCode::SUCCESS
+        }
+        Some(other) => {
+            eprint!("rdmashim: unknown command {other:?}\n{}", usage());
+            ExitCode::from(2)
+        }
+        None => {
+            eprint!("{}", usage());
             ExitCode::from(2)
         }
     }
@@ -243,9 +358,16 @@ mod tests {
         v.iter().map(OsString::from).collect()
     }
 
+    fn program(args: &[&str]) -> Result<RunOpts, String> {
+        match parse_run(&os(args))? {
+            Run::Program(o) => Ok(o),
+            Run::Help => Err("help".into()),
+        }
+    }
+
     #[test]
     fn parses_run() {
-        let o = parse_run(&os(&[
+        let o = program(&[
             "--stats",
             "/tmp/s.%p",
             "--log",
@@ -254,28 +376,99 @@ mod tests {
             "--",
             "ls",
             "-l",
-        ]))
+        ])
         .unwrap();
         assert_eq!(o.stats.as_deref(), Some(OsStr::new("/tmp/s.%p")));
         assert_eq!(o.log.as_deref(), Some("debug"));
         assert!(o.disable);
         assert_eq!(o.local, None);
         assert_eq!(o.program, os(&["ls", "-l"]));
-        assert_eq!(
-            parse_run(&os(&["--local", "ls"])).unwrap().local,
-            Some(true)
+        assert_eq!(program(&["--local", "ls"]).unwrap().local, Some(true));
+        assert_eq!(program(&["--no-local", "ls"]).unwrap().local, Some(false));
+        // Options after PROGRAM belong to it (its own --help too).
+        let o = program(&["curl", "--stats", "x", "--help"]).unwrap();
+        assert_eq!(o.program, os(&["curl", "--stats", "x", "--help"]));
+        assert!(program(&["--log", "loud", "ls"]).is_err());
+        assert!(program(&["--stats"]).is_err());
+        assert!(program(&["--"]).is_err());
+        assert!(program(&["--bogus", "ls"]).is_err());
+    }
+
+    #[test]
+    fn run_help_before_the_program() {
+        for args in [
+            &["--help"][..],
+            &["-h"],
+            &["--log", "debug", "--help", "ls"],
+        ] {
+            assert_eq!(parse_run(&os(args)), Ok(Run::Help), "{args:?}");
+        }
+        // (after `--`, a program named --help)
+        assert_eq!(program(&["--", "--help"]).unwrap().program, os(&["--help"]));
+    }
+
+    /// Every variable the shim's settings name is in the usage text, with its default.
+    #[test]
+    fn usage_lists_every_variable() {
+        let text = usage();
+        let source = include_str!("../../src/settings.rs");
+        let mut names: Vec<&str> = source
+            .match_indices("\"RDMASHIM_")
+            .map(|(i, _)| {
+                let rest = &source[i + 1..];
+                let end = rest.find(|c: char| !(c.is_ascii_uppercase() || c == '_'));
+                &rest[..end.unwrap_or(rest.len())]
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        assert!(names.len() >= 11, "{names:?}");
+        for n in names {
+            assert!(
+                text.contains(&format!("  {n}")),
+                "{n} missing from the usage"
+            );
+        }
+        for n in [RING_KIB, DIAL_DELAY_MS, SPIN_US] {
+            assert!(
+                text.contains(&format!("{} to {}, default {}", n.min, n.max, n.default)),
+                "{}",
+                n.name
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_shim_passes_as_the_library() {
+        let dir = std::env::temp_dir();
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.join(format!("rdmashim-lib-{}-{name}", std::process::id()));
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let sections = [".text", ".dynsym", ".dynstr"];
+        let shim = write(
+            "shim.so",
+            &elf::tests::elf(elf::ET_DYN, 1, &sections, &["socket", "rdmashim_syscall"]),
         );
-        assert_eq!(
-            parse_run(&os(&["--no-local", "ls"])).unwrap().local,
-            Some(false)
+        assert_eq!(check_lib(&shim), Ok(()));
+        let other = write(
+            "other.so",
+            &elf::tests::elf(elf::ET_DYN, 1, &sections, &["socket"]),
         );
-        // Options after PROGRAM belong to it.
-        let o = parse_run(&os(&["curl", "--stats", "x"])).unwrap();
-        assert_eq!(o.program, os(&["curl", "--stats", "x"]));
-        assert!(parse_run(&os(&["--log", "loud", "ls"])).is_err());
-        assert!(parse_run(&os(&["--stats"])).is_err());
-        assert!(parse_run(&os(&["--"])).is_err());
-        assert!(parse_run(&os(&["--bogus", "ls"])).is_err());
+        let e = check_lib(&other).unwrap_err();
+        assert!(e.contains("not the shim"), "{e}");
+        let exe = write(
+            "exe",
+            &elf::tests::elf(elf::ET_EXEC, 1, &sections, &["rdmashim_syscall"]),
+        );
+        assert!(check_lib(&exe).unwrap_err().contains("not a shared object"));
+        let text = write("text", b"localhost\n");
+        assert!(check_lib(&text).unwrap_err().contains("not an ELF file"));
+        assert!(check_lib(&dir.join("rdmashim-no-such-file")).is_err());
+        for p in [shim, other, exe, text] {
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     #[test]

@@ -13,9 +13,10 @@
 //! A script (`#!`) is judged by its interpreter (through `/usr/bin/env NAME` too).
 //! Everything else — including what cannot be read — is assumed to load the shim.
 
+use crate::elf::{Elf, ET_DYN, ET_EXEC, PT_INTERP};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -99,7 +100,7 @@ fn judge_depth(
         let interp = shebang_program(head, path)?;
         return judge_depth(&interp, path, uid, gid, depth + 1);
     }
-    classify_elf(&mut f)
+    classify_elf(f)
 }
 
 /// The program a `#!` line runs: its interpreter, or for `/usr/bin/env [-S] NAME`, NAME
@@ -129,112 +130,23 @@ fn read_up_to(f: &mut File, buf: &mut [u8]) -> Option<usize> {
     Some(n)
 }
 
-/// Reads `len` bytes at `off` (`None` past the end, or for an absurd size).
-fn read_at(f: &mut File, off: u64, len: usize) -> Option<Vec<u8>> {
-    if len > 16 << 20 {
-        return None;
-    }
-    f.seek(SeekFrom::Start(off)).ok()?;
-    let mut v = vec![0u8; len];
-    f.read_exact(&mut v).ok()?;
-    Some(v)
-}
-
-/// Field readers for a little- or big-endian ELF.
-struct Endian(bool);
-
-impl Endian {
-    /// The unsigned integer of `len` bytes at `at` in the file's byte order.
-    fn int(&self, b: &[u8], at: usize, len: usize) -> Option<u64> {
-        let bytes = b.get(at..at.checked_add(len)?)?;
-        let push = |v: u64, x: &u8| v << 8 | u64::from(*x);
-        Some(if self.0 {
-            bytes.iter().rev().fold(0, push)
-        } else {
-            bytes.iter().fold(0, push)
-        })
-    }
-    fn u16(&self, b: &[u8], at: usize) -> Option<u16> {
-        self.int(b, at, 2).map(|v| v as u16)
-    }
-    fn u32(&self, b: &[u8], at: usize) -> Option<u32> {
-        self.int(b, at, 4).map(|v| v as u32)
-    }
-    /// A word of an ELF of class 64 (`wide`) or 32.
-    fn word(&self, b: &[u8], at: usize, wide: bool) -> Option<u64> {
-        self.int(b, at, if wide { 8 } else { 4 })
-    }
-}
-
-const PT_INTERP: u32 = 3;
-const ET_EXEC: u16 = 2;
-const ET_DYN: u16 = 3;
-
 /// An ELF executable's verdict: static (no `PT_INTERP`), Go, or `None` (not ELF, not an
 /// executable, unreadable: assumed fine).
-fn classify_elf(f: &mut File) -> Option<Unreachable> {
-    let eh = read_at(f, 0, 64)?;
-    if eh.get(..4)? != b"\x7fELF" {
+fn classify_elf(f: File) -> Option<Unreachable> {
+    let mut e = Elf::read(f)?;
+    if e.kind != ET_EXEC && e.kind != ET_DYN {
         return None;
     }
-    let wide = match eh[4] {
-        1 => false,
-        2 => true,
-        _ => return None,
-    };
-    let e = Endian(match eh[5] {
-        1 => true,
-        2 => false,
-        _ => return None,
+    let interp = e.has_program_header(PT_INTERP)?;
+    let go = e.sections().is_some_and(|s| {
+        s.iter()
+            .any(|s| s.name == b".go.buildinfo" || s.name == b".note.go.buildid")
     });
-    let kind = e.u16(&eh, 16)?;
-    if kind != ET_EXEC && kind != ET_DYN {
-        return None;
-    }
-    // (offsets in the 64-bit header, and in the 32-bit one)
-    let at = |w: usize, n: usize| if wide { w } else { n };
-    let phoff = e.word(&eh, at(32, 28), wide)?;
-    let shoff = e.word(&eh, at(40, 32), wide)?;
-    let phentsize = usize::from(e.u16(&eh, at(54, 42))?);
-    let phnum = usize::from(e.u16(&eh, at(56, 44))?);
-    let shentsize = usize::from(e.u16(&eh, at(58, 46))?);
-    let shnum = usize::from(e.u16(&eh, at(60, 48))?);
-    let shstrndx = usize::from(e.u16(&eh, at(62, 50))?);
-    if phentsize < 4 {
-        return None;
-    }
-    let ph = read_at(f, phoff, phentsize.checked_mul(phnum)?)?;
-    let interp = (0..phnum).any(|i| e.u32(&ph, i * phentsize) == Some(PT_INTERP));
-    if is_go(f, &e, wide, (shoff, shentsize, shnum, shstrndx)) == Some(true) {
+    if go {
         return Some(Unreachable::Go);
     }
     // (a static PIE is ET_DYN without PT_INTERP too; a shared library run directly has one)
     (!interp).then_some(Unreachable::Static)
-}
-
-/// Whether the section headers name a Go section (`.go.buildinfo`, `.note.go.buildid`);
-/// `None` if they cannot be read.
-fn is_go(f: &mut File, e: &Endian, wide: bool, sh: (u64, usize, usize, usize)) -> Option<bool> {
-    let (shoff, shentsize, shnum, shstrndx) = sh;
-    if shoff == 0 || shnum == 0 || shstrndx >= shnum || shentsize < if wide { 64 } else { 40 } {
-        return Some(false);
-    }
-    let sh = read_at(f, shoff, shentsize.checked_mul(shnum)?)?;
-    let (off_at, size_at) = if wide { (24, 32) } else { (16, 20) };
-    let strtab = shstrndx * shentsize;
-    let str_off = e.word(&sh, strtab + off_at, wide)?;
-    let str_size = usize::try_from(e.word(&sh, strtab + size_at, wide)?).ok()?;
-    let names = read_at(f, str_off, str_size)?;
-    Some((0..shnum).any(|i| {
-        let Some(name_at) = e.u32(&sh, i * shentsize) else {
-            return false;
-        };
-        let name = names
-            .get(name_at as usize..)
-            .and_then(|s| s.split(|b| *b == 0).next())
-            .unwrap_or_default();
-        name == b".go.buildinfo" || name == b".note.go.buildid"
-    }))
 }
 
 #[cfg(test)]
@@ -255,48 +167,8 @@ mod tests {
         p
     }
 
-    /// A minimal 64-bit little-endian ELF executable: one program header of type `pt`, and
-    /// section headers naming `sections` (after the null section and .shstrtab).
     fn elf(pt: u32, sections: &[&str]) -> Vec<u8> {
-        let mut names = vec![0u8];
-        let mut name_at = vec![];
-        for n in std::iter::once(".shstrtab").chain(sections.iter().copied()) {
-            name_at.push(names.len() as u32);
-            names.extend_from_slice(n.as_bytes());
-            names.push(0);
-        }
-        let phoff = 64u64;
-        let names_off = phoff + 56;
-        let shoff = names_off + names.len() as u64;
-        let shnum = 2 + sections.len();
-        let mut b = vec![0u8; 64];
-        b[..4].copy_from_slice(b"\x7fELF");
-        b[4] = 2;
-        b[5] = 1;
-        b[6] = 1;
-        b[16..18].copy_from_slice(&ET_EXEC.to_le_bytes());
-        b[32..40].copy_from_slice(&phoff.to_le_bytes());
-        b[40..48].copy_from_slice(&shoff.to_le_bytes());
-        b[54..56].copy_from_slice(&56u16.to_le_bytes());
-        b[56..58].copy_from_slice(&1u16.to_le_bytes());
-        b[58..60].copy_from_slice(&64u16.to_le_bytes());
-        b[60..62].copy_from_slice(&(shnum as u16).to_le_bytes());
-        b[62..64].copy_from_slice(&1u16.to_le_bytes());
-        let mut ph = vec![0u8; 56];
-        ph[..4].copy_from_slice(&pt.to_le_bytes());
-        b.extend_from_slice(&ph);
-        b.extend_from_slice(&names);
-        b.extend_from_slice(&[0u8; 64]); // the null section
-        for (i, at) in name_at.iter().enumerate() {
-            let mut sh = vec![0u8; 64];
-            sh[..4].copy_from_slice(&at.to_le_bytes());
-            if i == 0 {
-                sh[24..32].copy_from_slice(&names_off.to_le_bytes());
-                sh[32..40].copy_from_slice(&(names.len() as u64).to_le_bytes());
-            }
-            b.extend_from_slice(&sh);
-        }
-        b
+        crate::elf::tests::elf(ET_EXEC, pt, sections, &[])
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The launcher's only FFI: dlopen probing, RLIMIT_MEMLOCK and the real user and group.
+//! The launcher's only FFI: dlopen probing, RLIMIT_MEMLOCK, the page size and the real user
+//! and group.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString};
@@ -40,4 +41,11 @@ pub fn memlock_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
 pub fn real_ids() -> (u32, u32) {
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
     unsafe { (libc::getuid(), libc::getgid()) }
+}
+
+/// The size of a memory page (what registrations are counted in).
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions; it returns -1 only for an unknown name.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).unwrap_or(4096)
 }
