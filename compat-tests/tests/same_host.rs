@@ -6,6 +6,9 @@
 use rdmashim_compat_tests::*;
 use std::time::Duration;
 
+/// The behaviour scenarios' program (src/bin/behave.rs).
+const BEHAVE: &str = env!("CARGO_BIN_EXE_behave");
+
 /// Values of a few hundred KiB: many times a ring's worth of credits and wraps.
 const BIG: usize = 384 * 1024;
 
@@ -166,4 +169,119 @@ fn off_with_the_knob() {
     cl.assert_all_fallback(&loopback_tcp_reason());
     srv.assert_all_fallback(&loopback_tcp_reason());
     assert_eq!(srv.shm_bytes() + cl.shm_bytes(), 0);
+}
+
+/// A network namespace of this test's own (`ip netns`), removed when dropped.
+struct Netns(String);
+
+impl Netns {
+    fn new(name: String) -> Netns {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &name])
+            .status();
+        ip(&["netns", "add", &name]);
+        Netns(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let st = std::process::Command::new("ip")
+        .args(args)
+        .status()
+        .expect("run ip");
+    assert!(st.success(), "ip {args:?}: {st}");
+}
+
+/// Containers on one host: a shimmed server and a shimmed client in two network namespaces
+/// joined by a veth pair. The peer's address is not one of the client's namespace, so the
+/// connection is judged remote, and the same-host rendezvous (whose abstract socket names live
+/// per namespace) is never tried: on this host, without RDMA, it stays TCP with the host's
+/// reason, every byte intact, both processes agreeing. (Root only: `ip netns`.)
+#[test]
+fn separate_network_namespaces_stay_tcp_with_a_reason() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || require("ip").is_none() {
+        eprintln!("SKIP: needs root and ip(8)");
+        return;
+    }
+    let has_rdma = std::fs::read_dir("/sys/class/infiniband")
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    let id = std::process::id();
+    let (a, b) = (
+        Netns::new(format!("rdmashim-a-{id}")),
+        Netns::new(format!("rdmashim-b-{id}")),
+    );
+    let (va, vb) = (
+        format!("rsa{}", id % 100_000),
+        format!("rsb{}", id % 100_000),
+    );
+    ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+    ip(&["link", "set", &va, "netns", &a.0]);
+    ip(&["link", "set", &vb, "netns", &b.0]);
+    for (ns, dev, addr) in [(&a.0, &va, "10.213.0.1/24"), (&b.0, &vb, "10.213.0.2/24")] {
+        ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+        ip(&["-n", ns, "link", "set", dev, "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+    }
+    let s = Scratch::new("netns");
+    let in_ns = |ns: &str, role: &str, args: &[&str]| {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", ns, "env"])
+            .arg(format!("LD_PRELOAD={}", shim().lib.display()))
+            .arg(format!(
+                "RDMASHIM_STATS={}",
+                s.stats_pattern(role).display()
+            ))
+            .arg(BEHAVE)
+            .args(args);
+        c.env_remove("RDMASHIM_LOCAL")
+            .env_remove("RDMASHIM_DISABLE");
+        c
+    };
+    use std::io::BufRead;
+    let mut srv = in_ns(&a.0, "server", &["echo", "server", "10.213.0.1"]);
+    srv.stdout(std::process::Stdio::piped());
+    let mut server = srv.spawn().expect("spawn the server");
+    let mut said = std::io::BufReader::new(server.stdout.take().unwrap());
+    let mut line = String::new();
+    said.read_line(&mut line).unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("port ")
+        .unwrap_or_else(|| panic!("server said {line:?}"))
+        .to_string();
+    let started = std::time::Instant::now();
+    let out = run_ok(
+        in_ns(&b.0, "client", &["echo", "client", "10.213.0.1", &port]),
+        T,
+    );
+    let took = started.elapsed();
+    assert!(out.contains("ok echo client"), "client: {out}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut said, &mut rest).unwrap();
+    let st = server.wait().unwrap();
+    assert!(
+        st.success() && rest.contains("ok echo server"),
+        "server: {st} {rest}"
+    );
+    for role in ["client", "server"] {
+        let r = s.one_stats(role);
+        assert_eq!(r.connections(), 1, "{role}: {}", r.summary());
+        assert_eq!(r.upgraded(), 0, "{role}: {}", r.summary());
+        assert_eq!(r.shm_bytes(), 0, "{role}: {}", r.summary());
+        if !has_rdma {
+            r.assert_all_fallback("no_device");
+        }
+    }
+    // (1 MiB echoed in 64 KiB blocks over a veth pair: no wait of the shim's in it)
+    assert!(took < Duration::from_secs(5), "the echo took {took:?}");
 }
