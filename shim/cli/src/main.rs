@@ -489,6 +489,34 @@ mod tests {
         );
     }
 
+    /// The Debian package (scripts/package) puts the library at
+    /// /usr/lib/rdmashim/librdmashim.so and the launcher at /usr/bin/rdmashim: found there
+    /// from the launcher's own place first (`../lib/rdmashim`), and at that fixed path
+    /// wherever the launcher was copied to.
+    #[test]
+    fn candidates_include_the_package_path() {
+        let package = Path::new("/usr/lib/rdmashim/librdmashim.so");
+        // (lexically: `..` removed with the component before it)
+        let plain = |p: &Path| {
+            let mut v = PathBuf::new();
+            for c in p.components() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        v.pop();
+                    }
+                    c => v.push(c),
+                }
+            }
+            v
+        };
+        let installed = lib_candidates(Some(Path::new("/usr/bin/rdmashim")));
+        let elsewhere = lib_candidates(Some(Path::new("/opt/tools/rdmashim")));
+        let at = |c: &[PathBuf]| c.iter().position(|p| plain(p) == package);
+        let env = usize::from(std::env::var_os("RDMASHIM_LIB").is_some());
+        assert_eq!(at(&installed), Some(env + 1), "{installed:?}");
+        assert!(at(&elsewhere).is_some(), "{elsewhere:?}");
+    }
+
     #[test]
     fn candidates_start_next_to_exe() {
         let c = lib_candidates(Some(Path::new("/t/debug/rdmashim")));
