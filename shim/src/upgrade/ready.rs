@@ -383,14 +383,9 @@ pub fn user_events(epfd: c_int) -> Vec<(c_int, u32, u64)> {
     if set_spin(epfd).is_none_or(|s| s.dirty.load(Ordering::SeqCst) == 0) {
         return out;
     }
-    let Some(w) = super::world_if_created() else {
+    let Some((w, dirty)) = dirty_in(epfd) else {
         return out;
     };
-    let dirty = w
-        .regs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .dirty_of(epfd);
     for (fd, conn) in dirty {
         let b = bits(&conn, fd, 0);
         let _g = conn.lock();
@@ -411,6 +406,21 @@ pub fn user_events(epfd: c_int) -> Vec<(c_int, u32, u64)> {
     out
 }
 
+/// An fd number and its connection.
+type FdConn = (c_int, Arc<Conn>);
+
+/// The world and the dirty registrations of set `epfd` (copied out of the registry: the
+/// caller locks each connection before the registry again).
+fn dirty_in(epfd: c_int) -> Option<(&'static super::World, Vec<FdConn>)> {
+    let w = super::world_if_created()?;
+    let dirty = w
+        .regs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .dirty_of(epfd);
+    Some((w, dirty))
+}
+
 /// Set `epfd` is watched by other means than its own waits (its fd in a poll or select, or
 /// added to another epoll set): its dirty registrations get their eventfds in the kernel's
 /// set now, and its registrations are made there at once from now on (until it is closed).
@@ -422,14 +432,9 @@ pub fn observe_set(epfd: c_int) {
     if s.dirty.load(Ordering::SeqCst) == 0 {
         return;
     }
-    let Some(w) = super::world_if_created() else {
+    let Some((w, dirty)) = dirty_in(epfd) else {
         return;
     };
-    let dirty = w
-        .regs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .dirty_of(epfd);
     for (fd, conn) in dirty {
         let _g = conn.lock();
         let mut r = w.regs.lock().unwrap_or_else(|p| p.into_inner());
