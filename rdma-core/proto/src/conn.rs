@@ -1595,6 +1595,25 @@ impl Connection {
         }
     }
 
+    /// Whether a failed upgrade lost nothing although this side had switched: the failure was
+    /// the link's (not a protocol violation), the peer never switched to the ring and nothing
+    /// came from it, and no byte this side's application wrote went into it (its SwitchOver
+    /// and a Close carry none). The stream can then go on over TCP alone, as if the upgrade
+    /// had not happened: a peer that closed before its own side of the upgrade was decided
+    /// read and wrote everything over TCP, and its end of the link went with it.
+    pub fn failed_unused(&self) -> bool {
+        matches!(self.life, Life::Failed(r) if !matches!(r, ErrorReason::Protocol(_)))
+            && matches!(self.rx_state, RxState::Tcp { .. })
+            && self.stats.messages_received == 0
+            && self.peer.as_ref().is_none_or(|p| p.tx.head() == 0)
+    }
+
+    /// Whether this side's write side was shut on the ring (a ShutdownWrite or Close queued or
+    /// sent).
+    pub fn write_shut(&self) -> bool {
+        matches!(self.tx_state, TxState::Finishing(_) | TxState::Finished(_))
+    }
+
     /// Poll/epoll readiness (see [`Readiness`]).
     pub fn readiness(&self) -> Readiness {
         if self.back.is_some() && !self.switched_back() && self.error().is_none() {

@@ -421,6 +421,35 @@ fn commit_rules() {
     );
 }
 
+/// A link that fails after this side switched loses nothing if the ring carried nothing:
+/// the peer never switched, nothing came from it, no data went into it (a Close does not
+/// count). Once a byte of data went in, or a message came, it is lost with the link.
+#[test]
+fn failed_link_with_an_unused_ring() {
+    let (mut a, _) = established(12, 4, Config::default());
+    a.commit_switch(10).unwrap();
+    assert!(!a.failed_unused(), "not failed");
+    assert!(!a.write_shut());
+    a.shutdown_write().unwrap();
+    assert!(a.write_shut());
+    a.handle_transport_error();
+    assert!(a.error().is_some());
+    assert!(a.failed_unused(), "switched and shut, nothing on the ring");
+
+    let (mut a, _) = established(12, 4, Config::default());
+    a.commit_switch(0).unwrap();
+    assert_eq!(a.send(1).unwrap().len, 1);
+    a.handle_transport_error();
+    assert!(!a.failed_unused(), "a byte went into the ring");
+
+    let (mut a, mut b) = established(12, 4, Config::default());
+    a.commit_switch(0).unwrap();
+    b.commit_switch(0).unwrap();
+    flow(&mut b, &mut a).unwrap();
+    a.handle_transport_error();
+    assert!(!a.failed_unused(), "the peer switched");
+}
+
 // ----- ring and credits ------------------------------------------------------------------------
 
 #[test]

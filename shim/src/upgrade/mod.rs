@@ -562,6 +562,10 @@ impl Conn {
         };
         let c = link.conn();
         if let Some(r) = c.error() {
+            if g.committed && c.failed_unused() && (g.tcp_wr_shut || !c.write_shut()) {
+                self.resume_on_tcp(g);
+                return;
+            }
             if c.can_fall_back() && !g.committed {
                 let reason = fallback_reason(r);
                 // The handshake broke because the peer went away: a client that closed at
@@ -706,6 +710,31 @@ impl Conn {
             );
             self.to_tcp(g);
         }
+    }
+
+    /// The link failed after this side switched, and the ring carried nothing either way
+    /// ([`rdmashim_proto::Connection::failed_unused`]): the peer closed before its side of the
+    /// upgrade was decided, having read and written everything over TCP. The stream goes on
+    /// over TCP as it is, as after a switch back (counted so) — resetting it would cost this
+    /// side the bytes the peer wrote before it closed. (Not when this side's write side was
+    /// shut on the ring only: its FIN would be missing from TCP.)
+    fn resume_on_tcp(&self, g: &mut Inner) {
+        if g.back == Back::None {
+            g.back = Back::Switching;
+            ready::retire_efds(self, g);
+        }
+        g.back = Back::Resumed;
+        ready::unmask_out(self, g);
+        g.committed = false;
+        stats::count_switched_back();
+        shim_log!(
+            Level::Debug,
+            "{} {} -> {}: back on TCP (the peer closed before its upgrade; nothing went over the ring)",
+            side_name(self.side),
+            self.local,
+            self.peer
+        );
+        self.to_tcp(g);
     }
 
     /// Writes what is due of the continuation ([`rdmashim_proto::Resume`]) through the
