@@ -121,9 +121,8 @@ pub(crate) fn write_stats() {
     if let Err(e) = sys::write_file_atomic(path.as_bytes(), json.as_bytes()) {
         shim_log!(
             Level::Warn,
-            "cannot write stats to {}: errno {}",
-            String::from_utf8_lossy(path.as_bytes().strip_suffix(b"\0").unwrap_or(&[])),
-            e.0
+            "cannot write stats to {}: {e}",
+            String::from_utf8_lossy(path.as_bytes().strip_suffix(b"\0").unwrap_or(&[]))
         );
     }
 }
