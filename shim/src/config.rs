@@ -11,6 +11,10 @@
 //! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
 //! | `RDMASHIM_FAULT=POINT:N` | tests only: panic the `N`th time the shim passes `POINT` (`ring_recv`, `engine_link`; see `fault.rs`) |
 //!
+//! A relative `RDMASHIM_STATS` or `RDMASHIM_LOG_FILE` is made absolute here, once, against
+//! the working directory the process has when the configuration is read (at load): a
+//! program that changes directory later still writes where it was started.
+//!
 //! Every value is checked: a boolean is a boolean in any case, a number a whole number in its
 //! range; anything else gets one warning naming the variable, the value and what is accepted
 //! (logged once by the constructor), and the default (or the nearest bound).
@@ -44,7 +48,14 @@ fn from_env() -> Config {
         };
     }
     use std::os::unix::ffi::OsStringExt;
-    Config::from_lookup(|k| std::env::var_os(k).map(|v| v.into_vec()))
+    let mut c = Config::from_lookup(|k| std::env::var_os(k).map(|v| v.into_vec()));
+    // (getcwd(3) is not hooked; std asks it, and allocates, as the parsing above does)
+    c.resolve_relative(|| {
+        std::env::current_dir()
+            .ok()
+            .map(|d| d.into_os_string().into_vec())
+    });
+    c
 }
 
 /// Whether the process runs under secure execution (`getauxval(AT_SECURE)`).

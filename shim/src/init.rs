@@ -13,7 +13,7 @@
 use crate::config::{self, Level};
 use crate::fmtbuf::FixedBuf;
 use crate::hooks::{sweep_pending_connects, PID};
-use crate::stats::{Snapshot, JSON_MAX};
+use crate::stats::{Program, Snapshot, JSON_MAX};
 use crate::{guard, shim_log, sys};
 use core::ffi::{c_char, c_int};
 use std::sync::atomic::Ordering;
@@ -36,6 +36,7 @@ extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, _envp: *con
         let cfg = config::get();
         crate::fault::arm(cfg.fault);
         PID.store(sys::getpid(), Ordering::Relaxed);
+        crate::stats::start_record(sys::getppid(), sys::unix_ms());
         // SAFETY: registers static functions as the fork prepare, parent and child handlers.
         unsafe {
             libc::pthread_atfork(
@@ -82,16 +83,24 @@ unsafe extern "C" fn after_fork_parent() {
     crate::upgrade::after_fork_parent();
 }
 
-/// The child of a fork: its own pid and counters.
+/// The child of a fork: its own pid and counters, and a record that starts now, of the
+/// process that forked it (the pid it had: one system call fewer, and right even if that
+/// parent has already gone).
 unsafe extern "C" fn after_fork_child() {
+    let parent = match PID.load(Ordering::Relaxed) {
+        0 => sys::getppid(),
+        p => p,
+    };
     PID.store(sys::getpid(), Ordering::Relaxed);
     guard::after_fork_child();
     crate::stats::reset();
+    crate::stats::start_record(parent, sys::unix_ms());
     crate::probe::after_fork_child();
     crate::upgrade::after_fork_child();
 }
 
-/// Writes the stats JSON to `RDMASHIM_STATS` (with `%p` expanded) if set. errno preserved.
+/// Writes the stats JSON to `RDMASHIM_STATS` (with `%p` expanded) if set: the counters, and
+/// whose record it is (the program's name is read now, from `/proc`). errno preserved.
 pub(crate) fn write_stats() {
     let cfg = config::get();
     let Some(pattern) = cfg.stats_path.as_deref() else {
@@ -110,7 +119,13 @@ pub(crate) fn write_stats() {
         return;
     }
     let mut json = FixedBuf::<JSON_MAX>::new();
-    let _ = Snapshot::take(pid).write_json(&mut json);
+    let mut snap = Snapshot::take(pid);
+    let mut exe = [0u8; 4096];
+    if let Some(name) = sys::program_name(&mut exe) {
+        snap.program = Program::new(name);
+    }
+    snap.ended_unix_ms = sys::unix_ms();
+    let _ = snap.write_json(&mut json);
     if json.overflowed() {
         shim_log!(
             Level::Error,
@@ -121,9 +136,8 @@ pub(crate) fn write_stats() {
     if let Err(e) = sys::write_file_atomic(path.as_bytes(), json.as_bytes()) {
         shim_log!(
             Level::Warn,
-            "cannot write stats to {}: errno {}",
-            String::from_utf8_lossy(path.as_bytes().strip_suffix(b"\0").unwrap_or(&[])),
-            e.0
+            "cannot write stats to {}: {e}",
+            String::from_utf8_lossy(path.as_bytes().strip_suffix(b"\0").unwrap_or(&[]))
         );
     }
 }

@@ -52,7 +52,47 @@ pub fn emit(level: Level, args: fmt::Arguments<'_>) {
         Some(p) if config::expand_path(p, pid, &mut path) => Some(path.as_bytes()),
         _ => None,
     };
-    if crate::sys::append_log(file, b.as_bytes()).is_err() {
+    if let Err(e) = crate::sys::append_log(file, b.as_bytes()) {
+        crate::stats::count_log_dropped();
+        if let Some(f) = file {
+            log_file_failed(pid, f, e);
+        }
+    }
+}
+
+/// How much of a long path a message shows (the rest of the 512-byte record is words).
+const PATH_SHOWN: usize = 320;
+
+/// Set once a record could not be written to `RDMASHIM_LOG_FILE` and that was said on stderr.
+static LOG_FILE_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// The first record that cannot be written to the log file (`path`, NUL-terminated) is
+/// reported on stderr, once per process, with the reason in words; later ones are only
+/// counted. Without it, a mistyped or unwritable log path would lose every record silently.
+#[cold]
+fn log_file_failed(pid: u32, path: &[u8], e: crate::outcome::Errno) {
+    if LOG_FILE_FAILED.swap(true, Ordering::Relaxed)
+        || config::get().log_level < Level::Warn
+        || silenced()
+    {
+        return;
+    }
+    let mut b = FixedBuf::<512>::new();
+    let _ = write!(
+        b,
+        "rdmashim[{pid}] {}: cannot write log to ",
+        Level::Warn.name()
+    );
+    let path = path.strip_suffix(b"\0").unwrap_or(path);
+    match path.get(..PATH_SHOWN) {
+        Some(head) if path.len() > PATH_SHOWN => {
+            b.push_bytes(head);
+            b.push_bytes(b"...");
+        }
+        _ => b.push_bytes(path),
+    }
+    let _ = writeln!(b, ": {e}; log records are dropped (output.log_dropped)");
+    if crate::sys::append_log(None, b.as_bytes()).is_err() {
         crate::stats::count_log_dropped();
     }
 }

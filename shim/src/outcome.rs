@@ -14,6 +14,54 @@ impl Errno {
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
     pub const EBADF: Errno = Errno(libc::EBADF);
     pub const ECONNRESET: Errno = Errno(libc::ECONNRESET);
+
+    /// glibc's words for the errors a file of the shim's can meet (opening, writing, renaming
+    /// it), in the C locale; `None` for others. A table, not `strerror`: that may translate
+    /// (gettext allocates and locks) and the shim writes its messages wherever it is.
+    pub fn words(self) -> Option<&'static str> {
+        Some(match self.0 {
+            libc::EPERM => "Operation not permitted",
+            libc::ENOENT => "No such file or directory",
+            libc::EINTR => "Interrupted system call",
+            libc::EIO => "Input/output error",
+            libc::ENXIO => "No such device or address",
+            libc::EBADF => "Bad file descriptor",
+            libc::EAGAIN => "Resource temporarily unavailable",
+            libc::ENOMEM => "Cannot allocate memory",
+            libc::EACCES => "Permission denied",
+            libc::EBUSY => "Device or resource busy",
+            libc::EEXIST => "File exists",
+            libc::EXDEV => "Invalid cross-device link",
+            libc::ENOTDIR => "Not a directory",
+            libc::EISDIR => "Is a directory",
+            libc::EINVAL => "Invalid argument",
+            libc::ENFILE => "Too many open files in system",
+            libc::EMFILE => "Too many open files",
+            libc::ETXTBSY => "Text file busy",
+            libc::EFBIG => "File too large",
+            libc::ENOSPC => "No space left on device",
+            libc::EROFS => "Read-only file system",
+            libc::EMLINK => "Too many links",
+            libc::EPIPE => "Broken pipe",
+            libc::ENAMETOOLONG => "File name too long",
+            libc::ENOSYS => "Function not implemented",
+            libc::ELOOP => "Too many levels of symbolic links",
+            libc::EOVERFLOW => "Value too large for defined data type",
+            libc::EDQUOT => "Disk quota exceeded",
+            libc::ESTALE => "Stale file handle",
+            _ => return None,
+        })
+    }
+}
+
+/// `Permission denied (errno 13)`; `errno N` for an error not in [`Errno::words`]'s table.
+impl core::fmt::Display for Errno {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.words() {
+            Some(w) => write!(f, "{w} (errno {})", self.0),
+            None => write!(f, "errno {}", self.0),
+        }
+    }
 }
 
 /// The decision of a hook's logic.
@@ -90,5 +138,27 @@ mod tests {
         let called = Cell::new(false);
         Outcome::<()>::Fail(Errno::EIO).into_ret(|| called.set(true), |_| unreachable!());
         assert!(called.get());
+    }
+
+    #[test]
+    fn errors_in_glibcs_words() {
+        // Every entry of the table says what the C library says (std asks strerror_r, in the
+        // C locale a Rust program starts in): a typo or a wrong number fails here.
+        let mut known = 0;
+        for n in 1..200 {
+            let e = Errno(n);
+            let Some(w) = e.words() else { continue };
+            known += 1;
+            let libc_says = std::io::Error::from_raw_os_error(n).to_string();
+            assert_eq!(libc_says, format!("{w} (os error {n})"), "errno {n}");
+            assert_eq!(e.to_string(), format!("{w} (errno {n})"));
+        }
+        assert!(known >= 25, "{known} entries");
+        assert_eq!(
+            Errno(libc::EACCES).to_string(),
+            "Permission denied (errno 13)"
+        );
+        assert_eq!(Errno(4095).to_string(), "errno 4095");
+        assert_eq!(Errno(libc::ECONNRESET).words(), None);
     }
 }

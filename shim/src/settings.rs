@@ -231,6 +231,44 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Makes a relative `RDMASHIM_STATS` or `RDMASHIM_LOG_FILE` absolute against `cwd()`, the
+    /// working directory at load (asked only if one is relative), so that the files land
+    /// where the process was started even after it changes directory. A path stays as given
+    /// when `cwd()` has no answer (the directory is gone, or unreachable).
+    pub fn resolve_relative(&mut self, cwd: impl FnOnce() -> Option<Vec<u8>>) {
+        let relative = |p: &Option<Vec<u8>>| p.as_deref().is_some_and(|p| !p.starts_with(b"/"));
+        if !relative(&self.stats_path) && !relative(&self.log_file) {
+            return;
+        }
+        let Some(cwd) = cwd().filter(|d| d.starts_with(b"/") && !d.contains(&0)) else {
+            return;
+        };
+        for p in [&mut self.stats_path, &mut self.log_file] {
+            if let Some(path) = p.as_mut().filter(|p| !p.starts_with(b"/")) {
+                *path = absolute_pattern(&cwd, path);
+            }
+        }
+    }
+}
+
+/// `dir/pattern`, with every `%` of `dir` doubled: the directory is a name, not a pattern
+/// (`%p` in it is not the pid).
+pub fn absolute_pattern(dir: &[u8], pattern: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(dir.len() + pattern.len() + 2);
+    for &b in dir {
+        out.push(b);
+        if b == b'%' {
+            out.push(b'%');
+        }
+    }
+    if !out.ends_with(b"/") {
+        out.push(b'/');
+    }
+    out.extend_from_slice(pattern);
+    out
+}
+
 /// Where a fault can be made to happen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Point {
@@ -307,6 +345,52 @@ mod tests {
         assert!(bad.warnings[0].contains("RDMASHIM_LOG=loud"));
         assert_eq!(bad.log_level, Level::Warn);
         assert_eq!(cfg(&[("RDMASHIM_STATS", "")]).stats_path, None);
+    }
+
+    #[test]
+    fn relative_paths_are_made_absolute_against_the_start_directory() {
+        let mut c = cfg(&[
+            ("RDMASHIM_STATS", "st.%p.json"),
+            ("RDMASHIM_LOG_FILE", "../logs/shim.log"),
+        ]);
+        c.resolve_relative(|| Some(b"/srv/app".to_vec()));
+        assert_eq!(c.stats_path.as_deref(), Some(&b"/srv/app/st.%p.json"[..]));
+        assert_eq!(
+            c.log_file.as_deref(),
+            Some(&b"/srv/app/../logs/shim.log"[..])
+        );
+
+        // An absolute path is left alone, and the directory is not even asked for.
+        let mut c = cfg(&[("RDMASHIM_STATS", "/tmp/s.json")]);
+        c.resolve_relative(|| panic!("getcwd for an absolute path"));
+        assert_eq!(c.stats_path.as_deref(), Some(&b"/tmp/s.json"[..]));
+        let mut none = cfg(&[]);
+        none.resolve_relative(|| panic!("getcwd with no path"));
+
+        // Only the relative one of the two changes; the root has its slash once.
+        let mut c = cfg(&[
+            ("RDMASHIM_STATS", "s.json"),
+            ("RDMASHIM_LOG_FILE", "/var/log/l"),
+        ]);
+        c.resolve_relative(|| Some(b"/".to_vec()));
+        assert_eq!(c.stats_path.as_deref(), Some(&b"/s.json"[..]));
+        assert_eq!(c.log_file.as_deref(), Some(&b"/var/log/l"[..]));
+
+        // No working directory (deleted, unreachable): the path stays as given.
+        let mut c = cfg(&[("RDMASHIM_STATS", "s.json")]);
+        c.resolve_relative(|| None);
+        assert_eq!(c.stats_path.as_deref(), Some(&b"s.json"[..]));
+        c.resolve_relative(|| Some(b"(unreachable)/x".to_vec()));
+        assert_eq!(c.stats_path.as_deref(), Some(&b"s.json"[..]));
+    }
+
+    #[test]
+    fn a_percent_in_the_directory_is_not_a_pattern() {
+        assert_eq!(
+            absolute_pattern(b"/home/u/100%p", b"s.%p.json"),
+            b"/home/u/100%%p/s.%p.json"
+        );
+        assert_eq!(absolute_pattern(b"/a/", b"b"), b"/a/b");
     }
 
     #[test]

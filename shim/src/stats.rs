@@ -10,17 +10,19 @@
 //! Connection counters are rare events and live in plain global atomics.
 //!
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
-//! `{"pid":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"fallback":N,
+//! `{"pid":N,"ppid":N,"program":"<name>"|null,"version":"<crate version>","started_unix_ms":N,
+//! "ended_unix_ms":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"fallback":N,
 //! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N,"shm_tx":N,"shm_rx":N},
 //! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N},
 //! "security":{"unproven_requests":N},"fds":{"missed_closes":N}}`
-//! Every hook and every reason is always present (zeros included), in a fixed order.
+//! Every hook and every reason is always present (zeros included), in a fixed order. The
+//! program's name is the only text that comes from outside; it is escaped as JSON needs.
 
 use crate::guard::Cx;
 use crate::hook::Hook;
 use crate::reason::FallbackReason;
 use core::fmt::{self, Write};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// Number of counter shards (a power of two).
 pub const SHARDS: usize = 64;
@@ -132,6 +134,14 @@ static LOG_DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Server side: rdma_cm requests for one of this process's connections that could not prove
 /// their sender holds it (`docs/protocol.md` 2.8: a forger's), rejected.
 static UNPROVEN_REQUESTS: AtomicU64 = AtomicU64::new(0);
+/// When this process's record began (the library loaded, or the fork that made this process),
+/// ms since the epoch; and the process that was its parent then.
+static STARTED_MS: AtomicU64 = AtomicU64::new(0);
+static PPID: AtomicU32 = AtomicU32::new(0);
+
+/// The crate version every record carries.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// Descriptors of the program's whose close no hook saw (an inline system call, io_uring),
 /// found when the number was given out again or by the engine's check of its connections'
 /// sockets: released then as their close would have been.
@@ -249,6 +259,13 @@ pub fn count_log_dropped() {
     LOG_DROPPED.fetch_add(1, Relaxed);
 }
 
+/// Begins this process's record: at load, and in a fork child (with [`reset`]). `ppid` is the
+/// parent then, `now_ms` the wall-clock time.
+pub fn start_record(ppid: u32, now_ms: u64) {
+    PPID.store(ppid, Relaxed);
+    STARTED_MS.store(now_ms, Relaxed);
+}
+
 /// Zeroes every counter (the child after fork starts its own record).
 pub fn reset() {
     for s in &SHARD_ARR {
@@ -267,11 +284,55 @@ pub fn reset() {
     MISSED_CLOSES.store(0, Relaxed);
 }
 
+/// The longest program name kept (a file name's limit, `NAME_MAX`); a longer one is cut.
+pub const PROGRAM_MAX: usize = 255;
+
+/// A program's name: bytes as the file system has them (not necessarily UTF-8), in a fixed
+/// buffer. Empty: unknown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Program {
+    bytes: [u8; PROGRAM_MAX],
+    len: usize,
+}
+
+impl Program {
+    /// Unknown.
+    pub const fn unknown() -> Self {
+        Program {
+            bytes: [0; PROGRAM_MAX],
+            len: 0,
+        }
+    }
+
+    /// `name`, cut to [`PROGRAM_MAX`] bytes.
+    pub fn new(name: &[u8]) -> Self {
+        let mut p = Program::unknown();
+        let n = name.len().min(PROGRAM_MAX);
+        if let (Some(dst), Some(src)) = (p.bytes.get_mut(..n), name.get(..n)) {
+            dst.copy_from_slice(src);
+            p.len = n;
+        }
+        p
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or(&[])
+    }
+}
+
 /// A consistent-enough copy of all counters (each counter is read once; counters of different
 /// threads are not synchronised with each other).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
     pub pid: u32,
+    /// The parent when the record began ([`start_record`]).
+    pub ppid: u32,
+    /// The executable's base name (filled in by the writer: it reads `/proc`).
+    pub program: Program,
+    /// When the record began and when it was written, ms since the epoch (`ended_unix_ms` is
+    /// filled in by the writer).
+    pub started_unix_ms: u64,
+    pub ended_unix_ms: u64,
     pub calls: [u64; Hook::COUNT],
     pub upgraded: u64,
     pub switched_back: u64,
@@ -289,6 +350,10 @@ impl Snapshot {
     pub fn empty(pid: u32) -> Self {
         Snapshot {
             pid,
+            ppid: 0,
+            program: Program::unknown(),
+            started_unix_ms: 0,
+            ended_unix_ms: 0,
             calls: [0; Hook::COUNT],
             upgraded: 0,
             switched_back: 0,
@@ -302,9 +367,11 @@ impl Snapshot {
         }
     }
 
-    /// Reads the live counters.
+    /// Reads the live counters, and the parent and start time of the record.
     pub fn take(pid: u32) -> Self {
         let mut s = Snapshot::empty(pid);
+        s.ppid = PPID.load(Relaxed);
+        s.started_unix_ms = STARTED_MS.load(Relaxed);
         for sh in &SHARD_ARR {
             for (d, c) in s.calls.iter_mut().zip(sh.calls.iter()) {
                 *d = d.wrapping_add(c.load(Relaxed));
@@ -333,9 +400,22 @@ impl Snapshot {
     }
 
     /// Writes the stats JSON (one line, newline-terminated). Hook and reason names are plain
-    /// ASCII identifiers, so no escaping is needed.
+    /// ASCII identifiers, so no escaping is needed; the program's name is escaped.
     pub fn write_json<W: Write>(&self, w: &mut W) -> fmt::Result {
-        write!(w, "{{\"pid\":{},\"calls\":{{", self.pid)?;
+        write!(
+            w,
+            "{{\"pid\":{},\"ppid\":{},\"program\":",
+            self.pid, self.ppid
+        )?;
+        match self.program.as_bytes() {
+            [] => w.write_str("null")?,
+            name => write_json_string(w, name)?,
+        }
+        write!(
+            w,
+            ",\"version\":\"{VERSION}\",\"started_unix_ms\":{},\"ended_unix_ms\":{},\"calls\":{{",
+            self.started_unix_ms, self.ended_unix_ms
+        )?;
         write_pairs(w, Hook::ALL.iter().map(|h| (h.name(), self.calls_of(*h))))?;
         write!(
             w,
@@ -356,6 +436,26 @@ impl Snapshot {
             self.log_dropped, self.unproven_requests, self.missed_closes
         )
     }
+}
+
+/// Writes `bytes` as a JSON string: quoted, `"` and `\` escaped, control characters as
+/// `\u00XX`, bytes that are not UTF-8 as U+FFFD (a file name is bytes; JSON is Unicode).
+fn write_json_string<W: Write>(w: &mut W, bytes: &[u8]) -> fmt::Result {
+    w.write_char('"')?;
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => w.write_str("\\\"")?,
+                '\\' => w.write_str("\\\\")?,
+                c if (c as u32) < 0x20 || c == '\u{7f}' => write!(w, "\\u{:04x}", c as u32)?,
+                c => w.write_char(c)?,
+            }
+        }
+        if !chunk.invalid().is_empty() {
+            w.write_str("\\ufffd")?;
+        }
+    }
+    w.write_char('"')
 }
 
 /// Each of `keys` by its name, with its counter in `values` (the same order; 0 if missing).
@@ -382,8 +482,12 @@ fn write_pairs<W: Write>(
     Ok(())
 }
 
-/// Upper bound of the JSON size, for the fixed buffer the writer uses.
-pub const JSON_MAX: usize = 64 + (Hook::COUNT + FallbackReason::COUNT + 9) * (24 + 21) + 160;
+/// Upper bound of the JSON size, for the fixed buffer the writer uses: the counters, and who
+/// the record is of (each byte of the name at most 6 characters escaped, `\u00XX`).
+pub const JSON_MAX: usize = 64
+    + (Hook::COUNT + FallbackReason::COUNT + 9) * (24 + 21)
+    + 160
+    + (128 + PROGRAM_MAX * 6 + VERSION.len());
 
 #[cfg(test)]
 mod tests {
@@ -440,6 +544,59 @@ mod tests {
     }
 
     #[test]
+    fn json_says_whose_record_it_is() {
+        let mut s = Snapshot::empty(1234);
+        s.ppid = 1;
+        s.program = Program::new(b"redis-server");
+        s.started_unix_ms = 1_700_000_000_000;
+        s.ended_unix_ms = 1_700_000_000_250;
+        let v = parse(&s);
+        assert_eq!(v["ppid"], 1);
+        assert_eq!(v["program"], "redis-server");
+        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+        assert!(!VERSION.is_empty());
+        assert_eq!(v["started_unix_ms"], 1_700_000_000_000u64);
+        assert_eq!(v["ended_unix_ms"], 1_700_000_000_250u64);
+        // The counters are all still there.
+        assert_eq!(v["calls"].as_object().unwrap().len(), Hook::COUNT);
+        // A name that could not be read is null, not an empty string.
+        assert!(parse(&Snapshot::empty(1))["program"].is_null());
+    }
+
+    #[test]
+    fn program_names_are_escaped() {
+        for (raw, want) in [
+            (&b"a\"b"[..], "a\"b"),
+            (b"back\\slash", "back\\slash"),
+            (
+                b"tab\tnl\ncr\r\x01\x1f\x7f",
+                "tab\tnl\ncr\r\u{1}\u{1f}\u{7f}",
+            ),
+            ("café-☕".as_bytes(), "café-☕"),
+            (b"bad\xff\xfeutf8", "bad\u{fffd}\u{fffd}utf8"),
+            (b"cut\xe2\x98", "cut\u{fffd}"),
+            (b"}\",\"pid\":0,\"x", "}\",\"pid\":0,\"x"),
+        ] {
+            let mut s = Snapshot::empty(7);
+            s.program = Program::new(raw);
+            let v = parse(&s);
+            assert_eq!(v["program"], want, "{raw:?}");
+            assert_eq!(want, String::from_utf8_lossy(raw), "as std reads bytes");
+            assert_eq!(v["pid"], 7, "{raw:?}: the name escaped its string");
+        }
+        // The raw text: control characters as \u00XX, nothing unescaped.
+        let mut out = String::new();
+        Snapshot {
+            program: Program::new(b"x\x01\"\\"),
+            ..Snapshot::empty(1)
+        }
+        .write_json(&mut out)
+        .unwrap();
+        assert!(out.contains(r#""program":"x\u0001\"\\""#), "{out}");
+        assert_eq!(Program::new(&[b'n'; 300]).as_bytes().len(), PROGRAM_MAX);
+    }
+
+    #[test]
     fn json_fits_fixed_buffer_with_max_values() {
         let mut s = Snapshot::empty(u32::MAX);
         s.calls = [u64::MAX; Hook::COUNT];
@@ -450,11 +607,28 @@ mod tests {
         s.fallback = u64::MAX;
         s.log_dropped = u64::MAX;
         s.unproven_requests = u64::MAX;
+        s.missed_closes = u64::MAX;
+        s.switched_back = u64::MAX;
+        s.ppid = u32::MAX;
+        s.started_unix_ms = u64::MAX;
+        s.ended_unix_ms = u64::MAX;
+        // The longest name, every byte escaped to six characters.
+        s.program = Program::new(&[0x01; PROGRAM_MAX + 1]);
         let mut b = FixedBuf::<JSON_MAX>::new();
         s.write_json(&mut b).unwrap();
         assert!(!b.overflowed());
         let v: serde_json::Value = serde_json::from_slice(b.as_bytes()).unwrap();
         assert_eq!(v["calls"]["execve"], u64::MAX);
+        assert_eq!(v["program"].as_str().unwrap().len(), PROGRAM_MAX);
+    }
+
+    #[test]
+    fn a_record_starts_when_told() {
+        // (the only test in this binary that starts a record)
+        start_record(4321, 1_234_567);
+        let s = Snapshot::take(9);
+        assert_eq!((s.pid, s.ppid, s.started_unix_ms), (9, 4321, 1_234_567));
+        assert_eq!(s.ended_unix_ms, 0, "the writer fills in the end");
     }
 
     #[test]

@@ -48,6 +48,68 @@ pub fn getpid() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
+/// getppid(2) (not hooked).
+pub fn getppid() -> u32 {
+    // SAFETY: getppid has no preconditions.
+    unsafe { libc::getppid() as u32 }
+}
+
+/// Wall-clock time, milliseconds since the Unix epoch (`CLOCK_REALTIME`: no lock, no
+/// allocation, async-signal-safe — the fork child's handler calls it). 0 if the clock fails.
+pub fn unix_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1000)
+        .saturating_add(ts.tv_nsec as u64 / 1_000_000)
+}
+
+/// The base name of this process's executable: the target of `/proc/self/exe` (without the
+/// ` (deleted)` the kernel adds when the file was removed), else `/proc/self/comm` (the
+/// kernel's 15-byte name, which the program may have changed). `None` without `/proc` (a
+/// chroot). `buf` holds the link's text; the name returned is a part of it.
+pub fn program_name(buf: &mut [u8; 4096]) -> Option<&[u8]> {
+    let _e = ErrnoGuard::save();
+    // SAFETY: a NUL-terminated path; buf is writable for its length.
+    let n = unsafe {
+        rdmashim_core::raw_syscall!(
+            libc::SYS_readlinkat,
+            libc::AT_FDCWD,
+            c"/proc/self/exe".as_ptr(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    // (a link of exactly buf's length may have been cut short)
+    if let Some(link) = usize::try_from(n)
+        .ok()
+        .filter(|n| *n > 0 && *n < buf.len())
+        .and_then(|n| buf.get(..n))
+    {
+        let end = link.len() - if link.ends_with(b" (deleted)") { 10 } else { 0 };
+        let start = link
+            .get(..end)
+            .and_then(|l| l.iter().rposition(|b| *b == b'/'))
+            .map_or(0, |i| i + 1);
+        if start < end {
+            return buf.get(start..end);
+        }
+    }
+    let fd = open(b"/proc/self/comm\0", libc::O_RDONLY | libc::O_CLOEXEC, 0).ok()?;
+    // SAFETY: buf is writable for its length; fd was just opened here.
+    let n = unsafe { rdmashim_core::raw_syscall!(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
+    close(fd);
+    let comm = buf.get(..usize::try_from(n).ok()?)?;
+    let comm = comm.strip_suffix(b"\n").unwrap_or(comm);
+    (!comm.is_empty()).then_some(comm)
+}
+
 fn check(r: c_long) -> Result<c_long, Errno> {
     if r < 0 {
         Err(errno())
@@ -615,6 +677,24 @@ mod tests {
             "mask restored"
         );
         close(fds[1]);
+    }
+
+    #[test]
+    fn whose_process_this_is() {
+        assert_eq!(getppid(), std::os::unix::process::parent_id());
+        let exe = std::env::current_exe().unwrap();
+        let mut buf = [0u8; 4096];
+        assert_eq!(
+            program_name(&mut buf),
+            Some(exe.file_name().unwrap().as_encoded_bytes()),
+            "the base name of /proc/self/exe"
+        );
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let now = unix_ms();
+        assert!(now >= before && now < before + 5_000, "{now} vs {before}");
     }
 
     #[test]
