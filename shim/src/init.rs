@@ -36,6 +36,7 @@ extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, _envp: *con
         let cfg = config::get();
         crate::fault::arm(cfg.fault);
         PID.store(sys::getpid(), Ordering::Relaxed);
+        sys::remember_exec_name();
         crate::stats::start_record(sys::getppid(), sys::unix_ms());
         // SAFETY: registers static functions as the fork prepare, parent and child handlers.
         unsafe {

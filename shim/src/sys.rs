@@ -70,11 +70,17 @@ pub fn unix_ms() -> u64 {
         .saturating_add(ts.tv_nsec as u64 / 1_000_000)
 }
 
-/// The base name of this process's executable: the target of `/proc/self/exe` (without the
+/// The base name of this process's executable: the name it was executed as, remembered at
+/// load ([`remember_exec_name`]), else the target of `/proc/self/exe` (without the
 /// ` (deleted)` the kernel adds when the file was removed), else `/proc/self/comm` (the
-/// kernel's 15-byte name, which the program may have changed). `None` without `/proc` (a
-/// chroot). `buf` holds the link's text; the name returned is a part of it.
+/// kernel's 15-byte name, which the program may have changed). `None` without any (a chroot
+/// without `/proc`). The name returned is a part of `buf`.
 pub fn program_name(buf: &mut [u8; 4096]) -> Option<&[u8]> {
+    if let Some(n) = EXEC_NAME.get().filter(|n| n.len > 0) {
+        let len = usize::from(n.len);
+        buf[..len].copy_from_slice(&n.buf[..len]);
+        return buf.get(..len);
+    }
     let _e = ErrnoGuard::save();
     // SAFETY: a NUL-terminated path; buf is writable for its length.
     let n = unsafe {
@@ -502,6 +508,41 @@ pub unsafe fn unmap(p: *mut u8, len: usize) {
     unsafe { libc::munmap(p as *mut libc::c_void, len) };
 }
 
+/// The base name of the file this process's image was executed as (the kernel's
+/// `AT_EXECFN`: `redis-server`, not the `redis-check-rdb` it links to), read when the library
+/// loads — before the program can rewrite its argument and environment area, next to which
+/// the kernel keeps that string.
+struct ExecName {
+    buf: [u8; 255],
+    len: u8,
+}
+
+static EXEC_NAME: std::sync::OnceLock<ExecName> = std::sync::OnceLock::new();
+
+/// Remembers the name [`program_name`] gives first (constructor; no system call).
+pub fn remember_exec_name() {
+    // SAFETY: getauxval reads the auxiliary vector; AT_EXECFN, when present, points to the
+    // NUL-terminated path the kernel put on the initial stack, alive for the process's life.
+    let p = unsafe { libc::getauxval(libc::AT_EXECFN) } as *const c_char;
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: as above: a NUL-terminated string.
+    let path = unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes();
+    let base = path
+        .iter()
+        .rposition(|b| *b == b'/')
+        .map_or(path, |i| &path[i + 1..]);
+    let mut n = ExecName {
+        buf: [0; 255],
+        len: 0,
+    };
+    let len = base.len().min(n.buf.len());
+    n.buf[..len].copy_from_slice(&base[..len]);
+    n.len = len as u8;
+    let _ = EXEC_NAME.set(n);
+}
+
 /// Whether directory `path` (NUL-terminated) has any entry other than `.` and `..`.
 /// `None` if it cannot be opened (absent).
 pub fn dir_has_entries(path: &[u8]) -> Option<bool> {
@@ -683,11 +724,14 @@ mod tests {
     fn whose_process_this_is() {
         assert_eq!(getppid(), std::os::unix::process::parent_id());
         let exe = std::env::current_exe().unwrap();
+        // (cargo runs the test executable by its own path: the name it ran as is its file's)
+        remember_exec_name();
+        assert!(EXEC_NAME.get().is_some_and(|n| n.len > 0));
         let mut buf = [0u8; 4096];
         assert_eq!(
             program_name(&mut buf),
             Some(exe.file_name().unwrap().as_encoded_bytes()),
-            "the base name of /proc/self/exe"
+            "the base name the test ran as"
         );
         let before = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
