@@ -136,6 +136,16 @@ pub fn python() -> PathBuf {
         .expect("python3")
 }
 
+/// The names in `dir`, sorted.
+pub fn dir_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 /// A fresh directory for one test's stats files (removed on drop unless the test panicked).
 pub struct Scratch {
     pub dir: PathBuf,

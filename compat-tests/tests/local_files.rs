@@ -51,16 +51,6 @@ fn assert_link_to(link: &Path, target: &Path) {
     assert_eq!(std::fs::read_link(link).unwrap(), target);
 }
 
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn links_planted_at_the_temporary_and_log_names_are_not_followed() {
     let s = Scratch::new("files-links");
@@ -88,7 +78,7 @@ fn links_planted_at_the_temporary_and_log_names_are_not_followed() {
     );
     // Nothing left behind: no temporary file of any name.
     assert_eq!(
-        names(&s.dir),
+        dir_names(&s.dir),
         ["shim.log", "st.json", "st.json.tmp", "victim"]
     );
 }
@@ -104,7 +94,7 @@ fn a_link_or_a_foreign_file_at_the_stats_path_is_not_replaced() {
     assert_untouched(&v);
     assert_link_to(&stats, &v);
     assert_eq!(
-        names(&s.dir),
+        dir_names(&s.dir),
         ["st.json", "victim"],
         "no temporary file left"
     );
@@ -117,7 +107,7 @@ fn a_link_or_a_foreign_file_at_the_stats_path_is_not_replaced() {
     let out = run(shimmed_true(&stats, Some(&other)), T);
     assert!(out.status.success(), "{:?}", out);
     assert_untouched(&v);
-    assert_eq!(names(&s.dir), ["other", "st.json", "victim"]);
+    assert_eq!(dir_names(&s.dir), ["other", "st.json", "victim"]);
 }
 
 #[test]
@@ -134,13 +124,13 @@ fn a_directory_others_can_write_needs_the_sticky_bit() {
         T,
     );
     assert!(out.status.success(), "{:?}", out);
-    assert!(names(&open).is_empty(), "wrote into {}", open.display());
+    assert!(dir_names(&open).is_empty(), "wrote into {}", open.display());
     let out = run(
         shimmed_true(&sticky.join("st.json"), Some(&sticky.join("log"))),
         T,
     );
     assert!(out.status.success(), "{:?}", out);
-    assert_eq!(names(&sticky), ["log", "st.json"]);
+    assert_eq!(dir_names(&sticky), ["log", "st.json"]);
     let log = std::fs::read_to_string(sticky.join("log")).unwrap();
     assert!(log.contains("rdmashim["), "{log}");
     assert_eq!(
@@ -185,7 +175,7 @@ fn no_sigxfsz_from_the_shims_writes() {
     );
     // sh's own stats file (written before the limit) exists; `true`'s could not be written
     // (EFBIG), and no temporary file of it was left behind.
-    for n in names(&s.dir) {
+    for n in dir_names(&s.dir) {
         assert!(!n.contains(".tmp"), "left behind: {n}");
     }
 }

@@ -29,16 +29,6 @@ fn python_base_names() -> Vec<String> {
     vec![base(Path::new(&p)), base(&real)]
 }
 
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 /// A python that moves to `ARGV[1]`, makes one loopback connection, waits 100 ms, forks a
 /// child that makes its own connection and exits normally, waits for it, and prints
 /// `PARENT_PID CHILD_PID FORK_MS` (FORK_MS: the wall clock just before the fork).
@@ -91,9 +81,9 @@ fn a_relative_path_lands_where_the_program_started_and_says_whose_record_it_is()
 
     // Both records where the program started, none where it went.
     assert!(
-        names(&elsewhere).is_empty(),
+        dir_names(&elsewhere).is_empty(),
         "written after the chdir: {:?}",
-        names(&elsewhere)
+        dir_names(&elsewhere)
     );
     let mut want = vec![
         format!("rec.{parent}.json"),
@@ -101,7 +91,7 @@ fn a_relative_path_lands_where_the_program_started_and_says_whose_record_it_is()
         "elsewhere".to_string(),
     ];
     want.sort();
-    assert_eq!(names(&s.dir), want);
+    assert_eq!(dir_names(&s.dir), want);
     let p = Stats::load(&s.dir.join(format!("rec.{parent}.json")));
     let k = Stats::load(&s.dir.join(format!("rec.{child}.json")));
 
@@ -206,7 +196,7 @@ fn a_stats_file_that_cannot_be_written_is_reported_in_words() {
             refused.display()
         ),
     );
-    assert!(names(&open).is_empty(), "{:?}", names(&open));
+    assert!(dir_names(&open).is_empty(), "{:?}", dir_names(&open));
 }
 
 #[test]
