@@ -168,9 +168,6 @@ struct Reg {
     /// with.
     kin: u8,
     kin_flags: u32,
-    /// Deferred: the registration wants an eventfd the kernel's set does not hold yet (see the
-    /// module documentation, "Deferred registrations"); counted in its set's [`SetSpin::dirty`].
-    dirty: bool,
 }
 
 /// The kernel's set holds a registration's read eventfd.
@@ -244,8 +241,9 @@ pub struct Registry {
     /// Eventfds no registration wants that stay in their sets, by (epoll fd, fd)
     /// ([`Linger`]).
     linger: HashMap<(c_int, c_int), Linger>,
-    /// The dirty registrations, by (epoll fd, fd) (see the module documentation, "Deferred
-    /// registrations").
+    /// The dirty registrations, by (epoll fd, fd): deferred, each wants an eventfd the
+    /// kernel's set does not hold yet (see the module documentation, "Deferred
+    /// registrations"); counted by set in [`SetSpin::dirty`].
     dirty: HashSet<(c_int, c_int)>,
 }
 
@@ -369,11 +367,6 @@ impl Drop for Sleep {
     }
 }
 
-/// Whether set `epfd` is watched by other means than its own waits ([`observe_set`]).
-fn observed(epfd: c_int) -> bool {
-    set_spin(epfd).is_some_and(|s| s.observed.load(Ordering::SeqCst))
-}
-
 /// The dirty registrations of set `epfd` that are ready now, as the application's events
 /// (fd, events, data); those that are not get their eventfds in the kernel's set, so that the
 /// wait that follows learns of them (see the module documentation, "Deferred
@@ -393,7 +386,7 @@ pub fn user_events(epfd: c_int) -> Vec<(c_int, u32, u64)> {
         let Some(reg) = r.regs.get(&(epfd, fd)) else {
             continue;
         };
-        if !is(&reg.conn, &conn) || !reg.dirty {
+        if !is(&reg.conn, &conn) || !r.dirty.contains(&(epfd, fd)) {
             continue;
         }
         let b = b & (reg.events | EV_ERR | EV_HUP);
@@ -480,10 +473,10 @@ pub fn spin_gate(epfd: c_int) -> Option<&'static SpinGate> {
 }
 
 impl Registry {
-    /// Records the registration of `fd` in `epfd` (replacing any), counting it for the set.
-    fn put(&mut self, epfd: c_int, fd: c_int, reg: Reg) {
+    /// Records the registration of `fd` in `epfd` (replacing any), counting it for the set,
+    /// and whether it is `dirty`.
+    fn put(&mut self, epfd: c_int, fd: c_int, reg: Reg, dirty: bool) {
         let conn = reg.conn.clone();
-        let dirty = reg.dirty;
         match self.regs.insert((epfd, fd), reg) {
             None => {
                 if let Some(s) = set_spin(epfd) {
@@ -503,9 +496,7 @@ impl Registry {
             if let Some(s) = set_spin(epfd) {
                 s.conns.fetch_sub(1, Ordering::Relaxed);
             }
-            if o.dirty {
-                self.mark_dirty(epfd, fd, false);
-            }
+            self.mark_dirty(epfd, fd, false);
             self.unlist(epfd, &o.conn);
         }
         old
@@ -651,12 +642,12 @@ fn drop_lingers(r: &mut Registry, c: &Conn) {
 /// Dirty registration `(epfd, fd)` gets the eventfds it wants in the kernel's set (registry
 /// lock held; the connection's too, or the caller knows its eventfds are not retired).
 fn materialize(r: &mut Registry, epfd: c_int, fd: c_int) {
+    if !r.dirty.contains(&(epfd, fd)) {
+        return;
+    }
     let Some(reg) = r.regs.get_mut(&(epfd, fd)) else {
         return;
     };
-    if !reg.dirty {
-        return;
-    }
     let want = kin_for(reg.events, true);
     let (held, _) = kernel_efds(
         epfd,
@@ -669,7 +660,6 @@ fn materialize(r: &mut Registry, epfd: c_int, fd: c_int) {
     );
     reg.kin = held;
     reg.kin_flags = flags_of(reg.events);
-    reg.dirty = false;
     r.mark_dirty(epfd, fd, false);
 }
 
@@ -828,11 +818,12 @@ pub fn epoll_ctl(
                     sock,
                     kin,
                     kin_flags: flags_of(events),
-                    dirty,
                 },
+                dirty,
             );
-            if dirty && (sleeping_on(epfd) || observed(epfd)) {
-                // (a thread asleep on the set would not learn of it)
+            if dirty && (sleeping_on(epfd) || !can_defer(epfd)) {
+                // (a thread asleep on the set would not learn of it, nor would one that
+                // watches the set itself, if it began to meanwhile: `observe_set`)
                 materialize(&mut r, epfd, fd);
             }
             Ok(())
@@ -1304,9 +1295,7 @@ pub(crate) fn retire_efds(c: &Conn, g: &mut Inner) {
             }
             let _ = kernel_efds(epfd, fd, c, 0, 0, reg.kin, reg.kin_flags);
             reg.kin = 0;
-            if std::mem::take(&mut reg.dirty) {
-                undirtied.push((epfd, fd));
-            }
+            undirtied.push((epfd, fd));
             if !reg.sock && !reg.disarmed {
                 let added = net::epoll_ctl(
                     epfd,
