@@ -672,6 +672,28 @@ impl Conn {
             }
             return;
         }
+        self.begin_back(g);
+        self.write_resume(g);
+        let (switched, disconnected) = match &g.phase {
+            Phase::Linked(l) => (l.conn().switched_back(), l.is_disconnected()),
+            _ => return,
+        };
+        if !switched {
+            return;
+        }
+        self.writes_resumed(g);
+        if disconnected {
+            // A connection this side had not committed yet (the peer's switch back came
+            // first: a fork child that took it over) still went over the ring: counted as
+            // upgraded once, so that every switch back is one of the upgraded.
+            self.count_upgraded();
+            self.end_back(g, "");
+        }
+    }
+
+    /// A switch back begins (once): its eventfds leave the epoll sets, which get the socket
+    /// ([`ready::retire_efds`]).
+    fn begin_back(&self, g: &mut Inner) {
         if g.back == Back::None {
             g.back = Back::Switching;
             shim_log!(
@@ -683,33 +705,28 @@ impl Conn {
             );
             ready::retire_efds(self, g);
         }
-        self.write_resume(g);
-        let (switched, disconnected) = match &g.phase {
-            Phase::Linked(l) => (l.conn().switched_back(), l.is_disconnected()),
-            _ => return,
-        };
-        if !switched {
-            return;
-        }
+    }
+
+    /// The switch back's writes are the socket's again (once): EPOLLOUT comes back to it.
+    fn writes_resumed(&self, g: &mut Inner) {
         if g.back == Back::Switching {
             g.back = Back::Resumed;
             ready::unmask_out(self, g);
         }
-        if disconnected {
-            // A connection this side had not committed yet (the peer's switch back came
-            // first: a fork child that took it over) still went over the ring: counted as
-            // upgraded once, so that every switch back is one of the upgraded.
-            self.count_upgraded();
-            stats::count_switched_back();
-            shim_log!(
-                Level::Debug,
-                "{} {} -> {}: back on TCP",
-                side_name(self.side),
-                self.local,
-                self.peer
-            );
-            self.to_tcp(g);
-        }
+    }
+
+    /// The switch back is done: counted, logged (`why` after "back on TCP"), and the
+    /// connection is plain TCP from now on.
+    fn end_back(&self, g: &mut Inner, why: &str) {
+        stats::count_switched_back();
+        shim_log!(
+            Level::Debug,
+            "{} {} -> {}: back on TCP{why}",
+            side_name(self.side),
+            self.local,
+            self.peer
+        );
+        self.to_tcp(g);
     }
 
     /// The link failed after this side switched, and the ring carried nothing either way
@@ -719,22 +736,13 @@ impl Conn {
     /// side the bytes the peer wrote before it closed. (Not when this side's write side was
     /// shut on the ring only: its FIN would be missing from TCP.)
     fn resume_on_tcp(&self, g: &mut Inner) {
-        if g.back == Back::None {
-            g.back = Back::Switching;
-            ready::retire_efds(self, g);
-        }
-        g.back = Back::Resumed;
-        ready::unmask_out(self, g);
+        self.begin_back(g);
+        self.writes_resumed(g);
         g.committed = false;
-        stats::count_switched_back();
-        shim_log!(
-            Level::Debug,
-            "{} {} -> {}: back on TCP (the peer closed before its upgrade; nothing went over the ring)",
-            side_name(self.side),
-            self.local,
-            self.peer
+        self.end_back(
+            g,
+            " (the peer closed before its upgrade; nothing went over the ring)",
         );
-        self.to_tcp(g);
     }
 
     /// Writes what is due of the continuation ([`rdmashim_proto::Resume`]) through the
