@@ -517,6 +517,8 @@ pub struct Stats {
     pub upgraded: u64,
     /// Upgraded connections that went back to TCP (a switch back, protocol §8.5).
     pub switched_back: u64,
+    /// Upgraded connections whose ring path failed and that went on over TCP (protocol §8.6).
+    pub path_failed: u64,
     pub fallback: u64,
     pub reasons: BTreeMap<String, u64>,
     pub bytes: BTreeMap<String, u64>,
@@ -560,6 +562,9 @@ impl Stats {
             switched_back: conns["switched_back"]
                 .as_u64()
                 .expect("connections.switched_back"),
+            path_failed: conns["path_failed"]
+                .as_u64()
+                .expect("connections.path_failed"),
             fallback: conns["fallback"].as_u64().expect("connections.fallback"),
             reasons: map(&conns["fallback_reasons"], "fallback_reasons"),
             bytes: map(&v["bytes"], "bytes"),
@@ -670,10 +675,12 @@ impl Stats {
     /// One line for assertion messages: connections, reasons, bytes.
     pub fn summary(&self) -> String {
         format!(
-            "{} pid {}: upgraded {}, fallback {} {:?}, ring_tx {}, ring_rx {}, shm_tx {}, shm_rx {}, tcp_tx {}, tcp_rx {}",
+            "{} pid {}: upgraded {}, switched back {}, path failed {}, fallback {} {:?}, ring_tx {}, ring_rx {}, shm_tx {}, shm_rx {}, tcp_tx {}, tcp_rx {}",
             self.label,
             self.pid,
             self.upgraded,
+            self.switched_back,
+            self.path_failed,
             self.fallback,
             self.nonzero_reasons(),
             self.bytes("ring_tx"),
@@ -1325,6 +1332,43 @@ pub fn behave_switched_back(bin: &str, scenario: &str, rings: Rings) -> RoleStat
         "{scenario}: the client read little from TCP after the switch back: {}",
         c.summary()
     );
+    r
+}
+
+/// Over `rings`, the `duplex` scenario (both directions streaming at once, every byte
+/// checked) with the client's ring path failed on purpose at its `at`th ring read
+/// (`RDMASHIM_FAULT=path_fail:AT`): both sides count the connection upgraded and its path
+/// failed, nothing fell back, each moved bytes over the rings before the failure and read
+/// bytes from TCP after it. (A side may have read none of the peer's stream from its ring:
+/// the peer sends again whatever it has not credited.)
+pub fn behave_path_failed(bin: &str, rings: Rings, at: u32) -> RoleStats {
+    let shim = Side::Shim(Via::Preload);
+    let fault = format!("path_fail:{at}");
+    let r = behave_roles_env(
+        bin,
+        "duplex",
+        shim,
+        shim,
+        &rings.ip(),
+        None,
+        &[("RDMASHIM_FAULT", fault.as_str())],
+    );
+    for (role, st) in [("client", &r.client), ("server", &r.server)] {
+        let st = st.as_ref().expect("stats");
+        assert_eq!(st.connections(), 1, "{role}: {}", st.summary());
+        assert_eq!(st.upgraded(), 1, "{role}: {}", st.summary());
+        assert_eq!(st.path_failed, 1, "{role}: path failed: {}", st.summary());
+        let ring = rings.rx(st)
+            + st.bytes(match rings {
+                Rings::Rdma => "ring_tx",
+                Rings::Shm => "shm_tx",
+            });
+        assert!(
+            ring > 0 && st.bytes("tcp_rx") > 0,
+            "{role}: the rings, then TCP: {}",
+            st.summary()
+        );
+    }
     r
 }
 

@@ -632,11 +632,22 @@ impl Link {
 
     /// The QP or the CM failed: the core decides whether that matters (not after a clean end).
     fn transport_failed(&mut self, msg: String) {
-        let before = self.conn.error().is_some();
+        let before = self.conn.error().is_some() || self.conn.failed_over();
         self.conn.handle_transport_error();
-        if !before && self.conn.error().is_some() && self.failure.is_none() {
+        let after = self.conn.error().is_some() || self.conn.failed_over();
+        if !before && after && self.failure.is_none() {
             self.failure = Some(msg);
         }
+    }
+
+    /// The ring's path is to be taken as failed (`why` is kept as the failure's message): the
+    /// peer went on over TCP already (its bytes arrived on the socket while ours were on the
+    /// ring), or a test fails the path on purpose. The core fails over if both sides can
+    /// (protocol §8.6), else the connection fails as on any transport error.
+    pub fn fail_path(&mut self, why: &str) {
+        self.poll_cq();
+        self.transport_failed(why.to_owned());
+        self.act();
     }
 
     /// Performs the core's actions while the send queue has room; when it has none, polls the
@@ -701,6 +712,7 @@ impl Link {
         };
         let done = ep.outstanding() == 0
             || self.conn.error().is_some()
+            || self.conn.failed_over()
             || since.elapsed() >= self.close_timeout;
         if !done && !fenced && !ep.last_signaled() {
             let posted = self.conn.peer_ring().map(|r| ep.post_fence(&r).is_ok());

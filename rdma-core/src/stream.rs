@@ -406,7 +406,8 @@ impl Stream {
                     Recv::Eof => Some(Ok(())),
                     Recv::Error(r) => Some(Err(Failure::from(&self.link.error_for(r)))),
                     Recv::WouldBlock => None,
-                    Recv::Tcp { .. } => self
+                    // (a native stream never fails over to TCP: it has none)
+                    Recv::Tcp { .. } | Recv::TcpControl { .. } => self
                         .link
                         .conn()
                         .error()
@@ -507,8 +508,8 @@ impl Stream {
                 }
                 Recv::WouldBlock => false,
                 // No TCP behind a native stream: the peer's SwitchOver is still on its way,
-                // unless the connection failed before it came.
-                Recv::Tcp { .. } => match s.conn().error() {
+                // unless the connection failed before it came. (It never fails over: no TCP.)
+                Recv::Tcp { .. } | Recv::TcpControl { .. } => match s.conn().error() {
                     Some(r) => {
                         out = Some(Err(s.link.error_for(r)));
                         true

@@ -237,6 +237,7 @@ impl End {
                     moved = true;
                 }
                 Recv::WouldBlock => break,
+                Recv::TcpControl { .. } => panic!("{}: failed over to TCP", self.name),
                 Recv::Eof => panic!("{}: EOF after {} bytes", self.name, self.received),
                 Recv::Error(r) => panic!("{}: {}", self.name, self.link.error_for(r)),
             }

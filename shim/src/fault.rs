@@ -4,7 +4,10 @@
 //! knob: the failure policy — docs/shim.md, "When the shim itself fails" — is checked by
 //! making the shim fail): `ring_recv` (a data call that reads an upgraded connection's ring,
 //! on the program's thread) or `engine_link` (the engine thread
-//! putting a client's connection onto its new ring). Unset, a point costs one relaxed load.
+//! putting a client's connection onto its new ring). One point fails something else than the
+//! shim: `path_fail` fails the ring path of the connection that a data call reads from the
+//! ring for the `N`th time (as a dead link or a removed device would), to check that the
+//! stream goes on over TCP (protocol §8.6). Unset, a point costs one relaxed load.
 //!
 //! The panic hook: a panic inside the shim is caught (a hook's `catch_unwind`, a thread's)
 //! and reported by the shim's own log line. Rust's default hook would print its message and a
@@ -35,14 +38,23 @@ pub fn arm(f: Option<Fault>) {
 /// Passes `p`: panics if it is the armed point and its turn came.
 #[inline]
 pub fn pass(p: Point) {
+    if fires(p) {
+        panic!("RDMASHIM_FAULT: {} (a failure on purpose)", p.name());
+    }
+}
+
+/// Passes `p`: whether it is the armed point and its turn came (once).
+#[inline]
+pub fn fires(p: Point) -> bool {
     let armed = ARMED.load(Relaxed);
     if armed == 0 || Point::ALL.get(armed as usize - 1).map(|x| x.0) != Some(p) {
-        return;
+        return false;
     }
     if LEFT.fetch_sub(1, Relaxed) == 1 {
         ARMED.store(0, Relaxed);
-        panic!("RDMASHIM_FAULT: {} (a failure on purpose)", p.name());
+        return true;
     }
+    false
 }
 
 /// The last panic's message and place (empty if none was noted).

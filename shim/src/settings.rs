@@ -223,7 +223,7 @@ impl Config {
             c.fault = Fault::parse(&v);
             if c.fault.is_none() {
                 c.warnings.push(format!(
-                    "{ENV_FAULT}={v}: not POINT:N (ring_recv or engine_link, N >= 1); no fault"
+                    "{ENV_FAULT}={v}: not POINT:N (ring_recv, engine_link or path_fail, N >= 1); no fault"
                 ));
             }
         }
@@ -274,12 +274,15 @@ pub fn absolute_pattern(dir: &[u8], pattern: &[u8]) -> Vec<u8> {
 pub enum Point {
     RingRecv,
     EngineLink,
+    /// Not a panic: the connection's ring path is failed on purpose (protocol §8.6).
+    PathFail,
 }
 
 impl Point {
-    pub const ALL: [(Point, &'static str); 2] = [
+    pub const ALL: [(Point, &'static str); 3] = [
         (Point::RingRecv, "ring_recv"),
         (Point::EngineLink, "engine_link"),
+        (Point::PathFail, "path_fail"),
     ];
 
     pub fn name(self) -> &'static str {

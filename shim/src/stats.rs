@@ -11,7 +11,7 @@
 //!
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
 //! `{"pid":N,"ppid":N,"program":"<name>"|null,"version":"<crate version>","started_unix_ms":N,
-//! "ended_unix_ms":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"fallback":N,
+//! "ended_unix_ms":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"path_failed":N,"fallback":N,
 //! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N,"shm_tx":N,"shm_rx":N},
 //! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N},
 //! "security":{"unproven_requests":N},"fds":{"missed_closes":N}}`
@@ -125,6 +125,7 @@ impl Shard {
 static SHARD_ARR: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
 static UPGRADED: AtomicU64 = AtomicU64::new(0);
 static SWITCHED_BACK: AtomicU64 = AtomicU64::new(0);
+static PATH_FAILED: AtomicU64 = AtomicU64::new(0);
 static FALLBACK: AtomicU64 = AtomicU64::new(0);
 static REASONS: [AtomicU64; FallbackReason::COUNT] =
     [const { AtomicU64::new(0) }; FallbackReason::COUNT];
@@ -244,6 +245,12 @@ pub fn count_switched_back() {
     SWITCHED_BACK.fetch_add(1, Relaxed);
 }
 
+/// Counts one upgraded connection whose ring path failed and that went on over TCP
+/// (protocol §8.6).
+pub fn count_path_failed() {
+    PATH_FAILED.fetch_add(1, Relaxed);
+}
+
 /// Counts one rejected request that could not prove the binding.
 pub fn count_unproven_request() {
     UNPROVEN_REQUESTS.fetch_add(1, Relaxed);
@@ -277,6 +284,7 @@ pub fn reset() {
     }
     UPGRADED.store(0, Relaxed);
     SWITCHED_BACK.store(0, Relaxed);
+    PATH_FAILED.store(0, Relaxed);
     FALLBACK.store(0, Relaxed);
     REASONS.iter().for_each(|c| c.store(0, Relaxed));
     LOG_DROPPED.store(0, Relaxed);
@@ -336,6 +344,7 @@ pub struct Snapshot {
     pub calls: [u64; Hook::COUNT],
     pub upgraded: u64,
     pub switched_back: u64,
+    pub path_failed: u64,
     pub fallback: u64,
     pub reasons: [u64; FallbackReason::COUNT],
     pub bytes: [u64; BYTES],
@@ -357,6 +366,7 @@ impl Snapshot {
             calls: [0; Hook::COUNT],
             upgraded: 0,
             switched_back: 0,
+            path_failed: 0,
             fallback: 0,
             reasons: [0; FallbackReason::COUNT],
             bytes: [0; BYTES],
@@ -385,6 +395,7 @@ impl Snapshot {
         }
         s.upgraded = UPGRADED.load(Relaxed);
         s.switched_back = SWITCHED_BACK.load(Relaxed);
+        s.path_failed = PATH_FAILED.load(Relaxed);
         s.fallback = FALLBACK.load(Relaxed);
         for (d, c) in s.reasons.iter_mut().zip(REASONS.iter()) {
             *d = c.load(Relaxed);
@@ -419,8 +430,8 @@ impl Snapshot {
         write_pairs(w, Hook::ALL.iter().map(|h| (h.name(), self.calls_of(*h))))?;
         write!(
             w,
-            "}},\"connections\":{{\"upgraded\":{},\"switched_back\":{},\"fallback\":{},\"fallback_reasons\":{{",
-            self.upgraded, self.switched_back, self.fallback
+            "}},\"connections\":{{\"upgraded\":{},\"switched_back\":{},\"path_failed\":{},\"fallback\":{},\"fallback_reasons\":{{",
+            self.upgraded, self.switched_back, self.path_failed, self.fallback
         )?;
         write_pairs(
             w,
@@ -485,7 +496,7 @@ fn write_pairs<W: Write>(
 /// Upper bound of the JSON size, for the fixed buffer the writer uses: the counters, and who
 /// the record is of (each byte of the name at most 6 characters escaped, `\u00XX`).
 pub const JSON_MAX: usize = 64
-    + (Hook::COUNT + FallbackReason::COUNT + 9) * (24 + 21)
+    + (Hook::COUNT + FallbackReason::COUNT + 10) * (24 + 21)
     + 160
     + (128 + PROGRAM_MAX * 6 + VERSION.len());
 
@@ -609,6 +620,7 @@ mod tests {
         s.unproven_requests = u64::MAX;
         s.missed_closes = u64::MAX;
         s.switched_back = u64::MAX;
+        s.path_failed = u64::MAX;
         s.ppid = u32::MAX;
         s.started_unix_ms = u64::MAX;
         s.ended_unix_ms = u64::MAX;

@@ -1292,6 +1292,91 @@ mod peer_death {
 
 /// The plainest exchange, both ways: the client sends 16 blocks of 64 KiB, the server echoes
 /// each back, then each side half-closes and sees the other's EOF.
+/// Both directions stream at once: each side writes 24 MiB in chunks of random sizes from a
+/// thread of its own while it reads the peer's with reads of random sizes, checks every
+/// byte, then shuts its writing down and reads to EOF. A stream whose ring path fails midway
+/// (`RDMASHIM_FAULT=path_fail:N`) must come through whole, in order, as on TCP.
+mod duplex {
+    use super::*;
+
+    const LEN: u64 = 24 << 20;
+
+    fn byte_at(i: u64, seed: u8) -> u8 {
+        ((i as u32).wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i >> 17) as u8 ^ seed
+    }
+
+    /// A small generator for chunk and read sizes (1 B to 64 KiB, most of them small).
+    fn sizes(mut x: u64) -> impl FnMut() -> usize {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let max = [16usize, 1500, 9000, 65536][(x >> 60) as usize % 4];
+            1 + (x as usize % max)
+        }
+    }
+
+    fn run(s: TcpStream, out_seed: u8, in_seed: u8) {
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut next = sizes(0x9e37_79b9 ^ u64::from(out_seed));
+            let mut buf = vec![0u8; 65536];
+            let mut at = 0u64;
+            while at < LEN {
+                let n = next().min((LEN - at) as usize);
+                for (k, b) in buf[..n].iter_mut().enumerate() {
+                    *b = byte_at(at + k as u64, out_seed);
+                }
+                w.write_all(&buf[..n]).unwrap();
+                at += n as u64;
+            }
+            w.shutdown(Shutdown::Write).unwrap();
+        });
+        let mut r = s;
+        let mut next = sizes(0x51ed_270b ^ u64::from(in_seed));
+        let mut buf = vec![0u8; 65536];
+        let mut at = 0u64;
+        // (a test that breaks the path for real: once 4 MiB are in, the reader says so in
+        // that directory's `half` and waits for its `go`, while the writers fill the window)
+        let mut pause = std::env::var_os("BEHAVE_DUPLEX_PAUSE").map(std::path::PathBuf::from);
+        loop {
+            if at >= 4 << 20 {
+                if let Some(dir) = pause.take() {
+                    std::fs::write(dir.join("half"), b"").unwrap();
+                    let until = Instant::now() + Duration::from_secs(60);
+                    while !dir.join("go").exists() && Instant::now() < until {
+                        sleep_ms(20);
+                    }
+                }
+            }
+            let want = next();
+            let n = r.read(&mut buf[..want]).expect("read");
+            if n == 0 {
+                break;
+            }
+            for (k, &b) in buf[..n].iter().enumerate() {
+                let i = at + k as u64;
+                assert!(
+                    b == byte_at(i, in_seed),
+                    "byte {i} of the peer's stream is wrong"
+                );
+            }
+            at += n as u64;
+        }
+        assert_eq!(at, LEN, "the peer's stream ended early");
+        writer.join().unwrap();
+    }
+
+    pub fn server(s: TcpStream) {
+        run(s, 0x5a, 0xc3);
+    }
+
+    pub fn client(addr: SocketAddr) {
+        run(TcpStream::connect(addr).unwrap(), 0xc3, 0x5a);
+    }
+}
+
 mod echo {
     use super::*;
 
@@ -3191,6 +3276,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("sendfile", sendfile::server, sendfile::client),
     ("peer_death", peer_death::server, peer_death::client),
     ("echo", echo::server, echo::client),
+    ("duplex", duplex::server, duplex::client),
     ("wait_signal", wait_signal::server, wait_signal::client),
     ("restart", restart::server, restart::client),
     ("epoll_data", epoll_data::server, epoll_data::client),

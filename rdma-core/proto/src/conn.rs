@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::binding::{BindingKey, Proof, Tag};
 use crate::control::ControlMsg;
 use crate::credit::{CreditPolicy, RxSlots, TxSlots};
+use crate::failover::{Incoming, Next, Record, RECORD_LEN};
 use crate::handshake::{AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RingDesc};
 use crate::imm::Imm;
 use crate::ring::{RxCursors, TxCursors};
@@ -241,6 +242,14 @@ pub enum Recv {
         /// Readable bytes (contiguous thanks to the double mapping).
         len: usize,
     },
+    /// The next TCP bytes are the shim's, not the application's (after a path failure, the
+    /// peer's failover record and the part of its continuation already read from the ring,
+    /// §8.6): read at most `len` into a buffer of the shim's and hand them to
+    /// [`Connection::tcp_control`]. Wait on the socket as for [`Recv::Tcp`].
+    TcpControl {
+        /// Most bytes to read.
+        len: u64,
+    },
     /// Nothing now (EAGAIN).
     WouldBlock,
     /// End of stream (read returns 0).
@@ -308,6 +317,8 @@ pub struct Stats {
     pub control_sent: u64,
     /// Messages received.
     pub messages_received: u64,
+    /// The ring's path failed and the stream went on over TCP (0 or 1).
+    pub failovers: u64,
 }
 
 /// Why [`Connection::switch_back`] cannot return the connection to TCP.
@@ -341,6 +352,14 @@ impl std::error::Error for SwitchBackError {}
 /// back is agreed ([`Connection::resume_due`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resume {
+    /// First, after a path failure: the failover record's last `len` bytes (`bytes[24 -
+    /// len..]`); report with [`Connection::resumed_record`].
+    Record {
+        /// The whole record.
+        bytes: [u8; RECORD_LEN],
+        /// Bytes of it still to write.
+        len: usize,
+    },
     /// The staged stream bytes `[cursor, cursor + len)` (index the staging area with the
     /// cursor, as for [`Action::WriteData`]); report with [`Connection::resumed`].
     Write {
@@ -376,6 +395,9 @@ struct Back {
     resume_at: u64,
     resume_end: u64,
     resume_shut: bool,
+    /// After a path failure (§8.6): the record that goes first, and how much of it is left.
+    record: [u8; RECORD_LEN],
+    record_left: usize,
 }
 
 impl Back {
@@ -393,6 +415,8 @@ impl Back {
             resume_at: 0,
             resume_end: 0,
             resume_shut: false,
+            record: [0; RECORD_LEN],
+            record_left: 0,
         }
     }
 }
@@ -461,6 +485,12 @@ pub struct Connection {
     own_switch_back: bool,
     /// The switch back to TCP, once started (by us or by the peer).
     back: Option<Back>,
+    /// Both sides announced [`Flags::FAILOVER`].
+    failover: bool,
+    /// Our SwitchOver was the peer's `n`th message (slots spent when it was posted).
+    switch_seq: Option<u64>,
+    /// After a path failure: the peer's stream on TCP, until it is plain (§8.6).
+    incoming: Option<Incoming>,
     stats: Stats,
 }
 
@@ -515,6 +545,9 @@ impl Connection {
             peer_switch_back: false,
             own_switch_back: false,
             back: None,
+            failover: false,
+            switch_seq: None,
+            incoming: None,
             stats: Stats::default(),
         })
     }
@@ -555,7 +588,9 @@ impl Connection {
             // (a bound request comes from a shim, which follows a redirect to a fork child)
             Proof::Bound { key, tuple } => (
                 ConnectRequest {
-                    flags: Flags::SWITCH_BACK.with(Flags::REDIRECT),
+                    flags: Flags::SWITCH_BACK
+                        .with(Flags::REDIRECT)
+                        .with(Flags::FAILOVER),
                     ..request
                 }
                 .bound(key, tuple),
@@ -592,6 +627,7 @@ impl Connection {
         };
         let mut conn = Self::new(cfg, Side::Server, local, request.nonce, life, tcp_received)?;
         conn.peer_switch_back = request.flags.contains(Flags::SWITCH_BACK);
+        let peer_failover = request.flags.contains(Flags::FAILOVER);
         conn.peer = Some(Peer {
             ring: request.ring,
             tx: TxCursors::new(request.ring.size),
@@ -610,12 +646,13 @@ impl Connection {
                 ..reply
             },
             Proof::Bound { key, .. } => AcceptReply {
-                flags: Flags::SWITCH_BACK,
+                flags: Flags::SWITCH_BACK.with(Flags::FAILOVER),
                 ..reply
             }
             .bound(key, &request.tag),
         };
         conn.own_switch_back = reply.flags.contains(Flags::SWITCH_BACK);
+        conn.failover = peer_failover && reply.flags.contains(Flags::FAILOVER);
         Ok((conn, reply))
     }
 
@@ -652,6 +689,9 @@ impl Connection {
             slots: TxSlots::new(reply.recv_slots),
         });
         self.peer_switch_back = key.is_some() && reply.flags.contains(Flags::SWITCH_BACK);
+        self.failover = key.is_some()
+            && request.flags.contains(Flags::FAILOVER)
+            && reply.flags.contains(Flags::FAILOVER);
         self.life = Life::Established;
         Ok(())
     }
@@ -897,6 +937,16 @@ impl Connection {
     /// The connection went back to TCP and the continuation is written: from now on it is a
     /// plain TCP connection (the ring stays only for bytes nobody will read).
     pub fn switched_back(&self) -> bool {
+        self.back.is_some()
+            && self.life == Life::Closed
+            && self.resume_due().is_none()
+            && (self.local_read_shut || self.incoming.is_none_or(|i| i.done()))
+    }
+
+    /// Our direction is plain TCP again: the switch back (or failover) is agreed and its
+    /// continuation written. (The peer's may still be ahead of the application's reads: see
+    /// [`Self::switched_back`].)
+    pub fn writes_resumed(&self) -> bool {
         self.back.is_some() && self.life == Life::Closed && self.resume_due().is_none()
     }
 
@@ -907,7 +957,12 @@ impl Connection {
         if self.life != Life::Closed {
             return None;
         }
-        if b.resume_at < b.resume_end {
+        if b.record_left > 0 {
+            Some(Resume::Record {
+                bytes: b.record,
+                len: b.record_left,
+            })
+        } else if b.resume_at < b.resume_end {
             Some(Resume::Write {
                 cursor: b.resume_at,
                 len: b.resume_end - b.resume_at,
@@ -916,6 +971,13 @@ impl Connection {
             Some(Resume::ShutdownWrite)
         } else {
             None
+        }
+    }
+
+    /// `n` bytes of a [`Resume::Record`] went to the socket.
+    pub fn resumed_record(&mut self, n: usize) {
+        if let Some(b) = self.back.as_mut() {
+            b.record_left = b.record_left.saturating_sub(n);
         }
     }
 
@@ -954,6 +1016,12 @@ impl Connection {
         }
         if self.local_read_shut {
             return Recv::Eof;
+        }
+        if let Some(i) = self.incoming.filter(|i| !i.done()) {
+            return match i.next() {
+                Next::App(limit) => Recv::Tcp { limit },
+                Next::Control(len) => Recv::TcpControl { len },
+            };
         }
         if let (Some(b), Life::Established) = (self.back, self.life) {
             // Stopped: what the peer sent on TCP before its switch, then its continuation, all
@@ -1014,6 +1082,10 @@ impl Connection {
     /// The shim read `n` bytes from the TCP socket (before the upgrade, or while draining up
     /// to the peer's SwitchOver count).
     pub fn note_tcp_read(&mut self, n: u64) -> Result<(), ErrorReason> {
+        if let Some(i) = self.incoming.as_mut().filter(|i| !i.done()) {
+            i.on_app_read(n);
+            return Ok(());
+        }
         if let (Some(b), Life::Established) = (self.back.as_mut(), self.life) {
             // Stopped: the peer's pre-switch bytes go through the state machine, what follows
             // them is its continuation.
@@ -1042,6 +1114,20 @@ impl Connection {
             }
             Err(_) if matches!(self.life, Life::Failed(_) | Life::Closed) => Ok(()),
             Err(v) => Err(self.fail(ErrorReason::Protocol(v))),
+        }
+    }
+
+    /// The shim read `bytes` from the TCP socket for [`Recv::TcpControl`] (at most its `len`):
+    /// the peer's failover record, or continuation bytes we had read from the ring already.
+    /// `Err` means the connection has just failed: the record or the continuation was not
+    /// what it must be.
+    pub fn tcp_control(&mut self, bytes: &[u8]) -> Result<(), ErrorReason> {
+        let Some(i) = self.incoming.as_mut().filter(|i| !i.done()) else {
+            return self.error().map_or(Ok(()), Err);
+        };
+        match i.on_control(bytes) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(ErrorReason::Protocol(Violation::Failover(e)))),
         }
     }
 
@@ -1144,6 +1230,9 @@ impl Connection {
                                 .on(RxEvent::SwitchOver { tcp_bytes_sent })
                                 .map_err(v)?,
                         };
+                        // Credit it at once (it owes a slot): the peer knows then that we
+                        // expect its stream on the ring, which it must to fail over (§8.6).
+                        self.peer_wants_credit |= self.failover;
                     }
                     ControlMsg::ShutdownWrite { ring_bytes } => {
                         self.check_fin_cursor(ring_bytes)?;
@@ -1223,6 +1312,9 @@ impl Connection {
     /// completion first: a peer that closed cleanly is then already seen as closed, and this
     /// call changes nothing.
     pub fn handle_transport_error(&mut self) {
+        if self.fail_over() {
+            return;
+        }
         if let (Some(b), Life::Established) = (self.back, self.life) {
             if b.peer_read.is_none()
                 && b.cont_read == 0
@@ -1248,6 +1340,12 @@ impl Connection {
     /// our further writes fail with EPIPE). If it switched but the ring did not end, it
     /// vanished ([`ErrorReason::PeerVanished`]). During the handshake, the upgrade is abandoned.
     pub fn handle_tcp_eof(&mut self) -> Result<(), ErrorReason> {
+        if let Some(i) = self.incoming.filter(|i| !i.done() && !self.local_read_shut) {
+            return match i.on_eof() {
+                Ok(()) => Ok(()),
+                Err(r) => Err(self.fail(r)),
+            };
+        }
         if let (Some(b), Life::Established) = (self.back.as_mut(), self.life) {
             // Switching back: the EOF ends the peer's TCP stream, continuation included; reads
             // report it once that is certain ([`Self::recv`]). Our own continuation still
@@ -1328,6 +1426,7 @@ impl Connection {
                 return None;
             }
             peer.slots.take();
+            self.switch_seq = Some(peer.slots.spent());
             self.switch_pending = None;
             self.switch_posted = true;
             self.stats.control_sent += 1;
@@ -1518,6 +1617,72 @@ impl Connection {
         self.enter_closed();
     }
 
+    /// The queue pair failed: if both sides can, the stream goes on over TCP (§8.6) and this
+    /// returns `true`. Our continuation starts at the peer's last credit (`acked`), after a
+    /// record that says so, at the TCP offset our SwitchOver declared; we read the peer's
+    /// after its pre-switch bytes and its record, dropping what we read from the ring already.
+    ///
+    /// Only when each side knows the other expects a record: our SwitchOver was received
+    /// (the peer credited up to it: it credits a SwitchOver at once) and the peer's arrived.
+    /// Otherwise the peer might read our record as data, and the connection fails as before
+    /// (ECONNRESET) — in practice only within a round trip of the upgrade. Not after our
+    /// `close()` with unread data (the RST is the stream's end), nor while switching back.
+    fn fail_over(&mut self) -> bool {
+        let Some(peer) = self.peer.as_ref() else {
+            return false;
+        };
+        let confirmed =
+            self.switch_seq.is_some_and(|n| peer.slots.returned() >= n) || peer.tx.acked() > 0;
+        let pre = match self.rx_state {
+            RxState::Tcp { .. } => return false,
+            RxState::Ring => 0,
+            RxState::Draining { remaining } => remaining,
+            RxState::Finished { tcp_remaining, .. } => tcp_remaining,
+        };
+        let tx_ok = match self.tx_state {
+            TxState::Ring
+            | TxState::Finishing(Fin::Shutdown)
+            | TxState::Finished(Fin::Shutdown) => true,
+            TxState::Finishing(Fin::Close { reset }) => !reset,
+            TxState::Tcp | TxState::Finished(Fin::Close { .. }) => false,
+        };
+        if !self.failover
+            || self.life != Life::Established
+            || self.back.is_some()
+            || !confirmed
+            || !tx_ok
+        {
+            return false;
+        }
+        let from = peer.tx.acked();
+        self.incoming = Some(Incoming::new(
+            pre,
+            self.rx.tail(),
+            self.rx.size().bytes(),
+            self.nonce,
+        ));
+        let mut b = Back::new(self.rx.tail(), &mut self.switch_pending);
+        b.posted = true;
+        b.peer_read = Some(from);
+        b.record = Record { resume_from: from }.encode(self.nonce);
+        b.record_left = RECORD_LEN;
+        self.stats.failovers = 1;
+        self.finish_back(b, from);
+        true
+    }
+
+    /// Both sides announced [`Flags::FAILOVER`]: should the ring's path fail, the stream goes
+    /// on over TCP (§8.6). Bytes on the socket while the peer's stream is on the ring are
+    /// then its continuation: the path failed on its side (see `Link::fail_path`).
+    pub fn fails_over(&self) -> bool {
+        self.failover
+    }
+
+    /// The ring's path failed and the stream went on (or goes on) over TCP (§8.6).
+    pub fn failed_over(&self) -> bool {
+        self.stats.failovers > 0
+    }
+
     fn life_name(&self) -> &'static str {
         match self.life {
             Life::Connecting { .. } => "Connecting",
@@ -1622,8 +1787,9 @@ impl Connection {
             let recv = self.recv();
             return Readiness {
                 readable: matches!(recv, Recv::Eof),
-                read_via_tcp: matches!(recv, Recv::Tcp { .. }),
-                write_via_tcp: self.life == Life::Established && self.tx_state == TxState::Tcp,
+                read_via_tcp: matches!(recv, Recv::Tcp { .. } | Recv::TcpControl { .. }),
+                write_via_tcp: (self.life == Life::Established && self.tx_state == TxState::Tcp)
+                    || self.writes_resumed(),
                 ..Readiness::default()
             };
         }

@@ -63,6 +63,11 @@ impl CreditPolicy {
 pub struct TxSlots {
     avail: u32,
     total: u32,
+    /// Messages sent so far (slots taken), and slots the peer returned so far: a peer that
+    /// returned `k` slots has received our first `k` messages (it returns only slots of
+    /// messages it consumed, and RC delivers in order).
+    spent: u64,
+    returned: u64,
 }
 
 impl TxSlots {
@@ -71,6 +76,8 @@ impl TxSlots {
         TxSlots {
             avail: u32::from(total),
             total: u32::from(total),
+            spent: 0,
+            returned: 0,
         }
     }
 
@@ -95,6 +102,17 @@ impl TxSlots {
     /// If none is left (a bug in this crate's callers of `can_post_*`).
     pub fn take(&mut self) {
         self.avail = self.avail.checked_sub(1).expect("no receive slot left");
+        self.spent += 1;
+    }
+
+    /// Messages sent so far.
+    pub fn spent(&self) -> u64 {
+        self.spent
+    }
+
+    /// Slots the peer returned so far.
+    pub fn returned(&self) -> u64 {
+        self.returned
     }
 
     /// The peer returned `n` slots.
@@ -104,6 +122,7 @@ impl TxSlots {
             return Err(Violation::SlotCreditOverflow);
         }
         self.avail = next;
+        self.returned += u64::from(n);
         Ok(())
     }
 }

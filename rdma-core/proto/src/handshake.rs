@@ -69,6 +69,9 @@ impl Flags {
     /// named port once (protocol 2.4). A server redirects only a request that set it, so an
     /// older client never receives a rejection it cannot decode.
     pub const REDIRECT: Flags = Flags(0x0200);
+    /// May ignore: the sender goes on over TCP when the ring's path fails, and reads the
+    /// peer's continuation there (protocol §8.6). A side fails over only if both set it.
+    pub const FAILOVER: Flags = Flags(0x0400);
 
     /// No flag set.
     pub const fn empty() -> Self {

@@ -17,6 +17,7 @@ pub mod conn;
 pub mod control;
 pub mod credit;
 pub mod error;
+pub mod failover;
 pub mod handshake;
 pub mod imm;
 pub mod ring;
@@ -32,6 +33,7 @@ pub use conn::{
 pub use control::{ControlBytes, ControlMsg, MAX_CONTROL_LEN};
 pub use credit::CreditPolicy;
 pub use error::DecodeError;
+pub use failover::{FailoverError, Record, RECORD_LEN};
 pub use handshake::{
     AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RejectReason, RingDesc,
 };

@@ -264,6 +264,8 @@ pub enum Violation {
     UnannouncedSwitchBack,
     /// A ring Close after the peer began its continuation on TCP.
     CloseAfterSwitchBack,
+    /// The peer's continuation on TCP after a path failure (§8.6) was not what it must be.
+    Failover(crate::failover::FailoverError),
 }
 
 impl fmt::Display for Violation {
@@ -316,6 +318,7 @@ impl fmt::Display for Violation {
             Violation::CloseAfterSwitchBack => {
                 write!(f, "Close after the continuation began on TCP")
             }
+            Violation::Failover(e) => write!(f, "{e}"),
         }
     }
 }

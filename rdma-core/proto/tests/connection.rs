@@ -62,8 +62,8 @@ fn open(log2: u8, slots: u16, cfg: Config) -> (Connection, Connection) {
     let (mut a, mut b) = established(log2, slots, cfg);
     a.commit_switch(0).unwrap();
     b.commit_switch(0).unwrap();
-    flow(&mut a, &mut b).unwrap();
-    flow(&mut b, &mut a).unwrap();
+    // (each SwitchOver is credited at once: the pair is quiet after a round trip more)
+    settle(&mut a, &mut b);
     assert_eq!(a.state(), StreamState::Open);
     assert_eq!(b.state(), StreamState::Open);
     (a, b)
@@ -663,8 +663,10 @@ fn ignorable_control_uses_a_slot() {
     })
     .unwrap();
     assert_eq!(b.state(), StreamState::Open);
-    assert_eq!(b.stats().messages_received, 2);
-    // SwitchOver + the ignored message: two owed slots reach the threshold.
+    // A's SwitchOver, A's credit of B's SwitchOver, and the ignored message.
+    assert_eq!(b.stats().messages_received, 3);
+    // The SwitchOver's slot went back at once; the credit's and the ignored message's reach
+    // the threshold (2 of 4).
     assert_eq!(
         b.poll_action(),
         Some(Action::WriteCredit {
@@ -851,10 +853,15 @@ fn peer_death() {
     assert_eq!(b.handle_tcp_eof(), Err(ErrorReason::PeerVanished));
     assert_eq!(b.recv(), Recv::Error(ErrorReason::PeerVanished));
 
-    // A queue-pair failure mid-stream.
-    let (_a, mut b) = open(12, 8, Config::default());
+    // A queue-pair failure right after the switch, before the peer credited our SwitchOver:
+    // the peer may not expect our stream on the ring, so no failover (§8.6).
+    let (mut a, mut b) = established(12, 8, Config::default());
+    a.commit_switch(0).unwrap();
+    b.commit_switch(0).unwrap();
+    flow(&mut a, &mut b).unwrap();
     b.handle_transport_error();
     assert_eq!(b.error(), Some(ErrorReason::Transport));
+    assert!(!b.failed_over());
     assert_eq!(teardowns(&mut b), 1);
 
     // A TCP reset, even after a clean teardown (reads fail after an RST).
@@ -868,6 +875,122 @@ fn peer_death() {
     assert_eq!(a.error(), Some(ErrorReason::Reset));
     assert_eq!(teardowns(&mut a), 1, "one Teardown in total");
     assert_eq!(teardowns(&mut a), 0);
+}
+
+/// A queue-pair failure mid-stream (§8.6): the stream goes on over TCP. Each side writes its
+/// record and its continuation from the peer's last credit, and reads the peer's pre-switch
+/// bytes, record and continuation, dropping what it read from the ring already.
+#[test]
+fn path_failure_goes_on_over_tcp() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    // 3000 bytes each way; B reads 1000 of A's, A reads all of B's; credits are lazy (a
+    // quarter ring), so the peers' acked cursors stay behind.
+    assert_eq!(a.send(3000).unwrap().len, 3000);
+    assert_eq!(b.send(3000).unwrap().len, 3000);
+    settle(&mut a, &mut b);
+    b.consume(1000).unwrap();
+    a.consume(3000).unwrap();
+    settle(&mut a, &mut b);
+    let a_acked = a.tx_cursors().unwrap().acked();
+    let b_acked = b.tx_cursors().unwrap().acked();
+    assert!(a_acked <= 1000 && b_acked <= 3000);
+
+    a.handle_transport_error();
+    assert!(a.failed_over());
+    assert_eq!(a.error(), None);
+    assert_eq!(a.state(), StreamState::Closed);
+    assert_eq!(teardowns(&mut a), 1);
+    // Our continuation: the record, then the staged bytes from the peer's last credit.
+    let Some(Resume::Record { bytes, len: 24 }) = a.resume_due() else {
+        panic!("{:?}", a.resume_due());
+    };
+    assert_eq!(
+        Record::decode(&bytes, a.nonce()),
+        Ok(Record {
+            resume_from: a_acked
+        })
+    );
+    assert_eq!(a.send(1), Err(SendError::WouldBlock));
+    a.resumed_record(24);
+    assert_eq!(
+        a.resume_due(),
+        Some(Resume::Write {
+            cursor: a_acked,
+            len: 3000 - a_acked
+        })
+    );
+    a.resumed(3000 - a_acked);
+    assert_eq!(a.resume_due(), None);
+    assert_eq!(a.send(5), Err(SendError::ViaTcp));
+    // The peer's stream: the record first (the shim's), then what we had not read.
+    assert_eq!(a.recv(), Recv::TcpControl { len: 24 });
+    assert!(a.readiness().read_via_tcp);
+    assert!(!a.switched_back());
+
+    // B learns of it later (its own failed work request, the CM, or A's bytes on TCP).
+    b.handle_transport_error();
+    assert!(b.failed_over());
+    let Some(Resume::Record { bytes: b_rec, .. }) = b.resume_due() else {
+        panic!()
+    };
+    b.resumed_record(24);
+    b.resumed(3000 - b_acked);
+    // A reads B's record (in two pieces) and drops the 3000 − b_acked bytes it had.
+    a.tcp_control(&b_rec[..10]).unwrap();
+    assert_eq!(a.recv(), Recv::TcpControl { len: 14 });
+    a.tcp_control(&b_rec[10..]).unwrap();
+    if b_acked < 3000 {
+        assert_eq!(
+            a.recv(),
+            Recv::TcpControl {
+                len: 3000 - b_acked
+            }
+        );
+        a.tcp_control(&vec![0; (3000 - b_acked) as usize]).unwrap();
+    }
+    assert_eq!(a.recv(), Recv::Tcp { limit: None });
+    assert!(a.switched_back());
+    // B: A's record, then 1000 − a_acked bytes to drop, then the 2000 it never read.
+    let Recv::TcpControl { len: 24 } = b.recv() else {
+        panic!("{:?}", b.recv())
+    };
+    b.tcp_control(&bytes).unwrap();
+    if a_acked < 1000 {
+        b.tcp_control(&vec![0; (1000 - a_acked) as usize]).unwrap();
+    }
+    assert_eq!(b.recv(), Recv::Tcp { limit: None });
+    b.note_tcp_read(2000).unwrap();
+    assert!(b.switched_back());
+    assert_eq!(b.handle_tcp_eof(), Ok(()));
+}
+
+/// What the peer's TCP bytes must be after a path failure, or the connection fails: a record
+/// of this upgrade, starting no later than what we read; not an EOF before it.
+#[test]
+fn path_failure_refuses_a_bad_continuation() {
+    let bad = |f: &dyn Fn(&mut Connection) -> Result<(), ErrorReason>| {
+        let (mut a, mut b) = open(12, 8, Config::default());
+        b.send(100).unwrap();
+        settle(&mut a, &mut b);
+        a.consume(100).unwrap();
+        a.handle_transport_error();
+        assert!(a.failed_over());
+        let r = f(&mut a);
+        assert!(r.is_err());
+        assert_eq!(a.recv(), Recv::Error(r.unwrap_err()));
+    };
+    // another upgrade's record
+    bad(&|a| a.tcp_control(&Record { resume_from: 0 }.encode(a.nonce() ^ 1)));
+    // a continuation that starts after what we read
+    bad(&|a| a.tcp_control(&Record { resume_from: 101 }.encode(a.nonce())));
+    // TCP ends before the record: the peer vanished
+    bad(&|a| a.handle_tcp_eof());
+    // TCP ends inside the part we had read
+    bad(&|a| {
+        a.tcp_control(&Record { resume_from: 0 }.encode(a.nonce()))?;
+        a.tcp_control(&[0; 50])?;
+        a.handle_tcp_eof()
+    });
 }
 
 #[test]

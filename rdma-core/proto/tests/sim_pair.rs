@@ -87,6 +87,11 @@ struct Scenario {
     /// Side 0 (A) or 1 (B) returns the connection to TCP from this random step on (as soon as
     /// the protocol lets it); with `both`, the other side starts one too, a few steps later.
     switch_back: Option<(usize, usize, bool)>,
+    /// The path between the queue pairs dies once this many events happened: each side's
+    /// messages in flight arrive up to a random point, the rest never; each side learns of it
+    /// at a random later step (a failed work request, the CM, or its peer's continuation on
+    /// TCP). TCP carries on.
+    path_fail: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -246,6 +251,10 @@ struct Sim {
     switch_back: Option<(usize, usize, bool)>,
     /// Some side switched back: TCP carried more than the SwitchOver counts.
     went_back: bool,
+    path_fail: Option<usize>,
+    /// The path died; which sides learned of it.
+    path_dead: bool,
+    qp_error_seen: [bool; 2],
 }
 
 /// Picks (this, peer) by index.
@@ -277,7 +286,11 @@ impl Sim {
             abort_at: sc.abort_at,
             switch_back: sc.switch_back,
             went_back: false,
+            path_fail: sc.path_fail,
+            path_dead: false,
+            qp_error_seen: [false; 2],
         };
+        sim.expect_failure |= sc.path_fail.is_some();
         // The client starts the upgrade right after its TCP connect.
         let (conn, req) = Connection::connect(
             sim.a.p.cfg,
@@ -300,6 +313,9 @@ impl Sim {
     // ----- handshake events --------------------------------------------------------------------
 
     fn server_accept(&mut self) -> bool {
+        if self.path_dead {
+            return false;
+        }
         let Some(bytes) = self.request.take() else {
             return false;
         };
@@ -323,6 +339,9 @@ impl Sim {
     }
 
     fn client_established(&mut self) -> bool {
+        if self.path_dead {
+            return false;
+        }
         let Some(bytes) = self.reply.take() else {
             return false;
         };
@@ -339,7 +358,7 @@ impl Sim {
 
     fn server_established(&mut self) -> bool {
         // The server's ESTABLISHED event comes after the client's.
-        if self.server_cm_established || !self.a.established() {
+        if self.server_cm_established || !self.a.established() || self.path_dead {
             return false;
         }
         self.server_cm_established = true;
@@ -358,8 +377,13 @@ impl Sim {
             return false;
         }
         let want = want.min(me.out_stream.len() - me.out_pos);
-        if me.conn.as_ref().is_some_and(|c| c.switched_back()) {
-            // A plain TCP connection now.
+        if me
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.switched_back() || (c.failed_over() && c.resume_due().is_none()))
+        {
+            // A plain TCP connection now (after a failover, our direction is once its
+            // continuation is written, whatever the peer's).
             let bytes = &me.out_stream[me.out_pos..me.out_pos + want];
             me.tcp_out.extend(bytes.iter().copied());
             me.out_pos += want;
@@ -452,6 +476,26 @@ impl Sim {
             Recv::Tcp { limit } => {
                 read_tcp(me, peer, n_want as u64, limit) || tcp_read_eof(me, peer, limit)
             }
+            Recv::TcpControl { len } => {
+                let n = (n_want as u64).min(len).min(peer.tcp_out.len() as u64) as usize;
+                if n == 0 {
+                    // (EOF while the shim reads for itself: the protocol decides)
+                    if peer.tcp_closed && !peer.tcp_reset && peer.tcp_out.is_empty() {
+                        let c = me.conn.as_mut().unwrap();
+                        if let Err(e) = c.handle_tcp_eof() {
+                            assert!(expect_failure, "{}: {e}", me.name);
+                            me.failed = Some(e);
+                            return true;
+                        }
+                    }
+                    return false;
+                }
+                let bytes: Vec<u8> = peer.tcp_out.drain(..n).collect();
+                if let Err(e) = me.conn.as_mut().unwrap().tcp_control(&bytes) {
+                    panic!("{}: failover continuation refused: {e}", me.name);
+                }
+                true
+            }
             Recv::Ring { offset, len } => {
                 let n = n_want.min(len);
                 let size = me.ring.len();
@@ -501,12 +545,31 @@ impl Sim {
                 return true;
             }
         }
-        if me.back() {
+        if me
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.error().is_some() && c.can_fall_back())
+        {
+            // The upgrade failed before anything moved: plain TCP, the kernel's to end.
+            if me.p.finish == Finish::ShutdownThenClose && !me.shut_called {
+                me.shut_called = true;
+                me.tcp_closed = true;
+                return true;
+            }
+            if me.eof && !me.close_called {
+                me.close_called = true;
+                me.tcp_closed = true;
+                return true;
+            }
+            return false;
+        }
+        if me.back() || me.conn.as_ref().is_some_and(|c| c.failed_over()) {
             let c = me.conn.as_mut().unwrap();
             if c.resume_due().is_some() {
                 return false;
             }
-            let done = c.switched_back();
+            // (after a failover our direction is plain TCP once the continuation is out)
+            let done = c.switched_back() || c.failed_over();
             if me.p.finish == Finish::ShutdownThenClose && !me.shut_called {
                 // While switching back the protocol keeps the shutdown for the end of the
                 // continuation; after it, it is the kernel's.
@@ -582,6 +645,7 @@ impl Sim {
 
     fn pump(&mut self, i: usize) -> bool {
         let chunk = self.rng.range(1, 5000) as u64;
+        let dead = self.path_dead;
         let (me, _) = pair(self, i);
         let Some(conn) = me.conn.as_mut() else {
             return false;
@@ -590,6 +654,12 @@ impl Sim {
             // Back on TCP: the shim writes the continuation before any new byte (a piece at
             // a time, as a socket's free send space allows).
             match r {
+                Resume::Record { bytes, len } => {
+                    let n = (chunk as usize).min(len);
+                    let from = bytes.len() - len;
+                    me.tcp_out.extend(&bytes[from..from + n]);
+                    conn.resumed_record(n);
+                }
                 Resume::Write { cursor, len } => {
                     let n = chunk.min(len);
                     let size = me.staging.len() as u64;
@@ -608,6 +678,10 @@ impl Sim {
         let mut any = false;
         while let Some(a) = conn.poll_action() {
             any = true;
+            if dead && a != Action::Teardown {
+                // (posted to a queue pair whose path is gone: it never arrives)
+                continue;
+            }
             // The deferred receives are posted before a credit that returns slots, and only
             // then (rdma-core's `Endpoint::post`).
             if a.returns_slots() {
@@ -650,6 +724,9 @@ impl Sim {
 
     /// The peer's HCA delivers one message from `i`'s outbound queue.
     fn deliver(&mut self, i: usize) -> bool {
+        if self.path_dead {
+            return false;
+        }
         let expect_failure = self.expect_failure;
         let (me, peer) = pair(self, i);
         let Some(msg) = me.outbound.pop_front() else {
@@ -774,6 +851,43 @@ impl Sim {
         true
     }
 
+    /// The path dies (once the scenario's point has passed): each side's queue towards the
+    /// other arrives up to a random message, the rest is lost.
+    fn kill_path(&mut self) {
+        if self.path_dead
+            || self
+                .path_fail
+                .is_none_or(|at| (self.progress as usize) < at)
+        {
+            return;
+        }
+        for i in 0..2 {
+            let queued = pair(self, i).0.outbound.len() as u64;
+            let keep = self.rng.below(queued + 1);
+            for _ in 0..keep {
+                self.deliver(i);
+            }
+            pair(self, i).0.outbound.clear();
+        }
+        self.path_dead = true;
+    }
+
+    /// Side `i` learns that its queue pair failed.
+    fn qp_error(&mut self, i: usize) -> bool {
+        if !self.path_dead || self.qp_error_seen[i] {
+            return false;
+        }
+        self.qp_error_seen[i] = true;
+        let (me, _) = pair(self, i);
+        if let Some(c) = me.conn.as_mut() {
+            c.handle_transport_error();
+            if c.failed_over() {
+                self.went_back = true;
+            }
+        }
+        true
+    }
+
     /// A aborts: SO_LINGER 0 close.
     fn abort(&mut self) {
         let a = &mut self.a;
@@ -824,6 +938,7 @@ impl Sim {
             15 | 16 => self.tcp_liveness((ev - 15) as usize),
             17 | 18 => self.wants_back((ev - 17) as usize) && self.ask_back((ev - 17) as usize),
             19 | 20 => self.disconnect((ev - 19) as usize),
+            21 | 22 => self.qp_error((ev - 21) as usize),
             _ => unreachable!(),
         };
         if r {
@@ -844,6 +959,17 @@ impl Sim {
     }
 
     fn done(&self) -> bool {
+        if self.path_fail.is_some() {
+            // (a side that failed reset TCP: the other's unread bytes are never read)
+            return self.a.app_finished()
+                && self.b.app_finished()
+                && self.a.outbound.is_empty()
+                && self.b.outbound.is_empty()
+                && self.a.teardowns >= 1
+                && self.b.teardowns >= 1
+                && self.a.tcp_closed
+                && self.b.tcp_closed;
+        }
         if self.expect_failure {
             return self.a.app_finished()
                 && self.b.app_finished()
@@ -874,7 +1000,7 @@ impl Sim {
         // TCP closes and TCP liveness checks.
         let hs = self.handshake_weight;
         let weights = [
-            hs, hs, hs, 3, 3, 3, 3, 2, 2, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+            hs, hs, hs, 3, 3, 3, 3, 2, 2, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
         ];
         let total: u64 = weights.iter().sum();
         for step in 0..random_steps {
@@ -891,6 +1017,7 @@ impl Sim {
                 ev += 1;
             }
             self.step(ev as u64);
+            self.kill_path();
         }
         if self.abort_at.is_some() {
             self.abort();
@@ -905,7 +1032,8 @@ impl Sim {
                 return true;
             }
             let before = self.progress;
-            for ev in 0..21 {
+            self.kill_path();
+            for ev in 0..23 {
                 let mut guard = 0;
                 while self.step(ev) {
                     guard += 1;
@@ -1118,6 +1246,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 abort_at: None,
                 handshake_weight,
                 switch_back: None,
+                path_fail: None,
             },
         )
     })
@@ -1173,6 +1302,28 @@ proptest! {
         run_scenario(&sc);
     }
 
+    /// The path between the queue pairs dies at a random point (messages in flight lost from a
+    /// random one on, each side told at a random later step): nothing read is ever wrong, and
+    /// where both sides went on over TCP (§8.6) every byte arrives once, in order, and both
+    /// finish cleanly; where one could not (its SwitchOver not yet credited), both end in an
+    /// error instead — never a hang.
+    #[test]
+    fn path_failure_keeps_every_byte(sc in scenario(), at in 0usize..4000) {
+        let sc = Scenario { path_fail: Some(at), ..sc };
+        let mut sim = Sim::new(&sc);
+        sim.run(sc.random_steps);
+        let (a, b) = (&sim.a, &sim.b);
+        prop_assert!(a.out_stream.starts_with(&b.in_stream), "B read something A never sent");
+        prop_assert!(b.out_stream.starts_with(&a.in_stream), "A read something B never sent");
+        let over = |e: &Endpoint| e.conn.as_ref().is_some_and(|c| c.failed_over());
+        if over(a) && over(b) && a.failed.is_none() && b.failed.is_none() {
+            sim.check();
+        }
+        if std::env::var_os("SIM_DEBUG").is_some() {
+            eprintln!("path: dead {} over {}/{} failed {:?}/{:?}", sim.path_dead, over(a), over(b), a.failed, b.failed);
+        }
+    }
+
     /// With the applications idle (all written and read, nobody shutting down), the pair goes
     /// quiet: no credit answers a credit forever.
     #[test]
@@ -1212,6 +1363,48 @@ fn fixed(finish_a: Finish, finish_b: Finish, ring_log2: u8, slots: u16, len: usi
         abort_at: None,
         handshake_weight: 10,
         switch_back: None,
+        path_fail: None,
+    }
+}
+
+/// A path that dies well after the upgrade, with both streams in full flow and rings of 4
+/// slots: both sides go on over TCP and every byte arrives, whatever was in flight.
+#[test]
+fn path_failure_mid_stream_fails_over() {
+    for seed in 0..40 {
+        for at in [300, 900, 2000] {
+            let mut sc = fixed(
+                Finish::ShutdownThenClose,
+                Finish::ShutdownThenClose,
+                12,
+                MIN_RECV_SLOTS,
+                100_000,
+            );
+            sc.seed = seed;
+            sc.handshake_weight = 12;
+            sc.a.commit_at = 0;
+            sc.a.max_chunk = 300;
+            sc.b.max_chunk = 300;
+            sc.a.max_read = 400;
+            sc.b.max_read = 400;
+            sc.path_fail = Some(at);
+            let mut sim = Sim::new(&sc);
+            sim.run(sc.random_steps);
+            assert!(
+                sim.path_dead,
+                "seed {seed} at {at}: finished before the path died"
+            );
+            for e in [&sim.a, &sim.b] {
+                let c = e.conn.as_ref().unwrap();
+                assert!(
+                    c.failed_over(),
+                    "seed {seed} at {at}: {} did not fail over: {}",
+                    e.name,
+                    sim.describe()
+                );
+            }
+            sim.check();
+        }
     }
 }
 

@@ -168,6 +168,9 @@ pub fn errno_of(r: ErrorReason) -> Errno {
 
 enum Src {
     Tcp(Option<u64>),
+    /// TCP bytes that are the shim's (after a path failure: the peer's failover record, and
+    /// what its continuation repeats of what was read from the ring).
+    Control(u64),
     Ring(usize, usize),
     WouldBlock,
     Eof,
@@ -178,6 +181,7 @@ fn source(g: &Inner) -> Src {
     match &g.phase {
         Phase::Linked(l) => match l.conn().recv() {
             Recv::Tcp { limit } => Src::Tcp(limit),
+            Recv::TcpControl { len } => Src::Control(len),
             Recv::Ring { offset, len } => Src::Ring(offset, len),
             Recv::WouldBlock => Src::WouldBlock,
             Recv::Eof => Src::Eof,
@@ -386,6 +390,10 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
     // (the lock of a spin that found something, which had just driven the link: not again)
     let mut held = None;
     let mut naps = 0u32;
+    // (the last sleep watched the socket for a failed-over peer's bytes; the socket read as
+    // ended, with nothing to read: not watched again by this call)
+    let mut tcp_watched = false;
+    let mut tcp_ended = false;
     loop {
         let mut g = match held.take() {
             Some(g) => g,
@@ -426,6 +434,13 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
         let src = source(&g);
         if matches!(src, Src::Ring(..)) {
             crate::fault::pass(crate::fault::Point::RingRecv);
+            if crate::fault::fires(crate::fault::Point::PathFail) {
+                if let Phase::Linked(l) = &mut g.phase {
+                    l.fail_path("RDMASHIM_FAULT=path_fail (a failure on purpose)");
+                }
+                c.settle(&mut g);
+                continue;
+            }
         }
         let sock_events: i16;
         match src {
@@ -483,6 +498,41 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                     }
                 }
             }
+            Src::Control(len) => {
+                // (not the application's bytes: read into the shim's own buffer, never
+                // peeked — a peek must see the application's data behind them)
+                let mut tmp = [0u8; 4096];
+                let max = tmp.len().min(usize::try_from(len).unwrap_or(usize::MAX));
+                match net::recv(fd, &mut tmp[..max], libc::MSG_DONTWAIT) {
+                    Ok(0) => {
+                        let Phase::Linked(l) = &mut g.phase else {
+                            return Ok(got);
+                        };
+                        let _ = l.conn_mut().handle_tcp_eof();
+                        c.settle(&mut g);
+                        continue;
+                    }
+                    Ok(n) => {
+                        if let Phase::Linked(l) = &mut g.phase {
+                            let _ = l.conn_mut().tcp_control(&tmp[..n]);
+                        }
+                        c.settle(&mut g);
+                        continue;
+                    }
+                    Err(e) if e.0 == libc::EAGAIN => {
+                        sock_events = libc::POLLIN | libc::POLLRDHUP;
+                    }
+                    Err(e) => {
+                        if e.0 == libc::ECONNRESET {
+                            if let Phase::Linked(l) = &mut g.phase {
+                                l.conn_mut().handle_tcp_reset();
+                            }
+                            c.settle(&mut g);
+                        }
+                        return if got > 0 { Ok(got) } else { Err(e) };
+                    }
+                }
+            }
             Src::Ring(off, len) => {
                 let Phase::Linked(l) = &mut g.phase else {
                     return Ok(got);
@@ -505,7 +555,36 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             }
             Src::Eof => return Ok(got),
             Src::Error(r) => return if got > 0 { Ok(got) } else { Err(errno_of(r)) },
-            Src::WouldBlock => sock_events = 0,
+            Src::WouldBlock => {
+                // The peer's stream is on the ring and nothing is there. With failover, a
+                // blocking read also watches the socket: bytes on it now are the peer's
+                // continuation — the path failed on its side, and an idle queue pair here
+                // might never learn of it (protocol §8.6). Looked at only after a sleep.
+                // A bare TCP end is not looked at here: a peer whose close its shim did not
+                // see yet may end TCP before its ring Close arrives (8.3's order is the
+                // CQ's, not the socket's); once seen, the socket is not watched again.
+                let watch = !tcp_ended
+                    && match &g.phase {
+                        Phase::Linked(l) => l.conn().fails_over() && !l.conn().failed_over(),
+                        _ => false,
+                    };
+                if watch && tcp_watched {
+                    tcp_watched = false;
+                    match net::fionread(fd) {
+                        Ok(n) if n > 0 => {
+                            if let Phase::Linked(l) = &mut g.phase {
+                                l.fail_path(
+                                    "the peer's stream arrived on TCP: its ring path failed",
+                                );
+                            }
+                            c.settle(&mut g);
+                        }
+                        _ => tcp_ended = net::poll_now(fd, libc::POLLIN) != 0,
+                    }
+                    continue;
+                }
+                sock_events = if watch { libc::POLLIN } else { 0 };
+            }
         }
         drop(g);
         if super::trace() {
@@ -527,13 +606,14 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
         }
         let tcp = sock_events != 0;
         held = waiter.spin(c, fd, |g| match source(g) {
-            Src::Tcp(_) => !tcp,
+            Src::Tcp(_) | Src::Control(_) => !tcp,
             Src::WouldBlock => false,
             _ => true,
         });
         if held.is_some() {
             continue;
         }
+        tcp_watched = sock_events == libc::POLLIN;
         if let Some(r) = after_sleep(waiter.sleep(c, fd, sock_events, c.rd_efd), got) {
             return r;
         }

@@ -71,9 +71,10 @@ pub(crate) enum Back {
     /// The eventfds are retired ([`ready::retire_efds`]): every wait on the connection looks
     /// at the socket from now on, and the blocking ones at most [`BACK_NAP`] at a time.
     Switching,
-    /// Agreed and the continuation written: the connection is TCP in both directions (the
-    /// socket's epoll registrations have EPOLLOUT again); the link is still being torn down,
-    /// after which the connection is [`Phase::Fallen`] (counted `switched_back`).
+    /// Agreed and the continuation written: writes are the socket's again (its epoll
+    /// registrations have EPOLLOUT again), reads too (after a failover, once the peer's record
+    /// and what it repeats are read: protocol §8.6); the link is still being torn down, after
+    /// which the connection is [`Phase::Fallen`] (counted `switched_back`, or `path_failed`).
     Resumed,
 }
 
@@ -674,14 +675,22 @@ impl Conn {
         }
         self.begin_back(g);
         self.write_resume(g);
-        let (switched, disconnected) = match &g.phase {
-            Phase::Linked(l) => (l.conn().switched_back(), l.is_disconnected()),
+        let (resumed, switched, disconnected) = match &g.phase {
+            Phase::Linked(l) => (
+                l.conn().writes_resumed(),
+                l.conn().switched_back(),
+                l.is_disconnected(),
+            ),
             _ => return,
         };
+        if resumed {
+            // (after a failover the peer's record may still be ahead of the reads: writes
+            // need not wait for it)
+            self.writes_resumed(g);
+        }
         if !switched {
             return;
         }
-        self.writes_resumed(g);
         if disconnected {
             // A connection this side had not committed yet (the peer's switch back came
             // first: a fork child that took it over) still went over the ring: counted as
@@ -696,13 +705,23 @@ impl Conn {
     fn begin_back(&self, g: &mut Inner) {
         if g.back == Back::None {
             g.back = Back::Switching;
-            shim_log!(
-                Level::Debug,
-                "{} {} -> {}: switching back to TCP",
-                side_name(self.side),
-                self.local,
-                self.peer
-            );
+            match &g.phase {
+                Phase::Linked(l) if l.conn().failed_over() => shim_log!(
+                    Level::Info,
+                    "{} {} -> {}: the ring's path failed ({}); the stream goes on over TCP",
+                    side_name(self.side),
+                    self.local,
+                    self.peer,
+                    l.failure().unwrap_or("no detail")
+                ),
+                _ => shim_log!(
+                    Level::Debug,
+                    "{} {} -> {}: switching back to TCP",
+                    side_name(self.side),
+                    self.local,
+                    self.peer
+                ),
+            }
             ready::retire_efds(self, g);
         }
     }
@@ -718,7 +737,10 @@ impl Conn {
     /// The switch back is done: counted, logged (`why` after "back on TCP"), and the
     /// connection is plain TCP from now on.
     fn end_back(&self, g: &mut Inner, why: &str) {
-        stats::count_switched_back();
+        match &g.phase {
+            Phase::Linked(l) if l.conn().failed_over() => stats::count_path_failed(),
+            _ => stats::count_switched_back(),
+        }
         shim_log!(
             Level::Debug,
             "{} {} -> {}: back on TCP{why}",
@@ -764,6 +786,15 @@ impl Conn {
                 return;
             };
             match due {
+                Resume::Record { bytes, len } => {
+                    let from = bytes.len() - len.min(bytes.len());
+                    match net::send(fd, &bytes[from..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                        Ok(n) => l.conn_mut().resumed_record(n),
+                        Err(e) if e.0 == libc::EAGAIN => return,
+                        // (as below: the socket's own error is the application's next)
+                        Err(_) => l.conn_mut().resumed_record(len),
+                    }
+                }
                 Resume::Write { cursor, len } => {
                     let len = usize::try_from(len).unwrap_or(usize::MAX);
                     let r = match l.staging(cursor, len) {
