@@ -32,6 +32,7 @@ mod net;
 pub mod outcome;
 pub mod probe;
 pub mod reason;
+pub mod rules;
 pub mod settings;
 #[cfg(not(test))]
 mod signals;

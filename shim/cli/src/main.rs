@@ -14,6 +14,9 @@ mod program;
 #[path = "../../src/reason.rs"]
 #[allow(dead_code)]
 mod reason;
+#[path = "../../src/rules.rs"]
+#[allow(dead_code)]
+mod rules;
 #[path = "../../src/settings.rs"]
 #[allow(dead_code)]
 mod settings;
