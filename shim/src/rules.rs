@@ -367,10 +367,12 @@ impl Resolved {
 /// (as executed, and the file's real path): a glob with a `/` is matched against the paths,
 /// one without against the base names (of the name and of each path).
 pub fn program_matches(glob: &[u8], name: &[u8], paths: &[&[u8]]) -> bool {
+    let mut paths = paths.iter().filter(|p| !p.is_empty());
     if glob.contains(&b'/') {
-        paths.iter().any(|p| glob_match(glob, p))
+        paths.any(|p| glob_match(glob, p))
     } else {
-        glob_match(glob, name) || paths.iter().any(|p| glob_match(glob, base_name(p)))
+        (!name.is_empty() && glob_match(glob, name))
+            || paths.any(|p| glob_match(glob, base_name(p)))
     }
 }
 
