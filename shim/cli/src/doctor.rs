@@ -631,9 +631,7 @@ fn rule_lines(f: &Facts) -> Vec<String> {
     if c.rules.is_empty() {
         return vec!["rules: none (every connection may upgrade)".into()];
     }
-    let mut v = vec![format!(
-        "rules (the first that matches decides; none: allow):"
-    )];
+    let mut v = vec!["rules (the first that matches decides; none: allow):".to_string()];
     for r in &c.rules {
         v.push(format!("  line {}: {r}", r.line));
     }
@@ -781,7 +779,7 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
                         })
                         .collect()),
                 ),
-                ("program", Value::opt(f.program.clone(), |p| Value::str(p))),
+                ("program", Value::opt(f.program.clone(), Value::str)),
                 (
                     "program_denied_by_line",
                     Value::opt(f.config.program_denied().map(|r| r.line), |l| {
