@@ -11,6 +11,7 @@
 //!
 //! | variable | meaning |
 //! |---|---|
+//! | `RDMASHIM_CONFIG=FILE` | the configuration file (default `/etc/rdmashim.conf`; empty or `none`: none) |
 //! | `RDMASHIM_DISABLE=1` | never upgrade (connections are counted with reason `disabled`) |
 //! | `RDMASHIM_LOG=error\|warn\|info\|debug\|off` | log level (default `warn`) |
 //! | `RDMASHIM_LOG_FILE=PATH` | append log lines to PATH (default: stderr); `%p` becomes the pid |

@@ -886,7 +886,7 @@ mod tests {
         // every key there is (the table above has them all)
         for k in Key::ALL {
             assert_eq!(Key::from_key(k.key().as_bytes()), Some(k));
-            assert_eq!(k.var(), format!("RDMASHIM_{}", k.key().to_uppercase()));
+            assert_eq!(k.var().to_lowercase(), format!("rdmashim_{}", k.key()));
         }
     }
 
@@ -1072,6 +1072,41 @@ mod tests {
         assert_eq!(c.program_denied().map(|r| r.line), Some(1));
         c.resolve_program(|g| rules::program_matches(g, b"curl", &[]));
         assert!(c.program_denied().is_none() && c.policy.allows_all());
+    }
+
+    #[test]
+    fn the_packaged_file_is_all_comments_and_its_examples_parse() {
+        let text = include_str!("../../docs/rdmashim.conf");
+        assert_eq!(with_file(text, &[]), {
+            let mut c = Config::default();
+            c.file = ConfigFile {
+                path: Some(DEFAULT_CONFIG.as_bytes().to_vec()),
+                status: FileStatus::Read,
+            };
+            c
+        });
+        // every example, uncommented, is understood
+        let examples: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix('#'))
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_lowercase()))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = with_file(&examples, &[]);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!(c.rules.len(), 6, "{examples}");
+        let keys: Vec<&str> = examples
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
+            .filter(|k| !k.contains(' '))
+            .collect();
+        for k in Key::ALL.into_iter().filter(|k| *k != Key::Fault) {
+            assert!(
+                keys.contains(&k.key()),
+                "{} not in the packaged file",
+                k.key()
+            );
+        }
     }
 
     #[test]
