@@ -1077,14 +1077,16 @@ mod tests {
     #[test]
     fn the_packaged_file_is_all_comments_and_its_examples_parse() {
         let text = include_str!("../../docs/rdmashim.conf");
-        assert_eq!(with_file(text, &[]), {
-            let mut c = Config::default();
-            c.file = ConfigFile {
-                path: Some(DEFAULT_CONFIG.as_bytes().to_vec()),
-                status: FileStatus::Read,
-            };
-            c
-        });
+        assert_eq!(
+            with_file(text, &[]),
+            Config {
+                file: ConfigFile {
+                    path: Some(DEFAULT_CONFIG.as_bytes().to_vec()),
+                    status: FileStatus::Read,
+                },
+                ..Config::default()
+            }
+        );
         // every example, uncommented, is understood
         let examples: String = text
             .lines()
