@@ -74,6 +74,12 @@ pub fn read_config(path: &[u8]) -> FileRead {
     use std::io::Read;
     use std::os::unix::ffi::OsStrExt;
     let path = Path::new(std::ffi::OsStr::from_bytes(path));
+    // (looked at before it is opened: opening a FIFO would wait for a writer)
+    match fs::metadata(path) {
+        Ok(m) if !m.is_file() => return FileRead::Failed("not a regular file".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return FileRead::Missing,
+        _ => {}
+    }
     let f = match fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return FileRead::Missing,
@@ -1085,6 +1091,31 @@ mod tests {
         let mut d = f.clone();
         d.config.disabled = true;
         assert_eq!(reason(&judge(&d)), Some("disabled"));
+    }
+
+    #[test]
+    fn reads_the_file_as_the_library_does() {
+        let dir = std::env::temp_dir().join(format!("rdmashim-doctor-conf-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let p = |n: &str| dir.join(n).into_os_string().into_encoded_bytes();
+        assert_eq!(read_config(&p("absent")), FileRead::Missing);
+        assert_eq!(
+            read_config(dir.as_os_str().as_encoded_bytes()),
+            FileRead::Failed("not a regular file".into())
+        );
+        fs::write(dir.join("ok"), "ring_kib = 8\n").unwrap();
+        assert_eq!(
+            read_config(&p("ok")),
+            FileRead::Text(b"ring_kib = 8\n".to_vec())
+        );
+        fs::write(dir.join("big"), vec![b'#'; CONFIG_MAX + 1]).unwrap();
+        assert_eq!(
+            read_config(&p("big")),
+            FileRead::TooBig(CONFIG_MAX as u64 + 1)
+        );
+        fs::write(dir.join("max"), vec![b'#'; CONFIG_MAX]).unwrap();
+        assert!(matches!(read_config(&p("max")), FileRead::Text(t) if t.len() == CONFIG_MAX));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
