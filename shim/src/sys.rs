@@ -612,10 +612,17 @@ pub fn read_config(path: &[u8], max: usize, trusted: bool) -> crate::settings::F
         if size > max as u64 {
             return Err(FileRead::TooBig(size));
         }
-        // (one byte more than allowed: a file that grew since its fstat is seen to)
-        let mut buf = vec![0u8; max + 1];
+        // Its size and a byte more (a file that grew since its fstat is seen to, up to one
+        // byte past the limit, which refuses it).
+        let mut buf = vec![0u8; (size as usize).min(max) + 1];
         let mut have = 0usize;
-        while have < buf.len() {
+        loop {
+            if have == buf.len() {
+                if buf.len() > max {
+                    break;
+                }
+                buf.resize(max + 1, 0);
+            }
             let rest = buf.get_mut(have..).unwrap_or(&mut []);
             // SAFETY: rest is writable for its length; fd is open.
             let n = unsafe {
@@ -623,7 +630,7 @@ pub fn read_config(path: &[u8], max: usize, trusted: bool) -> crate::settings::F
             };
             match check(n) {
                 Ok(0) => break,
-                Ok(n) => have += n as usize,
+                Ok(n) => have = (have + n as usize).min(buf.len()),
                 Err(e) if e.0 == libc::EINTR => continue,
                 Err(e) => return Err(FileRead::Failed(e.to_string())),
             }
@@ -737,6 +744,51 @@ pub fn holds_io_uring() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_configuration_file_and_nothing_else() {
+        use crate::settings::FileRead;
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rdmashim-sys-conf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = |n: &str| dir.join(n).into_os_string().into_encoded_bytes();
+        const MAX: usize = 100;
+        assert_eq!(read_config(&p("absent"), MAX, false), FileRead::Missing);
+        std::fs::write(dir.join("ok"), "ring_kib = 8\n").unwrap();
+        assert_eq!(
+            read_config(&p("ok"), MAX, false),
+            FileRead::Text(b"ring_kib = 8\n".to_vec())
+        );
+        std::fs::write(dir.join("max"), [b'#'; MAX]).unwrap();
+        assert!(matches!(read_config(&p("max"), MAX, false), FileRead::Text(t) if t.len() == MAX));
+        std::fs::write(dir.join("big"), [b'#'; MAX + 1]).unwrap();
+        assert_eq!(
+            read_config(&p("big"), MAX, false),
+            FileRead::TooBig(MAX as u64 + 1)
+        );
+        // a directory, and a FIFO (opened without waiting for a writer)
+        assert!(matches!(
+            read_config(dir.as_os_str().as_encoded_bytes(), MAX, false),
+            FileRead::Failed(_)
+        ));
+        let fifo = std::ffi::CString::new(p("fifo")).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(
+            read_config(&p("fifo"), MAX, false),
+            FileRead::Failed("not a regular file".into())
+        );
+        // a setuid program's: root's, and writable by no one else
+        let mine = geteuid() == 0;
+        let trusted = read_config(&p("ok"), MAX, true);
+        assert_eq!(matches!(trusted, FileRead::Text(_)), mine, "{trusted:?}");
+        std::fs::set_permissions(dir.join("ok"), std::fs::Permissions::from_mode(0o664)).unwrap();
+        assert!(matches!(
+            read_config(&p("ok"), MAX, true),
+            FileRead::Failed(_)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn io_uring_descriptors_are_found() {
