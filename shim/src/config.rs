@@ -32,10 +32,10 @@
 //! one with file capabilities, started by a less privileged user) the environment is the
 //! caller's, not the program's: the shim then takes no setting and no path from it at all
 //! (`RDMASHIM_CONFIG` included) and runs with the defaults — logs to stderr, no stats file —
-//! and `/etc/rdmashim.conf`, if root owns it and no one else may write it. (glibc's loader itself ignores `LD_PRELOAD` entries with a slash for such
-//! programs and loads others only from the system's library directories, and only if the
-//! library is set-user-ID: the shim reaches them only through `/etc/ld.so.preload` or such an
-//! installation.)
+//! and `/etc/rdmashim.conf`, if root owns it and no one else may write it. (glibc's loader
+//! itself ignores `LD_PRELOAD` entries with a slash for such programs and loads others only
+//! from the system's library directories, and only if the library is set-user-ID: the shim
+//! reaches them only through `/etc/ld.so.preload` or such an installation.)
 
 use crate::fmtbuf::FixedBuf;
 use core::fmt::Write;

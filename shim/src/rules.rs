@@ -5,7 +5,7 @@
 //! ```text
 //! deny program = sshd            # the program's name (or, with a '/', its path): a glob
 //! allow peer = 10.0.0.0/8        # the peer's address: IPv4 or IPv6, with or without /PREFIX
-//! deny port = 5432               # the service port (the server's): remote on a client, local on a server
+//! deny port = 5432               # the service (server's) port: a client's remote, a server's local
 //! deny local_port = 1-1023       # this end's port; remote_port: the other end's
 //! ```
 //!
