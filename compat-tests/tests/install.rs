@@ -204,11 +204,13 @@ fn package_contents() {
     }
     files.sort();
     let want = [
+        ("/etc/rdmashim.conf", "-rw-r--r--"),
         ("/usr/bin/rdmashim", "-rwxr-xr-x"),
         (PACKAGE_LIB, "-rw-r--r--"),
         ("/usr/share/doc/rdmashim/changelog.gz", "-rw-r--r--"),
         ("/usr/share/doc/rdmashim/copyright", "-rw-r--r--"),
         ("/usr/share/man/man1/rdmashim.1.gz", "-rw-r--r--"),
+        ("/usr/share/man/man5/rdmashim.conf.5.gz", "-rw-r--r--"),
         ("/usr/share/man/man7/rdmashim-preload.7.gz", "-rw-r--r--"),
     ];
     let want: Vec<(String, String)> = want
@@ -222,6 +224,11 @@ fn package_contents() {
         "Installed-Size {installed} KiB for {bytes} bytes in {} entries",
         listing.lines().count()
     );
+
+    // The configuration file is a conffile (dpkg keeps an administrator's changes).
+    let mut c = Command::new("dpkg-deb");
+    c.arg("-I").arg(&deb).arg("conffiles");
+    assert_eq!(run_ok(c, T), "/etc/rdmashim.conf\n");
 
     // Unpacked: the launcher finds the library at the package's place, relative to itself;
     // both are stripped; the library needs no RDMA library to load.
@@ -338,7 +345,32 @@ fn package_contents() {
             "rdmashim(1): {n} {min} to {max}, default {default}"
         );
     }
-    assert!(man1.contains("There is no configuration file: a machine-wide file is not read yet."));
+    assert!(man1.contains("/etc/rdmashim.conf") && man1.contains("rdmashim.conf(5)"));
+    // rdmashim.conf(5): a key for every variable; the package's file is the repository's,
+    // every line a comment.
+    let man5 = render_man(&root.join("usr/share/man/man5/rdmashim.conf.5.gz"));
+    for n in names.iter().filter(|n| *n != "RDMASHIM_CONFIG") {
+        let key = n["RDMASHIM_".len()..].to_ascii_lowercase();
+        assert!(
+            man5.contains(&format!(" {key} = ")),
+            "rdmashim.conf(5) has no key {key} (for {n})"
+        );
+    }
+    for sel in ["program", "peer", "port", "local_port", "remote_port"] {
+        assert!(
+            man5.contains(&format!(" {sel} = ")),
+            "rdmashim.conf(5): {sel}"
+        );
+    }
+    let conf = std::fs::read_to_string(root.join("etc/rdmashim.conf")).unwrap();
+    assert_eq!(
+        conf,
+        std::fs::read_to_string(repo().join("docs/rdmashim.conf")).unwrap()
+    );
+    assert!(
+        conf.lines().all(|l| l.is_empty() || l.starts_with('#')),
+        "{conf}"
+    );
     let man7 = render_man(&root.join("usr/share/man/man7/rdmashim-preload.7.gz"));
     assert!(
         man7.contains(&format!("Environment=LD_PRELOAD={PACKAGE_LIB}")),
@@ -633,6 +665,13 @@ fn readme_install_section_in_the_vm() {
     assert_eq!(man1.trim(), "/usr/share/man/man1/rdmashim.1.gz");
     let (man7, _) = run_line("man -w 7 rdmashim-preload", T);
     assert_eq!(man7.trim(), "/usr/share/man/man7/rdmashim-preload.7.gz");
+    let (man5, _) = run_line("man -w 5 rdmashim.conf", T);
+    assert_eq!(man5.trim(), "/usr/share/man/man5/rdmashim.conf.5.gz");
+    assert!(
+        doctor.contains("config file: /etc/rdmashim.conf (read)\nrules: none"),
+        "the installed configuration file, read, with no rule:\n{doctor}"
+    );
+    assert!(!doctor.contains("warning:"), "{doctor}");
 
     // Server and client under `rdmashim run`.
     let servers = commands(&readme_block("server"));

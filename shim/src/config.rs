@@ -1,8 +1,17 @@
-//! Configuration from the environment, read once (by the constructor, or by whichever shim slow
-//! path needs it first). Hooks never read it on the pass-through path.
+//! Configuration from the configuration file and the environment, read once (by the
+//! constructor, or by whichever shim slow path needs it first). Hooks never read it on the
+//! pass-through path.
+//!
+//! The file is `/etc/rdmashim.conf`, or the one `RDMASHIM_CONFIG` names (empty or `none`:
+//! none); every variable below is a key there (`ring_kib = 64`), and a variable overrides
+//! its key. The file also holds the policy's rules (`deny program = sshd`, `deny port =
+//! 5432`: rules.rs); the program rules are decided here, once, for this program. The file
+//! is read with raw system calls, at most 64 KiB of it (settings.rs parses it; docs/man/
+//! rdmashim.conf.5 is its manual).
 //!
 //! | variable | meaning |
 //! |---|---|
+//! | `RDMASHIM_CONFIG=FILE` | the configuration file (default `/etc/rdmashim.conf`; empty or `none`: none) |
 //! | `RDMASHIM_DISABLE=1` | never upgrade (connections are counted with reason `disabled`) |
 //! | `RDMASHIM_LOG=error\|warn\|info\|debug\|off` | log level (default `warn`) |
 //! | `RDMASHIM_LOG_FILE=PATH` | append log lines to PATH (default: stderr); `%p` becomes the pid |
@@ -22,11 +31,11 @@
 //! Under secure execution (`AT_SECURE` in the auxiliary vector: a setuid or setgid program, or
 //! one with file capabilities, started by a less privileged user) the environment is the
 //! caller's, not the program's: the shim then takes no setting and no path from it at all
-//! and runs with the defaults — logs to stderr,
-//! no stats file. (glibc's loader itself ignores `LD_PRELOAD` entries with a slash for such
-//! programs and loads others only from the system's library directories, and only if the
-//! library is set-user-ID: the shim reaches them only through `/etc/ld.so.preload` or such an
-//! installation.)
+//! (`RDMASHIM_CONFIG` included) and runs with the defaults — logs to stderr, no stats file —
+//! and `/etc/rdmashim.conf`, if root owns it and no one else may write it. (glibc's loader
+//! itself ignores `LD_PRELOAD` entries with a slash for such programs and loads others only
+//! from the system's library directories, and only if the library is set-user-ID: the shim
+//! reaches them only through `/etc/ld.so.preload` or such an installation.)
 
 use crate::fmtbuf::FixedBuf;
 use core::fmt::Write;
@@ -34,27 +43,50 @@ use std::sync::OnceLock;
 
 // (the parsing rules live in settings.rs, which the launcher compiles too)
 pub use crate::settings::{
-    parse_bool, Config, Level, Number, DIAL_DELAY_MS, ENV_DISABLE, ENV_FAULT, ENV_LOCAL, ENV_LOG,
-    ENV_LOG_FILE, ENV_STATS, ENV_TRACE, LOCAL_DEFAULT, NEGATIVE_CACHE_SECS, RING_KIB, SPIN_US,
+    parse_bool, Config, Level, Number, CONFIG_MAX, DIAL_DELAY_MS, ENV_CONFIG, ENV_DISABLE,
+    ENV_FAULT, ENV_LOCAL, ENV_LOG, ENV_LOG_FILE, ENV_STATS, ENV_TRACE, LOCAL_DEFAULT,
+    NEGATIVE_CACHE_SECS, RING_KIB, SPIN_US,
 };
 
-/// The configuration of this process: from its environment, or the defaults under secure
-/// execution.
+/// The configuration of this process: from the configuration file and its environment (under
+/// secure execution: the default file alone, if it is root's).
 fn from_env() -> Config {
-    if secure_execution() {
-        return Config {
-            secure: true,
-            ..Config::default()
-        };
-    }
     use std::os::unix::ffi::OsStringExt;
-    let mut c = Config::from_lookup(|k| std::env::var_os(k).map(|v| v.into_vec()));
+    let secure = secure_execution();
+    let mut c = Config::load(
+        |k| {
+            (!secure)
+                .then(|| std::env::var_os(k).map(|v| v.into_vec()))
+                .flatten()
+        },
+        |path| crate::sys::read_config(path, CONFIG_MAX, secure),
+    );
+    c.secure = secure;
     // (getcwd(3) is not hooked; std asks it, and allocates, as the parsing above does)
     c.resolve_relative(|| {
         std::env::current_dir()
             .ok()
             .map(|d| d.into_os_string().into_vec())
     });
+    if c.has_program_rules() {
+        // The program: the name it was executed as, and its paths (as executed, if absolute;
+        // the file's real one). A script is its own name and its interpreter's.
+        let executed = crate::sys::exec_path().unwrap_or(b"");
+        let mut buf = [0u8; 4096];
+        let real = crate::sys::exe_path(&mut buf).unwrap_or(b"");
+        let name = crate::rules::base_name(executed);
+        let paths: [&[u8]; 2] = [
+            if executed.starts_with(b"/") {
+                executed
+            } else {
+                b""
+            },
+            real,
+        ];
+        c.resolve_program(|glob| crate::rules::program_matches(glob, name, &paths));
+    } else {
+        c.resolve_program(|_| false);
+    }
     c
 }
 

@@ -14,8 +14,8 @@
 //!   and the chunk pointer handling of `fdtable.rs`; everything else is safe code).
 //! - `real.rs`: the table of real libc functions, resolved with `dlsym(RTLD_NEXT)`.
 //! - `fdtable.rs`: fd-indexed, two-level, lock-free table of per-fd state.
-//! - `stats.rs`, `reason.rs`, `settings.rs`, `config.rs`, `log.rs`, `fmtbuf.rs`, `outcome.rs`,
-//!   `guard.rs`: safe.
+//! - `stats.rs`, `reason.rs`, `settings.rs`, `rules.rs`, `config.rs`, `policy.rs`, `log.rs`,
+//!   `fmtbuf.rs`, `outcome.rs`, `guard.rs`: safe.
 //! - `init.rs`: constructor, destructor, fork handler.
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -30,8 +30,11 @@ pub mod log;
 #[cfg(not(test))]
 mod net;
 pub mod outcome;
+#[cfg(not(test))]
+mod policy;
 pub mod probe;
 pub mod reason;
+pub mod rules;
 pub mod settings;
 #[cfg(not(test))]
 mod signals;

@@ -3,7 +3,8 @@
 //!
 //! Two kinds, since a connection between processes of this host needs no RDMA:
 //! - [`process_reason`]: no connection of the process moves off TCP: `disabled`
-//!   (`RDMASHIM_DISABLE=1`), or a reason [`close_host`] set later (io_uring, a sandbox, ...);
+//!   (`RDMASHIM_DISABLE=1`), `policy` (a rule of the configuration file denies the program,
+//!   decided once at load), or a reason [`close_host`] set later (io_uring, a sandbox, ...);
 //! - [`rdma_reason`]: a connection to another host stays on TCP: `no_device` if
 //!   `/sys/class/infiniband` has no entry (a directory read), else `libraries_missing` once
 //!   [`load_libraries`] found them missing;
@@ -59,23 +60,35 @@ pub fn host_reason() -> Option<FallbackReason> {
 }
 
 /// The reason no connection of this process may move off TCP, whatever its transport:
-/// `disabled`, or one [`close_host`] set (io_uring, a sandbox, changed credentials, ...).
+/// `disabled`, `policy` (a rule denies the program), or one [`close_host`] set (io_uring, a
+/// sandbox, changed credentials, ...).
 pub fn process_reason() -> Option<FallbackReason> {
     match HOST.load(Ordering::Acquire) {
         UNKNOWN => {
-            let r = crate::config::get()
-                .disabled
-                .then_some(FallbackReason::Disabled);
+            let cfg = crate::config::get();
+            let denied = cfg.program_denied();
+            let r = if cfg.disabled {
+                Some(FallbackReason::Disabled)
+            } else {
+                denied.map(|_| FallbackReason::Policy)
+            };
             let v = r.map_or(NONE, host_word);
             match HOST.compare_exchange(UNKNOWN, v, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
-                    if let Some(r) = r {
-                        shim_log!(
+                    match (r, denied) {
+                        (Some(FallbackReason::Policy), Some(rule)) => shim_log!(
+                            Level::Info,
+                            "connections will stay on TCP (policy: {}:{}: {rule})",
+                            String::from_utf8_lossy(cfg.file.path.as_deref().unwrap_or(b"")),
+                            rule.line
+                        ),
+                        (Some(r), _) => shim_log!(
                             Level::Info,
                             "connections will stay on TCP ({}: {})",
                             r.name(),
                             r.describe()
-                        );
+                        ),
+                        (None, _) => {}
                     }
                     r
                 }

@@ -1,11 +1,21 @@
-//! How the shim reads its `RDMASHIM_*` variables: the values accepted, the defaults, and the
-//! warning each value that is not accepted gets (config.rs reads the environment once and
-//! keeps the result; the table of variables is there).
+//! How the shim reads its settings: the machine-wide configuration file (default
+//! `/etc/rdmashim.conf`, or `RDMASHIM_CONFIG`), then the `RDMASHIM_*` variables over it; the
+//! values accepted, the defaults, and the warning each value that is not accepted gets
+//! (config.rs reads both once and keeps the result; the table of variables is there). The
+//! file's rules (`allow`/`deny`) are rules.rs's.
+//!
+//! The file is `key = value` lines (`#` starts a comment at the start of a line or after a
+//! blank); every variable is a key, its name in lower case without `RDMASHIM_` (`ring_kib =
+//! 64`), and a rule is `allow|deny SELECTOR = VALUE`. It is parsed from bytes (no locale), at
+//! most [`CONFIG_MAX`] of them, in one pass; a line that is not understood gets one warning
+//! naming the file, the line, the value and what is accepted, and is left out.
 //!
 //! This file is also compiled into the `rdmashim` launcher (`#[path]` module), so that
 //! `rdmashim doctor` judges the environment by the very rules the library will apply: it is
 //! plain safe Rust with no dependencies.
 #![forbid(unsafe_code)]
+
+use crate::rules::{self, Action, Resolved, Rule, Selector};
 
 /// Log levels, in increasing verbosity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,10 +74,90 @@ pub struct Config {
     pub trace: bool,
     /// `RDMASHIM_FAULT` (tests only).
     pub fault: Option<Fault>,
-    /// What was wrong with the variables, one line each (the constructor logs them once).
+    /// What was wrong with the file and the variables, one line each (the constructor logs
+    /// them once).
     pub warnings: Vec<String>,
     /// Secure execution: the environment was not read.
     pub secure: bool,
+    /// The configuration file: which, and what became of it.
+    pub file: ConfigFile,
+    /// The file's rules, in order.
+    pub rules: Vec<Rule>,
+    /// The rules as they apply to this program ([`Config::resolve_program`]; until then: none,
+    /// every connection allowed).
+    pub policy: Resolved,
+}
+
+/// Which configuration file was looked at, and what became of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigFile {
+    /// The file (`None`: none was looked at).
+    pub path: Option<Vec<u8>>,
+    pub status: FileStatus,
+}
+
+/// What became of the configuration file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FileStatus {
+    /// Not looked for (the environment alone was parsed).
+    #[default]
+    NotRead,
+    /// Read and used.
+    Read,
+    /// The default file is absent (not a warning: the defaults and the environment apply).
+    Absent,
+    /// `RDMASHIM_CONFIG` is empty or `none`.
+    Ignored,
+    /// Present but not used: why.
+    Refused(String),
+}
+
+impl ConfigFile {
+    /// `/etc/rdmashim.conf (read)`, `/etc/rdmashim.conf (absent)`, `none (RDMASHIM_CONFIG=none)`.
+    pub fn describe(&self) -> String {
+        let path = self
+            .path
+            .as_deref()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        match (&self.status, path) {
+            (FileStatus::Ignored, _) => format!("none ({ENV_CONFIG} says none)"),
+            (FileStatus::NotRead, _) | (_, None) => "none".into(),
+            (FileStatus::Read, Some(p)) => format!("{p} (read)"),
+            (FileStatus::Absent, Some(p)) => format!("{p} (absent: defaults)"),
+            (FileStatus::Refused(why), Some(p)) => format!("{p} (not used: {why})"),
+        }
+    }
+}
+
+/// What reading the configuration file gave (the caller reads it: the library with raw
+/// system calls, the launcher with std).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileRead {
+    /// Its bytes (at most [`CONFIG_MAX`]).
+    Text(Vec<u8>),
+    /// No such file.
+    Missing,
+    /// Larger than [`CONFIG_MAX`]: its size, as far as it was read.
+    TooBig(u64),
+    /// It cannot be read (or may not be: under secure execution, a file that is not root's):
+    /// why, in words.
+    Failed(String),
+}
+
+/// The configuration file when `RDMASHIM_CONFIG` is unset.
+pub const DEFAULT_CONFIG: &str = "/etc/rdmashim.conf";
+/// The variable that names another file (empty or `none`: no file).
+pub const ENV_CONFIG: &str = "RDMASHIM_CONFIG";
+/// The largest configuration file read (bytes); a larger one is refused whole.
+pub const CONFIG_MAX: usize = 64 * 1024;
+
+/// The file `RDMASHIM_CONFIG`'s value (`None`: unset) names: `None` for no file.
+pub fn config_path(env: Option<&[u8]>) -> Option<Vec<u8>> {
+    match env {
+        None => Some(DEFAULT_CONFIG.as_bytes().to_vec()),
+        Some(v) if v.is_empty() || v == b"none" || v.contains(&0) => None,
+        Some(v) => Some(v.to_vec()),
+    }
 }
 
 impl Default for Config {
@@ -86,6 +176,9 @@ impl Default for Config {
             fault: None,
             warnings: Vec::new(),
             secure: false,
+            file: ConfigFile::default(),
+            rules: Vec::new(),
+            policy: Resolved::default(),
         }
     }
 }
@@ -98,6 +191,101 @@ pub const ENV_STATS: &str = "RDMASHIM_STATS";
 pub const ENV_TRACE: &str = "RDMASHIM_TRACE";
 pub const ENV_FAULT: &str = "RDMASHIM_FAULT";
 pub const ENV_LOCAL: &str = "RDMASHIM_LOCAL";
+
+/// Every setting: its variable and its key in the file (the variable's name in lower case,
+/// without `RDMASHIM_`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key {
+    Disable,
+    Local,
+    Log,
+    LogFile,
+    Stats,
+    RingKib,
+    DialDelayMs,
+    SpinUs,
+    NegativeCacheSecs,
+    Trace,
+    Fault,
+}
+
+impl Key {
+    pub const ALL: [Key; 11] = [
+        Key::Disable,
+        Key::Local,
+        Key::Log,
+        Key::LogFile,
+        Key::Stats,
+        Key::RingKib,
+        Key::DialDelayMs,
+        Key::SpinUs,
+        Key::NegativeCacheSecs,
+        Key::Trace,
+        Key::Fault,
+    ];
+
+    /// The environment variable.
+    pub fn var(self) -> &'static str {
+        match self {
+            Key::Disable => ENV_DISABLE,
+            Key::Local => ENV_LOCAL,
+            Key::Log => ENV_LOG,
+            Key::LogFile => ENV_LOG_FILE,
+            Key::Stats => ENV_STATS,
+            Key::RingKib => RING_KIB.name,
+            Key::DialDelayMs => DIAL_DELAY_MS.name,
+            Key::SpinUs => SPIN_US.name,
+            Key::NegativeCacheSecs => NEGATIVE_CACHE_SECS.name,
+            Key::Trace => ENV_TRACE,
+            Key::Fault => ENV_FAULT,
+        }
+    }
+
+    /// The key in the configuration file.
+    pub fn key(self) -> &'static str {
+        match self {
+            Key::Disable => "disable",
+            Key::Local => "local",
+            Key::Log => "log",
+            Key::LogFile => "log_file",
+            Key::Stats => "stats",
+            Key::RingKib => "ring_kib",
+            Key::DialDelayMs => "dial_delay_ms",
+            Key::SpinUs => "spin_us",
+            Key::NegativeCacheSecs => "negative_cache_secs",
+            Key::Trace => "trace",
+            Key::Fault => "fault",
+        }
+    }
+
+    pub fn from_key(k: &[u8]) -> Option<Key> {
+        Key::ALL.into_iter().find(|x| x.key().as_bytes() == k)
+    }
+}
+
+/// Where a value came from, for its warning: `RDMASHIM_RING_KIB=banana`, or
+/// `/etc/rdmashim.conf:3: ring_kib = banana`.
+#[derive(Clone, Copy, Debug)]
+enum Origin<'a> {
+    Env,
+    File { path: &'a [u8], line: u32 },
+}
+
+impl Origin<'_> {
+    fn show(self, key: Key, value: &[u8]) -> String {
+        let v = String::from_utf8_lossy(value);
+        match self {
+            Origin::Env => format!("{}={v}", key.var()),
+            Origin::File { path, line } => {
+                format!(
+                    "{}:{line}: {} = {v}",
+                    String::from_utf8_lossy(path),
+                    key.key()
+                )
+            }
+        }
+    }
+}
 
 /// Whether same-host connections move to shared memory unless `RDMASHIM_LOCAL` says.
 pub const LOCAL_DEFAULT: bool = true;
@@ -149,86 +337,286 @@ impl Number {
     /// The value of `raw` (the variable's text), and the warning it deserves: one that is not
     /// a whole number gets the default, one outside the range the nearest bound.
     pub fn parse(&self, raw: &[u8]) -> (u64, Option<String>) {
+        let (v, w) = self.check(raw);
+        (
+            v,
+            w.map(|w| format!("{}={}: {w}", self.name, String::from_utf8_lossy(raw))),
+        )
+    }
+
+    /// As [`parse`](Self::parse), the warning without the variable's name and value.
+    fn check(&self, raw: &[u8]) -> (u64, Option<String>) {
         let text = String::from_utf8_lossy(raw);
         let accepted = format!("a whole number from {} to {}", self.min, self.max);
         match text.trim().parse::<u64>() {
             Ok(n) if (self.min..=self.max).contains(&n) => (n, None),
             Ok(n) => {
                 let v = n.clamp(self.min, self.max);
-                let w = format!("{}={text}: out of range ({accepted}); using {v}", self.name);
-                (v, Some(w))
+                (v, Some(format!("out of range ({accepted}); using {v}")))
             }
-            Err(_) => {
-                let w = format!(
-                    "{}={text}: not {accepted}; using the default, {}",
-                    self.name, self.default
-                );
-                (self.default, Some(w))
-            }
+            Err(_) => (
+                self.default,
+                Some(format!(
+                    "not {accepted}; using the default, {}",
+                    self.default
+                )),
+            ),
         }
     }
 }
 
 impl Config {
-    /// Parses the configuration from a variable lookup.
+    /// Parses the configuration from a variable lookup alone (no file).
     pub fn from_lookup(get: impl Fn(&str) -> Option<Vec<u8>>) -> Config {
         let mut c = Config::default();
-        if let Some(v) = get(ENV_DISABLE) {
-            c.disabled = parse_bool(&v).unwrap_or_else(|| {
-                c.warnings.push(format!(
-                    "{ENV_DISABLE}={}: not a boolean (1/0, true/false, yes/no, on/off); upgrades are disabled",
-                    String::from_utf8_lossy(&v)
-                ));
-                true
-            });
+        c.apply_env(&get);
+        c
+    }
+
+    /// Parses the configuration file (the one `RDMASHIM_CONFIG` names, or the default), read
+    /// with `read`, then the variables of `get` over it: a variable overrides the file's key.
+    pub fn load(
+        get: impl Fn(&str) -> Option<Vec<u8>>,
+        read: impl FnOnce(&[u8]) -> FileRead,
+    ) -> Config {
+        let mut c = Config::default();
+        let env = get(ENV_CONFIG);
+        match config_path(env.as_deref()) {
+            None => c.file.status = FileStatus::Ignored,
+            Some(path) => {
+                let shown = String::from_utf8_lossy(&path).into_owned();
+                let named = env.is_some();
+                c.file.status = match read(&path) {
+                    FileRead::Text(t) if t.len() <= CONFIG_MAX => {
+                        c.parse_file(&path, &t);
+                        FileStatus::Read
+                    }
+                    FileRead::Text(t) => c.too_big(&shown, t.len() as u64),
+                    FileRead::TooBig(n) => c.too_big(&shown, n),
+                    FileRead::Missing if !named => FileStatus::Absent,
+                    FileRead::Missing => {
+                        c.warnings.push(format!(
+                            "{ENV_CONFIG}={shown}: no such file; using the environment and the defaults"
+                        ));
+                        FileStatus::Refused("no such file".into())
+                    }
+                    FileRead::Failed(why) => {
+                        c.warnings.push(format!(
+                            "{shown}: cannot be used ({why}); using the environment and the defaults"
+                        ));
+                        FileStatus::Refused(why)
+                    }
+                };
+                c.file.path = Some(path);
+            }
         }
-        if let Some(v) = get(ENV_LOCAL) {
-            c.local = parse_bool(&v).unwrap_or_else(|| {
-                c.warnings.push(format!(
-                    "{ENV_LOCAL}={}: not a boolean (1/0, true/false, yes/no, on/off); connections on this host stay TCP",
-                    String::from_utf8_lossy(&v)
-                ));
-                false
-            });
+        c.apply_env(&get);
+        c
+    }
+
+    fn too_big(&mut self, shown: &str, n: u64) -> FileStatus {
+        let why = format!("larger than {CONFIG_MAX} bytes");
+        self.warnings.push(format!(
+            "{shown}: {why} ({n} or more): not read; using the environment and the defaults"
+        ));
+        FileStatus::Refused(why)
+    }
+
+    fn apply_env(&mut self, get: &impl Fn(&str) -> Option<Vec<u8>>) {
+        for k in Key::ALL {
+            if let Some(v) = get(k.var()) {
+                self.set(k, &v, Origin::Env);
+            }
         }
-        if let Some(v) = get(ENV_LOG) {
-            match Level::parse(v.to_ascii_lowercase().as_slice()) {
-                Some(l) => c.log_level = l,
-                None => c.warnings.push(format!(
-                    "{ENV_LOG}={}: unknown level (error, warn, info, debug, off); using warn",
-                    String::from_utf8_lossy(&v)
+    }
+
+    /// Sets `key` from `raw` (from `origin`): an accepted value, or the default and a warning.
+    fn set(&mut self, key: Key, raw: &[u8], origin: Origin<'_>) {
+        const BOOL: &str = "not a boolean (1/0, true/false, yes/no, on/off)";
+        let mut warn = |tail: String| {
+            self.warnings
+                .push(format!("{}: {tail}", origin.show(key, raw)))
+        };
+        let path = |v: &[u8]| {
+            let v = trim_blank(v);
+            (!v.is_empty() && !v.contains(&0)).then(|| v.to_vec())
+        };
+        match key {
+            Key::Disable => {
+                self.disabled = parse_bool(trim_blank(raw)).unwrap_or_else(|| {
+                    warn(format!("{BOOL}; upgrades are disabled"));
+                    true
+                })
+            }
+            Key::Local => {
+                self.local = parse_bool(trim_blank(raw)).unwrap_or_else(|| {
+                    warn(format!("{BOOL}; connections on this host stay TCP"));
+                    false
+                })
+            }
+            Key::Log => match Level::parse(trim_blank(raw).to_ascii_lowercase().as_slice()) {
+                Some(l) => self.log_level = l,
+                None => {
+                    warn("unknown level (error, warn, info, debug, off); using warn".into());
+                    self.log_level = Level::Warn;
+                }
+            },
+            // (the environment's value as it is: a path may end in a blank)
+            Key::LogFile => {
+                self.log_file = match origin {
+                    Origin::Env => Some(raw.to_vec()).filter(|v| !v.is_empty() && !v.contains(&0)),
+                    Origin::File { .. } => path(raw),
+                }
+            }
+            Key::Stats => {
+                self.stats_path = match origin {
+                    Origin::Env => Some(raw.to_vec()).filter(|v| !v.is_empty() && !v.contains(&0)),
+                    Origin::File { .. } => path(raw),
+                }
+            }
+            Key::RingKib | Key::DialDelayMs | Key::SpinUs | Key::NegativeCacheSecs => {
+                let n = match key {
+                    Key::RingKib => &RING_KIB,
+                    Key::DialDelayMs => &DIAL_DELAY_MS,
+                    Key::SpinUs => &SPIN_US,
+                    _ => &NEGATIVE_CACHE_SECS,
+                };
+                let (v, w) = n.check(raw);
+                if let Some(w) = w {
+                    warn(w);
+                }
+                match key {
+                    Key::RingKib => self.ring_kib = v,
+                    Key::DialDelayMs => self.dial_delay_ms = v,
+                    Key::SpinUs => self.spin_us = v,
+                    _ => self.negative_cache_secs = Some(v),
+                }
+            }
+            // (the variable: set is on, whatever its value; the file's key: a boolean)
+            Key::Trace => {
+                self.trace = match origin {
+                    Origin::Env => true,
+                    Origin::File { .. } => parse_bool(trim_blank(raw)).unwrap_or_else(|| {
+                        warn(format!("{BOOL}; no trace"));
+                        false
+                    }),
+                }
+            }
+            Key::Fault => {
+                let v = String::from_utf8_lossy(raw).into_owned();
+                self.fault = Fault::parse(&v);
+                if self.fault.is_none() {
+                    warn(
+                        "not POINT:N (ring_recv, engine_link or path_fail, N >= 1); no fault"
+                            .into(),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Parses the configuration file `path`'s bytes `text`: its settings and its rules.
+    pub fn parse_file(&mut self, path: &[u8], text: &[u8]) {
+        let shown = String::from_utf8_lossy(path).into_owned();
+        if text.len() > CONFIG_MAX {
+            self.too_big(&shown, text.len() as u64);
+            return;
+        }
+        for (i, line) in text.split(|b| *b == b'\n').enumerate() {
+            let n = u32::try_from(i + 1).unwrap_or(u32::MAX);
+            let line = trim_blank(strip_comment(line));
+            if line.is_empty() {
+                continue;
+            }
+            let text = String::from_utf8_lossy(line);
+            let Some(eq) = line.iter().position(|b| *b == b'=') else {
+                self.warnings.push(format!(
+                    "{shown}:{n}: {text}: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored"
+                ));
+                continue;
+            };
+            let (lhs, value) = (trim_blank(&line[..eq]), trim_blank(&line[eq + 1..]));
+            let mut words = lhs
+                .split(|b| *b == b' ' || *b == b'\t')
+                .filter(|w| !w.is_empty());
+            let (first, second, more) = (words.next(), words.next(), words.next().is_some());
+            match (first, second, more) {
+                (Some(k), None, _) => match Key::from_key(k) {
+                    Some(key) => self.set(key, value, Origin::File { path, line: n }),
+                    None => self.warnings.push(format!(
+                        "{shown}:{n}: {text}: unknown key (one of {}, or a rule: allow|deny SELECTOR = VALUE); line ignored",
+                        Key::ALL.map(Key::key).join(", ")
+                    )),
+                },
+                (Some(a), Some(sel), false) => {
+                    let Some(action) = Action::parse(a) else {
+                        self.warnings.push(format!(
+                            "{shown}:{n}: {text}: not a rule (allow|deny SELECTOR = VALUE); line ignored"
+                        ));
+                        continue;
+                    };
+                    match Selector::parse(sel, value) {
+                        Ok(selector) => self.rules.push(Rule {
+                            action,
+                            selector,
+                            line: n,
+                        }),
+                        Err(None) => self.warnings.push(format!(
+                            "{shown}:{n}: {text}: unknown selector (one of {}); rule ignored",
+                            rules::SELECTORS.map(|(k, _)| k).join(", ")
+                        )),
+                        Err(Some(accepted)) => self.warnings.push(format!(
+                            "{shown}:{n}: {text}: not {accepted}; rule ignored"
+                        )),
+                    }
+                }
+                _ => self.warnings.push(format!(
+                    "{shown}:{n}: {text}: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored"
                 )),
             }
         }
-        c.log_file = get(ENV_LOG_FILE).filter(|v| !v.is_empty() && !v.contains(&0));
-        c.stats_path = get(ENV_STATS).filter(|v| !v.is_empty() && !v.contains(&0));
-        let mut number = |n: &Number| {
-            get(n.name).map(|raw| {
-                let (v, w) = n.parse(&raw);
-                c.warnings.extend(w);
-                v
-            })
-        };
-        let ring = number(&RING_KIB);
-        let dial = number(&DIAL_DELAY_MS);
-        let spin = number(&SPIN_US);
-        let neg = number(&NEGATIVE_CACHE_SECS);
-        c.ring_kib = ring.unwrap_or(RING_KIB.default);
-        c.dial_delay_ms = dial.unwrap_or(DIAL_DELAY_MS.default);
-        c.spin_us = spin.unwrap_or(SPIN_US.default);
-        c.negative_cache_secs = neg;
-        c.trace = get(ENV_TRACE).is_some();
-        if let Some(v) = get(ENV_FAULT) {
-            let v = String::from_utf8_lossy(&v).into_owned();
-            c.fault = Fault::parse(&v);
-            if c.fault.is_none() {
-                c.warnings.push(format!(
-                    "{ENV_FAULT}={v}: not POINT:N (ring_recv, engine_link or path_fail, N >= 1); no fault"
-                ));
-            }
-        }
-        c
     }
+
+    /// Decides the rules for this program, recognised by `is_program` (given a program
+    /// rule's glob: see [`rules::program_matches`]).
+    pub fn resolve_program(&mut self, is_program: impl Fn(&[u8]) -> bool) {
+        self.policy = rules::resolve(&self.rules, is_program);
+    }
+
+    /// Whether any rule is a program rule (the program's paths are looked up only then).
+    pub fn has_program_rules(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|r| matches!(r.selector, Selector::Program(_)))
+    }
+
+    /// The rule that denies this whole program, if one does (after [`resolve_program`]).
+    ///
+    /// [`resolve_program`]: Self::resolve_program
+    pub fn program_denied(&self) -> Option<&Rule> {
+        let line = self.policy.process_denied()?;
+        self.rules.iter().find(|r| r.line == line)
+    }
+}
+
+/// `line` up to its comment: a `#` at its start or after a blank.
+fn strip_comment(line: &[u8]) -> &[u8] {
+    let mut prev_blank = true;
+    for (i, b) in line.iter().enumerate() {
+        if *b == b'#' && prev_blank {
+            return &line[..i];
+        }
+        prev_blank = matches!(b, b' ' | b'\t');
+    }
+    line
+}
+
+/// `v` without blanks (spaces, tabs, a carriage return) around it.
+fn trim_blank(v: &[u8]) -> &[u8] {
+    let blank = |b: &u8| matches!(b, b' ' | b'\t' | b'\r');
+    let start = v.iter().position(|b| !blank(b)).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !blank(b)).map_or(start, |i| i + 1);
+    &v[start..end]
 }
 
 impl Config {
@@ -446,6 +834,287 @@ mod tests {
         let ok = cfg(&[("RDMASHIM_RING_KIB", "64"), ("RDMASHIM_TRACE", "")]);
         assert_eq!((ok.ring_kib, ok.trace), (64, true));
         assert!(ok.warnings.is_empty());
+    }
+
+    /// The configuration of file `text` (at `/etc/rdmashim.conf`) and the variables `vars`.
+    fn with_file(text: impl AsRef<[u8]>, vars: &[(&str, &str)]) -> Config {
+        let m: HashMap<String, Vec<u8>> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        let text = text.as_ref().to_vec();
+        Config::load(
+            |k| m.get(k).cloned(),
+            |p| {
+                assert_eq!(p, DEFAULT_CONFIG.as_bytes());
+                FileRead::Text(text)
+            },
+        )
+    }
+
+    #[test]
+    fn the_file_has_every_setting() {
+        let c = with_file(
+            "# the machine's settings\n\
+             \n\
+             disable = no\n\
+             local=off\n\
+             \tlog = DEBUG   # loud\n\
+             log_file = /var/log/rdmashim.%p.log\n\
+             stats = stats#%p.json\n\
+             ring_kib = 64\r\n\
+             dial_delay_ms = 20\n\
+             spin_us = 0\n\
+             negative_cache_secs = 30\n\
+             trace = yes\n\
+             fault = ring_recv:2\n",
+            &[],
+        );
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!(c.file.status, FileStatus::Read);
+        assert!(!c.disabled && !c.local && c.trace);
+        assert_eq!(c.log_level, Level::Debug);
+        assert_eq!(
+            c.log_file.as_deref(),
+            Some(&b"/var/log/rdmashim.%p.log"[..])
+        );
+        assert_eq!(c.stats_path.as_deref(), Some(&b"stats#%p.json"[..]));
+        assert_eq!(
+            (
+                c.ring_kib,
+                c.dial_delay_ms,
+                c.spin_us,
+                c.negative_cache_secs
+            ),
+            (64, 20, 0, Some(30))
+        );
+        assert_eq!(c.fault.map(|f| f.after), Some(2));
+        // every key there is (the table above has them all)
+        for k in Key::ALL {
+            assert_eq!(Key::from_key(k.key().as_bytes()), Some(k));
+            assert_eq!(k.var().to_lowercase(), format!("rdmashim_{}", k.key()));
+        }
+    }
+
+    #[test]
+    fn the_environment_overrides_the_file() {
+        let file = "ring_kib = 64\nlocal = off\nstats = /var/tmp/s.json\ndisable = yes\n";
+        let c = with_file(
+            file,
+            &[
+                ("RDMASHIM_RING_KIB", "128"),
+                ("RDMASHIM_LOCAL", "1"),
+                ("RDMASHIM_STATS", ""),
+            ],
+        );
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!((c.ring_kib, c.local, c.stats_path), (128, true, None));
+        assert!(c.disabled, "the file's, where no variable says otherwise");
+        // a bad variable over a good key: its warning, and the default
+        let c = with_file(file, &[("RDMASHIM_RING_KIB", "lots")]);
+        assert_eq!(c.ring_kib, 512);
+        assert_eq!(
+            c.warnings,
+            ["RDMASHIM_RING_KIB=lots: not a whole number from 4 to 8192; using the default, 512"]
+        );
+    }
+
+    #[test]
+    fn each_bad_line_gets_one_warning_with_its_place() {
+        let c = with_file(
+            "ring_kib = banana\n\
+             spin_us = 99999\n\
+             disable = perhaps\n\
+             log = loud\n\
+             colour = blue\n\
+             just some words\n\
+             permit port = 22\n\
+             deny peer = 10.0.0.0/33\n\
+             deny port = 70000\n\
+             deny host = example.com\n\
+             deny port 22 = 23\n\
+             deny port = 6379\n\
+             = 5\n",
+            &[],
+        );
+        let w = &c.warnings;
+        let want = [
+            "/etc/rdmashim.conf:1: ring_kib = banana: not a whole number from 4 to 8192; using the default, 512",
+            "/etc/rdmashim.conf:2: spin_us = 99999: out of range (a whole number from 0 to 10000); using 10000",
+            "/etc/rdmashim.conf:3: disable = perhaps: not a boolean (1/0, true/false, yes/no, on/off); upgrades are disabled",
+            "/etc/rdmashim.conf:4: log = loud: unknown level (error, warn, info, debug, off); using warn",
+            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, trace, fault, or a rule: allow|deny SELECTOR = VALUE); line ignored",
+            "/etc/rdmashim.conf:6: just some words: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored",
+            "/etc/rdmashim.conf:7: permit port = 22: not a rule (allow|deny SELECTOR = VALUE); line ignored",
+            "/etc/rdmashim.conf:8: deny peer = 10.0.0.0/33: not an IPv4 or IPv6 address, optionally /PREFIX (0-32, 0-128); rule ignored",
+            "/etc/rdmashim.conf:9: deny port = 70000: not a port or a range, N or N-M (0-65535); rule ignored",
+            "/etc/rdmashim.conf:10: deny host = example.com: unknown selector (one of program, peer, port, local_port, remote_port); rule ignored",
+            "/etc/rdmashim.conf:11: deny port 22 = 23: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored",
+            "/etc/rdmashim.conf:13: = 5: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored",
+        ];
+        assert_eq!(w.len(), want.len(), "{w:#?}");
+        for (got, want) in w.iter().zip(want) {
+            assert_eq!(got, want);
+        }
+        assert_eq!((c.ring_kib, c.spin_us, c.disabled), (512, 10_000, true));
+        assert_eq!(c.rules.len(), 1, "only the good rule: {:?}", c.rules);
+        assert_eq!(c.rules[0].line, 12);
+        assert_eq!(c.rules[0].to_string(), "deny port = 6379");
+    }
+
+    #[test]
+    fn comments_blanks_and_odd_bytes() {
+        let c = with_file(
+            b"  # indented comment\n\
+             \t\r\n\
+             deny program = sshd # the daemon\n\
+             deny program = a#b\n\
+             stats = /tmp/x y.json\n\
+             deny program = \xff\xfe\n",
+            &[],
+        );
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let globs: Vec<_> = c
+            .rules
+            .iter()
+            .map(|r| match &r.selector {
+                Selector::Program(g) => g.clone(),
+                s => panic!("{s:?}"),
+            })
+            .collect();
+        assert_eq!(globs, [&b"sshd"[..], b"a#b", b"\xff\xfe"]);
+        assert_eq!(c.stats_path.as_deref(), Some(&b"/tmp/x y.json"[..]));
+        // not UTF-8 in a bad line: shown, not refused
+        let c = with_file("ring_kib = \u{fffd}x\n", &[]);
+        assert_eq!(c.warnings.len(), 1);
+        // a file without a newline at its end, and an empty one
+        assert_eq!(with_file("ring_kib = 8", &[]).ring_kib, 8);
+        assert_eq!(with_file("", &[]).warnings.len(), 0);
+    }
+
+    #[test]
+    fn which_file_and_what_became_of_it() {
+        assert_eq!(
+            config_path(None).as_deref(),
+            Some(DEFAULT_CONFIG.as_bytes())
+        );
+        assert_eq!(config_path(Some(b"")), None);
+        assert_eq!(config_path(Some(b"none")), None);
+        assert_eq!(
+            config_path(Some(b"/x.conf")).as_deref(),
+            Some(&b"/x.conf"[..])
+        );
+        let env = |v: Option<&'static str>| {
+            move |k: &str| {
+                (k == ENV_CONFIG)
+                    .then_some(v)
+                    .flatten()
+                    .map(|v| v.as_bytes().to_vec())
+            }
+        };
+        // ignored: never read
+        let c = Config::load(env(Some("none")), |_| panic!("read"));
+        assert_eq!(c.file.status, FileStatus::Ignored);
+        assert!(c.warnings.is_empty());
+        // the default, absent: quietly the defaults
+        let c = Config::load(env(None), |_| FileRead::Missing);
+        assert_eq!(
+            (c.file.status.clone(), c.warnings.len()),
+            (FileStatus::Absent, 0)
+        );
+        assert!(c.file.describe().contains("absent"));
+        // a named file, absent: said
+        let c = Config::load(env(Some("/x.conf")), |p| {
+            assert_eq!(p, b"/x.conf");
+            FileRead::Missing
+        });
+        assert_eq!(
+            c.warnings,
+            ["RDMASHIM_CONFIG=/x.conf: no such file; using the environment and the defaults"]
+        );
+        // one that cannot be read
+        let c = Config::load(env(None), |_| {
+            FileRead::Failed("Permission denied (errno 13)".into())
+        });
+        assert_eq!(
+            c.warnings,
+            ["/etc/rdmashim.conf: cannot be used (Permission denied (errno 13)); using the environment and the defaults"]
+        );
+    }
+
+    #[test]
+    fn an_oversize_file_is_refused_whole() {
+        let mut big = "deny port = 22\n".repeat(CONFIG_MAX / 15 + 1);
+        assert!(big.len() > CONFIG_MAX);
+        let c = with_file(&big, &[("RDMASHIM_RING_KIB", "16")]);
+        assert!(c.rules.is_empty());
+        assert_eq!(c.ring_kib, 16, "the environment still applies");
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(c.warnings[0].starts_with("/etc/rdmashim.conf: larger than 65536 bytes"));
+        assert!(matches!(c.file.status, FileStatus::Refused(_)));
+        // the reader's own refusal says the same
+        let c = Config::load(|_| None, |_| FileRead::TooBig(1 << 20));
+        assert_eq!(c.warnings.len(), 1);
+        // exactly the limit is read
+        big.truncate(CONFIG_MAX);
+        let c = with_file(&big, &[]);
+        assert_eq!(c.file.status, FileStatus::Read);
+    }
+
+    #[test]
+    fn the_program_rule_is_decided_once() {
+        let mut c = with_file(
+            "allow peer = 10.0.0.0/8\ndeny program = sshd\ndeny program = /usr/sbin/*\n",
+            &[],
+        );
+        assert!(c.has_program_rules());
+        c.resolve_program(|g| rules::program_matches(g, b"sshd", &[b"/usr/sbin/sshd"]));
+        assert!(
+            c.program_denied().is_none(),
+            "a connection rule comes first"
+        );
+        let mut c = with_file("deny program = sshd\nallow program = *\n", &[]);
+        c.resolve_program(|g| rules::program_matches(g, b"sshd", &[]));
+        assert_eq!(c.program_denied().map(|r| r.line), Some(1));
+        c.resolve_program(|g| rules::program_matches(g, b"curl", &[]));
+        assert!(c.program_denied().is_none() && c.policy.allows_all());
+    }
+
+    #[test]
+    fn the_packaged_file_is_all_comments_and_its_examples_parse() {
+        let text = include_str!("../../docs/rdmashim.conf");
+        assert_eq!(
+            with_file(text, &[]),
+            Config {
+                file: ConfigFile {
+                    path: Some(DEFAULT_CONFIG.as_bytes().to_vec()),
+                    status: FileStatus::Read,
+                },
+                ..Config::default()
+            }
+        );
+        // every example, uncommented, is understood
+        let examples: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix('#'))
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_lowercase()))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = with_file(&examples, &[]);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!(c.rules.len(), 6, "{examples}");
+        let keys: Vec<&str> = examples
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
+            .filter(|k| !k.contains(' '))
+            .collect();
+        for k in Key::ALL.into_iter().filter(|k| *k != Key::Fault) {
+            assert!(
+                keys.contains(&k.key()),
+                "{} not in the packaged file",
+                k.key()
+            );
+        }
     }
 
     #[test]

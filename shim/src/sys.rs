@@ -543,6 +543,108 @@ pub fn remember_exec_name() {
     let _ = EXEC_NAME.set(n);
 }
 
+/// The path this image was executed as (the kernel's `AT_EXECFN`: as the caller of `execve`
+/// gave it, possibly relative), `None` without one.
+pub fn exec_path() -> Option<&'static [u8]> {
+    // SAFETY: getauxval reads the auxiliary vector; AT_EXECFN, when present, points to the
+    // NUL-terminated path the kernel put on the initial stack, alive for the process's life.
+    let p = unsafe { libc::getauxval(libc::AT_EXECFN) } as *const c_char;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: as above: a NUL-terminated string that lives as long as the process.
+    Some(unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
+}
+
+/// The target of `/proc/self/exe` (the executable's real path; without the ` (deleted)` of a
+/// removed file), in `buf`. `None` if it cannot be read or does not fit.
+pub fn exe_path(buf: &mut [u8; 4096]) -> Option<&[u8]> {
+    let _e = ErrnoGuard::save();
+    // SAFETY: a NUL-terminated path; buf is writable for its length.
+    let n = unsafe {
+        rdmashim_core::raw_syscall!(
+            libc::SYS_readlinkat,
+            libc::AT_FDCWD,
+            c"/proc/self/exe".as_ptr(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    let link = usize::try_from(n)
+        .ok()
+        .filter(|n| *n > 0 && *n < buf.len())
+        .and_then(|n| buf.get(..n))?;
+    Some(link.strip_suffix(b" (deleted)").unwrap_or(link))
+}
+
+/// Reads the configuration file `path` (not NUL-terminated) whole, with raw system calls (the
+/// constructor runs before `main`: no hooked call, no stdio, no locale). A file larger than
+/// `max` bytes is not read ([`FileRead::TooBig`]), nor is anything but a regular file (a FIFO
+/// would block the program's start). With `trusted` (secure execution: a setuid program), only
+/// a file owned by root that no one else may write is used.
+pub fn read_config(path: &[u8], max: usize, trusted: bool) -> crate::settings::FileRead {
+    use crate::settings::FileRead;
+    let _e = ErrnoGuard::save();
+    let mut z = Vec::with_capacity(path.len() + 1);
+    z.extend_from_slice(path);
+    z.push(0);
+    let fd = match open(
+        &z,
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
+        0,
+    ) {
+        Ok(fd) => fd,
+        Err(e) if e.0 == libc::ENOENT => return FileRead::Missing,
+        Err(e) => return FileRead::Failed(e.to_string()),
+    };
+    let r = (|| {
+        let st = fstat(fd).map_err(|e| FileRead::Failed(e.to_string()))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(FileRead::Failed("not a regular file".into()));
+        }
+        if trusted && (st.st_uid != 0 || st.st_mode & 0o022 != 0) {
+            return Err(FileRead::Failed(
+                "a setuid or setgid program uses only a file of root's that no one else may write"
+                    .into(),
+            ));
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if size > max as u64 {
+            return Err(FileRead::TooBig(size));
+        }
+        // Its size and a byte more (a file that grew since its fstat is seen to, up to one
+        // byte past the limit, which refuses it).
+        let mut buf = vec![0u8; (size as usize).min(max) + 1];
+        let mut have = 0usize;
+        loop {
+            if have == buf.len() {
+                if buf.len() > max {
+                    break;
+                }
+                buf.resize(max + 1, 0);
+            }
+            let rest = buf.get_mut(have..).unwrap_or(&mut []);
+            // SAFETY: rest is writable for its length; fd is open.
+            let n = unsafe {
+                rdmashim_core::raw_syscall!(libc::SYS_read, fd, rest.as_mut_ptr(), rest.len())
+            };
+            match check(n) {
+                Ok(0) => break,
+                Ok(n) => have = (have + n as usize).min(buf.len()),
+                Err(e) if e.0 == libc::EINTR => continue,
+                Err(e) => return Err(FileRead::Failed(e.to_string())),
+            }
+        }
+        if have > max {
+            return Err(FileRead::TooBig(have as u64));
+        }
+        buf.truncate(have);
+        Ok(FileRead::Text(buf))
+    })();
+    close(fd);
+    r.unwrap_or_else(|e| e)
+}
+
 /// Whether directory `path` (NUL-terminated) has any entry other than `.` and `..`.
 /// `None` if it cannot be opened (absent).
 pub fn dir_has_entries(path: &[u8]) -> Option<bool> {
@@ -642,6 +744,51 @@ pub fn holds_io_uring() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_configuration_file_and_nothing_else() {
+        use crate::settings::FileRead;
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rdmashim-sys-conf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = |n: &str| dir.join(n).into_os_string().into_encoded_bytes();
+        const MAX: usize = 100;
+        assert_eq!(read_config(&p("absent"), MAX, false), FileRead::Missing);
+        std::fs::write(dir.join("ok"), "ring_kib = 8\n").unwrap();
+        assert_eq!(
+            read_config(&p("ok"), MAX, false),
+            FileRead::Text(b"ring_kib = 8\n".to_vec())
+        );
+        std::fs::write(dir.join("max"), [b'#'; MAX]).unwrap();
+        assert!(matches!(read_config(&p("max"), MAX, false), FileRead::Text(t) if t.len() == MAX));
+        std::fs::write(dir.join("big"), [b'#'; MAX + 1]).unwrap();
+        assert_eq!(
+            read_config(&p("big"), MAX, false),
+            FileRead::TooBig(MAX as u64 + 1)
+        );
+        // a directory, and a FIFO (opened without waiting for a writer)
+        assert!(matches!(
+            read_config(dir.as_os_str().as_encoded_bytes(), MAX, false),
+            FileRead::Failed(_)
+        ));
+        let fifo = std::ffi::CString::new(p("fifo")).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(
+            read_config(&p("fifo"), MAX, false),
+            FileRead::Failed("not a regular file".into())
+        );
+        // a setuid program's: root's, and writable by no one else
+        let mine = geteuid() == 0;
+        let trusted = read_config(&p("ok"), MAX, true);
+        assert_eq!(matches!(trusted, FileRead::Text(_)), mine, "{trusted:?}");
+        std::fs::set_permissions(dir.join("ok"), std::fs::Permissions::from_mode(0o664)).unwrap();
+        assert!(matches!(
+            read_config(&p("ok"), MAX, true),
+            FileRead::Failed(_)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn io_uring_descriptors_are_found() {

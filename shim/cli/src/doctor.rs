@@ -1,8 +1,9 @@
 //! `rdmashim doctor`: what this host offers, and what would happen to a connection made now.
 //!
 //! The verdict follows the shim's own rules, through the shim's own code where it has one: the
-//! environment is parsed by settings.rs (the library's parser: the same booleans, ranges and
-//! warnings), the host probe's order (`disabled`, then `no_device`: any entry in
+//! configuration file and the environment are parsed by settings.rs (the library's parser: the
+//! same keys, booleans, ranges, rules and warnings; the file's rules are rules.rs's, and
+//! `--program` judges a program by them as the library would), the host probe's order (`disabled`, then `no_device`: any entry in
 //! `/sys/class/infiniband`) is reason.rs's `host_reason_from`, and the libraries are opened
 //! by the names and with the flags of the transport's loader. What the shim only finds out
 //! when a connection tries, doctor looks at beforehand: whether one connection's rings fit
@@ -13,7 +14,8 @@
 
 use crate::json::Value;
 use crate::reason::{host_reason_from, FallbackReason};
-use crate::settings::{Config, ENV_DISABLE, ENV_LOCAL, RING_KIB};
+use crate::rules;
+use crate::settings::{Config, FileRead, CONFIG_MAX, ENV_CONFIG, ENV_DISABLE, ENV_LOCAL, RING_KIB};
 use crate::sys;
 use std::ffi::OsString;
 use std::fs;
@@ -41,20 +43,60 @@ const CAP_IPC_LOCK: u32 = 14;
 /// What `rdmashim doctor ARGS` asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Args {
-    Report { json: bool },
+    Report {
+        json: bool,
+        /// `--program PROG`: judge the configuration's rules for this program.
+        program: Option<OsString>,
+    },
     Help,
 }
 
 pub fn parse(args: &[OsString]) -> Result<Args, String> {
     let mut json = false;
-    for a in args {
+    let mut program = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
         match a.to_str() {
             Some("--json") => json = true,
+            Some("--program") => {
+                program = Some(it.next().ok_or("doctor: --program needs a value")?.clone())
+            }
             Some("-h" | "--help") => return Ok(Args::Help),
             _ => return Err(format!("doctor: unknown argument {a:?}")),
         }
     }
-    Ok(Args::Report { json })
+    Ok(Args::Report { json, program })
+}
+
+/// Reads the configuration file as the library does: a regular file of at most
+/// [`CONFIG_MAX`] bytes.
+pub fn read_config(path: &[u8]) -> FileRead {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    let path = Path::new(std::ffi::OsStr::from_bytes(path));
+    // (looked at before it is opened: opening a FIFO would wait for a writer)
+    match fs::metadata(path) {
+        Ok(m) if !m.is_file() => return FileRead::Failed("not a regular file".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return FileRead::Missing,
+        _ => {}
+    }
+    let f = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return FileRead::Missing,
+        Err(e) => return FileRead::Failed(e.to_string()),
+    };
+    match f.metadata() {
+        Ok(m) if !m.is_file() => return FileRead::Failed("not a regular file".into()),
+        Ok(m) if m.len() > CONFIG_MAX as u64 => return FileRead::TooBig(m.len()),
+        Ok(_) => {}
+        Err(e) => return FileRead::Failed(e.to_string()),
+    }
+    let mut text = Vec::new();
+    match f.take(CONFIG_MAX as u64 + 1).read_to_end(&mut text) {
+        Ok(n) if n > CONFIG_MAX => FileRead::TooBig(n as u64),
+        Ok(_) => FileRead::Text(text),
+        Err(e) => FileRead::Failed(e.to_string()),
+    }
 }
 
 // ----- what doctor looks at -------------------------------------------------------------------
@@ -139,8 +181,11 @@ pub struct Memlock {
 /// Everything the verdict is drawn from.
 #[derive(Debug, Clone)]
 pub struct Facts {
-    /// The environment, as the shim would read it.
+    /// The configuration file and the environment, as the shim would read them (the program
+    /// rules decided for [`Facts::program`]).
     pub config: Config,
+    /// The program judged (`--program`), as given.
+    pub program: Option<String>,
     pub devices: Vec<Device>,
     /// Each library, and why it does not load.
     pub libraries: Vec<(&'static str, Option<String>)>,
@@ -220,10 +265,27 @@ fn cap_ipc_lock(status: &str) -> Option<bool> {
 impl Facts {
     /// This host, and this process's environment and limits (a program started from here
     /// inherits both).
-    pub fn gather() -> Facts {
-        use std::os::unix::ffi::OsStringExt;
+    pub fn gather(program: Option<&OsString>) -> Facts {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let mut config = Config::load(|k| std::env::var_os(k).map(|v| v.into_vec()), read_config);
+        if let Some(prog) = program {
+            // As the library sees it: the name it is executed as, and its paths (as executed
+            // — found through PATH as exec finds it — and the file's real path).
+            let path = std::env::var_os("PATH");
+            let found = crate::program::resolve(prog, path.as_deref());
+            let real = found.as_ref().and_then(|f| fs::canonicalize(f).ok());
+            let name = rules::base_name(prog.as_bytes()).to_vec();
+            let paths: Vec<Vec<u8>> = [found, real]
+                .into_iter()
+                .flatten()
+                .map(|p| p.into_os_string().into_vec())
+                .collect();
+            let paths: Vec<&[u8]> = paths.iter().map(Vec::as_slice).collect();
+            config.resolve_program(|g| rules::program_matches(g, &name, &paths));
+        }
         Facts {
-            config: Config::from_lookup(|k| std::env::var_os(k).map(|v| v.into_vec())),
+            config,
+            program: program.map(|p| p.to_string_lossy().into_owned()),
             devices: devices(Path::new(SYSFS)),
             libraries: LIBS
                 .iter()
@@ -299,6 +361,8 @@ pub struct Verdict {
     /// How many connections over RDMA fit under RLIMIT_MEMLOCK (`None`: no limit applies,
     /// or it is unknown).
     pub room: Option<u64>,
+    /// The program judged (`--program`).
+    pub program: Option<String>,
 }
 
 impl Verdict {
@@ -401,11 +465,30 @@ pub fn judge(f: &Facts) -> Verdict {
         )),
         None => Ok(active),
     };
+    // (after `disabled`, before anything of the host's, as `probe::process_reason` does)
+    let denied = (!c.disabled).then(|| c.program_denied()).flatten();
+    let rdma = match denied {
+        Some(rule) => Err(why(
+            FallbackReason::Policy,
+            format!(
+                "{}:{}: {rule}",
+                String::from_utf8_lossy(c.file.path.as_deref().unwrap_or(b"")),
+                rule.line
+            ),
+            &format!(
+                "a rule that allows this program before line {} of the configuration file, \
+                 or that line removed (or {ENV_CONFIG}=none, for a trial)",
+                rule.line
+            ),
+        )),
+        None => rdma,
+    };
     Verdict {
         rdma,
-        same_host: !c.disabled && c.local,
+        same_host: !c.disabled && denied.is_none() && c.local,
         pinned,
         room,
+        program: f.program.clone(),
     }
 }
 
@@ -456,6 +539,12 @@ fn verdict_line(v: &Verdict) -> String {
             w.reason.name(),
             w.detail
         ),
+        Err(w) if w.reason == FallbackReason::Policy => format!(
+            "verdict: every connection of {} will stay on TCP ({}: {})",
+            v.program.as_deref().unwrap_or("this program"),
+            w.reason.name(),
+            w.detail
+        ),
         Err(w) => format!(
             "verdict: connections to other hosts will stay on TCP ({}: {}); {}",
             w.reason.name(),
@@ -487,6 +576,10 @@ fn report(f: &Facts, v: &Verdict) {
     match crate::find_lib(None) {
         Ok(p) => println!("shim library: {}", p.display()),
         Err(e) => println!("shim library: {e}"),
+    }
+    println!("config file: {}", f.config.file.describe());
+    for line in rule_lines(f) {
+        println!("{line}");
     }
     let onoff = |b: bool| if b { "on" } else { "off" };
     println!(
@@ -529,13 +622,45 @@ fn report(f: &Facts, v: &Verdict) {
         Err(e) => println!("RLIMIT_MEMLOCK: unknown ({e})"),
     }
     match &v.rdma {
-        Err(w) if w.reason == FallbackReason::Disabled => {
+        Err(w) if matches!(w.reason, FallbackReason::Disabled | FallbackReason::Policy) => {
             println!("to upgrade connections: {}", w.fix)
         }
         Err(w) => println!("to upgrade connections to other hosts: {}", w.fix),
         Ok(_) => {}
     }
     println!("{}", verdict_line(v));
+}
+
+/// The rules, one line each, and what they mean for the program judged.
+fn rule_lines(f: &Facts) -> Vec<String> {
+    let c = &f.config;
+    if c.rules.is_empty() {
+        return vec!["rules: none (every connection may upgrade)".into()];
+    }
+    let mut v = vec!["rules (the first that matches decides; none: allow):".to_string()];
+    for r in &c.rules {
+        v.push(format!("  line {}: {r}", r.line));
+    }
+    match &f.program {
+        Some(p) => v.push(match c.program_denied() {
+            Some(r) => format!("program {p}: denied by line {} ({r})", r.line),
+            None if c.policy.allows_all() => format!("program {p}: every connection allowed"),
+            None => format!(
+                "program {p}: {} connection rule(s) decide per connection{}",
+                c.policy.rules.len(),
+                c.policy.end.map_or(String::new(), |e| format!(
+                    ", then line {}: {}",
+                    e.line,
+                    e.action.name()
+                ))
+            ),
+        }),
+        None if c.has_program_rules() => v.push(
+            "program rules are judged for one program: rdmashim doctor --program NAME".into(),
+        ),
+        None => {}
+    }
+    v
 }
 
 /// The whole report as one JSON object.
@@ -636,6 +761,39 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
                 ),
             ]),
         ),
+        (
+            "config",
+            Obj(vec![
+                (
+                    "file",
+                    Value::opt(f.config.file.path.as_deref(), |p: &[u8]| {
+                        Value::str(String::from_utf8_lossy(p))
+                    }),
+                ),
+                ("status", Value::str(f.config.file.describe())),
+                (
+                    "rules",
+                    Arr(f
+                        .config
+                        .rules
+                        .iter()
+                        .map(|r| {
+                            Obj(vec![
+                                ("line", Num(u64::from(r.line))),
+                                ("rule", Value::str(r.to_string())),
+                            ])
+                        })
+                        .collect()),
+                ),
+                ("program", Value::opt(f.program.clone(), Value::str)),
+                (
+                    "program_denied_by_line",
+                    Value::opt(f.config.program_denied().map(|r| r.line), |l| {
+                        Num(u64::from(l))
+                    }),
+                ),
+            ]),
+        ),
         ("memlock", memlock),
         (
             "per_connection_bytes",
@@ -655,8 +813,8 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
     ])
 }
 
-pub fn doctor(json: bool) -> ExitCode {
-    let f = Facts::gather();
+pub fn doctor(json: bool, program: Option<&OsString>) -> ExitCode {
+    let f = Facts::gather(program);
     let v = judge(&f);
     if json {
         println!("{}", to_json(&f, &v));
@@ -712,6 +870,7 @@ mod tests {
                     .find(|(n, _)| *n == k)
                     .map(|(_, v)| v.as_bytes().to_vec())
             }),
+            program: None,
             devices: vec![rxe("4: ACTIVE")],
             libraries: LIBS.iter().map(|l| (*l, None)).collect(),
             memlock: Ok(Memlock {
@@ -853,10 +1012,110 @@ mod tests {
     #[test]
     fn arguments() {
         let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
-        assert_eq!(parse(&os(&[])), Ok(Args::Report { json: false }));
-        assert_eq!(parse(&os(&["--json"])), Ok(Args::Report { json: true }));
+        assert_eq!(
+            parse(&os(&[])),
+            Ok(Args::Report {
+                json: false,
+                program: None
+            })
+        );
+        assert_eq!(
+            parse(&os(&["--json"])),
+            Ok(Args::Report {
+                json: true,
+                program: None
+            })
+        );
+        assert_eq!(
+            parse(&os(&["--program", "sshd", "--json"])),
+            Ok(Args::Report {
+                json: true,
+                program: Some("sshd".into())
+            })
+        );
+        assert!(parse(&os(&["--program"])).is_err());
         assert_eq!(parse(&os(&["--json", "-h"])), Ok(Args::Help));
         assert!(parse(&os(&["--verbose"])).is_err());
+    }
+
+    #[test]
+    fn a_program_the_rules_deny() {
+        let mut f = facts(&[]);
+        f.config.parse_file(
+            b"/etc/rdmashim.conf",
+            b"deny port = 22\ndeny program = sshd\n",
+        );
+        f.config.file.path = Some(b"/etc/rdmashim.conf".to_vec());
+        // no program named: the rules are listed, the verdict is the host's
+        assert!(judge(&f).rdma.is_ok());
+        assert!(rule_lines(&f).last().unwrap().contains("--program"));
+        // sshd: a connection rule comes first, so not the whole program
+        f.program = Some("sshd".into());
+        f.config
+            .resolve_program(|g| rules::program_matches(g, b"sshd", &[]));
+        assert!(judge(&f).rdma.is_ok());
+        // with the program rule first, denied as a whole
+        let mut f = facts(&[]);
+        f.config.parse_file(
+            b"/etc/rdmashim.conf",
+            b"# ssh stays TCP\ndeny program = sshd\n",
+        );
+        f.config.file.path = Some(b"/etc/rdmashim.conf".to_vec());
+        f.program = Some("sshd".into());
+        f.config
+            .resolve_program(|g| rules::program_matches(g, b"sshd", &[]));
+        let v = judge(&f);
+        assert_eq!(
+            (reason(&v), v.exit_code(), v.same_host),
+            (Some("policy"), 1, false)
+        );
+        assert_eq!(
+            verdict_line(&v),
+            "verdict: every connection of sshd will stay on TCP (policy: \
+             /etc/rdmashim.conf:2: deny program = sshd)"
+        );
+        assert_eq!(
+            rule_lines(&f).last().unwrap(),
+            "program sshd: denied by line 2 (deny program = sshd)"
+        );
+        let j = to_json(&f, &v).to_string();
+        for want in [
+            r#""reason":"policy""#,
+            r#""program_denied_by_line":2"#,
+            r#""rules":[{"line":2,"rule":"deny program = sshd"}]"#,
+            r#""verdict":"tcp""#,
+        ] {
+            assert!(j.contains(want), "{want} missing: {j}");
+        }
+        // disabled still comes first
+        let mut d = f.clone();
+        d.config.disabled = true;
+        assert_eq!(reason(&judge(&d)), Some("disabled"));
+    }
+
+    #[test]
+    fn reads_the_file_as_the_library_does() {
+        let dir = std::env::temp_dir().join(format!("rdmashim-doctor-conf-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let p = |n: &str| dir.join(n).into_os_string().into_encoded_bytes();
+        assert_eq!(read_config(&p("absent")), FileRead::Missing);
+        assert_eq!(
+            read_config(dir.as_os_str().as_encoded_bytes()),
+            FileRead::Failed("not a regular file".into())
+        );
+        fs::write(dir.join("ok"), "ring_kib = 8\n").unwrap();
+        assert_eq!(
+            read_config(&p("ok")),
+            FileRead::Text(b"ring_kib = 8\n".to_vec())
+        );
+        fs::write(dir.join("big"), vec![b'#'; CONFIG_MAX + 1]).unwrap();
+        assert_eq!(
+            read_config(&p("big")),
+            FileRead::TooBig(CONFIG_MAX as u64 + 1)
+        );
+        fs::write(dir.join("max"), vec![b'#'; CONFIG_MAX]).unwrap();
+        assert!(matches!(read_config(&p("max")), FileRead::Text(t) if t.len() == CONFIG_MAX));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

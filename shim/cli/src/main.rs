@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! rdmashim run [OPTIONS] [--] PROGRAM [ARGS...]
-//! rdmashim doctor [--json]
+//! rdmashim doctor [--json] [--program PROG]
 //! rdmashim --help | --version
 //! ```
 #![deny(unsafe_code)]
@@ -14,6 +14,9 @@ mod program;
 #[path = "../../src/reason.rs"]
 #[allow(dead_code)]
 mod reason;
+#[path = "../../src/rules.rs"]
+#[allow(dead_code)]
+mod rules;
 #[path = "../../src/settings.rs"]
 #[allow(dead_code)]
 mod settings;
@@ -30,11 +33,13 @@ use std::process::ExitCode;
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// `rdmashim run --help`.
-const RUN_USAGE: &str = "  rdmashim run [--stats PATH] [--log LEVEL] [--log-file PATH] [--disable] [--local|--no-local] [--lib PATH] [--] PROGRAM [ARGS...]
+const RUN_USAGE: &str = "  rdmashim run [--stats PATH] [--log LEVEL] [--log-file PATH] [--config FILE|--no-config] [--disable] [--local|--no-local] [--lib PATH] [--] PROGRAM [ARGS...]
       Runs PROGRAM with librdmashim.so preloaded (appended to any existing LD_PRELOAD).
       --stats PATH     write the stats JSON at exit (RDMASHIM_STATS; %p becomes the pid)
       --log LEVEL      error|warn|info|debug|off (RDMASHIM_LOG)
       --log-file PATH  log to PATH instead of stderr (RDMASHIM_LOG_FILE)
+      --config FILE    read settings and rules from FILE instead of /etc/rdmashim.conf
+                       (RDMASHIM_CONFIG); --no-config: from no file (RDMASHIM_CONFIG=none)
       --disable        never upgrade (RDMASHIM_DISABLE=1)
       --no-local       keep connections between processes of this host on TCP
                        (RDMASHIM_LOCAL=0); --local moves them to shared memory (the default)
@@ -45,11 +50,14 @@ const RUN_USAGE: &str = "  rdmashim run [--stats PATH] [--log LEVEL] [--log-file
 ";
 
 /// `rdmashim doctor --help`.
-const DOCTOR_USAGE: &str = "  rdmashim doctor [--json]
-      RDMA devices, libraries, the memory the rings pin against RLIMIT_MEMLOCK, and what
-      would happen to a connection made now, judged by the shim's own rules from this
-      environment's RDMASHIM_* variables.
+const DOCTOR_USAGE: &str = "  rdmashim doctor [--json] [--program PROG]
+      RDMA devices, libraries, the memory the rings pin against RLIMIT_MEMLOCK, the
+      configuration file and its rules, and what would happen to a connection made now,
+      judged by the shim's own rules from the file and this environment's RDMASHIM_*
+      variables.
       --json           one JSON object instead of the report
+      --program PROG   judge the file's program rules for PROG (a name, found through
+                       PATH, or a path): the verdict says if they deny it
       Exit status: 0 if connections can be upgraded (over RDMA, or at least between
       processes of this host over shared memory); 1 if every connection will stay on TCP;
       2 for a usage error.
@@ -63,8 +71,11 @@ fn usage() -> String {
         "usage:\n{RUN_USAGE}{DOCTOR_USAGE}  rdmashim --help | --version
       This text, or the version (-h, -V); `rdmashim COMMAND --help` for one command's.
 
-The shim reads (each value is checked: a boolean is 1/0, true/false, yes/no or on/off in
-any case; anything else gets one warning and the default):
+The shim reads its configuration file, {default} (rdmashim.conf(5): every variable
+below is a key there, in lower case without RDMASHIM_, plus allow/deny rules), then these
+variables, which override the file (each value is checked: a boolean is 1/0, true/false,
+yes/no or on/off in any case; anything else gets one warning and the default):
+  RDMASHIM_CONFIG=FILE          the configuration file (empty or none: no file)
   RDMASHIM_DISABLE=BOOL         never upgrade (default off)
   RDMASHIM_LOCAL=BOOL           connections between processes of this host move to
                                 shared-memory rings (default on)
@@ -82,6 +93,7 @@ any case; anything else gets one warning and the default):
   RDMASHIM_FAULT=POINT:N        tests only: fail on purpose (default unset)
 The launcher reads RDMASHIM_LIB=PATH: the library, unless --lib is given.
 ",
+        default = settings::DEFAULT_CONFIG,
         ring = num(&RING_KIB),
         dial = num(&DIAL_DELAY_MS),
         spin = num(&SPIN_US),
@@ -96,6 +108,8 @@ pub const LIB_NAME: &str = "librdmashim.so";
 /// Parsed `run` options.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct RunOpts {
+    /// `--config FILE` / `--no-config` (`none`): RDMASHIM_CONFIG.
+    config: Option<OsString>,
     stats: Option<OsString>,
     log: Option<String>,
     log_file: Option<OsString>,
@@ -130,6 +144,14 @@ fn parse_run(args: &[OsString]) -> Result<Run, String> {
                 break;
             }
             Some("--stats") => o.stats = Some(value(&mut i, "--stats")?),
+            Some("--config") => {
+                let v = value(&mut i, "--config")?;
+                if v.is_empty() {
+                    return Err("--config: an empty FILE (--no-config reads none)".into());
+                }
+                o.config = Some(v)
+            }
+            Some("--no-config") => o.config = Some("none".into()),
             Some("--log") => {
                 let v = value(&mut i, "--log")?;
                 let v = v.to_str().ok_or("--log: not UTF-8")?.to_string();
@@ -288,6 +310,9 @@ fn run(args: &[OsString]) -> ExitCode {
         "LD_PRELOAD",
         compose_preload(std::env::var_os("LD_PRELOAD").as_deref(), &lib),
     );
+    if let Some(c) = &o.config {
+        cmd.env(settings::ENV_CONFIG, c);
+    }
     if let Some(s) = &o.stats {
         cmd.env("RDMASHIM_STATS", s);
     }
@@ -321,7 +346,7 @@ fn main() -> ExitCode {
     match args.first().and_then(|a| a.to_str()) {
         Some("run") => run(&args[1..]),
         Some("doctor") => match doctor::parse(&args[1..]) {
-            Ok(doctor::Args::Report { json }) => doctor::doctor(json),
+            Ok(doctor::Args::Report { json, program }) => doctor::doctor(json, program.as_ref()),
             Ok(doctor::Args::Help) => {
                 print!("usage:\n{DOCTOR_USAGE}");
                 ExitCode::SUCCESS
@@ -385,6 +410,19 @@ mod tests {
         assert_eq!(o.program, os(&["ls", "-l"]));
         assert_eq!(program(&["--local", "ls"]).unwrap().local, Some(true));
         assert_eq!(program(&["--no-local", "ls"]).unwrap().local, Some(false));
+        assert_eq!(
+            program(&["--config", "/x.conf", "ls"])
+                .unwrap()
+                .config
+                .as_deref(),
+            Some(OsStr::new("/x.conf"))
+        );
+        assert_eq!(
+            program(&["--no-config", "ls"]).unwrap().config.as_deref(),
+            Some(OsStr::new("none"))
+        );
+        assert!(program(&["--config", "", "ls"]).is_err());
+        assert!(program(&["--config"]).is_err());
         // Options after PROGRAM belong to it (its own --help too).
         let o = program(&["curl", "--stats", "x", "--help"]).unwrap();
         assert_eq!(o.program, os(&["curl", "--stats", "x", "--help"]));

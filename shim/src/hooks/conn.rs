@@ -63,6 +63,7 @@ pub(crate) fn account(fd: c_int) {
             FallbackReason::NegativeCache
                 | FallbackReason::NotUpgradableAddress
                 | FallbackReason::NoUpgradeRequest
+                | FallbackReason::Policy
         )
     );
     let r: FallbackReason = match (probe::host_reason(), stashed) {
@@ -101,6 +102,14 @@ fn stash(fd: c_int, r: FallbackReason) {
     });
 }
 
+/// The reason [`stash`] remembered for `fd`, if any.
+fn stashed(fd: c_int) -> Option<FallbackReason> {
+    let e = TABLE.get(fd);
+    (e.kind() == Kind::TcpCandidate && e.slot() != 0)
+        .then(|| FallbackReason::from_index((e.slot() - 1) as u8))
+        .flatten()
+}
+
 /// The socket address the application passed to connect.
 fn sockaddr_of(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
     // SAFETY: connect's contract: `addr` points to `len` readable bytes (or is null).
@@ -109,7 +118,8 @@ fn sockaddr_of(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
 
 /// Before connect() on TCP candidate `fd` (entry `e`) to `addr`: marks the SYN the call will
 /// send if the connection may be upgraded (`docs/protocol.md` 2.9). Undo with [`unmark_syn`]
-/// right after the call. errno is preserved.
+/// right after the call. The configuration's rules are asked here, once per connect: one
+/// they deny is remembered (`policy`) and never marked. errno is preserved.
 pub(crate) fn mark_syn(
     fd: c_int,
     e: FdEntry,
@@ -122,6 +132,10 @@ pub(crate) fn mark_syn(
     }
     let peer = sockaddr_of(addr, len)?;
     let _s = crate::guard::Section::enter();
+    if !crate::policy::client(fd, peer).allowed() {
+        stash(fd, FallbackReason::Policy);
+        return None;
+    }
     if !crate::upgrade::may_upgrade_to(peer) {
         return None;
     }
@@ -160,6 +174,10 @@ pub(crate) fn start_client(
     }
     if e.has(flags::EPOLLED) {
         stash(fd, FallbackReason::UnsupportedOption);
+        return false;
+    }
+    // (the rules denied it before its SYN: see `mark_syn`)
+    if !marked && stashed(fd) == Some(FallbackReason::Policy) {
         return false;
     }
     let Some(peer) = sockaddr_of(addr, len) else {

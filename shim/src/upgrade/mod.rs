@@ -1850,6 +1850,11 @@ pub fn start_server(nfd: c_int) -> Result<u64, FallbackReason> {
     let w = world().ok_or(FallbackReason::Resources)?;
     let peer = net::peer_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
     let local = net::local_addr(nfd).ok_or(FallbackReason::UnsupportedSocket)?;
+    // (the configuration's rules: a connection they deny gets no token, its client sees a
+    // plain server)
+    if !crate::policy::server(peer, local).allowed() {
+        return Err(FallbackReason::Policy);
+    }
     let transport = transport_for(peer, local);
     transport_verdict(transport, net::canonical_ip(peer.ip()))?;
     let engine = w.engine().ok_or(FallbackReason::Resources)?;
