@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod prefork_http;
+pub mod two_host;
 
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -12,47 +12,21 @@
 //!
 //! This binary holds this one test: no other test may find the device gone.
 
+use rdmashim_compat_tests::two_host::DeviceRemoval;
 use rdmashim_compat_tests::*;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_behave");
 
-/// Adds the device back (on the netdev the VM made it on) once its removal is through, and
-/// waits for its port to be ACTIVE: later test binaries need it.
-struct Restore {
-    dev: String,
-    delete: Option<std::process::Child>,
-}
+/// The thread that removes the device; dropping this (also when the test fails) waits for it
+/// and for the removal, then adds the device back for the tests after.
+struct Remover(Option<std::thread::JoinHandle<DeviceRemoval>>);
 
-impl Drop for Restore {
+impl Drop for Remover {
     fn drop(&mut self) {
-        if let Some(mut d) = self.delete.take() {
-            let until = Instant::now() + Duration::from_secs(60);
-            while d.try_wait().ok().flatten().is_none() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = d.kill();
-            let _ = d.wait();
+        if let Some(t) = self.0.take() {
+            let _ = t.join();
         }
-        let sys = Path::new("/sys/class/infiniband").join(&self.dev);
-        if !sys.exists() {
-            let netdev = std::env::var("RDMA_NETDEV").unwrap_or_else(|_| "dummy0".into());
-            let st = Command::new("rdma")
-                .args(["link", "add", &self.dev, "type", "rxe", "netdev", &netdev])
-                .status();
-            eprintln!("rdma link add {} netdev {netdev}: {st:?}", self.dev);
-        }
-        let state = sys.join("ports/1/state");
-        let until = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < until {
-            if std::fs::read_to_string(&state).is_ok_and(|s| s.contains("ACTIVE")) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        eprintln!("{} not ACTIVE again after its removal", self.dev);
     }
 }
 
@@ -61,13 +35,9 @@ impl Drop for Restore {
 fn device_removed_mid_stream() {
     let dev = test_device();
     let pause = Scratch::new("failover-pause");
-    let mut restore = Restore {
-        dev: dev.clone(),
-        delete: None,
-    };
     let half = pause.dir.join("half");
     let go = pause.dir.join("go");
-    let remover = {
+    let remover = Remover(Some({
         let dev = dev.clone();
         std::thread::spawn(move || {
             let until = Instant::now() + Duration::from_secs(120);
@@ -75,19 +45,15 @@ fn device_removed_mid_stream() {
                 assert!(Instant::now() < until, "the stream never reached 4 MiB");
                 std::thread::sleep(Duration::from_millis(10));
             }
-            // (it returns once the processes let the device go: at their exit)
-            let delete = Command::new("rdma")
-                .args(["link", "delete", &dev])
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("rdma link delete");
+            // (it completes once the processes let the device go: at their exit)
+            let removal = DeviceRemoval::start(&dev);
             // The removal reaches both processes (rdma_cm's DEVICE_REMOVAL, failed work
             // requests); then the reader goes on.
             std::thread::sleep(Duration::from_millis(1500));
             std::fs::write(&go, b"").unwrap();
-            delete
+            removal
         })
-    };
+    }));
     let shim = Side::Shim(Via::Preload);
     let dir = pause.dir.to_string_lossy().into_owned();
     let r = behave_roles_env(
@@ -100,8 +66,7 @@ fn device_removed_mid_stream() {
         Some(SETTLE),
         &[("BEHAVE_DUPLEX_PAUSE", dir.as_str())],
     );
-    restore.delete = Some(remover.join().expect("the remover"));
-    drop(restore);
+    drop(remover);
     for (role, st) in [("client", &r.client), ("server", &r.server)] {
         let st = st.as_ref().expect("stats");
         assert_eq!(st.connections(), 1, "{role}: {}", st.summary());

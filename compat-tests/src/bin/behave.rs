@@ -3343,7 +3343,12 @@ fn main() {
     let ip: IpAddr = args[3].parse().expect("IP");
     match args[2].as_str() {
         "server" => {
-            let l = TcpListener::bind(SocketAddr::new(ip, 0)).expect("bind");
+            // (BEHAVE_PORT: a port agreed beforehand, for a client on another host)
+            let port = std::env::var("BEHAVE_PORT")
+                .ok()
+                .and_then(|p| p.parse::<u16>().ok())
+                .unwrap_or(0);
+            let l = TcpListener::bind(SocketAddr::new(ip, port)).expect("bind");
             println!("port {}", l.local_addr().unwrap().port());
             std::io::stdout().flush().unwrap();
             let server = match server {
