@@ -94,11 +94,17 @@ impl Drop for Flag {
     }
 }
 
+/// Whether the other host's flag on `port` is up now (a connect succeeds).
+pub fn flag_up(port: u16) -> bool {
+    let addr: SocketAddr = format!("{}:{port}", peer_ip()).parse().unwrap();
+    TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
+}
+
 /// Waits until the other host's flag on `port` is up (a connect succeeds), at most `within`.
 pub fn wait_flag(port: u16, within: Duration) {
     let addr: SocketAddr = format!("{}:{port}", peer_ip()).parse().unwrap();
     let until = Instant::now() + within;
-    while TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err() {
+    while !flag_up(port) {
         assert!(
             Instant::now() < until,
             "the other host's flag {addr} did not come up within {within:?}"
@@ -143,19 +149,36 @@ fn own_stats(s: &Scratch, label: &str, pid: u32) -> Option<Stats> {
         .find(|st| st.pid == u64::from(pid))
 }
 
-/// Host A's part of a case: the `behave` program's `scenario` server on port `base`, under
-/// the shim with `env`; A's flag `base + 1` is up while it listens; `meanwhile` runs once it
-/// listens (with the server's pid). Returns the server's stats (none if it was killed).
+/// Whether a role runs under the shim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Under {
+    /// `LD_PRELOAD` of the shim under test, stats in a scratch dir.
+    Shim,
+    /// Without it: a peer that knows nothing of RDMA.
+    Plain,
+}
+
+/// Host A's part of a case: the `behave` program's `scenario` server on port `base`, run
+/// `under` the shim or not, with `env`; A's flag `base + 1` is up while it listens;
+/// `meanwhile` runs once it listens (with the server's pid). Returns the server's stats (none
+/// if it was killed or ran plain).
 pub fn serve(
     bin: &str,
     scenario: &str,
     base: u16,
     env: &[(&str, &str)],
-    ends: Ends,
+    (under, ends): (Under, Ends),
     meanwhile: impl FnOnce(u32),
 ) -> Option<Stats> {
     let s = Scratch::new(&format!("two-host-{scenario}-a"));
-    let mut c = under_shim(Via::Preload, bin, &s, "server");
+    let mut c = match under {
+        Under::Shim => under_shim(Via::Preload, bin, &s, "server"),
+        Under::Plain => {
+            let mut c = Command::new(bin);
+            c.env_remove("LD_PRELOAD");
+            c
+        }
+    };
     c.args([scenario, "server", &own_ip()])
         .env("BEHAVE_PORT", base.to_string())
         .envs(env.iter().copied())

@@ -658,8 +658,13 @@ impl Link {
             return;
         }
         loop {
+            // (after a failover nothing but the Teardown comes out, which posts nothing: it
+            // must not wait for room that a failed queue pair may never give back)
             if let Ep::Rdma(ep) = &self.ep {
-                if ep.sq_room() == 0 && (!self.poll_cq() || self.sq_room() == 0) {
+                if ep.sq_room() == 0
+                    && !self.conn.failed_over()
+                    && (!self.poll_cq() || self.sq_room() == 0)
+                {
                     return;
                 }
             }

@@ -198,18 +198,15 @@ fn squat(addr: SocketAddr, secs: Duration) -> BTreeMap<String, u64> {
 /// All are sent first, then every answer is collected (a well-formed one waits out the
 /// server's request wait).
 fn flood(dst: SocketAddr, count: u64) -> BTreeMap<String, u64> {
+    // At most this many requests are open at once (each holds an event channel, a queue
+    // pair and its memory until answered: ten thousand at once would exhaust a small host
+    // before the server): the oldest's answer is awaited before the next goes out.
+    const WINDOW: usize = 64;
     let mut out = BTreeMap::new();
     let mut rng = rand::thread_rng();
-    let mut sent = Vec::new();
-    for i in 0..count {
-        match raw_request(dst, &forged_bytes(&mut rng, i)) {
-            Ok(r) => sent.push(r),
-            Err(e) => bump(&mut out, &e),
-        }
-    }
-    bump(&mut out, "sent");
-    *out.get_mut("sent").expect("just set") = sent.len() as u64;
-    for r in &sent {
+    let mut open = std::collections::VecDeque::new();
+    let mut sent = 0u64;
+    let answer = |out: &mut BTreeMap<String, u64>, r: Raw| {
         let name = match r.ch.next_event(Duration::from_secs(15)) {
             Ok(e) if e.kind == ev::RDMA_CM_EVENT_REJECTED => {
                 let r = Reject::decode(&e.private_data).ok().map(|r| r.reason);
@@ -219,8 +216,24 @@ fn flood(dst: SocketAddr, count: u64) -> BTreeMap<String, u64> {
             Ok(e) => format!("event_{}", e.name()),
             Err(_) => "no_answer".into(),
         };
-        bump(&mut out, &name);
+        bump(out, &name);
+    };
+    for i in 0..count {
+        if open.len() >= WINDOW {
+            answer(&mut out, open.pop_front().expect("a full window"));
+        }
+        match raw_request(dst, &forged_bytes(&mut rng, i)) {
+            Ok(r) => {
+                open.push_back(r);
+                sent += 1;
+            }
+            Err(e) => bump(&mut out, &e),
+        }
     }
+    while let Some(r) = open.pop_front() {
+        answer(&mut out, r);
+    }
+    out.insert("sent".into(), sent);
     out.entry("accepted".into()).or_default();
     out
 }

@@ -706,14 +706,19 @@ impl Conn {
         if g.back == Back::None {
             g.back = Back::Switching;
             match &g.phase {
-                Phase::Linked(l) if l.conn().failed_over() => shim_log!(
-                    Level::Info,
-                    "{} {} -> {}: the ring's path failed ({}); the stream goes on over TCP",
-                    side_name(self.side),
-                    self.local,
-                    self.peer,
-                    l.failure().unwrap_or("no detail")
-                ),
+                Phase::Linked(l) if l.conn().failed_over() => {
+                    // (counted now, when it is decided: the process may end before the
+                    // link's teardown does)
+                    stats::count_path_failed();
+                    shim_log!(
+                        Level::Info,
+                        "{} {} -> {}: the ring's path failed ({}); the stream goes on over TCP",
+                        side_name(self.side),
+                        self.local,
+                        self.peer,
+                        l.failure().unwrap_or("no detail")
+                    )
+                }
                 _ => shim_log!(
                     Level::Debug,
                     "{} {} -> {}: switching back to TCP",
@@ -734,11 +739,11 @@ impl Conn {
         }
     }
 
-    /// The switch back is done: counted, logged (`why` after "back on TCP"), and the
-    /// connection is plain TCP from now on.
+    /// The switch back is done: counted (a failover was, when it began), logged (`why` after
+    /// "back on TCP"), and the connection is plain TCP from now on.
     fn end_back(&self, g: &mut Inner, why: &str) {
         match &g.phase {
-            Phase::Linked(l) if l.conn().failed_over() => stats::count_path_failed(),
+            Phase::Linked(l) if l.conn().failed_over() => {}
             _ => stats::count_switched_back(),
         }
         shim_log!(
