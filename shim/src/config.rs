@@ -34,8 +34,9 @@ use std::sync::OnceLock;
 
 // (the parsing rules live in settings.rs, which the launcher compiles too)
 pub use crate::settings::{
-    parse_bool, Config, Level, Number, DIAL_DELAY_MS, ENV_DISABLE, ENV_FAULT, ENV_LOCAL, ENV_LOG,
-    ENV_LOG_FILE, ENV_STATS, ENV_TRACE, LOCAL_DEFAULT, NEGATIVE_CACHE_SECS, RING_KIB, SPIN_US,
+    parse_bool, Config, Level, Number, DIAL_DELAY_MS, ENV_DISABLE, ENV_FAULT, ENV_LIVE, ENV_LOCAL,
+    ENV_LOG, ENV_LOG_FILE, ENV_RUN_DIR, ENV_STATS, ENV_TRACE, LOCAL_DEFAULT, NEGATIVE_CACHE_SECS,
+    RING_KIB, SPIN_US,
 };
 
 /// The configuration of this process: from its environment, or the defaults under secure

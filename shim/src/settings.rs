@@ -68,6 +68,12 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Secure execution: the environment was not read.
     pub secure: bool,
+    /// `RDMASHIM_LIVE`: keep the live view's file (`live.rs`).
+    pub live: bool,
+    /// `RDMASHIM_RUN_DIR`: where the live view's files go (`None`: [`run_dirs`]' defaults).
+    pub run_dir: Option<Vec<u8>>,
+    /// `XDG_RUNTIME_DIR`, for [`run_dirs`].
+    pub xdg_runtime_dir: Option<Vec<u8>>,
 }
 
 impl Default for Config {
@@ -86,6 +92,9 @@ impl Default for Config {
             fault: None,
             warnings: Vec::new(),
             secure: false,
+            live: LIVE_DEFAULT,
+            run_dir: None,
+            xdg_runtime_dir: None,
         }
     }
 }
@@ -98,6 +107,39 @@ pub const ENV_STATS: &str = "RDMASHIM_STATS";
 pub const ENV_TRACE: &str = "RDMASHIM_TRACE";
 pub const ENV_FAULT: &str = "RDMASHIM_FAULT";
 pub const ENV_LOCAL: &str = "RDMASHIM_LOCAL";
+pub const ENV_LIVE: &str = "RDMASHIM_LIVE";
+pub const ENV_RUN_DIR: &str = "RDMASHIM_RUN_DIR";
+
+/// Whether the live view is kept unless `RDMASHIM_LIVE` says.
+pub const LIVE_DEFAULT: bool = true;
+
+/// The system-wide run directory, used by processes that may write there (root's).
+pub const SYSTEM_RUN_DIR: &str = "/run/rdmashim";
+
+/// Where the live view's files go, in order of preference: `RDMASHIM_RUN_DIR` alone if set;
+/// else [`SYSTEM_RUN_DIR`], `$XDG_RUNTIME_DIR/rdmashim` (an absolute one), and
+/// `/tmp/rdmashim-UID` (`uid`: the effective one). The shim takes the first it may write to
+/// (making the last component if needed), `rdmashim ss` the first it finds that way.
+pub fn run_dirs(c: &Config, uid: u32) -> Vec<Vec<u8>> {
+    if let Some(d) = &c.run_dir {
+        return vec![d.clone()];
+    }
+    let mut v = vec![SYSTEM_RUN_DIR.as_bytes().to_vec()];
+    if let Some(x) = c
+        .xdg_runtime_dir
+        .as_ref()
+        .filter(|x| x.starts_with(b"/") && !x.contains(&0))
+    {
+        let mut d = x.clone();
+        if !d.ends_with(b"/") {
+            d.push(b'/');
+        }
+        d.extend_from_slice(b"rdmashim");
+        v.push(d);
+    }
+    v.push(format!("/tmp/rdmashim-{uid}").into_bytes());
+    v
+}
 
 /// Whether same-host connections move to shared memory unless `RDMASHIM_LOCAL` says.
 pub const LOCAL_DEFAULT: bool = true;
@@ -200,6 +242,17 @@ impl Config {
                 )),
             }
         }
+        if let Some(v) = get(ENV_LIVE) {
+            c.live = parse_bool(&v).unwrap_or_else(|| {
+                c.warnings.push(format!(
+                    "{ENV_LIVE}={}: not a boolean (1/0, true/false, yes/no, on/off); no live view",
+                    String::from_utf8_lossy(&v)
+                ));
+                false
+            });
+        }
+        c.run_dir = get(ENV_RUN_DIR).filter(|v| !v.is_empty() && !v.contains(&0));
+        c.xdg_runtime_dir = get("XDG_RUNTIME_DIR").filter(|v| !v.is_empty() && !v.contains(&0));
         c.log_file = get(ENV_LOG_FILE).filter(|v| !v.is_empty() && !v.contains(&0));
         c.stats_path = get(ENV_STATS).filter(|v| !v.is_empty() && !v.contains(&0));
         let mut number = |n: &Number| {
@@ -238,7 +291,7 @@ impl Config {
     /// when `cwd()` has no answer (the directory is gone, or unreachable).
     pub fn resolve_relative(&mut self, cwd: impl FnOnce() -> Option<Vec<u8>>) {
         let relative = |p: &Option<Vec<u8>>| p.as_deref().is_some_and(|p| !p.starts_with(b"/"));
-        if !relative(&self.stats_path) && !relative(&self.log_file) {
+        if !relative(&self.stats_path) && !relative(&self.log_file) && !relative(&self.run_dir) {
             return;
         }
         let Some(cwd) = cwd().filter(|d| d.starts_with(b"/") && !d.contains(&0)) else {
@@ -248,6 +301,13 @@ impl Config {
             if let Some(path) = p.as_mut().filter(|p| !p.starts_with(b"/")) {
                 *path = absolute_pattern(&cwd, path);
             }
+        }
+        // (a directory, not a pattern: a `%` in it stays as it is)
+        if let Some(d) = self.run_dir.as_mut().filter(|d| !d.starts_with(b"/")) {
+            let mut a = cwd.clone();
+            a.push(b'/');
+            a.extend_from_slice(d);
+            *d = a;
         }
     }
 }
