@@ -26,6 +26,9 @@ pub mod fdtable;
 pub mod fmtbuf;
 pub mod guard;
 pub mod hook;
+#[cfg(not(test))]
+mod live;
+pub mod live_layout;
 pub mod log;
 #[cfg(not(test))]
 mod net;

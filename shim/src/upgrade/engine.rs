@@ -1823,6 +1823,7 @@ impl State {
             self.sockets_at = now + SOCKET_CHECK;
             if !self.conns.is_empty() {
                 super::check_sockets();
+                super::publish_live();
             }
         }
         // (a timer of its own: its interval grows with its cost, see `look_for_io_uring`)
