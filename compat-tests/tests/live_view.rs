@@ -248,3 +248,54 @@ fn no_live_view_when_off_or_impossible_and_the_program_is_undisturbed() {
     assert!(log.contains("/proc/rdmashim-no-such-dir/run"), "{log}");
     accept.join().unwrap();
 }
+
+/// Connects to `ARGV[1]`, forks, prints the child's pid; both then sleep.
+const FORK: &str = "import os, socket, sys, time\n\
+    c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n\
+    pid = os.fork()\n\
+    if pid: print(pid, flush=True)\n\
+    time.sleep(600)\n";
+
+#[test]
+fn a_fork_child_has_a_record_of_its_own_with_the_connection_it_inherited() {
+    let s = Scratch::new("live-fork");
+    let run_dir = s.dir.join("run");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let mut c = shimmed_python(&s, &run_dir, "fork");
+    c.args(["-c", FORK, &port.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut parent = c.spawn().expect("spawn");
+    let (_conn, _) = l.accept().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let child: u32 = line.trim().parse().expect("the child's pid");
+    let peer = format!("127.0.0.1:{port}");
+    for pid in [parent.id(), child] {
+        let p = until(10, "both processes listed", || ss_proc(&run_dir, pid));
+        assert_eq!(p["connections"][0]["peer"], peer.as_str(), "{pid}: {p}");
+        assert_eq!(p["status"], "running", "{p}");
+    }
+    let cp = ss_proc(&run_dir, child).unwrap();
+    assert_eq!(cp["ppid"], parent.id(), "{cp}");
+    Command::new("kill")
+        .args(["-KILL", &child.to_string()])
+        .status()
+        .unwrap();
+    parent.kill().unwrap();
+    let _ = parent.wait();
+    until(10, "both dead", || {
+        [parent.id(), child]
+            .iter()
+            .all(|p| ss_proc(&run_dir, *p).is_some_and(|v| v["status"] == "dead"))
+            .then_some(())
+    });
+    let (ok, _, text) = launcher(&run_dir, &["ss", "--clean"]);
+    assert!(ok, "{text}");
+    assert!(live_files(&run_dir).is_empty(), "{text}");
+}

@@ -18,6 +18,9 @@
 //! (and before an exec: the new image makes its own); left by a process killed by a signal,
 //! for `rdmashim ss` to show as dead and `rdmashim ss --clean` to remove.
 //!
+//! errno is preserved by every entry point (the file's system calls are made on the
+//! application's threads, in hooks' slow paths).
+//!
 //! All the state is behind one spin lock taken with a bounded number of tries (a writer that
 //! cannot get it skips its update: the live view is best effort, and a hook called from a
 //! signal handler that interrupted a writer must not wait for it). A fork child resets the
@@ -52,6 +55,9 @@ struct State {
     map: *mut u8,
     /// The directory it is in.
     dir: FixedBuf<4096>,
+    /// Connection slots ever used in this file: the ones a lookup scans (all 256 would cost
+    /// a process of a few connections ~1000 instructions per event).
+    hi: usize,
 }
 
 struct Cell(UnsafeCell<State>);
@@ -61,6 +67,7 @@ unsafe impl Sync for Cell {}
 static STATE: Cell = Cell(UnsafeCell::new(State {
     map: core::ptr::null_mut(),
     dir: FixedBuf::new(),
+    hi: 0,
 }));
 
 struct Held;
@@ -105,16 +112,19 @@ impl State {
         Some(unsafe { core::slice::from_raw_parts_mut(self.map, lay::FILE_LEN) })
     }
 
-    /// Runs `f` on the bytes inside an update: the sequence is odd meanwhile, for readers.
-    fn update(&mut self, f: impl FnOnce(&mut [u8])) {
+    /// Runs `f` on the bytes (and the slots in use) inside an update: the sequence is odd
+    /// meanwhile, for readers.
+    fn update(&mut self, f: impl FnOnce(&mut [u8], &mut usize)) {
+        let mut hi = self.hi;
         if let Some(b) = self.bytes() {
             let seq = lay::get_u64(b, lay::SEQ_OFF).unwrap_or(0) | 1;
             lay::put_u64(b, lay::SEQ_OFF, seq);
             core::sync::atomic::fence(Ordering::Release);
-            f(b);
+            f(b, &mut hi);
             core::sync::atomic::fence(Ordering::Release);
             lay::put_u64(b, lay::SEQ_OFF, seq.wrapping_add(1));
         }
+        self.hi = hi;
     }
 }
 
@@ -151,10 +161,15 @@ fn values(s: &Snapshot) -> impl Iterator<Item = u64> + '_ {
         .chain([s.log_dropped, s.unproven_requests, s.missed_closes])
 }
 
-/// Whether this process may make its file now.
+/// Whether this process may make its file now. Each reason not to is for good (until a fork
+/// child looks again): the live view is then off, and the next event returns after one load.
 fn allowed() -> bool {
     let c = config::get();
-    c.live && !crate::log::silenced() && !crate::guard::poisoned()
+    let ok = c.live && !crate::log::silenced() && !crate::guard::poisoned();
+    if !ok {
+        let _ = STATUS.compare_exchange(UNTRIED, OFF, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    ok
 }
 
 /// Makes the file (lock held). On failure: off for this process, one warning.
@@ -196,6 +211,7 @@ fn create(st: &mut State, inherited: &[lay::Conn]) -> bool {
         match made {
             Ok(p) => {
                 st.map = p;
+                st.hi = inherited.len().min(lay::CONNS);
                 st.dir.clear();
                 st.dir.push_bytes(&dir);
                 STATUS.store(ON, Ordering::Release);
@@ -224,6 +240,7 @@ fn with_map(f: impl FnOnce(&mut State)) {
         UNTRIED if !allowed() => return,
         _ => {}
     }
+    let _e = sys::ErrnoGuard::save();
     with(|st| {
         if st.map.is_null() && (STATUS.load(Ordering::Acquire) != UNTRIED || !create(st, &[])) {
             return;
@@ -232,17 +249,26 @@ fn with_map(f: impl FnOnce(&mut State)) {
     });
 }
 
-/// The slot that lists `fd`, or a free one (`None`: the table is full).
-fn slot_of(b: &[u8], fd: i32, free_ok: bool) -> Option<usize> {
+/// The slot that lists `fd` among the `hi` used so far, or with `free_ok` a free one (`hi`
+/// grows if it must; `None`: the table is full).
+fn slot_of(b: &[u8], fd: i32, free_ok: bool, hi: &mut usize) -> Option<usize> {
     let mut free = None;
-    for i in 0..lay::CONNS {
+    for i in 0..(*hi).min(lay::CONNS) {
         match lay::conn_slot(b, i) {
             Some((true, f)) if f == fd => return Some(i),
             Some((false, _)) if free.is_none() => free = Some(i),
             _ => {}
         }
     }
-    free.filter(|_| free_ok)
+    if !free_ok {
+        return None;
+    }
+    free.or_else(|| {
+        (*hi < lay::CONNS).then(|| {
+            *hi += 1;
+            *hi - 1
+        })
+    })
 }
 
 fn publish_counters(b: &mut [u8]) {
@@ -263,8 +289,8 @@ fn maybe_counters(b: &mut [u8]) {
 
 fn list(fd: i32, c: lay::Conn) {
     with_map(|st| {
-        st.update(|b| {
-            if let Some(i) = slot_of(b, fd, true) {
+        st.update(|b, hi| {
+            if let Some(i) = slot_of(b, fd, true, hi) {
                 lay::put_conn(b, i, &c);
             }
             maybe_counters(b);
@@ -274,10 +300,20 @@ fn list(fd: i32, c: lay::Conn) {
 
 /// A connection that stays on plain TCP, counted with `reason` (`conn::account`): listed with
 /// its addresses (two system calls, made only while the live view is on).
+#[inline]
 pub fn tcp_conn(fd: i32, reason: FallbackReason) {
-    if STATUS.load(Ordering::Relaxed) == OFF || !allowed() {
+    // (a process without a live view pays one load per connection)
+    if STATUS.load(Ordering::Relaxed) != OFF {
+        list_tcp(fd, reason);
+    }
+}
+
+#[inline(never)]
+fn list_tcp(fd: i32, reason: FallbackReason) {
+    if STATUS.load(Ordering::Relaxed) == UNTRIED && !allowed() {
         return;
     }
+    let _e = sys::ErrnoGuard::save();
     let e = crate::fdtable::TABLE.get(fd);
     list(
         fd,
@@ -298,8 +334,10 @@ pub fn tcp_conn(fd: i32, reason: FallbackReason) {
 
 /// A connection under the upgrade (its bytes counted by the upgrade from now on).
 pub fn upgrade_conn(fd: i32, local: SocketAddr, peer: SocketAddr, client: bool) {
-    if STATUS.load(Ordering::Relaxed) == OFF || !allowed() {
-        return;
+    match STATUS.load(Ordering::Relaxed) {
+        OFF => return,
+        UNTRIED if !allowed() => return,
+        _ => {}
     }
     list(
         fd,
@@ -325,8 +363,8 @@ pub fn conn_state(fd: i32, via: lay::Via, state: lay::ConnState, reason: Option<
         return;
     }
     with(|st| {
-        st.update(|b| {
-            if let Some(i) = slot_of(b, fd, false) {
+        st.update(|b, hi| {
+            if let Some(i) = slot_of(b, fd, false, hi) {
                 lay::set_conn_state(b, i, via, state);
                 if let Some(r) = reason {
                     lay::set_reason(b, i, r.name());
@@ -345,8 +383,8 @@ pub fn conn_closed(fd: i32) {
         return;
     }
     with(|st| {
-        st.update(|b| {
-            if let Some(i) = slot_of(b, fd, false) {
+        st.update(|b, hi| {
+            if let Some(i) = slot_of(b, fd, false, hi) {
                 lay::clear_conn(b, i);
             }
             maybe_counters(b);
@@ -361,9 +399,9 @@ pub fn publish(conns: impl Iterator<Item = (i32, u64, u64)>) {
         return;
     }
     with(|st| {
-        st.update(|b| {
+        st.update(|b, hi| {
             for (fd, tx, rx) in conns {
-                if let Some(i) = slot_of(b, fd, false) {
+                if let Some(i) = slot_of(b, fd, false, hi) {
                     lay::set_conn_bytes(b, i, tx, rx);
                 }
             }
@@ -381,13 +419,14 @@ pub fn end(exec: bool) {
     if STATUS.load(Ordering::Relaxed) != ON {
         return;
     }
+    let _e = sys::ErrnoGuard::save();
     with(|st| {
         let state = if exec {
             lay::RecordState::Exec
         } else {
             lay::RecordState::Ended
         };
-        st.update(|b| {
+        st.update(|b, _| {
             publish_counters(b);
             lay::put_u32(b, lay::STATE_OFF, state as u32);
         });
@@ -414,6 +453,7 @@ pub fn after_fork_child() {
     LOCK.store(false, Ordering::Release);
     LAST_PUBLISH_MS.store(0, Ordering::Relaxed);
     let had = STATUS.load(Ordering::Acquire) == ON;
+    let _e = sys::ErrnoGuard::save();
     with(|st| {
         let mut inherited = Vec::new();
         if let Some(b) = st.bytes() {
