@@ -35,11 +35,25 @@ const CLIENT: &str = "import os, socket, sys, time\n\
     while not os.path.exists(sys.argv[2]):\n\
     \x20   c.sendall(b'x' * 1000); sent += 1000\n\
     \x20   got = 0\n\
-    \x20   while got < 1000: got += len(c.recv(1000 - got))\n\
+    \x20   while got < 1000:\n\
+    \x20       d = c.recv(1000 - got)\n\
+    \x20       if not d: sys.exit('the server went away')\n\
+    \x20       got += len(d)\n\
     \x20   time.sleep(0.01)\n\
     open(sys.argv[3] + '.tmp', 'w').write(str(sent))\n\
     os.rename(sys.argv[3] + '.tmp', sys.argv[3])\n\
     time.sleep(600)\n";
+
+/// A spawned child, killed (SIGKILL) and reaped when dropped: a failing test leaves no
+/// process behind.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 fn launcher(run_dir: &Path, args: &[&str]) -> (bool, Value, String) {
     let out = Command::new(&shim().launcher)
@@ -122,8 +136,8 @@ fn ss_lists_live_connections_and_a_killed_process_keeps_its_last_figures() {
         .arg(&done)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let mut client = client.spawn().expect("spawn the client");
-    let cpid = client.id();
+    let mut client = Killed(client.spawn().expect("spawn the client"));
+    let cpid = client.0.id();
 
     // Both ends are listed, on shared memory, and the client's bytes grow.
     let first = until(30, "the client listed on shm with bytes", || {
@@ -166,8 +180,8 @@ fn ss_lists_live_connections_and_a_killed_process_keeps_its_last_figures() {
     });
     assert_eq!(before["status"], "running", "{before}");
     assert_eq!(before["connections"]["upgraded"], 1, "{before}");
-    client.kill().expect("SIGKILL the client");
-    let _ = client.wait();
+    client.0.kill().expect("SIGKILL the client");
+    let _ = client.0.wait();
 
     let (ok, after, text) = launcher(&run_dir, &["stats", &cpid.to_string(), "--json"]);
     assert!(ok, "{text}");
@@ -249,15 +263,17 @@ fn no_live_view_when_off_or_impossible_and_the_program_is_undisturbed() {
     accept.join().unwrap();
 }
 
-/// Connects to `ARGV[1]`, forks, prints the child's pid; both then sleep.
+/// Connects to `ARGV[1]`, forks; the child makes a second connection there; the parent
+/// prints the child's pid; both then sleep.
 const FORK: &str = "import os, socket, sys, time\n\
     c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n\
     pid = os.fork()\n\
     if pid: print(pid, flush=True)\n\
+    else: d = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n\
     time.sleep(600)\n";
 
 #[test]
-fn a_fork_child_has_a_record_of_its_own_with_the_connection_it_inherited() {
+fn a_fork_child_makes_a_record_of_its_own_with_the_connections_it_inherited() {
     let s = Scratch::new("live-fork");
     let run_dir = s.dir.join("run");
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -266,31 +282,61 @@ fn a_fork_child_has_a_record_of_its_own_with_the_connection_it_inherited() {
     c.args(["-c", FORK, &port.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    let mut parent = c.spawn().expect("spawn");
+    let mut parent = Killed(c.spawn().expect("spawn"));
     let (_conn, _) = l.accept().unwrap();
+    let (_second, _) = l.accept().unwrap();
     let mut line = String::new();
     std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut std::io::BufReader::new(parent.0.stdout.take().unwrap()),
         &mut line,
     )
     .unwrap();
     let child: u32 = line.trim().parse().expect("the child's pid");
-    let peer = format!("127.0.0.1:{port}");
-    for pid in [parent.id(), child] {
-        let p = until(10, "both processes listed", || ss_proc(&run_dir, pid));
-        assert_eq!(p["connections"][0]["peer"], peer.as_str(), "{pid}: {p}");
-        assert_eq!(p["status"], "running", "{p}");
+    // (killed if the test fails before it does)
+    struct KillPid(u32);
+    impl Drop for KillPid {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                return;
+            }
+            let _ = Command::new("kill")
+                .args(["-KILL", &self.0.to_string()])
+                .status();
+        }
     }
-    let cp = ss_proc(&run_dir, child).unwrap();
-    assert_eq!(cp["ppid"], parent.id(), "{cp}");
+    let _child_guard = KillPid(child);
+    let peer = format!("127.0.0.1:{port}");
+    let pp = until(10, "the parent listed", || ss_proc(&run_dir, parent.0.id()));
+    assert_eq!(pp["connections"].as_array().unwrap().len(), 1, "{pp}");
+    assert_eq!(pp["connections"][0]["peer"], peer.as_str(), "{pp}");
+    // The child's file, made at its own connection, lists the one it inherited first.
+    let cp = until(10, "the child listed with two connections", || {
+        ss_proc(&run_dir, child)
+            .filter(|p| p["connections"].as_array().is_some_and(|c| c.len() == 2))
+    });
+    assert_eq!(cp["status"], "running", "{cp}");
+    assert_eq!(cp["ppid"], parent.0.id(), "{cp}");
+    assert_eq!(
+        cp["connections"][0]["fd"], pp["connections"][0]["fd"],
+        "{cp}"
+    );
+    assert_eq!(
+        cp["connections"][0]["local"], pp["connections"][0]["local"],
+        "{cp}"
+    );
+    assert_eq!(cp["connections"][1]["peer"], peer.as_str(), "{cp}");
+    assert_ne!(
+        cp["connections"][1]["local"], cp["connections"][0]["local"],
+        "{cp}"
+    );
     Command::new("kill")
         .args(["-KILL", &child.to_string()])
         .status()
         .unwrap();
-    parent.kill().unwrap();
-    let _ = parent.wait();
+    parent.0.kill().unwrap();
+    let _ = parent.0.wait();
     until(10, "both dead", || {
-        [parent.id(), child]
+        [parent.0.id(), child]
             .iter()
             .all(|p| ss_proc(&run_dir, *p).is_some_and(|v| v["status"] == "dead"))
             .then_some(())

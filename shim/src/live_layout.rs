@@ -376,6 +376,22 @@ pub fn set_conn_bytes(b: &mut [u8], i: usize, tx: u64, rx: u64) {
     put_u64(b, at + 64, rx);
 }
 
+/// Connection slot `i` as it is, if in use (a fork child copies its parent's).
+pub fn conn_raw(b: &[u8], i: usize) -> Option<[u8; CONN_LEN]> {
+    let at = conn_at(i);
+    let raw: [u8; CONN_LEN] = b.get(at..at + CONN_LEN)?.try_into().ok()?;
+    (get_u32(&raw, 0) == Some(1)).then_some(raw)
+}
+
+/// Writes `raw` (from [`conn_raw`]) into connection slot `i`, its byte counts from zero if
+/// it had any.
+pub fn put_conn_raw(b: &mut [u8], i: usize, raw: &[u8; CONN_LEN]) {
+    put(b, conn_at(i), raw);
+    if get_u64(raw, 56) != Some(u64::MAX) {
+        set_conn_bytes(b, i, 0, 0);
+    }
+}
+
 /// Frees connection slot `i`.
 pub fn clear_conn(b: &mut [u8], i: usize) {
     put(b, conn_at(i), &[0u8; CONN_LEN]);
