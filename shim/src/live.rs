@@ -8,7 +8,7 @@
 //! module copies them into the file — a *publish* — at the events of a connection (made,
 //! upgraded, fallen back, switched back, closed; at most every [`PUBLISH_MS`]), on the
 //! upgrade engine's tick while it has connections (about once a second, with each one's bytes),
-//! and at exit, exec and fork. The listed connections are written at their events.
+//! and at exit and exec. The listed connections are written at their events.
 //!
 //! Made lazily, at the process's first TCP connection (a process that never has one — every
 //! process of a shell pipeline — makes no file and pays nothing), in the first directory of
@@ -25,7 +25,8 @@
 //! cannot get it skips its update: the live view is best effort, and a hook called from a
 //! signal handler that interrupted a writer must not wait for it). A fork child resets the
 //! lock, leaves the parent's mapping (unmapped in the child, untouched in the parent), and
-//! makes its own file with the connections it inherited.
+//! makes its own file at its first connection event, starting with the connections it
+//! inherited ([`after_fork_child`]).
 #![allow(unsafe_code)]
 
 use crate::config::{self, Level};
@@ -205,16 +206,18 @@ fn create(st: &mut State, inherited: &[[u8; lay::CONN_LEN]]) -> bool {
         } else {
             0o700
         };
-        let made = sys::make_dir(&dir, mode).and_then(|_| {
-            sys::create_shared_file(&dir, name.as_bytes(), lay::FILE_LEN, |b| {
-                // (the counters from zero: the event that made the file publishes them)
-                lay::init(b, &id, names());
-                lay::put_u64(b, lay::HEARTBEAT_OFF, sys::unix_ms());
-                for (i, raw) in inherited.iter().take(lay::CONNS).enumerate() {
-                    lay::put_conn_raw(b, i, raw);
-                }
-            })
-        });
+        let made = sys::make_dir(&dir, mode)
+            .and_then(|_| sys::own_dir(&dir))
+            .and_then(|_| {
+                sys::create_shared_file(&dir, name.as_bytes(), lay::FILE_LEN, |b| {
+                    // (the counters from zero: the event that made the file publishes them)
+                    lay::init(b, &id, names());
+                    lay::put_u64(b, lay::HEARTBEAT_OFF, sys::unix_ms());
+                    for (i, raw) in inherited.iter().take(lay::CONNS).enumerate() {
+                        lay::put_conn_raw(b, i, raw);
+                    }
+                })
+            });
         match made {
             Ok(p) => {
                 st.map = p;

@@ -662,6 +662,26 @@ pub fn make_dir(dir: &[u8], mode: libc::mode_t) -> Result<(), Errno> {
     }
 }
 
+/// Whether `dir` (NUL-free, absolute) is a directory itself (not a link to one) owned by the
+/// effective user or by root: a run directory someone else made in `/tmp` (a sticky
+/// directory's owner may remove and replace the files in it) is not used.
+pub fn own_dir(dir: &[u8]) -> Result<(), Errno> {
+    let mut d = crate::fmtbuf::FixedBuf::<4200>::new();
+    d.push_bytes(dir);
+    d.push_bytes(b"\0");
+    if d.overflowed() {
+        return Err(Errno(libc::ENAMETOOLONG));
+    }
+    let st = lstat_at(libc::AT_FDCWD, d.as_bytes())?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(Errno(libc::ENOTDIR));
+    }
+    if st.st_uid != geteuid() && st.st_uid != 0 {
+        return Err(Errno(libc::EPERM));
+    }
+    Ok(())
+}
+
 /// Sizes the new file `fd` to `len` bytes that are really there (not a hole): a shared
 /// mapping's write to a page the file system cannot supply raises SIGBUS, so space is taken
 /// now, where its lack is an error. `fallocate`, else zeros written; SIGXFSZ
@@ -937,6 +957,19 @@ mod tests {
         let dir = dir.to_str().unwrap().as_bytes().to_vec();
         make_dir(&dir, 0o700).unwrap();
         make_dir(&dir, 0o700).unwrap();
+        own_dir(&dir).unwrap();
+        let link = [dir.as_slice(), b".link"].concat();
+        std::os::unix::fs::symlink(
+            std::str::from_utf8(&dir).unwrap(),
+            std::str::from_utf8(&link).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            own_dir(&link),
+            Err(Errno(libc::ENOTDIR)),
+            "a link to a directory is not one"
+        );
+        std::fs::remove_file(std::str::from_utf8(&link).unwrap()).unwrap();
         let p = create_shared_file(&dir, b"1.live", 8192, |b| {
             assert!(b.iter().all(|x| *x == 0));
             b[0] = 7;

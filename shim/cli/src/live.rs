@@ -100,8 +100,14 @@ fn run_dir(explicit: Option<&Path>) -> Result<PathBuf, String> {
     if cfg.run_dir.is_some() {
         return Ok(dirs[0].clone());
     }
+    // (as the shim: a directory of this user's or root's, not a link, that it may write to)
+    let uid = crate::sys::effective_uid();
     dirs.iter()
-        .find(|d| d.is_dir() && crate::sys::writable(d))
+        .find(|d| {
+            use std::os::unix::fs::MetadataExt;
+            fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && (m.uid() == uid || m.uid() == 0))
+                && crate::sys::writable(d)
+        })
         .cloned()
         .ok_or_else(|| {
             let l: Vec<_> = dirs.iter().map(|d| d.display().to_string()).collect();
