@@ -10,8 +10,9 @@
 //! the C return convention in exactly one place.
 //!
 //! Layout (one file per layer):
-//! - `hooks/`: every `extern "C"` entry point (unsafe lives here, in `real.rs`, `sys.rs`, `init.rs`
-//!   and the chunk pointer handling of `fdtable.rs`; everything else is safe code).
+//! - `hooks/`: every `extern "C"` entry point (unsafe lives here, in `real.rs`, `sys.rs`, `init.rs`,
+//!   `live.rs` (the live view's mapping) and the chunk pointer handling of `fdtable.rs`;
+//!   everything else is safe code).
 //! - `real.rs`: the table of real libc functions, resolved with `dlsym(RTLD_NEXT)`.
 //! - `fdtable.rs`: fd-indexed, two-level, lock-free table of per-fd state.
 //! - `stats.rs`, `reason.rs`, `settings.rs`, `config.rs`, `log.rs`, `fmtbuf.rs`, `outcome.rs`,

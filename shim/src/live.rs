@@ -53,6 +53,9 @@ static LAST_PUBLISH_MS: AtomicU64 = AtomicU64::new(0);
 /// A fork child holds connections its parent listed, for the file it has not made yet
 /// ([`State::pending`]).
 static PENDING: AtomicBool = AtomicBool::new(false);
+/// An event's counters were left for later ([`PUBLISH_MS`]): the engine's tick publishes
+/// them ([`dirty`]).
+static DIRTY: AtomicBool = AtomicBool::new(false);
 
 struct State {
     /// The mapping ([`lay::FILE_LEN`] bytes), null when there is none.
@@ -303,6 +306,7 @@ fn slot_of(b: &[u8], fd: i32, free_ok: bool, hi: &mut usize) -> Option<usize> {
 }
 
 fn publish_counters(b: &mut [u8]) {
+    DIRTY.store(false, Ordering::Relaxed);
     let snap = Snapshot::take(0);
     lay::set_counters(b, values(&snap));
     lay::put_u64(b, lay::HEARTBEAT_OFF, sys::unix_ms());
@@ -315,7 +319,16 @@ fn maybe_counters(b: &mut [u8]) {
     if now >= LAST_PUBLISH_MS.load(Ordering::Relaxed) + PUBLISH_MS {
         LAST_PUBLISH_MS.store(now, Ordering::Relaxed);
         publish_counters(b);
+    } else {
+        DIRTY.store(true, Ordering::Relaxed);
     }
+}
+
+/// Whether the counters of an event were left for later: the upgrade engine, if the
+/// process has one, publishes them within a second even when it has no connection left (the
+/// last close of a transfer comes right after the engine's last publish).
+pub fn dirty() -> bool {
+    DIRTY.load(Ordering::Relaxed) && STATUS.load(Ordering::Relaxed) == ON
 }
 
 fn list(fd: i32, c: lay::Conn) {
