@@ -23,7 +23,8 @@ pub const SS_USAGE: &str = "  rdmashim ss [-a] [--json] [--clean] [--dir DIR]
       --clean          remove the records of processes that are gone, and say which
       --dir DIR        the run directory to read (default: RDMASHIM_RUN_DIR, else the first
                        of /run/rdmashim, $XDG_RUNTIME_DIR/rdmashim, /tmp/rdmashim-UID that
-                       this user may write to, as the shim chooses)
+                       is this user's or root's and that it may write to, as the shim
+                       chooses)
       Exit status: 0; 1 if a record could not be read (named on stderr); 2 for a usage error.
 ";
 
@@ -31,7 +32,8 @@ pub const SS_USAGE: &str = "  rdmashim ss [-a] [--json] [--clean] [--dir DIR]
 pub const STATS_USAGE: &str = "  rdmashim stats [PID] [--json] [--dir DIR]
       The counters of process PID (of every process with a record if no PID), as its stats
       file would have them (calls, connections, fallback reasons, bytes, waits), from its
-      live record: a running process's figures of the last second, or a killed one's last.
+      live record: a running process's as last published (at its connections' events, and
+      about every second while it has connections on rings), or a killed one's last.
       --json           JSON (an object for a PID, else an array of them)
       --dir DIR        the run directory to read (as for ss)
       Exit status: 0; 1 if there is no record for PID or it cannot be read; 2 for a usage
@@ -660,6 +662,51 @@ mod tests {
             v.contains(r#""connections":{"upgraded":0,"fallback_reasons":{}}"#),
             "{v}"
         );
+        // Planted links and FIFOs are refused, by name.
+        std::os::unix::fs::symlink("/etc/hostname", d.join("3.live")).unwrap();
+        let e = read_record(&d.join("3.live")).unwrap_err();
+        assert!(e.contains("3.live"), "{e}");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(d.join("4.live"))
+            .status()
+            .unwrap()
+            .success());
+        let e = read_record(&d.join("4.live")).unwrap_err();
+        assert!(
+            e.contains("4.live") && e.contains("not a regular file"),
+            "{e}"
+        );
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn dead_is_gone_or_another_process() {
+        let mut b = vec![0u8; lay::FILE_LEN];
+        let me = std::process::id();
+        let ticks = lay::stat_start_ticks(&fs::read("/proc/self/stat").unwrap()).unwrap();
+        let record = |b: &mut Vec<u8>, pid, ticks| {
+            let id = lay::Identity {
+                pid,
+                ppid: 1,
+                started_unix_ms: 1,
+                proc_start_ticks: ticks,
+                program: b"p",
+                version: "v",
+            };
+            lay::init(b, &id, std::iter::empty());
+            lay::decode(b).unwrap()
+        };
+        assert_eq!(status_of(&record(&mut b, me, ticks)), Status::Running);
+        assert_eq!(
+            status_of(&record(&mut b, me, 0)),
+            Status::Running,
+            "unknown: alive"
+        );
+        // The pid runs, but it is not the process that made the record.
+        assert_eq!(status_of(&record(&mut b, me, ticks + 1)), Status::Dead);
+        assert_eq!(status_of(&record(&mut b, 0, 0)), Status::Dead);
+        assert_eq!(status_of(&record(&mut b, u32::MAX, 0)), Status::Dead);
+        lay::put_u32(&mut b, lay::STATE_OFF, RecordState::Ended as u32);
+        assert_eq!(status_of(&lay::decode(&b).unwrap()), Status::Ended);
     }
 }
