@@ -408,6 +408,43 @@ mod tests {
     }
 
     #[test]
+    fn the_live_view_and_its_directory() {
+        assert!(cfg(&[]).live, "on by default");
+        assert!(!cfg(&[("RDMASHIM_LIVE", "off")]).live);
+        let odd = cfg(&[("RDMASHIM_LIVE", "maybe")]);
+        assert!(!odd.live && odd.warnings[0].contains("RDMASHIM_LIVE=maybe"));
+        let s = |v: Vec<Vec<u8>>| -> Vec<String> {
+            v.into_iter()
+                .map(|d| String::from_utf8(d).unwrap())
+                .collect()
+        };
+        assert_eq!(
+            s(run_dirs(&cfg(&[]), 1000)),
+            ["/run/rdmashim", "/tmp/rdmashim-1000"]
+        );
+        assert_eq!(
+            s(run_dirs(
+                &cfg(&[("XDG_RUNTIME_DIR", "/run/user/1000/")]),
+                1000
+            )),
+            [
+                "/run/rdmashim",
+                "/run/user/1000/rdmashim",
+                "/tmp/rdmashim-1000"
+            ]
+        );
+        // (a relative XDG_RUNTIME_DIR is ignored, as the XDG specification says)
+        assert_eq!(s(run_dirs(&cfg(&[("XDG_RUNTIME_DIR", "run")]), 0)).len(), 2);
+        let mut c = cfg(&[("RDMASHIM_RUN_DIR", "live%p"), ("XDG_RUNTIME_DIR", "/x")]);
+        c.resolve_relative(|| Some(b"/srv".to_vec()));
+        assert_eq!(
+            s(run_dirs(&c, 0)),
+            ["/srv/live%p"],
+            "alone, and not a pattern"
+        );
+    }
+
+    #[test]
     fn relative_paths_are_made_absolute_against_the_start_directory() {
         let mut c = cfg(&[
             ("RDMASHIM_STATS", "st.%p.json"),
