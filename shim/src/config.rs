@@ -17,10 +17,12 @@
 //! | `RDMASHIM_LOG_FILE=PATH` | append log lines to PATH (default: stderr); `%p` becomes the pid |
 //! | `RDMASHIM_STATS=PATH` | write the stats JSON to PATH at exit; `%p` becomes the pid |
 //! | `RDMASHIM_LOCAL=1\|0` | connections between processes of this host move to shared-memory rings (`1`, the default), or stay TCP (`0`: reason `not_upgradable_address`) |
+//! | `RDMASHIM_LIVE=1\|0` | keep the live view's file (`live.rs`; default `1`) |
+//! | `RDMASHIM_RUN_DIR=DIR` | where the live view's files go (default: `settings::run_dirs`) |
 //! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
 //! | `RDMASHIM_FAULT=POINT:N` | tests only: panic the `N`th time the shim passes `POINT` (`ring_recv`, `engine_link`; see `fault.rs`) |
 //!
-//! A relative `RDMASHIM_STATS` or `RDMASHIM_LOG_FILE` is made absolute here, once, against
+//! A relative `RDMASHIM_STATS`, `RDMASHIM_LOG_FILE` or `RDMASHIM_RUN_DIR` is made absolute here, once, against
 //! the working directory the process has when the configuration is read (at load): a
 //! program that changes directory later still writes where it was started.
 //!
@@ -31,11 +33,12 @@
 //! Under secure execution (`AT_SECURE` in the auxiliary vector: a setuid or setgid program, or
 //! one with file capabilities, started by a less privileged user) the environment is the
 //! caller's, not the program's: the shim then takes no setting and no path from it at all
-//! (`RDMASHIM_CONFIG` included) and runs with the defaults — logs to stderr, no stats file —
-//! and `/etc/rdmashim.conf`, if root owns it and no one else may write it. (glibc's loader
-//! itself ignores `LD_PRELOAD` entries with a slash for such programs and loads others only
-//! from the system's library directories, and only if the library is set-user-ID: the shim
-//! reaches them only through `/etc/ld.so.preload` or such an installation.)
+//! (`RDMASHIM_CONFIG` included) and runs with the defaults — logs to stderr, no stats file, a
+//! live record in the default run directory (without `XDG_RUNTIME_DIR`) — and
+//! `/etc/rdmashim.conf`, if root owns it and no one else may write it. (glibc's loader itself
+//! ignores `LD_PRELOAD` entries with a slash for such programs and loads others only from the
+//! system's library directories, and only if the library is set-user-ID: the shim reaches them
+//! only through `/etc/ld.so.preload` or such an installation.)
 
 use crate::fmtbuf::FixedBuf;
 use core::fmt::Write;
@@ -44,8 +47,8 @@ use std::sync::OnceLock;
 // (the parsing rules live in settings.rs, which the launcher compiles too)
 pub use crate::settings::{
     parse_bool, Config, Level, Number, CONFIG_MAX, DIAL_DELAY_MS, ENV_CONFIG, ENV_DISABLE,
-    ENV_FAULT, ENV_LOCAL, ENV_LOG, ENV_LOG_FILE, ENV_STATS, ENV_TRACE, LOCAL_DEFAULT,
-    NEGATIVE_CACHE_SECS, RING_KIB, SPIN_US,
+    ENV_FAULT, ENV_LIVE, ENV_LOCAL, ENV_LOG, ENV_LOG_FILE, ENV_RUN_DIR, ENV_STATS, ENV_TRACE,
+    LOCAL_DEFAULT, NEGATIVE_CACHE_SECS, RING_KIB, SPIN_US,
 };
 
 /// The configuration of this process: from the configuration file and its environment (under

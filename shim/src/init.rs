@@ -71,6 +71,7 @@ extern "C" fn destructor() {
             crate::upgrade::flush_at_exit();
         }
         write_stats();
+        crate::live::end(false);
     });
 }
 
@@ -96,6 +97,7 @@ unsafe extern "C" fn after_fork_child() {
     guard::after_fork_child();
     crate::stats::reset();
     crate::stats::start_record(parent, sys::unix_ms());
+    crate::live::after_fork_child();
     crate::probe::after_fork_child();
     crate::upgrade::after_fork_child();
 }

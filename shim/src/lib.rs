@@ -10,8 +10,9 @@
 //! the C return convention in exactly one place.
 //!
 //! Layout (one file per layer):
-//! - `hooks/`: every `extern "C"` entry point (unsafe lives here, in `real.rs`, `sys.rs`, `init.rs`
-//!   and the chunk pointer handling of `fdtable.rs`; everything else is safe code).
+//! - `hooks/`: every `extern "C"` entry point (unsafe lives here, in `real.rs`, `sys.rs`, `init.rs`,
+//!   `live.rs` (the live view's mapping) and the chunk pointer handling of `fdtable.rs`;
+//!   everything else is safe code).
 //! - `real.rs`: the table of real libc functions, resolved with `dlsym(RTLD_NEXT)`.
 //! - `fdtable.rs`: fd-indexed, two-level, lock-free table of per-fd state.
 //! - `stats.rs`, `reason.rs`, `settings.rs`, `rules.rs`, `config.rs`, `policy.rs`, `log.rs`,
@@ -26,6 +27,9 @@ pub mod fdtable;
 pub mod fmtbuf;
 pub mod guard;
 pub mod hook;
+#[cfg(not(test))]
+mod live;
+pub mod live_layout;
 pub mod log;
 #[cfg(not(test))]
 mod net;

@@ -86,6 +86,12 @@ pub struct Config {
     /// The rules as they apply to this program ([`Config::resolve_program`]; until then: none,
     /// every connection allowed).
     pub policy: Resolved,
+    /// `RDMASHIM_LIVE`: keep the live view's file (`live.rs`).
+    pub live: bool,
+    /// `RDMASHIM_RUN_DIR`: where the live view's files go (`None`: [`run_dirs`]' defaults).
+    pub run_dir: Option<Vec<u8>>,
+    /// `XDG_RUNTIME_DIR`, for [`run_dirs`].
+    pub xdg_runtime_dir: Option<Vec<u8>>,
 }
 
 /// Which configuration file was looked at, and what became of it.
@@ -179,6 +185,9 @@ impl Default for Config {
             file: ConfigFile::default(),
             rules: Vec::new(),
             policy: Resolved::default(),
+            live: LIVE_DEFAULT,
+            run_dir: None,
+            xdg_runtime_dir: None,
         }
     }
 }
@@ -191,6 +200,39 @@ pub const ENV_STATS: &str = "RDMASHIM_STATS";
 pub const ENV_TRACE: &str = "RDMASHIM_TRACE";
 pub const ENV_FAULT: &str = "RDMASHIM_FAULT";
 pub const ENV_LOCAL: &str = "RDMASHIM_LOCAL";
+pub const ENV_LIVE: &str = "RDMASHIM_LIVE";
+pub const ENV_RUN_DIR: &str = "RDMASHIM_RUN_DIR";
+
+/// Whether the live view is kept unless `RDMASHIM_LIVE` says.
+pub const LIVE_DEFAULT: bool = true;
+
+/// The system-wide run directory, used by processes that may write there (root's).
+pub const SYSTEM_RUN_DIR: &str = "/run/rdmashim";
+
+/// Where the live view's files go, in order of preference: `RDMASHIM_RUN_DIR` alone if set;
+/// else [`SYSTEM_RUN_DIR`], `$XDG_RUNTIME_DIR/rdmashim` (an absolute one), and
+/// `/tmp/rdmashim-UID` (`uid`: the effective one). The shim takes the first it may write to
+/// (making the last component if needed), `rdmashim ss` the first it finds that way.
+pub fn run_dirs(c: &Config, uid: u32) -> Vec<Vec<u8>> {
+    if let Some(d) = &c.run_dir {
+        return vec![d.clone()];
+    }
+    let mut v = vec![SYSTEM_RUN_DIR.as_bytes().to_vec()];
+    if let Some(x) = c
+        .xdg_runtime_dir
+        .as_ref()
+        .filter(|x| x.starts_with(b"/") && !x.contains(&0))
+    {
+        let mut d = x.clone();
+        if !d.ends_with(b"/") {
+            d.push(b'/');
+        }
+        d.extend_from_slice(b"rdmashim");
+        v.push(d);
+    }
+    v.push(format!("/tmp/rdmashim-{uid}").into_bytes());
+    v
+}
 
 /// Every setting: its variable and its key in the file (the variable's name in lower case,
 /// without `RDMASHIM_`).
@@ -207,10 +249,12 @@ pub enum Key {
     NegativeCacheSecs,
     Trace,
     Fault,
+    Live,
+    RunDir,
 }
 
 impl Key {
-    pub const ALL: [Key; 11] = [
+    pub const ALL: [Key; 13] = [
         Key::Disable,
         Key::Local,
         Key::Log,
@@ -222,6 +266,8 @@ impl Key {
         Key::NegativeCacheSecs,
         Key::Trace,
         Key::Fault,
+        Key::Live,
+        Key::RunDir,
     ];
 
     /// The environment variable.
@@ -238,6 +284,8 @@ impl Key {
             Key::NegativeCacheSecs => NEGATIVE_CACHE_SECS.name,
             Key::Trace => ENV_TRACE,
             Key::Fault => ENV_FAULT,
+            Key::Live => ENV_LIVE,
+            Key::RunDir => ENV_RUN_DIR,
         }
     }
 
@@ -255,6 +303,8 @@ impl Key {
             Key::NegativeCacheSecs => "negative_cache_secs",
             Key::Trace => "trace",
             Key::Fault => "fault",
+            Key::Live => "live",
+            Key::RunDir => "run_dir",
         }
     }
 
@@ -370,6 +420,7 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<Vec<u8>>) -> Config {
         let mut c = Config::default();
         c.apply_env(&get);
+        c.xdg_runtime_dir = get("XDG_RUNTIME_DIR").filter(|v| !v.is_empty() && !v.contains(&0));
         c
     }
 
@@ -411,6 +462,7 @@ impl Config {
             }
         }
         c.apply_env(&get);
+        c.xdg_runtime_dir = get("XDG_RUNTIME_DIR").filter(|v| !v.is_empty() && !v.contains(&0));
         c
     }
 
@@ -473,6 +525,18 @@ impl Config {
                     Origin::Env => Some(raw.to_vec()).filter(|v| !v.is_empty() && !v.contains(&0)),
                     Origin::File { .. } => path(raw),
                 }
+            }
+            Key::RunDir => {
+                self.run_dir = match origin {
+                    Origin::Env => Some(raw.to_vec()).filter(|v| !v.is_empty() && !v.contains(&0)),
+                    Origin::File { .. } => path(raw),
+                }
+            }
+            Key::Live => {
+                self.live = parse_bool(trim_blank(raw)).unwrap_or_else(|| {
+                    warn(format!("{BOOL}; no live view"));
+                    false
+                })
             }
             Key::RingKib | Key::DialDelayMs | Key::SpinUs | Key::NegativeCacheSecs => {
                 let n = match key {
@@ -626,7 +690,7 @@ impl Config {
     /// when `cwd()` has no answer (the directory is gone, or unreachable).
     pub fn resolve_relative(&mut self, cwd: impl FnOnce() -> Option<Vec<u8>>) {
         let relative = |p: &Option<Vec<u8>>| p.as_deref().is_some_and(|p| !p.starts_with(b"/"));
-        if !relative(&self.stats_path) && !relative(&self.log_file) {
+        if !relative(&self.stats_path) && !relative(&self.log_file) && !relative(&self.run_dir) {
             return;
         }
         let Some(cwd) = cwd().filter(|d| d.starts_with(b"/") && !d.contains(&0)) else {
@@ -636,6 +700,13 @@ impl Config {
             if let Some(path) = p.as_mut().filter(|p| !p.starts_with(b"/")) {
                 *path = absolute_pattern(&cwd, path);
             }
+        }
+        // (a directory, not a pattern: a `%` in it stays as it is)
+        if let Some(d) = self.run_dir.as_mut().filter(|d| !d.starts_with(b"/")) {
+            let mut a = cwd.clone();
+            a.push(b'/');
+            a.extend_from_slice(d);
+            *d = a;
         }
     }
 }
@@ -736,6 +807,43 @@ mod tests {
         assert!(bad.warnings[0].contains("RDMASHIM_LOG=loud"));
         assert_eq!(bad.log_level, Level::Warn);
         assert_eq!(cfg(&[("RDMASHIM_STATS", "")]).stats_path, None);
+    }
+
+    #[test]
+    fn the_live_view_and_its_directory() {
+        assert!(cfg(&[]).live, "on by default");
+        assert!(!cfg(&[("RDMASHIM_LIVE", "off")]).live);
+        let odd = cfg(&[("RDMASHIM_LIVE", "maybe")]);
+        assert!(!odd.live && odd.warnings[0].contains("RDMASHIM_LIVE=maybe"));
+        let s = |v: Vec<Vec<u8>>| -> Vec<String> {
+            v.into_iter()
+                .map(|d| String::from_utf8(d).unwrap())
+                .collect()
+        };
+        assert_eq!(
+            s(run_dirs(&cfg(&[]), 1000)),
+            ["/run/rdmashim", "/tmp/rdmashim-1000"]
+        );
+        assert_eq!(
+            s(run_dirs(
+                &cfg(&[("XDG_RUNTIME_DIR", "/run/user/1000/")]),
+                1000
+            )),
+            [
+                "/run/rdmashim",
+                "/run/user/1000/rdmashim",
+                "/tmp/rdmashim-1000"
+            ]
+        );
+        // (a relative XDG_RUNTIME_DIR is ignored, as the XDG specification says)
+        assert_eq!(s(run_dirs(&cfg(&[("XDG_RUNTIME_DIR", "run")]), 0)).len(), 2);
+        let mut c = cfg(&[("RDMASHIM_RUN_DIR", "live%p"), ("XDG_RUNTIME_DIR", "/x")]);
+        c.resolve_relative(|| Some(b"/srv".to_vec()));
+        assert_eq!(
+            s(run_dirs(&c, 0)),
+            ["/srv/live%p"],
+            "alone, and not a pattern"
+        );
     }
 
     #[test]
@@ -943,7 +1051,7 @@ mod tests {
             "/etc/rdmashim.conf:2: spin_us = 99999: out of range (a whole number from 0 to 10000); using 10000",
             "/etc/rdmashim.conf:3: disable = perhaps: not a boolean (1/0, true/false, yes/no, on/off); upgrades are disabled",
             "/etc/rdmashim.conf:4: log = loud: unknown level (error, warn, info, debug, off); using warn",
-            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, trace, fault, or a rule: allow|deny SELECTOR = VALUE); line ignored",
+            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:6: just some words: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored",
             "/etc/rdmashim.conf:7: permit port = 22: not a rule (allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:8: deny peer = 10.0.0.0/33: not an IPv4 or IPv6 address, optionally /PREFIX (0-32, 0-128); rule ignored",

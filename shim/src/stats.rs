@@ -273,6 +273,11 @@ pub fn start_record(ppid: u32, now_ms: u64) {
     STARTED_MS.store(now_ms, Relaxed);
 }
 
+/// The parent and start time given to [`start_record`] (no counter is summed).
+pub fn record_start() -> (u32, u64) {
+    (PPID.load(Relaxed), STARTED_MS.load(Relaxed))
+}
+
 /// Zeroes every counter (the child after fork starts its own record).
 pub fn reset() {
     for s in &SHARD_ARR {

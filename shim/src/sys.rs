@@ -239,7 +239,7 @@ pub fn quiet_write(fd: c_int, data: &[u8]) -> Result<(), Errno> {
 }
 
 /// The effective uid (not hooked).
-fn geteuid() -> u32 {
+pub fn geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
 }
@@ -741,6 +741,210 @@ pub fn holds_io_uring() -> bool {
     }
 }
 
+/// Makes `dir` (NUL-free, absolute) if it is missing, with `mode` (its parent must exist).
+pub fn make_dir(dir: &[u8], mode: libc::mode_t) -> Result<(), Errno> {
+    let mut d = crate::fmtbuf::FixedBuf::<4200>::new();
+    d.push_bytes(dir);
+    d.push_bytes(b"\0");
+    if d.overflowed() {
+        return Err(Errno(libc::ENAMETOOLONG));
+    }
+    // SAFETY: the path is NUL-terminated and outlives the call.
+    let r = unsafe {
+        rdmashim_core::raw_syscall!(
+            libc::SYS_mkdirat,
+            libc::AT_FDCWD,
+            d.as_bytes().as_ptr() as *const c_char,
+            mode,
+        )
+    };
+    match check(r) {
+        Err(e) if e.0 != libc::EEXIST => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `dir` (NUL-free, absolute) is a directory itself (not a link to one) owned by the
+/// effective user or by root: a run directory someone else made in `/tmp` (a sticky
+/// directory's owner may remove and replace the files in it) is not used.
+pub fn own_dir(dir: &[u8]) -> Result<(), Errno> {
+    let mut d = crate::fmtbuf::FixedBuf::<4200>::new();
+    d.push_bytes(dir);
+    d.push_bytes(b"\0");
+    if d.overflowed() {
+        return Err(Errno(libc::ENAMETOOLONG));
+    }
+    let st = lstat_at(libc::AT_FDCWD, d.as_bytes())?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(Errno(libc::ENOTDIR));
+    }
+    if st.st_uid != geteuid() && st.st_uid != 0 {
+        return Err(Errno(libc::EPERM));
+    }
+    Ok(())
+}
+
+/// Sizes the new file `fd` to `len` bytes that are really there (not a hole): a shared
+/// mapping's write to a page the file system cannot supply raises SIGBUS, so space is taken
+/// now, where its lack is an error. `fallocate`, else zeros written; SIGXFSZ
+/// (`RLIMIT_FSIZE`) never raised at the process ([`quiet_write`]).
+fn reserve(fd: c_int, len: usize) -> Result<(), Errno> {
+    let set = sigbit(libc::SIGXFSZ);
+    let old = sigmask(libc::SIG_BLOCK, set);
+    let before = sigpending() & set;
+    // SAFETY: fallocate on an fd of ours, mode 0 (allocate), a valid range.
+    let r = check(unsafe { rdmashim_core::raw_syscall!(libc::SYS_fallocate, fd, 0, 0, len) });
+    if before == 0 && sigpending() & set != 0 {
+        sigconsume(libc::SIGXFSZ);
+    }
+    sigmask(libc::SIG_SETMASK, old);
+    match r {
+        Err(e) if e.0 == libc::EOPNOTSUPP => {
+            static ZEROS: [u8; 4096] = [0; 4096];
+            (0..len.div_ceil(4096)).try_for_each(|_| quiet_write(fd, &ZEROS))
+        }
+        r => r.map(|_| ()),
+    }
+}
+
+/// Makes file `name` in `dir` (both NUL-free; `dir` absolute), `len` bytes, readable and
+/// writable by the owner alone, maps it shared and returns the mapping, with `init` run on it
+/// before the file appears under its name (it is made under a hidden name nobody can predict,
+/// then renamed: a reader never sees a half-made file). The directory follows the rules of
+/// the shim's other files ([`OutDir`]); an existing `name` is replaced only if it is a regular
+/// file of ours with one name (a stale record of an earlier process with this pid). No
+/// descriptor stays open. errno is preserved.
+pub fn create_shared_file(
+    dir: &[u8],
+    name: &[u8],
+    len: usize,
+    init: impl FnOnce(&mut [u8]),
+) -> Result<*mut u8, Errno> {
+    let _e = ErrnoGuard::save();
+    let mut path = crate::fmtbuf::FixedBuf::<4200>::new();
+    path.push_bytes(dir);
+    path.push_bytes(b"/");
+    path.push_bytes(name);
+    path.push_bytes(b"\0");
+    if path.overflowed() {
+        return Err(Errno(libc::ENAMETOOLONG));
+    }
+    let dir = OutDir::open(path.as_bytes())?;
+    match lstat_at(dir.fd, dir.name()) {
+        Ok(st) if !is_own_file(&st) => return Err(Errno(libc::EEXIST)),
+        Ok(_) | Err(Errno(libc::ENOENT)) => {}
+        Err(e) => return Err(e),
+    }
+    let mut tmp = crate::fmtbuf::FixedBuf::<300>::new();
+    let base = dir.name().strip_suffix(b"\0").unwrap_or(&[]);
+    let _ = core::fmt::Write::write_fmt(
+        &mut tmp,
+        format_args!(
+            ".{}.tmp.{}.{:016x}\0",
+            core::str::from_utf8(base).unwrap_or("live"),
+            getpid(),
+            unguessable()
+        ),
+    );
+    if tmp.overflowed() {
+        return Err(Errno(libc::ENAMETOOLONG));
+    }
+    let tmp = tmp.as_bytes();
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let fd = dir.open_at(tmp, flags, 0o600)?;
+    let mapped = reserve(fd, len).and_then(|_| {
+        // SAFETY: a new shared mapping of our own file, no fixed address.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            Err(errno())
+        } else {
+            Ok(p as *mut u8)
+        }
+    });
+    close(fd);
+    let p = match mapped {
+        Ok(p) => p,
+        Err(e) => {
+            unlink_at(dir.fd, tmp);
+            return Err(e);
+        }
+    };
+    // SAFETY: `p` is a fresh mapping of `len` bytes that nothing else references yet.
+    init(unsafe { core::slice::from_raw_parts_mut(p, len) });
+    // SAFETY: both names are NUL-terminated and relative to the same directory fd.
+    let r = check(unsafe {
+        rdmashim_core::raw_syscall!(
+            libc::SYS_renameat,
+            dir.fd,
+            tmp.as_ptr() as *const c_char,
+            dir.fd,
+            dir.name().as_ptr() as *const c_char,
+        )
+    });
+    if let Err(e) = r {
+        unlink_at(dir.fd, tmp);
+        // SAFETY: the mapping was made above and is handed to nobody.
+        unsafe { unmap_shared(p, len) };
+        return Err(e);
+    }
+    Ok(p)
+}
+
+/// Unmaps a mapping of [`create_shared_file`].
+///
+/// # Safety
+/// `p`/`len` must come from one `create_shared_file` call, and nothing may reference it any
+/// more.
+pub unsafe fn unmap_shared(p: *mut u8, len: usize) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { libc::munmap(p as *mut libc::c_void, len) };
+}
+
+/// Removes `dir/name` (both NUL-free) if it is a regular file of ours. errno is preserved.
+pub fn remove_own_file(dir: &[u8], name: &[u8]) {
+    let _e = ErrnoGuard::save();
+    let mut path = crate::fmtbuf::FixedBuf::<4200>::new();
+    path.push_bytes(dir);
+    path.push_bytes(b"/");
+    path.push_bytes(name);
+    path.push_bytes(b"\0");
+    if path.overflowed() {
+        return;
+    }
+    if let Ok(d) = OutDir::open(path.as_bytes()) {
+        if lstat_at(d.fd, d.name()).is_ok_and(|st| is_own_file(&st)) {
+            unlink_at(d.fd, d.name());
+        }
+    }
+}
+
+/// This process's start time in clock ticks after boot (`/proc/self/stat` field 22), 0 if it
+/// cannot be read: with the pid, it names the process (a pid is given out again, a start time
+/// with it is not).
+pub fn proc_start_ticks() -> u64 {
+    let Ok(fd) = open(b"/proc/self/stat\0", libc::O_RDONLY | libc::O_CLOEXEC, 0) else {
+        return 0;
+    };
+    let mut buf = [0u8; 1024];
+    // SAFETY: buf is writable for its length; fd was just opened here.
+    let n = unsafe { rdmashim_core::raw_syscall!(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
+    close(fd);
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| buf.get(..n))
+        .and_then(crate::live_layout::stat_start_ticks)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -892,5 +1096,62 @@ mod tests {
     fn probes() {
         assert_eq!(dir_has_entries(b"/nonexistent-dir\0"), None);
         assert_eq!(dir_has_entries(b"/\0"), Some(true));
+    }
+
+    #[test]
+    fn a_shared_file_appears_whole_and_is_removed() {
+        let dir = std::env::temp_dir().join(format!("rdmashim-shared-{}", std::process::id()));
+        let dir = dir.to_str().unwrap().as_bytes().to_vec();
+        make_dir(&dir, 0o700).unwrap();
+        make_dir(&dir, 0o700).unwrap();
+        own_dir(&dir).unwrap();
+        let link = [dir.as_slice(), b".link"].concat();
+        std::os::unix::fs::symlink(
+            std::str::from_utf8(&dir).unwrap(),
+            std::str::from_utf8(&link).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            own_dir(&link),
+            Err(Errno(libc::ENOTDIR)),
+            "a link to a directory is not one"
+        );
+        std::fs::remove_file(std::str::from_utf8(&link).unwrap()).unwrap();
+        let p = create_shared_file(&dir, b"1.live", 8192, |b| {
+            assert!(b.iter().all(|x| *x == 0));
+            b[0] = 7;
+            b[8191] = 9;
+        })
+        .unwrap();
+        let path = std::path::PathBuf::from(String::from_utf8(dir.clone()).unwrap());
+        let f = std::fs::read(path.join("1.live")).unwrap();
+        assert_eq!((f.len(), f[0], f[8191]), (8192, 7, 9));
+        // SAFETY: the mapping was made above, 8192 bytes; nothing else references it.
+        unsafe {
+            *p.add(1) = 5;
+        }
+        assert_eq!(std::fs::read(path.join("1.live")).unwrap()[1], 5, "shared");
+        // SAFETY: as above; not used after.
+        unsafe { unmap_shared(p, 8192) };
+        // Only the file itself, no temporary left behind.
+        let names: Vec<_> = std::fs::read_dir(&path)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("1.live")]);
+        remove_own_file(&dir, b"1.live");
+        assert!(!path.join("1.live").exists());
+        // A planted link is not replaced.
+        std::os::unix::fs::symlink("/etc/hostname", path.join("2.live")).unwrap();
+        assert!(create_shared_file(&dir, b"2.live", 4096, |_| {}).is_err());
+        remove_own_file(&dir, b"2.live");
+        assert!(
+            path.join("2.live").symlink_metadata().is_ok(),
+            "a link is not ours"
+        );
+        std::fs::remove_dir_all(&path).unwrap();
+        assert!(create_shared_file(b"/proc/no-such-dir", b"1.live", 4096, |_| {}).is_err());
+        assert!(proc_start_ticks() > 0);
     }
 }

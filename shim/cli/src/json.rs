@@ -13,6 +13,8 @@ pub enum Value {
     Arr(Vec<Value>),
     /// Members in the order given.
     Obj(Vec<(&'static str, Value)>),
+    /// Members in the order given, with names known only at run time.
+    Map(Vec<(String, Value)>),
 }
 
 impl Value {
@@ -42,6 +44,21 @@ fn write_str(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
     f.write_str("\"")
 }
 
+fn write_members<'a>(
+    f: &mut fmt::Formatter<'_>,
+    m: impl Iterator<Item = (&'a str, &'a Value)>,
+) -> fmt::Result {
+    f.write_str("{")?;
+    for (i, (k, x)) in m.enumerate() {
+        if i > 0 {
+            f.write_str(",")?;
+        }
+        write_str(f, k)?;
+        write!(f, ":{x}")?;
+    }
+    f.write_str("}")
+}
+
 impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -59,17 +76,8 @@ impl fmt::Display for Value {
                 }
                 f.write_str("]")
             }
-            Value::Obj(m) => {
-                f.write_str("{")?;
-                for (i, (k, x)) in m.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(",")?;
-                    }
-                    write_str(f, k)?;
-                    write!(f, ":{x}")?;
-                }
-                f.write_str("}")
-            }
+            Value::Obj(m) => write_members(f, m.iter().map(|(k, v)| (*k, v))),
+            Value::Map(m) => write_members(f, m.iter().map(|(k, v)| (k.as_str(), v))),
         }
     }
 }
@@ -86,10 +94,11 @@ mod tests {
             ("s", Value::str("q\"b\\s\n\u{1}é")),
             ("e", Obj(vec![])),
             ("o", Value::opt(None::<u64>, Num)),
+            ("m", Map(vec![("k\"".into(), Num(2))])),
         ]);
         assert_eq!(
             v.to_string(),
-            r#"{"a":[1,false,null],"s":"q\"b\\s\n\u0001é","e":{},"o":null}"#
+            r#"{"a":[1,false,null],"s":"q\"b\\s\n\u0001é","e":{},"o":null,"m":{"k\"":2}}"#
         );
     }
 }

@@ -3,6 +3,8 @@
 //! ```text
 //! rdmashim run [OPTIONS] [--] PROGRAM [ARGS...]
 //! rdmashim doctor [--json] [--program PROG]
+//! rdmashim ss [-a] [--json] [--clean] [--dir DIR]
+//! rdmashim stats [PID] [--json] [--dir DIR]
 //! rdmashim --help | --version
 //! ```
 #![deny(unsafe_code)]
@@ -10,6 +12,10 @@
 mod doctor;
 mod elf;
 mod json;
+mod live;
+#[path = "../../src/live_layout.rs"]
+#[allow(dead_code)]
+mod live_layout;
 mod program;
 #[path = "../../src/reason.rs"]
 #[allow(dead_code)]
@@ -68,7 +74,7 @@ const DOCTOR_USAGE: &str = "  rdmashim doctor [--json] [--program PROG]
 fn usage() -> String {
     let num = |n: &settings::Number| format!("{} to {}, default {}", n.min, n.max, n.default);
     format!(
-        "usage:\n{RUN_USAGE}{DOCTOR_USAGE}  rdmashim --help | --version
+        "usage:\n{RUN_USAGE}{DOCTOR_USAGE}{ss}{stats}  rdmashim --help | --version
       This text, or the version (-h, -V); `rdmashim COMMAND --help` for one command's.
 
 The shim reads its configuration file, {default} (rdmashim.conf(5): every variable
@@ -90,10 +96,15 @@ yes/no or on/off in any case; anything else gets one warning and the default):
                                 ({neg_min} to {neg_max}, 0: always tried; default unset: 60 s
                                 after a reject, 10 min after silence)
   RDMASHIM_TRACE                set: trace lines of the upgrade (default unset)
+  RDMASHIM_LIVE=BOOL            keep a live record for `rdmashim ss` and `stats` (default on)
+  RDMASHIM_RUN_DIR=DIR          where live records go (default: /run/rdmashim if writable,
+                                else $XDG_RUNTIME_DIR/rdmashim, else /tmp/rdmashim-UID)
   RDMASHIM_FAULT=POINT:N        tests only: fail on purpose (default unset)
 The launcher reads RDMASHIM_LIB=PATH: the library, unless --lib is given.
 ",
         default = settings::DEFAULT_CONFIG,
+        ss = live::SS_USAGE,
+        stats = live::STATS_USAGE,
         ring = num(&RING_KIB),
         dial = num(&DIAL_DELAY_MS),
         spin = num(&SPIN_US),
@@ -353,6 +364,28 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprint!("rdmashim: {e}\nusage:\n{DOCTOR_USAGE}");
+                ExitCode::from(2)
+            }
+        },
+        Some("ss") => match live::parse_ss(&args[1..]) {
+            Ok(Some(a)) => live::ss(&a),
+            Ok(None) => {
+                print!("usage:\n{}", live::SS_USAGE);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprint!("rdmashim: {e}\nusage:\n{}", live::SS_USAGE);
+                ExitCode::from(2)
+            }
+        },
+        Some("stats") => match live::parse_stats(&args[1..]) {
+            Ok(Some(a)) => live::stats(&a),
+            Ok(None) => {
+                print!("usage:\n{}", live::STATS_USAGE);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprint!("rdmashim: {e}\nusage:\n{}", live::STATS_USAGE);
                 ExitCode::from(2)
             }
         },

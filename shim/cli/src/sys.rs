@@ -49,3 +49,32 @@ pub fn page_size() -> u64 {
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u64::try_from(p).unwrap_or(4096)
 }
+
+/// The effective user id (whose run directory `rdmashim ss` reads by default).
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether process `pid` exists (`kill(pid, 0)`: success, or EPERM for another user's).
+pub fn process_exists(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if p <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists; no signal is sent.
+    let r = unsafe { libc::kill(p, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Whether this process may write to `dir` (`access(W_OK)`, by the real ids).
+pub fn writable(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: c is a valid NUL-terminated path.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}

@@ -93,6 +93,7 @@ pub(crate) fn account(fd: c_int) {
         "fd {fd}: connection stays on TCP ({})",
         r.name()
     );
+    crate::live::tcp_conn(fd, r);
 }
 
 /// Remembers why the upgrade of `fd` was not attempted, for [`account`].
@@ -332,6 +333,9 @@ pub(crate) fn forget(fd: c_int, e: FdEntry) {
 /// [`lost`]): its share of an upgraded connection ([`crate::upgrade::release_share`]), an
 /// rdma_cm listener, an epoll set's registrations.
 fn release(fd: c_int, e: FdEntry) {
+    if matches!(e.kind(), Kind::TcpCandidate | Kind::Upgraded) {
+        crate::live::conn_closed(fd);
+    }
     match e.kind() {
         Kind::Upgraded if crate::upgrade::slot_is_ours(e.slot()) => {
             let _s = crate::guard::Section::enter();

@@ -361,15 +361,15 @@ fn quick_exit_via(h: crate::hook::Hook, status: c_int) -> ! {
 /// the socket buffer holds after the process is gone. No stats record is written (none is at
 /// `_exit`, as documented); not in a vfork child (whose memory is its parent's).
 fn before_quick_exit() {
-    if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0
-        || crate::guard::poisoned()
-        || in_foreign_child()
-    {
+    if crate::guard::poisoned() || in_foreign_child() {
         return;
     }
     let _s = crate::guard::Section::enter();
     let _e = crate::sys::ErrnoGuard::save();
-    crate::upgrade::flush_at_exit();
+    if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) != 0 {
+        crate::upgrade::flush_at_exit();
+    }
+    crate::live::end(false);
 }
 
 /// Before this process's image is replaced: every upgraded connection that an fd without
@@ -385,6 +385,7 @@ fn before_exec() {
     let _e = crate::sys::ErrnoGuard::save();
     hand_back_inherited(false, "exec", crate::reason::FallbackReason::Exec);
     crate::init::write_stats();
+    crate::live::end(true);
 }
 
 /// Before a child is spawned that inherits this process's fds and execs: as [`before_exec`],

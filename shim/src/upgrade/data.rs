@@ -477,6 +477,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                             }
                         }
                         stats::add_bytes_at(shard, Bytes::TcpRx, n as u64);
+                        c.live_rx.fetch_add(n as u64, Ordering::Relaxed);
                         got += n;
                         if !waitall || got == total {
                             c.settle(&mut g);
@@ -547,6 +548,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 // (a credit this made due goes now; the CQ waits for the next call)
                 l.push();
                 stats::add_bytes_at(shard, Bytes::on_link(l.transport(), false), n as u64);
+                c.live_rx.fetch_add(n as u64, Ordering::Relaxed);
                 c.settle(&mut g);
                 if !waitall || got == total {
                     return Ok(got);
@@ -663,6 +665,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 Ok(n) => {
                     g.tcp_sent += n as u64;
                     stats::add_bytes_at(shard, Bytes::TcpTx, n as u64);
+                    c.live_tx.fetch_add(n as u64, Ordering::Relaxed);
                     sent += n;
                     if sent == total {
                         return Ok(sent);
@@ -692,6 +695,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 l.push();
                 l.progress(false);
                 stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), gr.len as u64);
+                c.live_tx.fetch_add(gr.len as u64, Ordering::Relaxed);
                 sent += gr.len;
                 c.settle(&mut g);
                 if sent == total {

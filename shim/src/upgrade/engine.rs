@@ -1015,6 +1015,9 @@ impl State {
         if !self.conns.is_empty() {
             let t = self.sockets_at.min(self.uring_at);
             next = Some(next.map_or(t, |n| n.min(t)));
+        } else if crate::live::dirty() {
+            // (the live view's counters of a last event, published at the next tick)
+            next = Some(next.map_or(self.sockets_at, |n| n.min(self.sockets_at)));
         }
         if self.requests.pending() {
             let t = now + Duration::from_millis(super::BACK_NAP as u64);
@@ -1823,6 +1826,9 @@ impl State {
             self.sockets_at = now + SOCKET_CHECK;
             if !self.conns.is_empty() {
                 super::check_sockets();
+                super::publish_live();
+            } else if crate::live::dirty() {
+                super::publish_live();
             }
         }
         // (a timer of its own: its interval grows with its cost, see `look_for_io_uring`)

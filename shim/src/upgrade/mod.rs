@@ -234,6 +234,10 @@ pub struct Conn {
     pub(crate) arrivals: OnceLock<rdmashim_core::shm::Arrivals>,
     /// In the registry's list of inboxes left unarmed ([`ready::list_unarmed`]).
     pub(crate) unarmed_listed: AtomicBool,
+    /// Bytes the application sent and received on it through the upgrade (either transport),
+    /// for the live view's table (`crate::live`).
+    pub(crate) live_tx: AtomicU64,
+    pub(crate) live_rx: AtomicU64,
     counted: AtomicBool,
     inner: Mutex<Inner>,
 }
@@ -261,6 +265,7 @@ impl Conn {
             .and_then(|w| w.reuse_efds())
             .or_else(new_efds)?;
         crate::fdtable::UPGRADE_CONNS.fetch_add(1, Ordering::Relaxed);
+        crate::live::upgrade_conn(fd, local, peer, side == Side::Client);
         Some(Conn {
             slot,
             side,
@@ -285,6 +290,8 @@ impl Conn {
             spin: crate::spin::SpinGate::default(),
             arrivals: OnceLock::new(),
             unarmed_listed: AtomicBool::new(false),
+            live_tx: AtomicU64::new(0),
+            live_rx: AtomicU64::new(0),
             counted: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 phase,
@@ -329,6 +336,15 @@ impl Conn {
     fn count_upgraded(&self) {
         if !self.counted.swap(true, Ordering::AcqRel) {
             stats::count_upgraded();
+            crate::live::conn_state(
+                self.fd_hint.load(Ordering::Relaxed),
+                match self.transport {
+                    Transport::Rdma => crate::live_layout::Via::Rdma,
+                    Transport::Shm => crate::live_layout::Via::Shm,
+                },
+                crate::live_layout::ConnState::Ring,
+                None,
+            );
             if self.side == Side::Client {
                 engine::upgraded_to(self.peer);
             }
@@ -412,7 +428,14 @@ impl Conn {
     /// Counts the connection as staying on TCP (once) and makes data calls direct.
     pub(crate) fn fall_back(&self, g: &mut Inner, reason: FallbackReason) {
         self.to_tcp(g);
-        if !self.counted.swap(true, Ordering::AcqRel) {
+        let first = !self.counted.swap(true, Ordering::AcqRel);
+        crate::live::conn_state(
+            self.fd_hint.load(Ordering::Relaxed),
+            crate::live_layout::Via::Tcp,
+            crate::live_layout::ConnState::Tcp,
+            first.then_some(reason),
+        );
+        if first {
             stats::count_fallback(reason);
             shim_log!(
                 Level::Debug,
@@ -742,10 +765,19 @@ impl Conn {
     /// The switch back is done: counted (a failover was, when it began), logged (`why` after
     /// "back on TCP"), and the connection is plain TCP from now on.
     fn end_back(&self, g: &mut Inner, why: &str) {
-        match &g.phase {
-            Phase::Linked(l) if l.conn().failed_over() => {}
-            _ => stats::count_switched_back(),
-        }
+        let state = match &g.phase {
+            Phase::Linked(l) if l.conn().failed_over() => crate::live_layout::ConnState::PathFailed,
+            _ => {
+                stats::count_switched_back();
+                crate::live_layout::ConnState::SwitchedBack
+            }
+        };
+        crate::live::conn_state(
+            self.fd_hint.load(Ordering::Relaxed),
+            crate::live_layout::Via::Tcp,
+            state,
+            None,
+        );
         shim_log!(
             Level::Debug,
             "{} {} -> {}: back on TCP{why}",
@@ -2012,6 +2044,27 @@ pub(crate) fn check_io_uring() {
             data::reset_shared(c, Some(*fd), "io_uring", "no thread to return it to TCP");
         }
     }
+}
+
+/// The engine's tick: the live view's counters, and the bytes of each connection still under
+/// the upgrade.
+pub(crate) fn publish_live() {
+    let Some(w) = world_if_created() else {
+        return;
+    };
+    let conns = w.all();
+    crate::live::publish(
+        conns
+            .iter()
+            .filter(|c| !c.fell_back.load(Ordering::Relaxed))
+            .map(|c| {
+                (
+                    c.fd_hint.load(Ordering::Relaxed),
+                    c.live_tx.load(Ordering::Relaxed),
+                    c.live_rx.load(Ordering::Relaxed),
+                )
+            }),
+    );
 }
 
 /// At exit: give upgraded connections a bounded time to deliver what they accepted.
