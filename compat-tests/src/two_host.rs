@@ -167,6 +167,20 @@ pub fn serve(
     scenario: &str,
     base: u16,
     env: &[(&str, &str)],
+    how: (Under, Ends),
+    meanwhile: impl FnOnce(u32),
+) -> Option<Stats> {
+    serve_at(bin, scenario, &own_ip(), base, env, how, meanwhile)
+}
+
+/// [`serve`] on address `ip` of this host (another than [`own_ip`]: an IPv6 one, a link-local
+/// one with its interface, `fe80::1%eth0`); the flag stays on [`own_ip`].
+pub fn serve_at(
+    bin: &str,
+    scenario: &str,
+    ip: &str,
+    base: u16,
+    env: &[(&str, &str)],
     (under, ends): (Under, Ends),
     meanwhile: impl FnOnce(u32),
 ) -> Option<Stats> {
@@ -179,7 +193,7 @@ pub fn serve(
             c
         }
     };
-    c.args([scenario, "server", &own_ip()])
+    c.args([scenario, "server", ip])
         .env("BEHAVE_PORT", base.to_string())
         .envs(env.iter().copied())
         .stdin(Stdio::null())
@@ -219,10 +233,23 @@ pub fn dial(
     env: &[(&str, &str)],
     meanwhile: impl FnOnce(u32),
 ) -> Stats {
+    dial_to(bin, scenario, &peer_ip(), base, env, meanwhile)
+}
+
+/// [`dial`] to address `ip` of the other host (see [`serve_at`]); the flag is looked for on
+/// [`peer_ip`].
+pub fn dial_to(
+    bin: &str,
+    scenario: &str,
+    ip: &str,
+    base: u16,
+    env: &[(&str, &str)],
+    meanwhile: impl FnOnce(u32),
+) -> Stats {
     wait_flag(base + 1, PEER_WAIT);
     let s = Scratch::new(&format!("two-host-{scenario}-b"));
     let mut c = under_shim(Via::Preload, bin, &s, "client");
-    c.args([scenario, "client", &peer_ip(), &base.to_string()])
+    c.args([scenario, "client", ip, &base.to_string()])
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -298,3 +298,229 @@ fn t6_flood_from_other_host() {
         st.summary()
     );
 }
+
+/// This host's IPv6 addresses for the tier: a global one (fd77::1 on A, fd77::2 on B, added
+/// here if missing, without duplicate detection) and the link-local one eth0 has from its MAC.
+fn ipv6() -> (String, String, String, String) {
+    let (own, peer) = match two_host::role() {
+        Role::A => ("fd77::1", "fd77::2"),
+        Role::B => ("fd77::2", "fd77::1"),
+    };
+    let _ = std::process::Command::new("ip")
+        .args([
+            "-6",
+            "addr",
+            "add",
+            &format!("{own}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])
+        .status();
+    // (two-vm's MACs: 52:54:00:77:00:01 and :02, so EUI-64 link-local addresses)
+    let (own_ll, peer_ll) = match two_host::role() {
+        Role::A => ("fe80::5054:ff:fe77:1%eth0", "fe80::5054:ff:fe77:2%eth0"),
+        Role::B => ("fe80::5054:ff:fe77:2%eth0", "fe80::5054:ff:fe77:1%eth0"),
+    };
+    // Both must be usable (link-local addresses pass their duplicate detection first).
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = std::process::Command::new("ip")
+            .args(["-6", "addr", "show", "dev", "eth0"])
+            .output()
+            .expect("ip -6 addr");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let ll = own_ll.split('%').next().unwrap();
+        if text.contains(own) && text.contains(ll) && !text.contains("tentative") {
+            break;
+        }
+        assert!(Instant::now() < until, "IPv6 addresses not ready: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (own.into(), peer.into(), own_ll.into(), peer_ll.into())
+}
+
+/// IPv6 between the hosts, a global address and a link-local one (with its interface): the
+/// connections upgrade as over IPv4, 24 MiB each way over the rings, every byte checked.
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t7_ipv6_between_hosts() {
+    let (own, peer, own_ll, peer_ll) = ipv6();
+    for (i, (own, peer)) in [(own, peer), (own_ll, peer_ll)].into_iter().enumerate() {
+        let base = 7700 + 10 * i as u16;
+        let st = match two_host::role() {
+            Role::A => two_host::serve_at(
+                BIN,
+                "duplex",
+                &own,
+                base,
+                &[("BEHAVE_SETTLE_MS", "2000")],
+                (Under::Shim, Ends::Ok),
+                |_| {},
+            )
+            .expect("the server wrote no stats"),
+            Role::B => two_host::dial_to(BIN, "duplex", &peer, base, &[], |_| {}),
+        };
+        assert_eq!(st.connections(), 1, "{own}: {}", st.summary());
+        assert_eq!(st.upgraded(), 1, "{own}: {}", st.summary());
+        assert!(
+            st.bytes("ring_tx") > 0 && st.bytes("ring_rx") > 0,
+            "{own}: over the rings: {}",
+            st.summary()
+        );
+    }
+}
+
+/// The link between the hosts stops carrying anything for 60 s under an upgraded stream (A's
+/// side of it drops every packet: `tc netem loss 100%`), then comes back: the stream resumes
+/// and completes, every byte checked — over the ring if its retries outlasted the cut, else
+/// over TCP after a failover (either way, as TCP would have).
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t8_link_cut_for_a_minute() {
+    const BASE: u16 = 7800;
+    let env = [("BEHAVE_READ_TIMEOUT_S", "240")];
+    let st = match two_host::role() {
+        Role::A => {
+            /// A's link dropping every packet while this lives (also when the test fails).
+            struct Cut;
+            impl Cut {
+                fn start() -> Cut {
+                    let args = [
+                        "qdisc", "add", "dev", "eth0", "root", "netem", "loss", "100%",
+                    ];
+                    let st = std::process::Command::new("tc").args(args).status();
+                    assert!(
+                        st.as_ref().is_ok_and(|s| s.success()),
+                        "tc {args:?}: {st:?}"
+                    );
+                    Cut
+                }
+            }
+            impl Drop for Cut {
+                fn drop(&mut self) {
+                    let _ = std::process::Command::new("tc")
+                        .args(["qdisc", "del", "dev", "eth0", "root"])
+                        .status();
+                }
+            }
+            let mut env = env.to_vec();
+            env.push(("BEHAVE_SETTLE_MS", "2000"));
+            serve(BIN, "duplex", BASE, &env, (Under::Shim, Ends::Ok), |_| {
+                two_host::wait_flag(BASE + 2, two_host::PEER_WAIT);
+                let _cut = Cut::start();
+                std::thread::sleep(Duration::from_secs(60));
+            })
+            .expect("the server wrote no stats")
+        }
+        Role::B => {
+            let pause = Scratch::new("two-host-cut");
+            let dir = pause.dir.to_string_lossy().into_owned();
+            let (half, go) = (pause.dir.join("half"), pause.dir.join("go"));
+            let mut env = env.to_vec();
+            env.push(("BEHAVE_DUPLEX_PAUSE", dir.as_str()));
+            dial(BIN, "duplex", BASE, &env, |_| {
+                let until = Instant::now() + Duration::from_secs(120);
+                while !half.exists() {
+                    assert!(Instant::now() < until, "the stream never reached 4 MiB");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let _flag = Flag::raise(BASE + 2);
+                // (A cuts its link once it sees the flag; the reader goes on into the cut)
+                std::thread::sleep(Duration::from_secs(2));
+                std::fs::write(&go, b"").unwrap();
+            })
+        }
+    };
+    assert_eq!(st.connections(), 1, "{}", st.summary());
+    assert_eq!(st.upgraded(), 1, "{}", st.summary());
+    eprintln!(
+        "link cut 60 s: {} ({})",
+        if st.path_failed == 1 {
+            "failed over to TCP"
+        } else {
+            "resumed on the ring"
+        },
+        st.summary()
+    );
+}
+
+/// A silent peer host: B's RDMA packets to A are dropped (`tc` on B's link: UDP port 4791),
+/// so A's shim offers the upgrade (its token) but B's request never arrives. B's first
+/// process dials, and its dial's deadline ends it (`upgrade_timeout`) while the connection
+/// goes on over TCP; a second, new process on B then makes no attempt at all — the silence is
+/// held host-wide (`RUN_DIR/silent-hosts`): counted `negative_cache`, and B's device sends not
+/// one packet meanwhile. Both connections work (24 MiB each way, every byte checked).
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t9_silent_host_is_tried_once_per_host() {
+    const BASE: u16 = 7900;
+    // (the server waits before it streams: the first client's dial ends meanwhile)
+    let settle = [("BEHAVE_SETTLE_MS", "7000")];
+    match two_host::role() {
+        Role::A => {
+            for base in [BASE, BASE + 10] {
+                let st = serve(
+                    BIN,
+                    "duplex",
+                    base,
+                    &settle,
+                    (Under::Shim, Ends::Ok),
+                    |_| {},
+                )
+                .expect("the server wrote no stats");
+                assert_eq!(st.upgraded(), 0, "{}", st.summary());
+            }
+        }
+        Role::B => {
+            /// B's RoCE packets dropped while this lives.
+            struct Drop4791;
+            impl Drop4791 {
+                fn start() -> Drop4791 {
+                    let tc = |args: &[&str]| {
+                        let st = std::process::Command::new("tc").args(args).status();
+                        assert!(
+                            st.as_ref().is_ok_and(|s| s.success()),
+                            "tc {args:?}: {st:?}"
+                        );
+                    };
+                    tc(&[
+                        "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "prio",
+                    ]);
+                    tc(&[
+                        "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio",
+                        "1", "u32", "match", "ip", "protocol", "17", "0xff", "match", "ip",
+                        "dport", "4791", "0xffff", "action", "drop",
+                    ]);
+                    Drop4791
+                }
+            }
+            impl Drop for Drop4791 {
+                fn drop(&mut self) {
+                    let _ = std::process::Command::new("tc")
+                        .args(["qdisc", "del", "dev", "eth0", "root"])
+                        .status();
+                }
+            }
+            let _drop = Drop4791::start();
+            let first = dial(BIN, "duplex", BASE, &[], |_| {});
+            assert_eq!(first.upgraded(), 0, "{}", first.summary());
+            assert!(
+                first.reason("upgrade_timeout") + first.reason("peer_unreachable") == 1,
+                "the first process tried, and heard nothing: {}",
+                first.summary()
+            );
+            let counters = DeviceCounters::read(&test_device());
+            let second = dial(BIN, "duplex", BASE + 10, &[], |_| {});
+            let sent = counters.delta().sent_pkts;
+            assert_eq!(
+                second.reason("negative_cache"),
+                1,
+                "a new process does not try the silent host again: {}",
+                second.summary()
+            );
+            assert_eq!(sent, 0, "RDMA packets went out to a host known silent");
+            assert_eq!(second.bytes("tcp_rx"), 24 << 20, "{}", second.summary());
+        }
+    }
+}

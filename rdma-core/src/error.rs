@@ -148,6 +148,24 @@ impl Error {
 
 /// The error as an `io::Error` of the matching kind; the original stays reachable through
 /// `get_ref()`/`into_inner()` (downcast to [`Error`]).
+impl Error {
+    /// Whether this is a memory registration the kernel refused for lack of lockable memory:
+    /// `ibv_reg_mr` failing with ENOMEM (pinned pages over RLIMIT_MEMLOCK, for a process
+    /// without CAP_IPC_LOCK), EAGAIN or EPERM.
+    pub fn is_memlock(&self) -> bool {
+        matches!(self, Self::Call { call: "ibv_reg_mr", source }
+            if matches!(source.raw_os_error(), Some(libc::ENOMEM | libc::EAGAIN | libc::EPERM)))
+    }
+}
+
+/// Whether `e` carries an [`Error`] that [`Error::is_memlock`] (an upgrade's set-up that failed
+/// for RLIMIT_MEMLOCK, not for want of anything else).
+pub fn is_memlock(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<Error>())
+        .is_some_and(Error::is_memlock)
+}
+
 impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         io::Error::new(e.io_kind(), e)

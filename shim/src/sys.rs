@@ -899,6 +899,110 @@ pub fn create_shared_file(
     Ok(p)
 }
 
+/// A table of `words` 64-bit words shared by this user's processes: the file `dir/name` (both
+/// NUL-free, `dir` absolute and passing [`OutDir`]'s rules), mapped shared. An existing one is
+/// used if it is a regular file of ours with one name and exactly the table's size; else it is
+/// made as [`create_shared_file`] makes files (zeroed, `init` run on it before it appears) but
+/// never over another process's: if one appears meanwhile, that one is used. The mapping lives
+/// until the process ends. No descriptor stays open; errno is preserved.
+pub fn open_shared_table(
+    dir: &[u8],
+    name: &[u8],
+    words: usize,
+    init: impl Fn(&[core::sync::atomic::AtomicU64]),
+) -> Result<&'static [core::sync::atomic::AtomicU64], Errno> {
+    let _e = ErrnoGuard::save();
+    let len = words * 8;
+    let mut path = crate::fmtbuf::FixedBuf::<4200>::new();
+    path.push_bytes(dir);
+    path.push_bytes(b"/");
+    path.push_bytes(name);
+    path.push_bytes(b"\0");
+    if path.overflowed() {
+        return Err(Errno(libc::ENAMETOOLONG));
+    }
+    let d = OutDir::open(path.as_bytes())?;
+    let map =
+        |fd: c_int| -> Result<&'static [core::sync::atomic::AtomicU64], Errno> {
+            // SAFETY: a new shared mapping of a file of ours, no fixed address.
+            let p = unsafe {
+                libc::mmap(
+                    core::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(errno());
+            }
+            // SAFETY: `len` bytes mapped at a page-aligned address, never unmapped: AtomicU64 has
+            // u64's size and alignment, and every access to the words is atomic.
+            Ok(unsafe {
+                core::slice::from_raw_parts(p as *const core::sync::atomic::AtomicU64, words)
+            })
+        };
+    for _ in 0..3 {
+        let flags = libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
+        match d.open_at(d.name(), flags, 0) {
+            Ok(fd) => {
+                let ok = fstat(fd).is_ok_and(|st| is_own_file(&st) && st.st_size as usize == len);
+                let r = if ok {
+                    map(fd)
+                } else {
+                    Err(Errno(libc::EEXIST))
+                };
+                close(fd);
+                return r;
+            }
+            Err(e) if e.0 != libc::ENOENT => return Err(e),
+            Err(_) => {}
+        }
+        // Made under a hidden name, then linked in without replacing (a process that made it
+        // first wins; this one then opens that one).
+        let mut tmp = crate::fmtbuf::FixedBuf::<300>::new();
+        let _ = core::fmt::Write::write_fmt(
+            &mut tmp,
+            format_args!(".table.tmp.{}.{:016x}\0", getpid(), unguessable()),
+        );
+        let tmp = tmp.as_bytes();
+        let flags =
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let fd = d.open_at(tmp, flags, 0o600)?;
+        let made = reserve(fd, len).and_then(|_| map(fd));
+        close(fd);
+        let table = match made {
+            Ok(t) => t,
+            Err(e) => {
+                unlink_at(d.fd, tmp);
+                return Err(e);
+            }
+        };
+        init(table);
+        // SAFETY: both names are NUL-terminated and relative to the same directory fd.
+        let r = check(unsafe {
+            rdmashim_core::raw_syscall!(
+                libc::SYS_renameat2,
+                d.fd,
+                tmp.as_ptr() as *const c_char,
+                d.fd,
+                d.name().as_ptr() as *const c_char,
+                libc::RENAME_NOREPLACE,
+            )
+        });
+        unlink_at(d.fd, tmp);
+        match r {
+            Ok(_) => return Ok(table),
+            // (another process made it meanwhile: use that one; this mapping stays unused)
+            Err(e) if e.0 == libc::EEXIST => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Errno(libc::EEXIST))
+}
+
 /// Unmaps a mapping of [`create_shared_file`].
 ///
 /// # Safety
@@ -1096,6 +1200,46 @@ mod tests {
     fn probes() {
         assert_eq!(dir_has_entries(b"/nonexistent-dir\0"), None);
         assert_eq!(dir_has_entries(b"/\0"), Some(true));
+    }
+
+    #[test]
+    fn a_shared_table_is_made_once_and_shared() {
+        use core::sync::atomic::Ordering;
+        let dir = std::env::temp_dir().join(format!("rdmashim-sys-table-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.clone().into_os_string().into_encoded_bytes();
+        let inits = std::sync::atomic::AtomicU32::new(0);
+        let init = |t: &[core::sync::atomic::AtomicU64]| {
+            inits.fetch_add(1, Ordering::Relaxed);
+            t[0].store(7, Ordering::Release);
+        };
+        let a = open_shared_table(&d, b"t", 16, init).unwrap();
+        assert_eq!(a.len(), 16);
+        assert_eq!(a[0].load(Ordering::Acquire), 7);
+        a[5].store(42, Ordering::Release);
+        // a second opening maps the same file: made once, writes seen both ways
+        let b = open_shared_table(&d, b"t", 16, init).unwrap();
+        assert_eq!(inits.load(Ordering::Relaxed), 1);
+        assert_eq!(b[5].load(Ordering::Acquire), 42);
+        b[6].store(9, Ordering::Release);
+        assert_eq!(a[6].load(Ordering::Acquire), 9);
+        // no hidden file left behind
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("t")]);
+        // another size, a link, a FIFO: refused, never mapped
+        assert!(open_shared_table(&d, b"t", 32, init).is_err());
+        std::os::unix::fs::symlink(dir.join("t"), dir.join("l")).unwrap();
+        assert!(open_shared_table(&d, b"l", 16, init).is_err());
+        let fifo =
+            std::ffi::CString::new(dir.join("f").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(open_shared_table(&d, b"f", 16, init).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

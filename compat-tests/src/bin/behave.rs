@@ -1317,7 +1317,12 @@ mod duplex {
     }
 
     fn run(s: TcpStream, out_seed: u8, in_seed: u8) {
-        s.set_read_timeout(Some(T)).unwrap();
+        // (BEHAVE_READ_TIMEOUT_S: longer, for a test that stalls the network on purpose)
+        let timeout = std::env::var("BEHAVE_READ_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(T, Duration::from_secs);
+        s.set_read_timeout(Some(timeout)).unwrap();
         let mut w = s.try_clone().unwrap();
         let writer = std::thread::spawn(move || {
             let mut next = sizes(0x9e37_79b9 ^ u64::from(out_seed));
@@ -3240,6 +3245,57 @@ mod missed_close {
     }
 }
 
+/// Makes RLIMIT_MEMLOCK bind this process, as it binds an unprivileged one: drops
+/// CAP_IPC_LOCK (which exempts root from it) and sets the limit to `kib` KiB.
+fn limit_memlock(kib: u64) {
+    const CAP_IPC_LOCK: u32 = 14;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget/capset with a version-3 header and two data words, as capget(2) says.
+    unsafe {
+        assert_eq!(
+            libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()),
+            0,
+            "capget"
+        );
+        let bit = !(1u32 << CAP_IPC_LOCK);
+        d[0].effective &= bit;
+        d[0].permitted &= bit;
+        d[0].inheritable &= bit;
+        assert_eq!(libc::syscall(libc::SYS_capset, &h, d.as_ptr()), 0, "capset");
+    }
+    let r = libc::rlimit {
+        rlim_cur: kib * 1024,
+        rlim_max: kib * 1024,
+    };
+    // SAFETY: a valid rlimit.
+    let set = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &r) };
+    assert_eq!(set, 0, "setrlimit");
+}
+
+/// The index of network interface `name` (if_nametoindex(3)).
+fn nix_if_index(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a NUL-terminated name; the call only reads it.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
+}
+
 type Server = fn(TcpStream);
 type ListenerServer = fn(TcpListener);
 type Client = fn(SocketAddr);
@@ -3340,7 +3396,24 @@ fn main() {
             }
         },
     };
-    let ip: IpAddr = args[3].parse().expect("IP");
+    if let Some(kib) = std::env::var("BEHAVE_MEMLOCK_KIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        limit_memlock(kib);
+    }
+    // (an IPv6 link-local address takes its interface: fe80::1%eth0)
+    let (ip, scope) = match args[3].split_once('%') {
+        Some((a, ifname)) => (
+            a.parse::<IpAddr>().expect("IP"),
+            nix_if_index(ifname).unwrap_or_else(|| panic!("no interface {ifname}")),
+        ),
+        None => (args[3].parse::<IpAddr>().expect("IP"), 0),
+    };
+    let sockaddr = |port: u16| match ip {
+        IpAddr::V6(a) => SocketAddr::V6(std::net::SocketAddrV6::new(a, port, 0, scope)),
+        IpAddr::V4(_) => SocketAddr::new(ip, port),
+    };
     match args[2].as_str() {
         "server" => {
             // (BEHAVE_PORT: a port agreed beforehand, for a client on another host)
@@ -3348,7 +3421,7 @@ fn main() {
                 .ok()
                 .and_then(|p| p.parse::<u16>().ok())
                 .unwrap_or(0);
-            let l = TcpListener::bind(SocketAddr::new(ip, port)).expect("bind");
+            let l = TcpListener::bind(sockaddr(port)).expect("bind");
             println!("port {}", l.local_addr().unwrap().port());
             std::io::stdout().flush().unwrap();
             let server = match server {
@@ -3373,7 +3446,7 @@ fn main() {
         }
         "client" => {
             let port: u16 = args.get(4).expect(usage).parse().expect("PORT");
-            client(SocketAddr::new(ip, port));
+            client(sockaddr(port));
         }
         _ => {
             eprintln!("{usage}");

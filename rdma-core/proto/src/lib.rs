@@ -19,6 +19,7 @@ pub mod credit;
 pub mod error;
 pub mod failover;
 pub mod handshake;
+pub mod hostcache;
 pub mod imm;
 pub mod ring;
 pub mod state;

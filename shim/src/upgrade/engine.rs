@@ -55,6 +55,9 @@ const PEND: u64 = 6;
 const TOKEN: u64 = 7;
 /// The fork board's wake-up pipe (a child asks for a connection).
 const BOARD: u64 = 8;
+/// An upgraded connection's socket (its private duplicate), watched for bytes that mean the
+/// peer failed over to TCP ([`State::tcp_data`]).
+const TCPW: u64 = 9;
 
 const TOKEN_SHIFT: u32 = 48;
 
@@ -271,14 +274,18 @@ pub struct Engine {
     setup: Setup,
 }
 
-/// Whether `peer` (canonical address) is in the negative cache of this process's engine.
+/// Whether `peer` (canonical address) is in the negative cache of this process's engine, or
+/// its host in the host-wide one (a silent host: [`super::hostcache`]; looked at also before
+/// this process has an engine, since a new process is what it is for).
 pub fn negative_cached(peer: SocketAddr) -> bool {
-    let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) else {
-        return false;
-    };
-    let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
-    // (on every connect to an upgradable address: the coarse clock, no system call)
-    n.check(peer, net::coarse_instant()).is_some()
+    if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
+        let mut n = e.negative.lock().unwrap_or_else(|p| p.into_inner());
+        // (on every connect to an upgradable address: the coarse clock, no system call)
+        if n.check(peer, net::coarse_instant()).is_some() {
+            return true;
+        }
+    }
+    super::hostcache::silent(peer.ip())
 }
 
 /// A client still waiting for the server's token: looks for it through the engine's own
@@ -527,6 +534,7 @@ impl Engine {
     fn proven(&self, peer: SocketAddr) {
         let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
         n.record_success(net::canonical_addr(peer), Instant::now());
+        super::hostcache::forget(peer.ip());
     }
 
     /// Hands an accepted connection to the matcher. Not urgent: a connect request for it
@@ -781,9 +789,25 @@ impl Engine {
         ls.by_id.values().filter_map(|e| e.retire_at).min()
     }
 
-    fn record_failure(&self, peer: SocketAddr, f: PeerFailure) {
+    /// Records a failed dial to `peer` (`remote`: over RDMA, to another host). A silent host
+    /// (no answer, or none in time) that this process's cache now holds is held host-wide
+    /// too, for as long.
+    fn record_failure(&self, peer: SocketAddr, f: PeerFailure, remote: bool) {
+        let peer = net::canonical_addr(peer);
+        let now = Instant::now();
         let mut n = self.negative.lock().unwrap_or_else(|p| p.into_inner());
-        n.record(net::canonical_addr(peer), f, Instant::now());
+        n.record(peer, f, now);
+        let silent = matches!(
+            n.check(peer, now),
+            Some(PeerFailure::Unreachable | PeerFailure::Timeout)
+        );
+        drop(n);
+        if silent && remote {
+            let secs = NegativeCacheConfig::with_override(crate::config::get().negative_cache_secs)
+                .after_silence
+                .as_secs();
+            super::hostcache::record_silent(peer.ip(), secs);
+        }
     }
 }
 
@@ -836,6 +860,15 @@ struct State {
     /// When the engine next looks for an io_uring instance ([`Self::look_for_io_uring`]):
     /// before it takes up a new connection and while it has connections, when due.
     uring_at: Instant,
+}
+
+/// `fd`, a connection's private socket duplicate about to be closed, leaves the engine's set
+/// (it is in it while its connection is upgraded: [`TCPW`]; the application's descriptors of
+/// the same socket would keep the registration alive after the close).
+pub(crate) fn unwatch_sock(fd: c_int) {
+    if let Some(e) = engine() {
+        let _ = net::epoll_ctl(e.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
+    }
 }
 
 /// An application thread is about to wait on the completion channel of `c`'s link `l`
@@ -925,6 +958,7 @@ fn run(epfd: c_int, wake: c_int) {
                 COMP => st.comp_event(value),
                 CM => st.cm_event(value),
                 SOCK => st.sock_event(value),
+                TCPW => st.tcp_data(value),
                 PEND => st.pend_event(value),
                 TOKEN => st.token_event(value),
                 BOARD => {
@@ -1428,13 +1462,18 @@ impl State {
                         FallbackReason::UpgradeTimeout,
                         Some(PeerFailure::Unreachable),
                     ),
+                    // (a registration over RLIMIT_MEMLOCK: this connection's own reason,
+                    // decided per connection — the next may fit)
+                    DialError::Local(e) if rdmashim_core::error::is_memlock(e) => {
+                        (FallbackReason::Memlock, None)
+                    }
                     DialError::Local(_) => (FallbackReason::Resources, None),
                 };
                 shim_log!(Level::Debug, "dial {}: {e:?}", c.peer);
                 let failure = failure.filter(|_| !redirected);
                 if let Some(en) = engine() {
                     if let Some(f) = failure {
-                        en.record_failure(c.peer, f);
+                        en.record_failure(c.peer, f, c.transport == Transport::Rdma);
                     } else if shim_declined || matches!(e, DialError::Broken(_)) {
                         en.proven(c.peer);
                     }
@@ -1533,7 +1572,12 @@ impl State {
                         // connection, which destroyed its rdma_cm id; the request is then
                         // gone: EINVAL): then the connection simply ended early.
                         shim_log!(Level::Info, "accept upgrade from {}: {e}", c.peer);
-                        c.fall_back_unsure(&mut g, FallbackReason::Resources);
+                        let reason = if rdmashim_core::error::is_memlock(&e) {
+                            FallbackReason::Memlock
+                        } else {
+                            FallbackReason::Resources
+                        };
+                        c.fall_back_unsure(&mut g, reason);
                     }
                 }
             }
@@ -1568,6 +1612,20 @@ impl State {
                 (libc::EPOLLIN | libc::EPOLLET) as u32,
                 token(COMP, c.slot),
             );
+        }
+        // With failover, bytes on the socket while the peer's stream is on the ring are its
+        // continuation: the path failed on its side, and this side's queue pair, idle, may
+        // never hear of it. Watched edge-triggered: nothing arrives there in steady state.
+        if link.conn().fails_over() {
+            if let Some(fd) = c.back_fd(g) {
+                let _ = net::epoll_ctl(
+                    self.epfd,
+                    libc::EPOLL_CTL_ADD,
+                    fd,
+                    (libc::EPOLLIN | libc::EPOLLET) as u32,
+                    token(TCPW, c.slot),
+                );
+            }
         }
         let mut link = Box::new(link);
         // The engine reads the rdma_cm channel whenever it is readable (`cm_event`).
@@ -1725,6 +1783,39 @@ impl State {
         let c = t.conn.clone();
         let mut g = c.lock();
         c.drive(&mut g, true);
+        super::ready::after_change(&c, &mut g);
+    }
+
+    /// Bytes arrived on the socket of an upgraded connection (see [`TCPW`]): if the peer's
+    /// stream is wholly on the ring by now (nothing of its pre-switch part left to read),
+    /// they are its failover continuation, and this side's path is taken as failed too
+    /// (protocol §8.6). A bare FIN is not looked at here (a peer whose close its shim has not
+    /// seen yet may end TCP before its ring Close arrives).
+    fn tcp_data(&mut self, slot: u64) {
+        let Some(t) = self.conns.get(&slot) else {
+            return;
+        };
+        let c = t.conn.clone();
+        let mut g = c.lock();
+        let Some(fd) = g.back_sock else {
+            return;
+        };
+        let Phase::Linked(l) = &mut g.phase else {
+            return;
+        };
+        l.progress(true);
+        let on_ring = !matches!(
+            l.conn().recv(),
+            rdmashim_proto::Recv::Tcp { .. } | rdmashim_proto::Recv::TcpControl { .. }
+        );
+        if l.conn().fails_over()
+            && !l.conn().failed_over()
+            && on_ring
+            && net::fionread(fd).is_ok_and(|n| n > 0)
+        {
+            l.fail_path("the peer's stream arrived on TCP: its ring path failed");
+        }
+        c.settle(&mut g);
         super::ready::after_change(&c, &mut g);
     }
 

@@ -19,6 +19,7 @@ mod binding;
 mod board;
 pub mod data;
 mod engine;
+mod hostcache;
 pub mod ready;
 
 use crate::config::Level;
@@ -471,6 +472,7 @@ impl Conn {
         // look at the socket — clearing them here left ssh asleep in poll for ever with the
         // server's bytes in its socket. Cleared when the connection ends, before reuse.)
         if let Some(s) = g.back_sock.take() {
+            engine::unwatch_sock(s);
             net::close(s);
         }
     }
@@ -1017,6 +1019,7 @@ impl Drop for Conn {
             unarmed_done(inner.unarmed_cq);
         }
         if let Some(s) = inner.back_sock.take() {
+            engine::unwatch_sock(s);
             net::close(s);
         }
         let epolled = self.efd_watchers.load(Ordering::SeqCst) & EFDS_EPOLLED != 0;
