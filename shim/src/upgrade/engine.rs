@@ -1317,7 +1317,10 @@ impl State {
         let t0 = Instant::now();
         let started = match c.transport {
             Transport::Rdma => crate::probe::load_libraries().then(|| {
-                let src = SocketAddr::new(c.local.ip(), 0);
+                // (the local address as the socket has it: a link-local one keeps its
+                // interface, without which rdma_cm cannot resolve the route)
+                let mut src = c.local;
+                src.set_port(0);
                 Dialer::start(Some(src), dst, c.local.port(), proof, link_config())
                     .map(UpgradeDialer::Rdma)
             }),
