@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// How long a host waits for the other (its VM may boot later, or be slower).
 pub const PEER_WAIT: Duration = Duration::from_secs(300);
 /// How long one side of a case may run.
-pub const CASE_TIME: Duration = Duration::from_secs(300);
+pub const CASE_TIME: Duration = Duration::from_secs(900);
 
 /// Which host this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -524,3 +524,27 @@ fn t9_silent_host_is_tried_once_per_host() {
         }
     }
 }
+
+/// A gibibyte each way between the hosts at once, in chunks and reads of random sizes, every
+/// byte checked: upgraded, and all but the first bytes over the rings.
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t10_a_gibibyte_each_way() {
+    let env = [("BEHAVE_DUPLEX_MIB", "1024")];
+    let st = match two_host::role() {
+        Role::A => {
+            let mut env = env.to_vec();
+            env.push(("BEHAVE_SETTLE_MS", "2000"));
+            serve(BIN, "duplex", 8000, &env, (Under::Shim, Ends::Ok), |_| {})
+                .expect("the server wrote no stats")
+        }
+        Role::B => dial(BIN, "duplex", 8000, &env, |_| {}),
+    };
+    assert_eq!(st.upgraded(), 1, "{}", st.summary());
+    assert_eq!(st.path_failed, 0, "{}", st.summary());
+    assert!(
+        st.bytes("ring_tx") + st.bytes("ring_rx") >= (2u64 << 30) - (64 << 20),
+        "over the rings: {}",
+        st.summary()
+    );
+}

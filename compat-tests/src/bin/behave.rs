@@ -1292,14 +1292,21 @@ mod peer_death {
 
 /// The plainest exchange, both ways: the client sends 16 blocks of 64 KiB, the server echoes
 /// each back, then each side half-closes and sees the other's EOF.
-/// Both directions stream at once: each side writes 24 MiB in chunks of random sizes from a
-/// thread of its own while it reads the peer's with reads of random sizes, checks every
-/// byte, then shuts its writing down and reads to EOF. A stream whose ring path fails midway
+/// Both directions stream at once: each side writes 24 MiB (`BEHAVE_DUPLEX_MIB`) in chunks of
+/// random sizes from a thread of its own while it reads the peer's with reads of random sizes,
+/// checks every byte, then shuts its writing down and reads to EOF. A stream whose ring path fails midway
 /// (`RDMASHIM_FAULT=path_fail:N`) must come through whole, in order, as on TCP.
 mod duplex {
     use super::*;
 
-    const LEN: u64 = 24 << 20;
+    /// Bytes each way: 24 MiB, or `BEHAVE_DUPLEX_MIB` MiB (both ends must agree).
+    fn len() -> u64 {
+        std::env::var("BEHAVE_DUPLEX_MIB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(24)
+            << 20
+    }
 
     fn byte_at(i: u64, seed: u8) -> u8 {
         ((i as u32).wrapping_mul(2_654_435_761) >> 13) as u8 ^ (i >> 17) as u8 ^ seed
@@ -1317,6 +1324,7 @@ mod duplex {
     }
 
     fn run(s: TcpStream, out_seed: u8, in_seed: u8) {
+        let len = len();
         // (BEHAVE_READ_TIMEOUT_S: longer, for a test that stalls the network on purpose)
         let timeout = std::env::var("BEHAVE_READ_TIMEOUT_S")
             .ok()
@@ -1328,8 +1336,8 @@ mod duplex {
             let mut next = sizes(0x9e37_79b9 ^ u64::from(out_seed));
             let mut buf = vec![0u8; 65536];
             let mut at = 0u64;
-            while at < LEN {
-                let n = next().min((LEN - at) as usize);
+            while at < len {
+                let n = next().min((len - at) as usize);
                 for (k, b) in buf[..n].iter_mut().enumerate() {
                     *b = byte_at(at + k as u64, out_seed);
                 }
@@ -1369,7 +1377,7 @@ mod duplex {
             }
             at += n as u64;
         }
-        assert_eq!(at, LEN, "the peer's stream ended early");
+        assert_eq!(at, len, "the peer's stream ended early");
         writer.join().unwrap();
     }
 
