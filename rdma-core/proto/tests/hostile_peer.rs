@@ -30,6 +30,11 @@ enum Op {
     Abort,
     Poll,
     Timeout(u64),
+    /// TCP bytes the shim reads for itself after a failover (garbage, or a record of this
+    /// upgrade with a random cursor), and the continuation written.
+    TcpControl(Vec<u8>),
+    Record(u64),
+    Resumed(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -66,6 +71,9 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Op::Abort),
         Just(Op::Poll),
         (0u64..10_000).prop_map(Op::Timeout),
+        prop::collection::vec(any::<u8>(), 0..64).prop_map(Op::TcpControl),
+        (0u64..20_000).prop_map(Op::Record),
+        (0u64..30_000).prop_map(Op::Resumed),
     ]
 }
 
@@ -134,6 +142,17 @@ proptest! {
                     }
                 }
                 Op::Timeout(ms) => c.handle_timeout(start + std::time::Duration::from_millis(ms)),
+                Op::TcpControl(b) => { let _ = c.tcp_control(&b); }
+                Op::Record(from) => {
+                    let r = Record { resume_from: from }.encode(c.nonce());
+                    let _ = c.tcp_control(&r);
+                }
+                Op::Resumed(n) => match c.resume_due() {
+                    Some(Resume::Record { len, .. }) => c.resumed_record((n as usize).min(len)),
+                    Some(Resume::Write { .. }) => c.resumed(n),
+                    Some(Resume::ShutdownWrite) => c.resumed_shutdown(),
+                    None => {}
+                },
             }
             // Readiness and queries never panic either.
             let _ = (c.readiness(), c.recv(), c.state(), c.can_fall_back());
