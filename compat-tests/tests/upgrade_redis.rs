@@ -399,3 +399,115 @@ fn bgsave_during_benchmark_over_rdma() {
     srv.assert_ring_at_least(late_sets * 5, late_sets * D);
     device.delta().assert_carried(srv.ring_bytes());
 }
+
+/// The live view while a benchmark runs (issue 24): `rdmashim ss` lists the shimmed
+/// redis-server's connections from redis-benchmark's 10 clients with their transport — `rdma`
+/// in the RDMA tier, `shm` in the host tier — on the rings, with bytes moving.
+fn ss_lists_the_benchmarks_connections(label: &str, rings: Rings) {
+    let _serial = one_at_a_time();
+    let s = Scratch::new(label);
+    let run_dir = s.dir.join("run");
+    let Some(bench) = require("redis-benchmark") else {
+        return;
+    };
+    let Some(server_bin) = require("redis-server") else {
+        return;
+    };
+    let ip = rings.ip();
+    let port = free_port_on(&ip).to_string();
+    let mut cmd = under_shim(Via::Preload, &server_bin, &s, "server");
+    cmd.args(["--port", &port, "--bind", &ip, "--protected-mode", "no"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+        ])
+        .env("RDMASHIM_RUN_DIR", &run_dir);
+    let mut server = Server::start(cmd, "redis-server", "TERM");
+    wait_listening(port.parse().unwrap(), &mut server, Duration::from_secs(30));
+    let mut b = under_shim(Via::Preload, &bench, &s, "bench");
+    b.args([
+        "-h",
+        &ip,
+        "-p",
+        &port,
+        "-c",
+        "10",
+        "-n",
+        "100000000",
+        "-t",
+        "get",
+        "-q",
+    ])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    let mut bench = b.spawn().expect("spawn redis-benchmark");
+    let want = match rings {
+        Rings::Rdma => "rdma",
+        Rings::Shm => "shm",
+    };
+    let ss = || -> serde_json::Value {
+        let out = std::process::Command::new(&shim().launcher)
+            .args(["ss", "--json", "--dir"])
+            .arg(&run_dir)
+            .output()
+            .expect("run rdmashim ss");
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).expect("ss --json")
+    };
+    // The server's connections on the rings, and what they moved by then.
+    let on_rings = |v: &serde_json::Value| -> (usize, u64) {
+        let conns = v["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["pid"] == server.pid())
+            .flat_map(|p| p["connections"].as_array().cloned().unwrap_or_default())
+            .filter(|c| c["transport"] == want && c["state"] == "ring")
+            .collect::<Vec<_>>();
+        let bytes = conns
+            .iter()
+            .map(|c| c["rx_bytes"].as_u64().unwrap_or(0))
+            .sum();
+        (conns.len(), bytes)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut first, mut last) = ((0, 0), (0, 0));
+    while Instant::now() < deadline {
+        let now = on_rings(&ss());
+        if now.0 >= 10 && first.0 < 10 {
+            first = now;
+        } else if now.0 >= 10 && now.1 > first.1 {
+            last = now;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let _ = bench.kill();
+    let _ = bench.wait();
+    server.stop();
+    assert!(
+        first.0 >= 10 && last.1 > first.1,
+        "rdmashim ss listed the server's 10 benchmark connections as {want} on the rings, their \
+         bytes growing: first {first:?}, then {last:?}"
+    );
+}
+
+#[test]
+fn ss_lists_the_benchmarks_connections_over_shm() {
+    if local_upgrades() {
+        ss_lists_the_benchmarks_connections("up-redis-ss-shm", Rings::Shm);
+    }
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn ss_lists_the_benchmarks_connections_over_rdma() {
+    ss_lists_the_benchmarks_connections("up-redis-ss", Rings::Rdma);
+}
