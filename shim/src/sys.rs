@@ -901,15 +901,17 @@ pub fn create_shared_file(
 
 /// A table of `words` 64-bit words shared by this user's processes: the file `dir/name` (both
 /// NUL-free, `dir` absolute and passing [`OutDir`]'s rules), mapped shared. An existing one is
-/// used if it is a regular file of ours with one name and exactly the table's size; else it is
-/// made as [`create_shared_file`] makes files (zeroed, `init` run on it before it appears) but
-/// never over another process's: if one appears meanwhile, that one is used. The mapping lives
-/// until the process ends. No descriptor stays open; errno is preserved.
+/// used if it is a regular file of ours with one name and exactly the table's size; else, if
+/// `create`, it is made as [`create_shared_file`] makes files (zeroed, `init` run on it before
+/// it appears) but never over another process's: if one appears meanwhile, that one is used
+/// (without `create`: ENOENT). The mapping lives until the process ends. No descriptor stays
+/// open; errno is preserved.
 pub fn open_shared_table(
     dir: &[u8],
     name: &[u8],
     words: usize,
     init: impl Fn(&[core::sync::atomic::AtomicU64]),
+    create: bool,
 ) -> Result<&'static [core::sync::atomic::AtomicU64], Errno> {
     let _e = ErrnoGuard::save();
     let len = words * 8;
@@ -957,7 +959,7 @@ pub fn open_shared_table(
                 close(fd);
                 return r;
             }
-            Err(e) if e.0 != libc::ENOENT => return Err(e),
+            Err(e) if e.0 != libc::ENOENT || !create => return Err(e),
             Err(_) => {}
         }
         // Made under a hidden name, then linked in without replacing (a process that made it
@@ -1214,12 +1216,17 @@ mod tests {
             inits.fetch_add(1, Ordering::Relaxed);
             t[0].store(7, Ordering::Release);
         };
-        let a = open_shared_table(&d, b"t", 16, init).unwrap();
+        assert_eq!(
+            open_shared_table(&d, b"t", 16, init, false).err(),
+            Some(Errno(libc::ENOENT)),
+            "only looked for: not made"
+        );
+        let a = open_shared_table(&d, b"t", 16, init, true).unwrap();
         assert_eq!(a.len(), 16);
         assert_eq!(a[0].load(Ordering::Acquire), 7);
         a[5].store(42, Ordering::Release);
         // a second opening maps the same file: made once, writes seen both ways
-        let b = open_shared_table(&d, b"t", 16, init).unwrap();
+        let b = open_shared_table(&d, b"t", 16, init, false).unwrap();
         assert_eq!(inits.load(Ordering::Relaxed), 1);
         assert_eq!(b[5].load(Ordering::Acquire), 42);
         b[6].store(9, Ordering::Release);
@@ -1231,14 +1238,14 @@ mod tests {
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("t")]);
         // another size, a link, a FIFO: refused, never mapped
-        assert!(open_shared_table(&d, b"t", 32, init).is_err());
+        assert!(open_shared_table(&d, b"t", 32, init, true).is_err());
         std::os::unix::fs::symlink(dir.join("t"), dir.join("l")).unwrap();
-        assert!(open_shared_table(&d, b"l", 16, init).is_err());
+        assert!(open_shared_table(&d, b"l", 16, init, true).is_err());
         let fifo =
             std::ffi::CString::new(dir.join("f").into_os_string().into_encoded_bytes()).unwrap();
         // SAFETY: a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-        assert!(open_shared_table(&d, b"f", 16, init).is_err());
+        assert!(open_shared_table(&d, b"f", 16, init, true).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
