@@ -4,7 +4,8 @@
 //! side (`rdmashim_compat_tests::two_host`). Unlike the one-VM RDMA tier, packets cross two
 //! kernels and two rxe devices, and a device can be lost on one host only.
 //!
-//! The tests are named in the order they run (libtest sorts them): `t1_…`, `t2_…`, …
+//! Both hosts run them in the same order, libtest's order of names (`t10_…` before `t1_…`);
+//! each stands alone (a test that removes a device or cuts the link restores it).
 
 use rdmashim_compat_tests::two_host::{self, dial, serve, DeviceRemoval, Ends, Flag, Role, Under};
 use rdmashim_compat_tests::*;
