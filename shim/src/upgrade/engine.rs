@@ -510,12 +510,15 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .may_delay(net::canonical_addr(c.peer), now);
-        let at = if wait {
-            now + super::dial_delay() + net::coarse_tick()
+        // (`RDMASHIM_DIAL_DELAY_MS=0`: no delay, so no tick either, and the engine takes the
+        // dial up at once, as a probe's — but it stays a delayed dial for the negative cache)
+        let delay = super::dial_delay();
+        let at = if wait && !delay.is_zero() {
+            now + delay + net::coarse_tick()
         } else {
             now
         };
-        self.push(Cmd::Dial(c, watch, at, !wait), !wait);
+        self.push(Cmd::Dial(c, watch, at, !wait), !wait || delay.is_zero());
     }
 
     /// An application thread decided `c`'s wait for the server's token (see [`Cmd::Token`]).
@@ -1907,11 +1910,16 @@ impl State {
     }
 
     /// [`super::check_io_uring`], next due after [`SOCKET_CHECK`] or, where the look is costly
-    /// (a process of many descriptors: about 1 µs each), after 1000 times what it took, so
-    /// that it never takes more than a thousandth of the engine's time.
+    /// (a process of many descriptors: about 1 µs each), after 1000 times the CPU time it
+    /// took, so that it never takes more than a thousandth of the engine's time. (CPU time,
+    /// not the clock's: a look preempted for a few milliseconds on a loaded or emulated host
+    /// once put the next look seconds away, and an io_uring instance set up meanwhile went
+    /// unseen that long.)
     fn look_for_io_uring(&mut self, now: Instant) {
+        let cpu = net::thread_cpu_time();
         super::check_io_uring();
-        self.uring_at = now + SOCKET_CHECK.max(now.elapsed() * 1000);
+        let cost = net::thread_cpu_time().saturating_sub(cpu);
+        self.uring_at = now + SOCKET_CHECK.max(cost * 1000);
     }
 
     fn timers(&mut self) {
