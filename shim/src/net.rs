@@ -584,6 +584,23 @@ pub fn coarse_instant() -> std::time::Instant {
     at + std::time::Duration::from_millis(coarse_ms().saturating_sub(ms))
 }
 
+/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`): for the cost of a
+/// piece of the engine's own work, which time the thread spent preempted (a loaded host, an
+/// emulated one) must not inflate. Zero where the clock cannot be read.
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec we own; the clock id is valid on every Linux since 2.6.12.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if r == 0 {
+        std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    } else {
+        std::time::Duration::ZERO
+    }
+}
+
 /// The coarse clock's resolution (a tick; 4 ms where HZ is 250), for deadlines read on it that
 /// must not come early: add it.
 pub fn coarse_tick() -> std::time::Duration {
