@@ -1140,6 +1140,25 @@ pub fn behave_roles_env(
     settle: Option<Duration>,
     client_env: &[(&str, &str)],
 ) -> RoleStats {
+    behave_roles_envs(
+        bin,
+        scenario,
+        (client, client_env),
+        (server, &[]),
+        ip,
+        settle,
+    )
+}
+
+/// [`behave_roles`] with variables set in each role's environment.
+pub fn behave_roles_envs(
+    bin: &str,
+    scenario: &str,
+    (client, client_env): (Side, &[(&str, &str)]),
+    (server, server_env): (Side, &[(&str, &str)]),
+    ip: &str,
+    settle: Option<Duration>,
+) -> RoleStats {
     use std::io::BufRead;
     let s = Scratch::new(&format!("behave-{scenario}"));
     let cmd = |role: &str, side: Side| -> Command {
@@ -1165,6 +1184,7 @@ pub fn behave_roles_env(
     };
     let sides = format!("client {client:?}, server {server:?}, {ip}");
     let mut srv = cmd("server", server);
+    srv.envs(server_env.iter().copied());
     if let Some(d) = settle {
         srv.env("BEHAVE_SETTLE_MS", d.as_millis().to_string());
     }

@@ -549,3 +549,62 @@ fn t10_a_gibibyte_each_way() {
         st.summary()
     );
 }
+
+/// Shims of two releases that do not understand each other (`RDMASHIM_FAULT=version:3` makes
+/// one speak binding version 3, as a later release would): first the server's host runs it,
+/// then the client's. Each time the client takes the server's token out of the stream whole,
+/// counts `peer_version`, never dials (no RDMA packet leaves its host), and both directions'
+/// 24 MiB go over TCP, every byte checked by the programs; the server, whose client never
+/// asked, counts `no_upgrade_request`.
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t11_shims_of_other_releases() {
+    let newer = [("RDMASHIM_FAULT", "version:3")];
+    for (i, newer_server) in [true, false].into_iter().enumerate() {
+        let base = 8100 + 10 * i as u16;
+        let (server_env, client_env): (&[_], &[_]) = if newer_server {
+            (&newer, &[])
+        } else {
+            (&[], &newer)
+        };
+        let case = if newer_server {
+            "newer server"
+        } else {
+            "newer client"
+        };
+        match two_host::role() {
+            Role::A => {
+                let st = serve(
+                    BIN,
+                    "duplex",
+                    base,
+                    server_env,
+                    (Under::Shim, Ends::Ok),
+                    |_| {},
+                )
+                .expect("the server wrote no stats");
+                assert_eq!(st.connections(), 1, "{case}: {}", st.summary());
+                assert_eq!(st.upgraded(), 0, "{case}: {}", st.summary());
+                assert_eq!(
+                    st.reason("no_upgrade_request"),
+                    1,
+                    "{case}: {}",
+                    st.summary()
+                );
+                assert_eq!(st.bytes("tcp_tx"), 24 << 20, "{case}: {}", st.summary());
+            }
+            Role::B => {
+                let counters = DeviceCounters::read(&test_device());
+                let st = dial(BIN, "duplex", base, client_env, |_| {});
+                let sent = counters.delta().sent_pkts;
+                assert_eq!(st.connections(), 1, "{case}: {}", st.summary());
+                assert_eq!(st.reason("peer_version"), 1, "{case}: {}", st.summary());
+                assert_eq!(st.bytes("tcp_rx"), 24 << 20, "{case}: {}", st.summary());
+                assert_eq!(
+                    sent, 0,
+                    "{case}: RDMA packets went out to the other release"
+                );
+            }
+        }
+    }
+}

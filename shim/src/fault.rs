@@ -7,7 +7,10 @@
 //! putting a client's connection onto its new ring). One point fails something else than the
 //! shim: `path_fail` fails the ring path of the connection that a data call reads from the
 //! ring for the `N`th time (as a dead link or a removed device would), to check that the
-//! stream goes on over TCP (protocol §8.6). Unset, a point costs one relaxed load.
+//! stream goes on over TCP (protocol §8.6). And one is a setting: `version:N` makes the shim
+//! speak binding version `N` (its token, and the tokens it understands), as a shim of another
+//! release would, to check that two releases that do not understand each other stay on TCP
+//! with every byte. Unset, a point costs one relaxed load.
 //!
 //! The panic hook: a panic inside the shim is caught (a hook's `catch_unwind`, a thread's)
 //! and reported by the shim's own log line. Rust's default hook would print its message and a
@@ -23,8 +26,20 @@ pub use crate::settings::{Fault, Point};
 static ARMED: AtomicU64 = AtomicU64::new(0);
 static LEFT: AtomicU64 = AtomicU64::new(0);
 
+/// The binding version `version:N` set (0: none, the shim's own).
+static VERSION: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+
+/// The binding version this shim speaks instead of its own (`RDMASHIM_FAULT=version:N`).
+pub fn spoken_version() -> Option<u8> {
+    Some(VERSION.load(Relaxed)).filter(|v| *v != 0)
+}
+
 /// Arms the configured fault (the constructor, once).
 pub fn arm(f: Option<Fault>) {
+    if let Some(f) = f.filter(|f| f.point == Point::Version) {
+        VERSION.store(u8::try_from(f.after).unwrap_or(0), Relaxed);
+        return;
+    }
     if let Some(f) = f {
         let i = Point::ALL
             .iter()

@@ -735,13 +735,18 @@ pub enum Point {
     EngineLink,
     /// Not a panic: the connection's ring path is failed on purpose (protocol §8.6).
     PathFail,
+    /// Not a panic, not a pass: `N` is the binding version this shim speaks instead of its
+    /// own, as a shim of another release would (its token says `N`, and it understands only
+    /// tokens of version `N`).
+    Version,
 }
 
 impl Point {
-    pub const ALL: [(Point, &'static str); 3] = [
+    pub const ALL: [(Point, &'static str); 4] = [
         (Point::RingRecv, "ring_recv"),
         (Point::EngineLink, "engine_link"),
         (Point::PathFail, "path_fail"),
+        (Point::Version, "version"),
     ];
 
     pub fn name(self) -> &'static str {
@@ -760,11 +765,14 @@ pub struct Fault {
 }
 
 impl Fault {
-    /// `POINT:N` (N ≥ 1); `None` for anything else.
+    /// `POINT:N` (N ≥ 1; for `version`, 1–255); `None` for anything else.
     pub fn parse(v: &str) -> Option<Fault> {
         let (name, n) = v.trim().split_once(':')?;
         let point = Point::ALL.iter().find(|(_, s)| *s == name)?.0;
         let after = n.parse::<u64>().ok().filter(|n| *n >= 1)?;
+        if point == Point::Version && after > u64::from(u8::MAX) {
+            return None;
+        }
         Some(Fault { point, after })
     }
 }

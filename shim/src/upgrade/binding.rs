@@ -8,9 +8,10 @@ use crate::net;
 use crate::reason::FallbackReason;
 use core::ffi::c_int;
 use rdmashim_proto::binding::{
-    classify_syn, scan_token, SynVerdict, Token, TokenScan, KEY_LEN, MARK_TTL, TOKEN_LEN,
-    TOKEN_MAGIC,
+    classify_syn, scan_token, SynVerdict, Token, TokenScan, BINDING_VERSION, KEY_LEN, MARK_TTL,
+    TOKEN_LEN, TOKEN_MAGIC,
 };
+use rdmashim_proto::DecodeError;
 use rdmashim_proto::{BindingKey, TcpTuple};
 use std::net::SocketAddr;
 
@@ -111,7 +112,10 @@ pub(crate) fn on_accept(
     let mut k = [0u8; KEY_LEN];
     crate::sys::random(&mut k).map_err(|_| FallbackReason::Resources)?;
     let key = BindingKey::from_random(k);
-    let token = Token { key, dial_port }.encode();
+    let mut token = Token { key, dial_port }.encode();
+    if let Some(v) = crate::fault::spoken_version() {
+        token[8] = v;
+    }
     // A fresh socket's send buffer is empty and far larger than 32 bytes: the token goes out
     // whole, as the head of the first segment, or (the client reset already) not at all.
     match net::send(nfd, &token, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) {
@@ -135,8 +139,9 @@ pub(crate) enum Seen {
     Nothing,
     /// The token: taken out of the stream.
     Token(Token),
-    /// A token of another version: taken out; the connection stays TCP.
-    Unusable,
+    /// A token that cannot be used (of another version, or malformed): taken out; the
+    /// connection stays TCP.
+    Unusable(DecodeError),
     /// Application bytes (left in the stream), or the end of the stream: no shim there.
     Plain,
     /// The connection failed (reset) before its first byte.
@@ -160,7 +165,7 @@ pub(crate) fn look(fd: c_int) -> Seen {
     let take = |buf: &mut [u8; TOKEN_LEN]| {
         net::recv(fd, buf, libc::MSG_DONTWAIT).is_ok_and(|m| m == TOKEN_LEN)
     };
-    match scan_token(&buf[..n]) {
+    match scan(&mut buf, n) {
         TokenScan::Token(t) => {
             if take(&mut buf) {
                 Seen::Token(t)
@@ -168,9 +173,9 @@ pub(crate) fn look(fd: c_int) -> Seen {
                 Seen::Nothing
             }
         }
-        TokenScan::Unusable(_) => {
+        TokenScan::Unusable(e) => {
             take(&mut buf);
-            Seen::Unusable
+            Seen::Unusable(e)
         }
         TokenScan::NotToken => Seen::Plain,
         // A token is written whole on an empty socket and arrives in one segment: a prefix
@@ -180,5 +185,21 @@ pub(crate) fn look(fd: c_int) -> Seen {
         // all there is, and they are the application's.
         TokenScan::NeedMore if net::poll_now(fd, libc::POLLRDHUP) != 0 => Seen::Plain,
         TokenScan::NeedMore => Seen::Nothing,
+    }
+}
+
+/// [`scan_token`] of the `n` bytes peeked into `buf`, as this shim understands tokens: of
+/// [`BINDING_VERSION`], or of the version `RDMASHIM_FAULT=version:N` makes it speak (and then
+/// only those: a shim of another release).
+fn scan(buf: &mut [u8; TOKEN_LEN], n: usize) -> TokenScan {
+    match crate::fault::spoken_version() {
+        Some(v) if n > 8 && buf[..8] == TOKEN_MAGIC => {
+            if buf[8] != v {
+                return TokenScan::Unusable(DecodeError::UnsupportedVersion(buf[8]));
+            }
+            buf[8] = BINDING_VERSION;
+            scan_token(&buf[..n])
+        }
+        _ => scan_token(&buf[..n]),
     }
 }

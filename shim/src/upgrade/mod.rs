@@ -1076,10 +1076,18 @@ pub(crate) fn see_token(c: &Conn, g: &mut Inner, fd: c_int) {
             g.token = binding::TokenWait::Got(t.key, t.dial_port);
             g.token_taken = true;
         }
-        binding::Seen::Unusable => {
+        binding::Seen::Unusable(e) => {
             g.token = binding::TokenWait::None;
             g.token_taken = true;
-            c.fall_back(g, FallbackReason::ProtocolError);
+            c.fall_back(
+                g,
+                match e {
+                    rdmashim_proto::DecodeError::UnsupportedVersion(_) => {
+                        FallbackReason::PeerVersion
+                    }
+                    _ => FallbackReason::ProtocolError,
+                },
+            );
         }
         binding::Seen::Plain => {
             g.token = binding::TokenWait::None;
@@ -1133,6 +1141,9 @@ pub(crate) fn fallback_reason(r: ErrorReason) -> FallbackReason {
     match r {
         ErrorReason::Rejected(Some(RejectReason::Resources)) => FallbackReason::Resources,
         ErrorReason::Rejected(Some(RejectReason::Disabled)) => FallbackReason::Disabled,
+        ErrorReason::Rejected(Some(RejectReason::UnsupportedVersion)) => {
+            FallbackReason::PeerVersion
+        }
         ErrorReason::Rejected(_) => FallbackReason::PeerRejected,
         ErrorReason::HandshakeTimeout => FallbackReason::UpgradeTimeout,
         ErrorReason::Handshake(rdmashim_proto::HandshakeError::Unproven) => {
