@@ -380,6 +380,17 @@ impl FdTable {
         .is_some()
     }
 
+    /// How many descriptors with `first <= fd <= last` are the shim's own ([`Kind::Private`]).
+    pub fn count_private(&self, first: u32, last: u32) -> u64 {
+        let mut n = 0;
+        self.for_each(first, last, |_, e| {
+            if e.kind() == Kind::Private {
+                n += 1;
+            }
+        });
+        n
+    }
+
     /// Calls `f(fd, entry)` for every non-UNKNOWN entry with `first <= fd <= last`, visiting
     /// only allocated chunks.
     pub fn for_each(&self, first: u32, last: u32, mut f: impl FnMut(i32, FdEntry)) {

@@ -71,6 +71,7 @@ reasons! {
     Stdio = "stdio": "the connection was at a standard descriptor (0, 1 or 2), or was put there (dup2 onto it: bash's `printf ... >&3`, a server that serves a connection on its stdin and stdout in the same image): glibc's stdio (printf, fwrite, fgets on stdin/stdout/stderr) reads and writes those with internal calls no hook sees, so the connection stays TCP (one on the ring went back to TCP at exact offsets first)",
     IoUring = "io_uring": "the process set up an io_uring instance, whose reads, writes and closes reach the kernel without any call the shim can see: a connection on the ring would lose its place in the stream, so RDMA ended before the instance existed (connections on the ring went back to TCP at exact offsets) and new connections stay TCP, in its fork children too",
     Policy = "policy": "the configuration file's rules (rdmashim.conf(5)) keep this connection on TCP: a deny rule for its program (then every connection of the process), its peer's address or its port matched first",
+    FdLimit = "fd_limit": "the process is near its descriptor limit (RLIMIT_NOFILE): an upgrade would take descriptors of the shim's own, and the application's last ones must stay the application's",
     PeerVersion = "peer_version": "the peer's shim speaks another version of the upgrade protocol, which this one does not (its token, taken out of the stream whole, or its rejection of the request said so): the connection stays on TCP",
 }
 

@@ -382,6 +382,26 @@ pub fn append_log(path: Option<&[u8]>, data: &[u8]) -> Result<(), Errno> {
     r
 }
 
+/// The soft limit on this process's descriptors (`RLIMIT_NOFILE`), read now (the program may
+/// change it); `None` if it cannot be read or is unlimited.
+pub fn nofile_limit() -> Option<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64 of this process, no new limit, `rl` a writable rlimit.
+    let r = unsafe {
+        rdmashim_core::raw_syscall!(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NOFILE,
+            core::ptr::null::<libc::rlimit>(),
+            &mut rl as *mut libc::rlimit,
+        )
+    };
+    (r == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur)
+}
+
 /// Fills `buf` from the kernel's CSPRNG (`getrandom(2)`, never blocking once the pool is
 /// initialised; `GRND_NONBLOCK` so that an early-boot process fails instead of waiting).
 pub fn random(buf: &mut [u8]) -> Result<(), Errno> {
@@ -1054,6 +1074,22 @@ pub fn proc_start_ticks() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nofile_limit_is_the_soft_limit_as_the_program_sets_it() {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: rl is a valid out-pointer.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) }, 0);
+        let want = (rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur);
+        assert_eq!(nofile_limit(), want);
+        assert!(
+            want.is_some_and(|n| n > 0),
+            "an unlimited NOFILE is not Linux's"
+        );
+    }
 
     #[test]
     fn reads_a_configuration_file_and_nothing_else() {

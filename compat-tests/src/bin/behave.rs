@@ -3118,6 +3118,108 @@ mod uring_late {
     }
 }
 
+/// A program near its descriptor limit (`RLIMIT_NOFILE` lowered to 256, then every number but
+/// the last twelve taken by files): three connections at once, each a greeting and its answer,
+/// then the program takes every descriptor it has left — exactly twelve less the three
+/// sockets, as on a kernel without the shim: whatever the upgrade would need of its own, it
+/// must not take the program's last descriptors. `fd_limit_server`: the server is the crowded
+/// one (after its `listen`); `fd_limit_client`: the client (before its connects).
+mod fd_limit {
+    use super::*;
+
+    const LIMIT: u64 = 256;
+    const SPARE: usize = 12;
+    const CONNS: usize = 3;
+
+    /// Lowers the soft limit to [`LIMIT`] and fills every free number below it but the last
+    /// [`SPARE`]; returns the files (open until the process ends).
+    fn crowd() -> Vec<std::fs::File> {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: rl is a valid out-pointer.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) }, 0);
+        rl.rlim_cur = LIMIT;
+        // SAFETY: rl is a valid rlimit (a lower soft limit is always allowed).
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) }, 0);
+        let mut files = Vec::new();
+        loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => files.push(f),
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
+                Err(e) => panic!("open /dev/null: {e}"),
+            }
+        }
+        assert!(files.len() > SPARE, "only {} descriptors free", files.len());
+        files.truncate(files.len() - SPARE);
+        files
+    }
+
+    /// Takes every descriptor left and says how many it got (then gives them back).
+    fn spare() -> usize {
+        let mut files = Vec::new();
+        loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => files.push(f),
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => return files.len(),
+                Err(e) => panic!("open /dev/null: {e}"),
+            }
+        }
+    }
+
+    fn serve_crowded(l: TcpListener, crowded: bool) {
+        let _files = crowded.then(crowd);
+        let mut conns: Vec<TcpStream> = (0..CONNS).map(|_| l.accept().expect("accept").0).collect();
+        for (i, s) in conns.iter_mut().enumerate() {
+            s.set_read_timeout(Some(T)).unwrap();
+            let mut hello = [0u8; 7];
+            s.read_exact(&mut hello).unwrap();
+            assert_eq!(&hello, format!("hello {i}").as_bytes());
+            s.write_all(format!("world {i}").as_bytes()).unwrap();
+        }
+        if crowded {
+            assert_eq!(spare(), SPARE - CONNS, "descriptors left to the server");
+        }
+        for s in &mut conns {
+            assert!(read_to_eof(s).is_empty());
+        }
+    }
+
+    fn client_crowded(addr: SocketAddr, crowded: bool) {
+        let _files = crowded.then(crowd);
+        let mut conns: Vec<TcpStream> = (0..CONNS)
+            .map(|_| TcpStream::connect(addr).expect("connect"))
+            .collect();
+        for (i, s) in conns.iter_mut().enumerate() {
+            s.set_read_timeout(Some(T)).unwrap();
+            s.write_all(format!("hello {i}").as_bytes()).unwrap();
+            let mut world = [0u8; 7];
+            s.read_exact(&mut world).unwrap();
+            assert_eq!(&world, format!("world {i}").as_bytes());
+        }
+        if crowded {
+            assert_eq!(spare(), SPARE - CONNS, "descriptors left to the client");
+        }
+    }
+
+    pub fn serve_server(l: TcpListener) {
+        serve_crowded(l, true);
+    }
+
+    pub fn client_server(addr: SocketAddr) {
+        client_crowded(addr, false);
+    }
+
+    pub fn serve_client(l: TcpListener) {
+        serve_crowded(l, false);
+    }
+
+    pub fn client_client(addr: SocketAddr) {
+        client_crowded(addr, true);
+    }
+}
+
 /// Closes that the program makes where a preloaded library may not see them: libuv (Node.js)
 /// closes every descriptor with `syscall(SYS_close, fd)`; an inline system call (a static
 /// helper, a hand-written wrapper) or io_uring's close reach the kernel through no library
@@ -3372,6 +3474,16 @@ const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
     ("io_uring", io_uring_setup::serve, setuid::client),
     ("uring_io", uring_io::serve, uring_io::client),
     ("uring_late", uring_late::serve, setuid::client),
+    (
+        "fd_limit_server",
+        fd_limit::serve_server,
+        fd_limit::client_server,
+    ),
+    (
+        "fd_limit_client",
+        fd_limit::serve_client,
+        fd_limit::client_client,
+    ),
 ];
 
 fn main() {

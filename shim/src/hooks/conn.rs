@@ -64,6 +64,7 @@ pub(crate) fn account(fd: c_int) {
                 | FallbackReason::NotUpgradableAddress
                 | FallbackReason::NoUpgradeRequest
                 | FallbackReason::Policy
+                | FallbackReason::FdLimit
         )
     );
     let r: FallbackReason = match (probe::host_reason(), stashed) {
@@ -140,6 +141,12 @@ pub(crate) fn mark_syn(
     if !crate::upgrade::may_upgrade_to(peer) {
         return None;
     }
+    // (no room for the upgrade's own descriptors: an unmarked SYN, the server sees a plain
+    // client)
+    if !crate::upgrade::fd_room(fd) {
+        stash(fd, FallbackReason::FdLimit);
+        return None;
+    }
     crate::upgrade::mark_syn(fd, peer)
 }
 
@@ -177,8 +184,13 @@ pub(crate) fn start_client(
         stash(fd, FallbackReason::UnsupportedOption);
         return false;
     }
-    // (the rules denied it before its SYN: see `mark_syn`)
-    if !marked && stashed(fd) == Some(FallbackReason::Policy) {
+    // (the rules denied it before its SYN, or there was no room: see `mark_syn`)
+    if !marked
+        && matches!(
+            stashed(fd),
+            Some(FallbackReason::Policy | FallbackReason::FdLimit)
+        )
+    {
         return false;
     }
     let Some(peer) = sockaddr_of(addr, len) else {

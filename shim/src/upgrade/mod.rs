@@ -44,6 +44,31 @@ pub use engine::Engine;
 /// Lowest fd number for the shim's own eventfds and private socket duplicates.
 const PRIVATE_FD_MIN: c_int = 1000;
 
+/// The free descriptors a connection's upgrade is begun with, at least (`fd_limit` below):
+/// what the upgrade may take of its own — a private duplicate of the socket for the token's
+/// wait and one kept for failover, its readiness eventfds, for the process's first connection
+/// the engine's and the device's — and a margin that stays the application's.
+const FD_ROOM: u64 = 32;
+
+/// Whether the process has room under its soft `RLIMIT_NOFILE` for the descriptors of an
+/// upgrade of the connection on `fd`, as far as can be told without counting them: the kernel
+/// gave the socket the lowest free number, so every number below it was taken then, and of
+/// those above it, the shim knows its own. Fewer than [`FD_ROOM`] left: the connection stays
+/// on TCP (`fd_limit`), and the shim takes none of the application's last descriptors (a
+/// program near its limit would otherwise get EMFILE sooner than without the shim).
+pub(crate) fn fd_room(fd: c_int) -> bool {
+    let Some(limit) = crate::sys::nofile_limit() else {
+        return true;
+    };
+    let above = limit.saturating_sub(fd as u64 + 1);
+    // (far from the limit: no need to look at the shim's own)
+    if above >= 64 * FD_ROOM {
+        return true;
+    }
+    let own = crate::fdtable::TABLE.count_private(fd as u32 + 1, limit.saturating_sub(1) as u32);
+    above.saturating_sub(own) >= FD_ROOM
+}
+
 /// Where one connection's upgrade stands.
 pub(crate) enum Phase {
     /// Client: the upgrade's dial under way, over rdma_cm or to a process of this host (the
@@ -1908,6 +1933,9 @@ pub fn start_server(nfd: c_int) -> Result<u64, FallbackReason> {
     }
     let transport = transport_for(peer, local);
     transport_verdict(transport, net::canonical_ip(peer.ip()))?;
+    if !fd_room(nfd) {
+        return Err(FallbackReason::FdLimit);
+    }
     let engine = w.engine().ok_or(FallbackReason::Resources)?;
     let dial_port = || {
         if engine.serves(local, transport) {
