@@ -14,6 +14,50 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_behave");
 const FORGE: &str = env!("CARGO_BIN_EXE_forge");
 
+/// Traffic control on this host's link (`eth0`) while this lives, also when the test fails:
+/// the root queueing discipline goes with it.
+struct Tc;
+
+impl Tc {
+    fn run(args: &[&str]) {
+        let st = std::process::Command::new("tc").args(args).status();
+        assert!(
+            st.as_ref().is_ok_and(|s| s.success()),
+            "tc {args:?}: {st:?}"
+        );
+    }
+
+    /// Every packet this host sends is dropped (`netem loss 100%`): the link is cut.
+    fn cut() -> Tc {
+        Tc::run(&[
+            "qdisc", "add", "dev", "eth0", "root", "netem", "loss", "100%",
+        ]);
+        Tc
+    }
+
+    /// This host's RoCE v2 packets (UDP to port 4791) are dropped; TCP goes on.
+    fn drop_roce() -> Tc {
+        Tc::run(&[
+            "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "prio",
+        ]);
+        let t = Tc;
+        Tc::run(&[
+            "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+            "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", "4791", "0xffff",
+            "action", "drop",
+        ]);
+        t
+    }
+}
+
+impl Drop for Tc {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tc")
+            .args(["qdisc", "del", "dev", "eth0", "root"])
+            .status();
+    }
+}
+
 /// Both directions streaming 24 MiB at once between the hosts, every byte checked: upgraded on
 /// both hosts, the bytes over RDMA rings, nothing failed over.
 #[test]
@@ -383,33 +427,11 @@ fn t8_link_cut_for_a_minute() {
     let env = [("BEHAVE_READ_TIMEOUT_S", "240")];
     let st = match two_host::role() {
         Role::A => {
-            /// A's link dropping every packet while this lives (also when the test fails).
-            struct Cut;
-            impl Cut {
-                fn start() -> Cut {
-                    let args = [
-                        "qdisc", "add", "dev", "eth0", "root", "netem", "loss", "100%",
-                    ];
-                    let st = std::process::Command::new("tc").args(args).status();
-                    assert!(
-                        st.as_ref().is_ok_and(|s| s.success()),
-                        "tc {args:?}: {st:?}"
-                    );
-                    Cut
-                }
-            }
-            impl Drop for Cut {
-                fn drop(&mut self) {
-                    let _ = std::process::Command::new("tc")
-                        .args(["qdisc", "del", "dev", "eth0", "root"])
-                        .status();
-                }
-            }
             let mut env = env.to_vec();
             env.push(("BEHAVE_SETTLE_MS", "2000"));
             serve(BIN, "duplex", BASE, &env, (Under::Shim, Ends::Ok), |_| {
                 two_host::wait_flag(BASE + 2, two_host::PEER_WAIT);
-                let _cut = Cut::start();
+                let _cut = Tc::cut();
                 std::thread::sleep(Duration::from_secs(60));
             })
             .expect("the server wrote no stats")
@@ -474,36 +496,7 @@ fn t9_silent_host_is_tried_once_per_host() {
             }
         }
         Role::B => {
-            /// B's RoCE packets dropped while this lives.
-            struct Drop4791;
-            impl Drop4791 {
-                fn start() -> Drop4791 {
-                    let tc = |args: &[&str]| {
-                        let st = std::process::Command::new("tc").args(args).status();
-                        assert!(
-                            st.as_ref().is_ok_and(|s| s.success()),
-                            "tc {args:?}: {st:?}"
-                        );
-                    };
-                    tc(&[
-                        "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "prio",
-                    ]);
-                    tc(&[
-                        "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio",
-                        "1", "u32", "match", "ip", "protocol", "17", "0xff", "match", "ip",
-                        "dport", "4791", "0xffff", "action", "drop",
-                    ]);
-                    Drop4791
-                }
-            }
-            impl Drop for Drop4791 {
-                fn drop(&mut self) {
-                    let _ = std::process::Command::new("tc")
-                        .args(["qdisc", "del", "dev", "eth0", "root"])
-                        .status();
-                }
-            }
-            let _drop = Drop4791::start();
+            let _drop = Tc::drop_roce();
             let first = dial(BIN, "duplex", BASE, &[], |_| {});
             assert_eq!(first.upgraded(), 0, "{}", first.summary());
             assert!(

@@ -485,18 +485,10 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                         }
                         continue;
                     }
-                    Err(e) if e.0 == libc::EAGAIN => {
-                        sock_events = libc::POLLIN | libc::POLLRDHUP;
-                    }
-                    Err(e) => {
-                        if e.0 == libc::ECONNRESET {
-                            if let Phase::Linked(l) = &mut g.phase {
-                                l.conn_mut().handle_tcp_reset();
-                            }
-                            c.settle(&mut g);
-                        }
-                        return if got > 0 { Ok(got) } else { Err(e) };
-                    }
+                    Err(e) => match tcp_read_failed(c, &mut g, e, got) {
+                        None => sock_events = libc::POLLIN | libc::POLLRDHUP,
+                        Some(r) => return r,
+                    },
                 }
             }
             Src::Control(len) => {
@@ -520,18 +512,10 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                         c.settle(&mut g);
                         continue;
                     }
-                    Err(e) if e.0 == libc::EAGAIN => {
-                        sock_events = libc::POLLIN | libc::POLLRDHUP;
-                    }
-                    Err(e) => {
-                        if e.0 == libc::ECONNRESET {
-                            if let Phase::Linked(l) = &mut g.phase {
-                                l.conn_mut().handle_tcp_reset();
-                            }
-                            c.settle(&mut g);
-                        }
-                        return if got > 0 { Ok(got) } else { Err(e) };
-                    }
+                    Err(e) => match tcp_read_failed(c, &mut g, e, got) {
+                        None => sock_events = libc::POLLIN | libc::POLLRDHUP,
+                        Some(r) => return r,
+                    },
                 }
             }
             Src::Ring(off, len) => {
@@ -620,6 +604,22 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             return r;
         }
     }
+}
+
+/// A read of an upgraded connection's socket failed with `e`: `None` for EAGAIN (the read
+/// waits for the socket), else what the call returns — the bytes it got, or the error (a reset
+/// ends the connection too).
+fn tcp_read_failed(c: &Conn, g: &mut Inner, e: Errno, got: usize) -> Option<Result<usize, Errno>> {
+    if e.0 == libc::EAGAIN {
+        return None;
+    }
+    if e.0 == libc::ECONNRESET {
+        if let Phase::Linked(l) = &mut g.phase {
+            l.conn_mut().handle_tcp_reset();
+        }
+        c.settle(g);
+    }
+    Some(if got > 0 { Ok(got) } else { Err(e) })
 }
 
 /// send/write/writev/sendmsg/sendfile on a connection under the upgrade.
