@@ -1422,6 +1422,81 @@ mod echo {
     }
 }
 
+/// Both ends ask for TCP keepalive (`SO_KEEPALIVE`; probes after 2 s idle, every second, 3
+/// unanswered: `TCP_KEEPIDLE`, `TCP_KEEPINTVL`, `TCP_KEEPCNT`), exchange a greeting (after the
+/// server's settle pause: on the ring when upgraded), then wait in `read` for the other's next
+/// bytes, which never come: the test cuts the network between them for good. As on TCP, the
+/// wait must end in ETIMEDOUT, the kernel's verdict on the TCP connection, within two minutes
+/// (never EOF, bytes, another error, or the wait's own limit); then `close` returns at once.
+/// For the two-host tier (`two_hosts`' t12).
+mod keepalive {
+    use super::*;
+
+    fn ask_for_keepalive(s: &TcpStream) {
+        let fd = s.as_raw_fd();
+        for (level, name, v) in [
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 2),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+        ] {
+            // SAFETY: setsockopt of an int option on our socket.
+            let r = unsafe {
+                libc::setsockopt(
+                    fd,
+                    level,
+                    name,
+                    (&v as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(r, 0, "setsockopt({level}, {name}): errno {}", errno());
+        }
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    }
+
+    /// Waits for bytes that never come: the wait must end in ETIMEDOUT; then closes.
+    fn wait_for_the_end(mut s: TcpStream, role: &str) {
+        let t0 = Instant::now();
+        let mut b = [0u8; 16];
+        match s.read(&mut b) {
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {}
+            other => panic!(
+                "{role}: the wait ended in {other:?} after {:?}",
+                t0.elapsed()
+            ),
+        }
+        eprintln!("{role}: ETIMEDOUT after {:?}", t0.elapsed());
+        let t1 = Instant::now();
+        drop(s);
+        assert!(
+            t1.elapsed() < Duration::from_secs(2),
+            "{role}: close took {:?}",
+            t1.elapsed()
+        );
+    }
+
+    pub fn server(mut s: TcpStream) {
+        ask_for_keepalive(&s);
+        handover::settle();
+        s.write_all(b"hello").unwrap();
+        let mut w = [0u8; 5];
+        s.read_exact(&mut w).unwrap();
+        assert_eq!(&w, b"world");
+        wait_for_the_end(s, "server");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        ask_for_keepalive(&s);
+        let mut h = [0u8; 5];
+        s.read_exact(&mut h).unwrap();
+        assert_eq!(&h, b"hello");
+        s.write_all(b"world").unwrap();
+        wait_for_the_end(s, "client");
+    }
+}
+
 /// A wait for readiness — epoll_wait, poll — is interrupted by a signal (EINTR; neither is
 /// ever restarted), also when the connection is upgraded and the wait busy-polls before it
 /// sleeps; and a signal sent to the process runs its handler on the thread that waits (the
@@ -3443,6 +3518,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("peer_death", peer_death::server, peer_death::client),
     ("echo", echo::server, echo::client),
     ("duplex", duplex::server, duplex::client),
+    ("keepalive", keepalive::server, keepalive::client),
     ("wait_signal", wait_signal::server, wait_signal::client),
     ("restart", restart::server, restart::client),
     ("epoll_data", epoll_data::server, epoll_data::client),

@@ -1388,6 +1388,24 @@ impl Connection {
         }
     }
 
+    /// The kernel gave up the TCP connection under the stream (`timed_out`: ETIMEDOUT, its
+    /// keepalive probes or its user timeout; otherwise a reset or an unreachable peer), while
+    /// the stream is on the ring. Its peer's end is unreachable or gone, and so is the way
+    /// back to TCP: the stream fails as the TCP connection would have (reads and writes fail
+    /// with the error; bytes not yet read from the ring are dropped with it). After a
+    /// failover the stream is TCP's and the application meets the error there itself; this
+    /// changes nothing then, nor after a clean end.
+    pub fn handle_tcp_error(&mut self, timed_out: bool) {
+        if self.failed_over() || self.life != Life::Established {
+            return;
+        }
+        self.fail(if timed_out {
+            ErrorReason::TcpTimedOut
+        } else {
+            ErrorReason::Reset
+        });
+    }
+
     // ----- output ----------------------------------------------------------------------------
 
     /// The next action for the transport, or `None` when there is nothing to do until the

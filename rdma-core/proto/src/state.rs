@@ -458,6 +458,10 @@ pub enum ErrorReason {
     /// The TCP connection ended while the handshake was still running: the upgrade is
     /// abandoned and the socket goes on as plain TCP.
     TcpClosed,
+    /// The TCP connection under an upgraded stream timed out, by the kernel's verdict on it
+    /// (keepalive probes the application asked for went unanswered; its TCP_USER_TIMEOUT): as
+    /// on TCP, the stream ends with ETIMEDOUT.
+    TcpTimedOut,
 }
 
 impl ErrorReason {
@@ -466,7 +470,9 @@ impl ErrorReason {
     pub fn io_kind(self) -> std::io::ErrorKind {
         match self {
             ErrorReason::Rejected(_) => std::io::ErrorKind::ConnectionRefused,
-            ErrorReason::HandshakeTimeout => std::io::ErrorKind::TimedOut,
+            ErrorReason::HandshakeTimeout | ErrorReason::TcpTimedOut => {
+                std::io::ErrorKind::TimedOut
+            }
             _ => std::io::ErrorKind::ConnectionReset,
         }
     }
@@ -484,6 +490,7 @@ impl fmt::Display for ErrorReason {
             ErrorReason::Reset => write!(f, "connection reset by peer"),
             ErrorReason::PeerVanished => write!(f, "peer vanished"),
             ErrorReason::TcpClosed => write!(f, "TCP connection ended during the handshake"),
+            ErrorReason::TcpTimedOut => write!(f, "the TCP connection under the stream timed out"),
         }
     }
 }

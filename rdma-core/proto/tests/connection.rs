@@ -877,6 +877,49 @@ fn peer_death() {
     assert_eq!(teardowns(&mut a), 0);
 }
 
+/// The kernel gives up the TCP connection under an upgraded stream (the application's
+/// keepalive probes went unanswered: ETIMEDOUT; or a reset): the stream fails with it, as the
+/// TCP connection would have, and is torn down. Not after a failover (the stream is TCP's:
+/// the application meets the error there itself), nor after a clean end.
+#[test]
+fn tcp_error_under_the_ring_ends_the_stream() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    assert_eq!(a.send(100).unwrap().len, 100);
+    settle(&mut a, &mut b);
+    b.handle_tcp_error(true);
+    assert_eq!(b.error(), Some(ErrorReason::TcpTimedOut));
+    assert_eq!(b.recv(), Recv::Error(ErrorReason::TcpTimedOut));
+    assert_eq!(
+        ErrorReason::TcpTimedOut.io_kind(),
+        std::io::ErrorKind::TimedOut
+    );
+    assert_eq!(teardowns(&mut b), 1);
+    // (a second verdict changes nothing)
+    b.handle_tcp_error(false);
+    assert_eq!(b.error(), Some(ErrorReason::TcpTimedOut));
+
+    let (mut a, _b) = open(12, 8, Config::default());
+    a.handle_tcp_error(false);
+    assert_eq!(a.error(), Some(ErrorReason::Reset));
+
+    // After a failover: nothing (the socket's error is the application's to read).
+    let (mut a, _b) = open(12, 8, Config::default());
+    a.handle_transport_error();
+    assert!(a.failed_over());
+    a.handle_tcp_error(true);
+    assert_eq!(a.error(), None);
+
+    // After a clean end: nothing.
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.shutdown_write().unwrap();
+    b.shutdown_write().unwrap();
+    flow(&mut a, &mut b).unwrap();
+    flow(&mut b, &mut a).unwrap();
+    assert_eq!(a.state(), StreamState::Closed);
+    a.handle_tcp_error(true);
+    assert_eq!(a.error(), None);
+}
+
 /// A queue-pair failure mid-stream (§8.6): the stream goes on over TCP. Each side writes its
 /// record and its continuation from the peer's last credit, and reads the peer's pre-switch
 /// bytes, record and continuation, dropping what it read from the ring already.

@@ -543,12 +543,9 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             Src::Error(r) => return if got > 0 { Ok(got) } else { Err(errno_of(r)) },
             Src::WouldBlock => {
                 // The peer's stream is on the ring and nothing is there. With failover, a
-                // blocking read also watches the socket: bytes on it now are the peer's
-                // continuation — the path failed on its side, and an idle queue pair here
-                // might never learn of it (protocol §8.6). Looked at only after a sleep.
-                // A bare TCP end is not looked at here: a peer whose close its shim did not
-                // see yet may end TCP before its ring Close arrives (8.3's order is the
-                // CQ's, not the socket's); once seen, the socket is not watched again.
+                // blocking read also watches the socket (`Conn::look_under_ring`): bytes on
+                // it now are the peer's continuation, an error the TCP connection's end.
+                // Looked at only after a sleep; once ended, the socket is not watched again.
                 let watch = !tcp_ended
                     && match &g.phase {
                         Phase::Linked(l) => l.conn().fails_over() && !l.conn().failed_over(),
@@ -556,17 +553,8 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                     };
                 if watch && tcp_watched {
                     tcp_watched = false;
-                    match net::fionread(fd) {
-                        Ok(n) if n > 0 => {
-                            if let Phase::Linked(l) = &mut g.phase {
-                                l.fail_path(
-                                    "the peer's stream arrived on TCP: its ring path failed",
-                                );
-                            }
-                            c.settle(&mut g);
-                        }
-                        _ => tcp_ended = net::poll_now(fd, libc::POLLIN) != 0,
-                    }
+                    tcp_ended = c.look_under_ring(&mut g, fd);
+                    c.settle(&mut g);
                     continue;
                 }
                 sock_events = if watch { libc::POLLIN } else { 0 };

@@ -1792,11 +1792,9 @@ impl State {
         super::ready::after_change(&c, &mut g);
     }
 
-    /// Bytes arrived on the socket of an upgraded connection (see [`TCPW`]): if the peer's
-    /// stream is wholly on the ring by now (nothing of its pre-switch part left to read),
-    /// they are its failover continuation, and this side's path is taken as failed too
-    /// (protocol §8.6). A bare FIN is not looked at here (a peer whose close its shim has not
-    /// seen yet may end TCP before its ring Close arrives).
+    /// The socket of an upgraded connection became readable (see [`TCPW`]): the peer's
+    /// failover continuation, or the kernel's end of the TCP connection
+    /// ([`Conn::look_under_ring`]).
     fn tcp_data(&mut self, slot: u64) {
         let Some(t) = self.conns.get(&slot) else {
             return;
@@ -1806,21 +1804,7 @@ impl State {
         let Some(fd) = g.back_sock else {
             return;
         };
-        let Phase::Linked(l) = &mut g.phase else {
-            return;
-        };
-        l.progress(true);
-        let on_ring = !matches!(
-            l.conn().recv(),
-            rdmashim_proto::Recv::Tcp { .. } | rdmashim_proto::Recv::TcpControl { .. }
-        );
-        if l.conn().fails_over()
-            && !l.conn().failed_over()
-            && on_ring
-            && net::fionread(fd).is_ok_and(|n| n > 0)
-        {
-            l.fail_path("the peer's stream arrived on TCP: its ring path failed");
-        }
+        c.look_under_ring(&mut g, fd);
         c.settle(&mut g);
         super::ready::after_change(&c, &mut g);
     }

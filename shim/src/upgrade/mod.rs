@@ -896,6 +896,52 @@ impl Conn {
     /// The private duplicate of the socket for the continuation, made now (from the
     /// application's fd the connection was last seen through, if the fd table still says so
     /// and the duplicate is the connection's socket) if there is none yet.
+    /// Looks at `fd`, a descriptor of this connection's socket, which became readable while
+    /// the peer's stream is on the ring (with failover: the engine's watch, a blocking read's;
+    /// protocol §8.6). Bytes there are the peer's continuation: its path failed, and this
+    /// side's, idle, may never hear of it: taken as failed too. An error pending on the socket
+    /// is the kernel's verdict on the TCP connection under the stream — the keepalive probes
+    /// or the user timeout the application set went unanswered, or a reset: the stream ends
+    /// with that error, as the TCP connection would have (taking the error off the socket is
+    /// safe only here, where the application's calls are the ring's). A bare end (FIN) is not
+    /// acted on: a peer whose close its shim has not seen yet may end TCP before its ring
+    /// Close arrives. Returns whether the socket had ended (then it need not be looked at
+    /// again).
+    pub(crate) fn look_under_ring(&self, g: &mut Inner, fd: c_int) -> bool {
+        let Phase::Linked(l) = &mut g.phase else {
+            return false;
+        };
+        l.progress(true);
+        let conn = l.conn();
+        let on_ring = !matches!(
+            conn.recv(),
+            rdmashim_proto::Recv::Tcp { .. } | rdmashim_proto::Recv::TcpControl { .. }
+        );
+        if !conn.fails_over() || conn.failed_over() || !on_ring {
+            return false;
+        }
+        if net::fionread(fd).is_ok_and(|n| n > 0) {
+            l.fail_path("the peer's stream arrived on TCP: its ring path failed");
+            return false;
+        }
+        let rev = net::poll_now(fd, libc::POLLIN);
+        if rev & libc::POLLERR != 0 {
+            let e = net::get_int_opt(fd, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(0);
+            if e != 0 {
+                shim_log!(
+                    Level::Info,
+                    "{} -> {}: the TCP connection under the stream failed (errno {e}): the \
+                     stream ends with it",
+                    self.local,
+                    self.peer
+                );
+                l.conn_mut().handle_tcp_error(e == libc::ETIMEDOUT);
+                return true;
+            }
+        }
+        rev & libc::POLLIN != 0
+    }
+
     fn back_fd(&self, g: &mut Inner) -> Option<c_int> {
         if g.back_sock.is_none() && !g.closed {
             if let Some(fd) = self.app_fd() {
@@ -1176,6 +1222,7 @@ pub(crate) fn fallback_reason(r: ErrorReason) -> FallbackReason {
         }
         ErrorReason::Handshake(_) | ErrorReason::Protocol(_) => FallbackReason::ProtocolError,
         ErrorReason::TcpClosed => FallbackReason::ClosedEarly,
+        ErrorReason::TcpTimedOut => FallbackReason::PeerUnreachable,
         ErrorReason::Transport | ErrorReason::Reset | ErrorReason::PeerVanished => {
             FallbackReason::PeerUnreachable
         }
