@@ -474,6 +474,13 @@ pub struct Connection {
     /// The application wanted to send more than was accepted since the last DATA went out.
     send_blocked: bool,
     peer_wants_credit: bool,
+    /// The peer's SwitchOver came and both fail over: its credit is owed, and goes out even
+    /// after our close, before the teardown (the peer holds our end until it has it: see
+    /// [`Self::handle_tcp_eof`]).
+    switch_credit_owed: bool,
+    /// The peer's TCP EOF came before it confirmed our SwitchOver (see [`Self::handle_tcp_eof`]):
+    /// taken once it does; a transport error meanwhile fails the stream.
+    eof_held: bool,
     peer_read_closed: bool,
     local_read_shut: bool,
     teardown: Teardown,
@@ -538,6 +545,8 @@ impl Connection {
             switch_posted: false,
             send_blocked: false,
             peer_wants_credit: false,
+            switch_credit_owed: false,
+            eof_held: false,
             peer_read_closed: false,
             local_read_shut: false,
             teardown: Teardown::No,
@@ -759,7 +768,7 @@ impl Connection {
             // direction never left TCP.
             let agreed = self.life != Life::Established;
             if (!agreed && self.tx_state != TxState::Tcp)
-                || (agreed && (b.resume_at < b.resume_end || b.resume_shut))
+                || (agreed && (b.record_left > 0 || b.resume_at < b.resume_end || b.resume_shut))
             {
                 return Err(SendError::WouldBlock);
             }
@@ -1172,6 +1181,10 @@ impl Connection {
         match self.process(c) {
             Ok(()) => {
                 self.after_state_change();
+                if self.eof_held && self.switch_confirmed() {
+                    self.eof_held = false;
+                    return self.handle_tcp_eof();
+                }
                 Ok(())
             }
             Err(reason) => Err(self.fail(reason)),
@@ -1233,6 +1246,7 @@ impl Connection {
                         // Credit it at once (it owes a slot): the peer knows then that we
                         // expect its stream on the ring, which it must to fail over (§8.6).
                         self.peer_wants_credit |= self.failover;
+                        self.switch_credit_owed |= self.failover;
                     }
                     ControlMsg::ShutdownWrite { ring_bytes } => {
                         self.check_fin_cursor(ring_bytes)?;
@@ -1357,6 +1371,24 @@ impl Connection {
             Life::Connecting { .. } | Life::Accepted { .. } => {
                 Err(self.fail(ErrorReason::TcpClosed))
             }
+            // The peer ends TCP without having switched, and has not confirmed our SwitchOver
+            // yet (with failover it credits it at once, before its own end). Most likely the
+            // confirmation is on its way (the socket and the queue pair are two paths: a FIN
+            // may overtake a credit). But the peer may also have fallen back to TCP alone —
+            // its queue pair failed before our SwitchOver reached it, so it could not know we
+            // had switched — and then it waits on TCP for what we wrote into the ring: ending
+            // cleanly would cut its stream short without a word. The EOF is held until the
+            // confirmation comes; a transport error first fails the stream (the shim resets
+            // TCP: the peer reads ECONNRESET).
+            Life::Established
+                if self.failover
+                    && self.switch_posted
+                    && matches!(self.rx_state, RxState::Tcp { .. })
+                    && !self.switch_confirmed() =>
+            {
+                self.eof_held = true;
+                Ok(())
+            }
             Life::Established => match self.rx_state.on(RxEvent::TcpEof) {
                 Ok(s) => {
                     if matches!(self.rx_state, RxState::Tcp { .. }) {
@@ -1411,6 +1443,18 @@ impl Connection {
     /// The next action for the transport, or `None` when there is nothing to do until the
     /// next input. Call until `None` after every input.
     pub fn poll_action(&mut self) -> Option<Action> {
+        if self.teardown == Teardown::Pending
+            && self.switch_credit_owed
+            && self.life == Life::Closed
+        {
+            // (the credit of the peer's SwitchOver first: its confirmation that we read its
+            // stream on the ring, which it waits for before it takes our TCP end)
+            self.peer_wants_credit = true;
+            self.switch_credit_owed = false;
+            if let Some(a) = self.poll_credit() {
+                return Some(a);
+            }
+        }
         if self.teardown == Teardown::Pending {
             self.teardown = Teardown::Done;
             return Some(Action::Teardown);
@@ -1532,6 +1576,7 @@ impl Connection {
         }
         peer.slots.take();
         self.peer_wants_credit = false;
+        self.switch_credit_owed = false;
         self.stats.credits_sent += 1;
         if owed_slots <= u32::from(Imm::MAX_CREDIT_SLOTS) {
             let slots = self.rx_slots.take(u32::from(Imm::MAX_CREDIT_SLOTS)) as u8;
@@ -1645,12 +1690,19 @@ impl Connection {
     /// Otherwise the peer might read our record as data, and the connection fails as before
     /// (ECONNRESET) — in practice only within a round trip of the upgrade. Not after our
     /// `close()` with unread data (the RST is the stream's end), nor while switching back.
+    /// The peer received our SwitchOver: it credited up to it (a SwitchOver is credited at
+    /// once when both fail over), or acknowledged ring bytes after it.
+    fn switch_confirmed(&self) -> bool {
+        self.peer.as_ref().is_some_and(|peer| {
+            self.switch_seq.is_some_and(|n| peer.slots.returned() >= n) || peer.tx.acked() > 0
+        })
+    }
+
     fn fail_over(&mut self) -> bool {
         let Some(peer) = self.peer.as_ref() else {
             return false;
         };
-        let confirmed =
-            self.switch_seq.is_some_and(|n| peer.slots.returned() >= n) || peer.tx.acked() > 0;
+        let confirmed = self.switch_confirmed();
         let pre = match self.rx_state {
             RxState::Tcp { .. } => return false,
             RxState::Ring => 0,

@@ -817,6 +817,45 @@ fn abort_drops_unsent() {
     assert_eq!(deliver(&acts[0], &mut b), Err(ErrorReason::Reset));
 }
 
+/// The peer's TCP FIN comes before its confirmation of our SwitchOver (two paths: a FIN may
+/// overtake a credit): the EOF is held until the credit comes, then taken. If the path fails
+/// instead — the peer may have fallen back to TCP alone before our SwitchOver reached it, and
+/// wait there for what we wrote into the ring — the stream fails (the shim resets TCP: the
+/// peer reads ECONNRESET, never an early EOF with our bytes lost).
+#[test]
+fn peer_fin_before_its_confirmation_is_held() {
+    // The credit comes after the FIN: the EOF is taken then.
+    let (mut a, mut b) = established(12, 8, Config::default());
+    a.commit_switch(0).unwrap();
+    assert_eq!(a.send(100).unwrap().len, 100);
+    let acts = std::iter::from_fn(|| a.poll_action()).collect::<Vec<_>>();
+    for x in &acts {
+        deliver(x, &mut b).unwrap();
+    }
+    assert_eq!(a.handle_tcp_eof(), Ok(()));
+    assert_ne!(a.state(), StreamState::Closed, "held until b confirms");
+    assert!(a.error().is_none());
+    flow(&mut b, &mut a).unwrap();
+    assert_eq!(
+        a.state(),
+        StreamState::Closed,
+        "a peer that never switched: it closed"
+    );
+    assert_eq!(a.recv(), Recv::Eof);
+
+    // No credit ever comes: the path failed and b fell back to TCP alone.
+    let (mut a, _b) = established(12, 8, Config::default());
+    a.commit_switch(0).unwrap();
+    assert_eq!(a.send(100).unwrap().len, 100);
+    while a.poll_action().is_some() {}
+    assert_eq!(a.handle_tcp_eof(), Ok(()));
+    assert!(a.error().is_none());
+    a.handle_transport_error();
+    assert!(!a.failed_over(), "b never confirmed: it may read no record");
+    assert_eq!(a.error(), Some(ErrorReason::Transport));
+    assert!(!a.can_fall_back());
+}
+
 #[test]
 fn close_before_switch_tears_down() {
     let (mut a, mut b) = established(12, 4, Config::default());
@@ -824,7 +863,13 @@ fn close_before_switch_tears_down() {
     flow(&mut b, &mut a).unwrap();
     a.close(); // a never switched: ring goes, the shim closes TCP as usual
     assert_eq!(a.state(), StreamState::Closed);
-    assert_eq!(teardowns(&mut a), 1);
+    // (first the credit a owes for b's SwitchOver: b's confirmation that a read it)
+    let acts = std::iter::from_fn(|| a.poll_action()).collect::<Vec<_>>();
+    assert!(
+        matches!(acts[..], [Action::WriteCredit { .. }, Action::Teardown]),
+        "{acts:?}"
+    );
+    assert_eq!(deliver(&acts[0], &mut b), Ok(()));
     // b sees the TCP FIN (a's TCP stream is complete) and treats a as closed.
     assert_eq!(b.handle_tcp_eof(), Ok(()));
     assert_eq!(b.recv(), Recv::Eof);

@@ -533,6 +533,7 @@ impl Sim {
     fn app_finish(&mut self, i: usize) -> bool {
         let finishing = self.finishing;
         let expect_failure = self.expect_failure;
+        let dead = self.path_dead;
         let (me, _) = pair(self, i);
         if !finishing || !me.app_done_writing() || me.app_finished() {
             return false;
@@ -545,10 +546,20 @@ impl Sim {
                 return true;
             }
         }
-        if me
-            .conn
-            .as_ref()
-            .is_some_and(|c| c.error().is_some() && c.can_fall_back())
+        // (the path died before any handshake reached this side: nothing ever will, and its
+        // connection is plain TCP — the shim's server counts `no_upgrade_request`; or the
+        // peer fell back and ended TCP before this side committed: the stream ended, and
+        // this side's direction never left TCP)
+        let never_upgraded =
+            dead && !me.committed
+                && me.conn.as_ref().is_none_or(|c| {
+                    c.state() == StreamState::Closed && c.tx_state() == TxState::Tcp
+                });
+        if never_upgraded
+            || me
+                .conn
+                .as_ref()
+                .is_some_and(|c| c.error().is_some() && c.can_fall_back())
         {
             // The upgrade failed before anything moved: plain TCP, the kernel's to end.
             if me.p.finish == Finish::ShutdownThenClose && !me.shut_called {
@@ -960,13 +971,15 @@ impl Sim {
 
     fn done(&self) -> bool {
         if self.path_fail.is_some() {
-            // (a side that failed reset TCP: the other's unread bytes are never read)
+            // (a side that failed reset TCP: the other's unread bytes are never read; a side
+            // that no handshake reached before the path died has nothing to tear down)
+            let torn = |e: &Endpoint| e.teardowns >= 1 || e.conn.is_none();
             return self.a.app_finished()
                 && self.b.app_finished()
                 && self.a.outbound.is_empty()
                 && self.b.outbound.is_empty()
-                && self.a.teardowns >= 1
-                && self.b.teardowns >= 1
+                && torn(&self.a)
+                && torn(&self.b)
                 && self.a.tcp_closed
                 && self.b.tcp_closed;
         }
