@@ -120,6 +120,17 @@ fn data_imm(len: u32, credit_wanted: bool) -> Completion<'static> {
     }
 }
 
+/// An open pair's first side after both shut their write sides on the ring: Closed, cleanly.
+fn cleanly_closed() -> Connection {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    a.shutdown_write().unwrap();
+    b.shutdown_write().unwrap();
+    flow(&mut a, &mut b).unwrap();
+    flow(&mut b, &mut a).unwrap();
+    assert_eq!(a.state(), StreamState::Closed);
+    a
+}
+
 fn teardowns(c: &mut Connection) -> usize {
     std::iter::from_fn(|| c.poll_action())
         .filter(|a| *a == Action::Teardown)
@@ -910,12 +921,7 @@ fn peer_death() {
     assert_eq!(teardowns(&mut b), 1);
 
     // A TCP reset, even after a clean teardown (reads fail after an RST).
-    let (mut a, mut b) = open(12, 8, Config::default());
-    a.shutdown_write().unwrap();
-    b.shutdown_write().unwrap();
-    flow(&mut a, &mut b).unwrap();
-    flow(&mut b, &mut a).unwrap();
-    assert_eq!(a.state(), StreamState::Closed);
+    let mut a = cleanly_closed();
     a.handle_tcp_reset();
     assert_eq!(a.error(), Some(ErrorReason::Reset));
     assert_eq!(teardowns(&mut a), 1, "one Teardown in total");
@@ -955,12 +961,7 @@ fn tcp_error_under_the_ring_ends_the_stream() {
     assert_eq!(a.error(), None);
 
     // After a clean end: nothing.
-    let (mut a, mut b) = open(12, 8, Config::default());
-    a.shutdown_write().unwrap();
-    b.shutdown_write().unwrap();
-    flow(&mut a, &mut b).unwrap();
-    flow(&mut b, &mut a).unwrap();
-    assert_eq!(a.state(), StreamState::Closed);
+    let mut a = cleanly_closed();
     a.handle_tcp_error(true);
     assert_eq!(a.error(), None);
 }
