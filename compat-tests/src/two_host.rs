@@ -104,13 +104,48 @@ pub fn flag_up(port: u16) -> bool {
 pub fn wait_flag(port: u16, within: Duration) {
     let addr: SocketAddr = format!("{}:{port}", peer_ip()).parse().unwrap();
     let until = Instant::now() + within;
-    while !flag_up(port) {
+    loop {
+        let e = match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(_) => return,
+            Err(e) => e,
+        };
         assert!(
             Instant::now() < until,
-            "the other host's flag {addr} did not come up within {within:?}"
+            "the other host's flag {addr} did not come up within {within:?} (the last \
+             connect: {e})"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// How long a server may take to say that it listens.
+const LISTEN_WAIT: Duration = Duration::from_secs(60);
+
+/// What each thread of process `pid` is doing (state, kernel wait channel, system call), for
+/// a failure's message.
+fn threads_of(pid: u32) -> String {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(gone)".into();
+    };
+    let mut out = Vec::new();
+    for t in dir.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(')')
+            .map_or("?", |(_, r)| r.trim_start())
+            .get(..1);
+        out.push(format!(
+            "[{} {} {} wchan={} syscall={}]",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            state.unwrap_or("?"),
+            read("wchan").trim(),
+            read("syscall").trim()
+        ));
+    }
+    out.join(" ")
 }
 
 /// How a role of a case ends.
@@ -202,14 +237,32 @@ pub fn serve_at(
     let mut child = c.spawn().expect("spawn the behave server");
     let pid = child.id();
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next();
+    // (bounded like every wait here: a server that never says it listens fails the test,
+    // with what its threads are doing, instead of leaving the other host waiting for a flag)
+    let (tx, rx) = std::sync::mpsc::channel();
+    let rest = std::thread::spawn(move || {
+        let _ = tx.send(lines.next());
+        lines.map_while(Result::ok).collect::<Vec<_>>()
+    });
+    let first = match rx.recv_timeout(LISTEN_WAIT) {
+        Ok(first) => first,
+        Err(_) => {
+            let threads = threads_of(pid);
+            let _ = child.kill();
+            let out = wait_child(child, Duration::from_secs(10));
+            panic!(
+                "{scenario} server: not listening after {LISTEN_WAIT:?}; its threads: \
+                 {threads}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
     assert!(
         matches!(&first, Some(Ok(l)) if *l == format!("port {base}")),
         "{scenario} server: {first:?}"
     );
     let flag = Flag::raise(base + 1);
     meanwhile(pid);
-    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
     let out = wait_child(child, CASE_TIME);
     drop(flag);
     let rest = rest.join().unwrap_or_default();
