@@ -701,8 +701,10 @@ impl CmId {
             responder_resources: p.responder_resources,
             initiator_depth: p.initiator_depth,
             flow_control: 0,
-            // RC retries on a lost packet; the link's liveness is watched by TCP beside us.
-            retry_count: 7,
+            // RC retries on a lost packet, then the QP fails and the stream fails over to its
+            // TCP connection (protocol §8.6). Not 7: soft-RoCE takes 7 as "retry forever", and
+            // a writer on a dead link would wait for ever, its own TCP_USER_TIMEOUT unheeded.
+            retry_count: 6,
             // 7 = retry forever on receiver-not-ready: the credit protocol keeps receives posted.
             rnr_retry_count: 7,
             srq: 0,
