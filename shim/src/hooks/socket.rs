@@ -162,7 +162,8 @@ hook! {
 
 hook! {
     /// getsockopt(2): SO_ERROR = 0 on a pending connect may mean it completed (checked with
-    /// getpeername).
+    /// getpeername); on an upgraded connection, it is the socket error a write of the shim's
+    /// took off the socket, if any (`Inner::tcp_err`: the application's, reported once).
     fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     id: Getsockopt;
     fallback: syscall(SYS_getsockopt; fd, level, name, val, len);
@@ -175,8 +176,18 @@ hook! {
         if r == 0 && !val.is_null() {
             let e = TABLE.get(fd);
             // SAFETY: SO_ERROR succeeded, so val points to at least an int the kernel wrote.
-            if e.has(flags::CONNECTING) && unsafe { (val as *const c_int).read_unaligned() } == 0 {
+            let none = unsafe { (val as *const c_int).read_unaligned() } == 0;
+            if none && e.has(flags::CONNECTING) {
                 conn::complete_if_connected(fd, e);
+            } else if none && e.kind() == crate::fdtable::Kind::Upgraded {
+                // SAFETY: the caller's length pointer, non-null as the call succeeded.
+                let whole = unsafe { len.read_unaligned() } as usize >= core::mem::size_of::<c_int>();
+                if let Some(err) = super::up::own_conn(fd).and_then(|c| c.take_tcp_err()) {
+                    if whole {
+                        // SAFETY: val holds at least an int (the length says so).
+                        unsafe { (val as *mut c_int).write_unaligned(err.0) };
+                    }
+                }
             }
         }
         Handled(r)

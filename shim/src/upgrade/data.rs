@@ -452,6 +452,9 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 let max = (total - got).min(limit.map_or(usize::MAX, |l| l as usize));
                 match buf.recv_tcp(fd, got, max, tcp_flags) {
                     Ok(0) => {
+                        if let Some(r) = pending_tcp_err(&mut g, got) {
+                            return r;
+                        }
                         if peek {
                             return Ok(got);
                         }
@@ -594,12 +597,24 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
     }
 }
 
+/// The socket's error a write of the shim's took off it (`Inner::tcp_err`), where the kernel
+/// would have returned it to this call: the bytes the call moved first, if any (the error
+/// stays for the next call), else the error, once.
+fn pending_tcp_err(g: &mut Inner, moved: usize) -> Option<Result<usize, Errno>> {
+    let e = g.tcp_err?;
+    if moved > 0 {
+        return Some(Ok(moved));
+    }
+    g.tcp_err = None;
+    Some(Err(e))
+}
+
 /// A read of an upgraded connection's socket failed with `e`: `None` for EAGAIN (the read
 /// waits for the socket), else what the call returns — the bytes it got, or the error (a reset
 /// ends the connection too).
 fn tcp_read_failed(c: &Conn, g: &mut Inner, e: Errno, got: usize) -> Option<Result<usize, Errno>> {
     if e.0 == libc::EAGAIN {
-        return None;
+        return pending_tcp_err(g, got);
     }
     if e.0 == libc::ECONNRESET {
         if let Phase::Linked(l) = &mut g.phase {
@@ -649,20 +664,25 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
         };
         let sock_events: i16;
         match grant {
-            Err(SendError::ViaTcp) => match buf.send_tcp(fd, sent, want, tcp_flags) {
-                Ok(n) => {
-                    g.tcp_sent += n as u64;
-                    stats::add_bytes_at(shard, Bytes::TcpTx, n as u64);
-                    c.live_tx.fetch_add(n as u64, Ordering::Relaxed);
-                    sent += n;
-                    if sent == total {
-                        return Ok(sent);
-                    }
-                    continue;
+            Err(SendError::ViaTcp) => {
+                if let Some(r) = pending_tcp_err(&mut g, sent) {
+                    return r;
                 }
-                Err(e) if e.0 == libc::EAGAIN => sock_events = libc::POLLOUT,
-                Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
-            },
+                match buf.send_tcp(fd, sent, want, tcp_flags) {
+                    Ok(n) => {
+                        g.tcp_sent += n as u64;
+                        stats::add_bytes_at(shard, Bytes::TcpTx, n as u64);
+                        c.live_tx.fetch_add(n as u64, Ordering::Relaxed);
+                        sent += n;
+                        if sent == total {
+                            return Ok(sent);
+                        }
+                        continue;
+                    }
+                    Err(e) if e.0 == libc::EAGAIN => sock_events = libc::POLLOUT,
+                    Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
+                }
+            }
             Ok(gr) => {
                 let Phase::Linked(l) = &mut g.phase else {
                     return Ok(sent);

@@ -24,6 +24,7 @@ pub mod ready;
 
 use crate::config::Level;
 use crate::net;
+use crate::outcome::Errno;
 use crate::reason::FallbackReason;
 use crate::shim_log;
 use crate::slots::{Key, Slots};
@@ -121,6 +122,11 @@ pub(crate) struct Inner {
     pub committed: bool,
     /// The application shut down its write side on TCP before the switch.
     pub tcp_wr_shut: bool,
+    /// The socket's error (ETIMEDOUT, ECONNRESET), taken off it by a write of the shim's own
+    /// (a continuation after a failover): the kernel reports an error once, to whichever
+    /// call meets it first, and this one is the application's — its next data call returns it
+    /// (then the kernel's EPIPE or EOF follow, as on TCP).
+    pub tcp_err: Option<Errno>,
     /// Every fd referring to the connection was closed.
     pub closed: bool,
     /// The eventfds' levels as last set.
@@ -325,6 +331,7 @@ impl Conn {
                 tcp_received: 0,
                 committed: false,
                 tcp_wr_shut: false,
+                tcp_err: None,
                 closed: false,
                 rd_set: false,
                 wr_set: false,
@@ -856,7 +863,10 @@ impl Conn {
                         Ok(n) => l.conn_mut().resumed_record(n),
                         Err(e) if e.0 == libc::EAGAIN => return,
                         // (as below: the socket's own error is the application's next)
-                        Err(_) => l.conn_mut().resumed_record(len),
+                        Err(e) => {
+                            l.conn_mut().resumed_record(len);
+                            g.tcp_err.get_or_insert(e);
+                        }
                     }
                 }
                 Resume::Write { cursor, len } => {
@@ -871,9 +881,9 @@ impl Conn {
                         Ok(n) => l.conn_mut().resumed(n as u64),
                         Err(e) if e.0 == libc::EAGAIN => return,
                         Err(e) => {
-                            // The TCP connection is gone (reset, or never to be written
-                            // again): so is what was left to write; the application's next
-                            // call on the socket gets the kernel's error.
+                            // The TCP connection is gone (reset, timed out): so is what was
+                            // left to write; the application's next data call gets the
+                            // error this send took off the socket (`Inner::tcp_err`).
                             shim_log!(
                                 Level::Debug,
                                 "{} -> {}: continuation not written: errno {}",
@@ -882,6 +892,7 @@ impl Conn {
                                 e.0
                             );
                             l.conn_mut().resumed(len as u64);
+                            g.tcp_err.get_or_insert(e);
                         }
                     }
                 }
@@ -891,6 +902,12 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// The socket error a write of the shim's took off the socket ([`Inner::tcp_err`]), for
+    /// the application's `getsockopt(SO_ERROR)`: once.
+    pub(crate) fn take_tcp_err(&self) -> Option<Errno> {
+        self.lock().tcp_err.take()
     }
 
     /// The private duplicate of the socket for the continuation, made now (from the
