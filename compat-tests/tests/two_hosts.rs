@@ -601,3 +601,117 @@ fn t11_shims_of_other_releases() {
         }
     }
 }
+
+/// The link is cut for good (A's side drops every packet: `tc netem loss 100%`) under an
+/// upgraded, idle connection whose programs asked for TCP keepalive (2 s idle, probes every
+/// second, 3 unanswered: the `keepalive` scenario) and wait in `read`: as on TCP, each wait
+/// ends a few seconds into the cut in the kernel's verdict on the TCP connection under the
+/// stream, which the shim watches (the queue pair, idle, hears of nothing) — ETIMEDOUT, or
+/// ECONNRESET on A when B's kernel gave up first (A's side of the cut drops only what A
+/// sends) — and `close` returns at once. First with the shim disabled on both hosts (the
+/// kernel alone: what the programs must see), then upgraded. Before, the upgraded programs'
+/// waits ran to their own 120 s limit: keepalive set by the application took no effect on an
+/// upgraded connection.
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t12_keepalive_ends_a_cut_connection() {
+    for (i, upgraded) in [false, true].into_iter().enumerate() {
+        let base = 8200 + 10 * i as u16;
+        let mut env = vec![("BEHAVE_SETTLE_MS", "2000")];
+        if !upgraded {
+            env.push(("RDMASHIM_DISABLE", "1"));
+        }
+        let st = match two_host::role() {
+            Role::A => serve(
+                BIN,
+                "keepalive",
+                base,
+                &env,
+                (Under::Shim, Ends::Ok),
+                |_| {
+                    two_host::wait_flag(base + 2, two_host::PEER_WAIT);
+                    let _cut = Tc::cut();
+                    // (both ends time out 2-5 s into the cut; then the link comes back)
+                    std::thread::sleep(Duration::from_secs(20));
+                },
+            )
+            .expect("the server wrote no stats"),
+            Role::B => dial(BIN, "keepalive", base, &env, |_| {
+                // (the greeting goes after the server's settle pause)
+                std::thread::sleep(Duration::from_secs(4));
+                let _flag = Flag::raise(base + 2);
+                std::thread::sleep(Duration::from_secs(2));
+            }),
+        };
+        assert_eq!(st.connections(), 1, "{}", st.summary());
+        assert_eq!(st.upgraded(), u64::from(upgraded), "{}", st.summary());
+        assert_eq!(st.path_failed, 0, "{}", st.summary());
+    }
+}
+
+/// Whether process `pid` (a child of this test) has exited: gone, or a zombie not yet reaped.
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+        st.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Holds this host's link cut until process `pid` has exited (at most `CUT_MAX`).
+fn cut_until_exit(pid: u32) {
+    const CUT_MAX: Duration = Duration::from_secs(120);
+    let _cut = Tc::cut();
+    let until = Instant::now() + CUT_MAX;
+    while !exited(pid) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The link dies for good both ways (each host drops every packet it sends: to each host, the
+/// other is gone, as if powered off) under a stream that A writes as fast as it can, with the
+/// TCP_USER_TIMEOUT of 5 s it set, and B reads with keepalive on (2 s idle, probes every
+/// second, 3 unanswered): the `cut_writer` scenario. As on TCP, A's writes fill the buffers
+/// and block, then the blocked write ends in ETIMEDOUT; B's read ends in ETIMEDOUT; both close
+/// at once. First with the shim disabled on both hosts (the kernel alone: what the programs
+/// must see), then upgraded; each program prints how long its end took.
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t13_writer_on_a_dead_link() {
+    for (i, upgraded) in [false, true].into_iter().enumerate() {
+        let base = 8300 + 10 * i as u16;
+        let mut env = vec![("BEHAVE_SETTLE_MS", "2000")];
+        if !upgraded {
+            env.push(("RDMASHIM_DISABLE", "1"));
+        }
+        let st = match two_host::role() {
+            Role::A => serve(
+                BIN,
+                "cut_writer",
+                base,
+                &env,
+                (Under::Shim, Ends::Ok),
+                |pid| {
+                    two_host::wait_flag(base + 2, two_host::PEER_WAIT);
+                    cut_until_exit(pid);
+                },
+            )
+            .expect("the server wrote no stats"),
+            Role::B => dial(BIN, "cut_writer", base, &env, |pid| {
+                // (the stream runs a moment after the server's settle pause)
+                std::thread::sleep(Duration::from_secs(4));
+                let _flag = Flag::raise(base + 2);
+                // (A cuts its side once it sees the flag; B its own when A has surely seen it,
+                // or A could not: the flag's answers would be cut off)
+                std::thread::sleep(Duration::from_secs(2));
+                cut_until_exit(pid);
+            }),
+        };
+        assert_eq!(st.connections(), 1, "{}", st.summary());
+        assert_eq!(st.upgraded(), u64::from(upgraded), "{}", st.summary());
+        eprintln!(
+            "{}: {}",
+            if upgraded { "upgraded" } else { "TCP" },
+            st.summary()
+        );
+    }
+}

@@ -1501,6 +1501,141 @@ mod keepalive {
     }
 }
 
+/// A writer on a link that died for good (the test cuts it both ways, as a peer host powered
+/// off would look): its writes fill the buffers, then block; the TCP_USER_TIMEOUT it set
+/// (BEHAVE_USER_TIMEOUT_MS, 5 s by default) ends the blocked write in ETIMEDOUT. The reader
+/// on the other host asked for keepalive (2 s idle, probes every second, 3 unanswered) and
+/// waits: ETIMEDOUT too. Both close at once. Each prints how long its end took, counted from
+/// the start of the writer's first write that blocked (about when the link died) and from the
+/// reader's last read that got bytes.
+mod cut_writer {
+    use super::*;
+
+    fn user_timeout_ms() -> libc::c_int {
+        std::env::var("BEHAVE_USER_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5000)
+    }
+
+    fn set_int(s: &TcpStream, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
+        // SAFETY: setsockopt of an int option on our socket.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                level,
+                name,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "setsockopt({level}, {name}): errno {}", errno());
+    }
+
+    fn closes_at_once(s: TcpStream, role: &str) {
+        let t = Instant::now();
+        drop(s);
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{role}: close took {:?}",
+            t.elapsed()
+        );
+    }
+
+    pub fn server(mut s: TcpStream) {
+        set_int(
+            &s,
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            user_timeout_ms(),
+        );
+        // (a backstop: a write that never ends fails the test instead of hanging it)
+        s.set_write_timeout(Some(Duration::from_secs(150))).unwrap();
+        handover::settle();
+        s.write_all(b"hello").unwrap();
+        let mut w = [0u8; 5];
+        s.read_exact(&mut w).unwrap();
+        assert_eq!(&w, b"world");
+        let chunk = pattern(64 << 10, 3);
+        // (the start of the first write that blocked: the buffers were full)
+        let (mut sent, mut blocked) = (0u64, None::<Instant>);
+        let err = loop {
+            // (the stream repeats the chunk: a short write goes on where it stopped)
+            let at = (sent % chunk.len() as u64) as usize;
+            let t = Instant::now();
+            let r = s.write(&chunk[at..]);
+            if blocked.is_none() && t.elapsed() >= Duration::from_millis(500) {
+                blocked = Some(t);
+            }
+            match r {
+                Ok(n) => {
+                    assert!(n > 0, "server: write returned 0");
+                    sent += n as u64;
+                }
+                Err(e) => break e,
+            }
+        };
+        let Some(blocked) = blocked else {
+            panic!("server: the writes never blocked; then {err:?} ({sent} bytes written)");
+        };
+        assert_eq!(
+            err.raw_os_error(),
+            Some(libc::ETIMEDOUT),
+            "server: the writes ended in {err:?} {:.1} s after they blocked ({sent} bytes \
+             written)",
+            blocked.elapsed().as_secs_f64()
+        );
+        eprintln!(
+            "server: write: {err} {:.1} s after the writes blocked ({sent} bytes written)",
+            blocked.elapsed().as_secs_f64()
+        );
+        closes_at_once(s, "server");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        set_int(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+        set_int(&s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 2);
+        set_int(&s, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1);
+        set_int(&s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
+        s.set_read_timeout(Some(Duration::from_secs(150))).unwrap();
+        let mut h = [0u8; 5];
+        s.read_exact(&mut h).unwrap();
+        assert_eq!(&h, b"hello");
+        s.write_all(b"world").unwrap();
+        let want = pattern(64 << 10, 3);
+        let (mut got, mut moved) = (0u64, Instant::now());
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => panic!("client: EOF after {got} bytes"),
+                Ok(n) => {
+                    for (k, b) in buf[..n].iter().enumerate() {
+                        let i = (got as usize + k) % want.len();
+                        assert_eq!(*b, want[i], "client: byte {} differs", got as usize + k);
+                    }
+                    got += n as u64;
+                    moved = Instant::now();
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
+                    eprintln!(
+                        "client: read: {e} {:.1} s after its last read that got bytes \
+                         ({got} bytes read)",
+                        moved.elapsed().as_secs_f64()
+                    );
+                    break;
+                }
+                Err(e) => panic!(
+                    "client: the read ended in {e:?} {:.1} s after its last that got bytes \
+                     ({got} bytes read)",
+                    moved.elapsed().as_secs_f64()
+                ),
+            }
+        }
+        closes_at_once(s, "client");
+    }
+}
+
 /// A wait for readiness — epoll_wait, poll — is interrupted by a signal (EINTR; neither is
 /// ever restarted), also when the connection is upgraded and the wait busy-polls before it
 /// sleeps; and a signal sent to the process runs its handler on the thread that waits (the
@@ -3523,6 +3658,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("echo", echo::server, echo::client),
     ("duplex", duplex::server, duplex::client),
     ("keepalive", keepalive::server, keepalive::client),
+    ("cut_writer", cut_writer::server, cut_writer::client),
     ("wait_signal", wait_signal::server, wait_signal::client),
     ("restart", restart::server, restart::client),
     ("epoll_data", epoll_data::server, epoll_data::client),
