@@ -636,16 +636,30 @@ fn t12_keepalive_ends_a_cut_connection() {
                 },
             )
             .expect("the server wrote no stats"),
-            Role::B => dial(BIN, "keepalive", base, &env, |_| {
-                // (the greeting goes after the server's settle pause)
-                std::thread::sleep(Duration::from_secs(4));
-                let _flag = Flag::raise(base + 2);
-                std::thread::sleep(Duration::from_secs(2));
-            }),
+            Role::B => {
+                let ready = Scratch::new("two-host-keepalive-ready");
+                let file = ready.dir.join("ready").to_string_lossy().into_owned();
+                env.push(("BEHAVE_READY_FILE", file.as_str()));
+                dial(BIN, "keepalive", base, &env, |_| {
+                    // (the greeting, after the server's settle pause, must be through first)
+                    wait_for_file(&file);
+                    let _flag = Flag::raise(base + 2);
+                    std::thread::sleep(Duration::from_secs(2));
+                })
+            }
         };
         assert_eq!(st.connections(), 1, "{}", st.summary());
         assert_eq!(st.upgraded(), u64::from(upgraded), "{}", st.summary());
         assert_eq!(st.path_failed, 0, "{}", st.summary());
+    }
+}
+
+/// Waits until the scenario's BEHAVE_READY_FILE exists (at most two minutes).
+fn wait_for_file(path: &str) {
+    let until = Instant::now() + Duration::from_secs(120);
+    while !std::path::Path::new(path).exists() {
+        assert!(Instant::now() < until, "the scenario never got to {path}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -696,15 +710,20 @@ fn t13_writer_on_a_dead_link() {
                 },
             )
             .expect("the server wrote no stats"),
-            Role::B => dial(BIN, "cut_writer", base, &env, |pid| {
-                // (the stream runs a moment after the server's settle pause)
-                std::thread::sleep(Duration::from_secs(4));
-                let _flag = Flag::raise(base + 2);
-                // (A cuts its side once it sees the flag; B its own when A has surely seen it,
-                // or A could not: the flag's answers would be cut off)
-                std::thread::sleep(Duration::from_secs(2));
-                cut_until_exit(pid);
-            }),
+            Role::B => {
+                let ready = Scratch::new("two-host-cut-writer-ready");
+                let file = ready.dir.join("ready").to_string_lossy().into_owned();
+                env.push(("BEHAVE_READY_FILE", file.as_str()));
+                dial(BIN, "cut_writer", base, &env, |pid| {
+                    // (the stream runs: the client read its first MiB)
+                    wait_for_file(&file);
+                    let _flag = Flag::raise(base + 2);
+                    // (A cuts its side once it sees the flag; B its own when A has surely seen it,
+                    // or A could not: the flag's answers would be cut off)
+                    std::thread::sleep(Duration::from_secs(2));
+                    cut_until_exit(pid);
+                })
+            }
         };
         assert_eq!(st.connections(), 1, "{}", st.summary());
         assert_eq!(st.upgraded(), u64::from(upgraded), "{}", st.summary());

@@ -1422,6 +1422,14 @@ mod echo {
     }
 }
 
+/// Tells a test watching from outside that the scenario reached its point (the file named by
+/// BEHAVE_READY_FILE, if set, is created): a test that cuts the link must not cut it before.
+fn ready() {
+    if let Some(p) = std::env::var_os("BEHAVE_READY_FILE") {
+        std::fs::write(p, b"").expect("BEHAVE_READY_FILE");
+    }
+}
+
 /// Both ends ask for TCP keepalive (`SO_KEEPALIVE`; probes after 2 s idle, every second, 3
 /// unanswered: `TCP_KEEPIDLE`, `TCP_KEEPINTVL`, `TCP_KEEPCNT`), exchange a greeting (after the
 /// server's settle pause: on the ring when upgraded), then wait in `read` for the other's next
@@ -1497,6 +1505,7 @@ mod keepalive {
         s.read_exact(&mut h).unwrap();
         assert_eq!(&h, b"hello");
         s.write_all(b"world").unwrap();
+        ready();
         wait_for_the_end(s, "client");
     }
 }
@@ -1613,6 +1622,10 @@ mod cut_writer {
                     for (k, b) in buf[..n].iter().enumerate() {
                         let i = (got as usize + k) % want.len();
                         assert_eq!(*b, want[i], "client: byte {} differs", got as usize + k);
+                    }
+                    // (streaming: the test may cut the link now)
+                    if got < 1 << 20 && got + n as u64 >= 1 << 20 {
+                        ready();
                     }
                     got += n as u64;
                     moved = Instant::now();
