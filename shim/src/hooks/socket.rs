@@ -182,11 +182,13 @@ hook! {
             } else if none && e.kind() == crate::fdtable::Kind::Upgraded {
                 // SAFETY: the caller's length pointer, non-null as the call succeeded.
                 let whole = unsafe { len.read_unaligned() } as usize >= core::mem::size_of::<c_int>();
-                if let Some(err) = super::up::own_conn(fd).and_then(|c| c.take_tcp_err()) {
-                    if whole {
-                        // SAFETY: val holds at least an int (the length says so).
-                        unsafe { (val as *mut c_int).write_unaligned(err.0) };
-                    }
+                // (taken only where it can be handed over: else the next data call has it)
+                if let Some(err) = super::up::own_conn(fd)
+                    .filter(|_| whole)
+                    .and_then(|c| c.take_tcp_err())
+                {
+                    // SAFETY: val holds at least an int (the length says so).
+                    unsafe { (val as *mut c_int).write_unaligned(err.0) };
                 }
             }
         }
