@@ -616,41 +616,56 @@ fn t11_shims_of_other_releases() {
 #[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
 fn t12_keepalive_ends_a_cut_connection() {
     for (i, upgraded) in [false, true].into_iter().enumerate() {
-        let base = 8200 + 10 * i as u16;
-        let mut env = vec![("BEHAVE_SETTLE_MS", "2000")];
-        if !upgraded {
-            env.push(("RDMASHIM_DISABLE", "1"));
-        }
-        let st = match two_host::role() {
-            Role::A => serve(
-                BIN,
-                "keepalive",
-                base,
-                &env,
-                (Under::Shim, Ends::Ok),
-                |_| {
-                    two_host::wait_flag(base + 2, two_host::PEER_WAIT);
-                    let _cut = Tc::cut();
-                    // (both ends time out 2-5 s into the cut; then the link comes back)
-                    std::thread::sleep(Duration::from_secs(20));
-                },
-            )
-            .expect("the server wrote no stats"),
-            Role::B => {
-                let ready = Scratch::new("two-host-keepalive-ready");
-                let file = ready.dir.join("ready").to_string_lossy().into_owned();
-                env.push(("BEHAVE_READY_FILE", file.as_str()));
-                dial(BIN, "keepalive", base, &env, |_| {
-                    // (the greeting, after the server's settle pause, must be through first)
-                    wait_for_file(&file);
-                    let _flag = Flag::raise(base + 2);
-                    std::thread::sleep(Duration::from_secs(2));
-                })
-            }
-        };
+        let st = cut_under(
+            "keepalive",
+            8200 + 10 * i as u16,
+            upgraded,
+            |_| {
+                let _cut = Tc::cut();
+                // (both ends time out 2-5 s into the cut; then the link comes back)
+                std::thread::sleep(Duration::from_secs(20));
+            },
+            |_| {},
+        );
         assert_eq!(st.connections(), 1, "{}", st.summary());
         assert_eq!(st.upgraded(), u64::from(upgraded), "{}", st.summary());
         assert_eq!(st.path_failed, 0, "{}", st.summary());
+    }
+}
+
+/// One case of a test that cuts the link under `scenario` (on ports from `base`; with the
+/// shim disabled on both hosts unless `upgraded`): B waits for its client to be where the
+/// cut belongs (BEHAVE_READY_FILE), raises its flag and, two seconds later (A has surely seen
+/// it: once B's side is cut too, the flag's answers would not get through), runs `on_b`; A
+/// runs `on_a` as soon as it sees the flag. Both get their program's pid. This host's stats.
+fn cut_under(
+    scenario: &str,
+    base: u16,
+    upgraded: bool,
+    on_a: impl FnOnce(u32),
+    on_b: impl FnOnce(u32),
+) -> Stats {
+    let mut env = vec![("BEHAVE_SETTLE_MS", "2000")];
+    if !upgraded {
+        env.push(("RDMASHIM_DISABLE", "1"));
+    }
+    match two_host::role() {
+        Role::A => serve(BIN, scenario, base, &env, (Under::Shim, Ends::Ok), |pid| {
+            two_host::wait_flag(base + 2, two_host::PEER_WAIT);
+            on_a(pid);
+        })
+        .expect("the server wrote no stats"),
+        Role::B => {
+            let ready = Scratch::new(&format!("two-host-{scenario}-ready"));
+            let file = ready.dir.join("ready").to_string_lossy().into_owned();
+            env.push(("BEHAVE_READY_FILE", file.as_str()));
+            dial(BIN, scenario, base, &env, |pid| {
+                wait_for_file(&file);
+                let _flag = Flag::raise(base + 2);
+                std::thread::sleep(Duration::from_secs(2));
+                on_b(pid);
+            })
+        }
     }
 }
 
@@ -692,39 +707,13 @@ fn cut_until_exit(pid: u32) {
 #[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
 fn t13_writer_on_a_dead_link() {
     for (i, upgraded) in [false, true].into_iter().enumerate() {
-        let base = 8300 + 10 * i as u16;
-        let mut env = vec![("BEHAVE_SETTLE_MS", "2000")];
-        if !upgraded {
-            env.push(("RDMASHIM_DISABLE", "1"));
-        }
-        let st = match two_host::role() {
-            Role::A => serve(
-                BIN,
-                "cut_writer",
-                base,
-                &env,
-                (Under::Shim, Ends::Ok),
-                |pid| {
-                    two_host::wait_flag(base + 2, two_host::PEER_WAIT);
-                    cut_until_exit(pid);
-                },
-            )
-            .expect("the server wrote no stats"),
-            Role::B => {
-                let ready = Scratch::new("two-host-cut-writer-ready");
-                let file = ready.dir.join("ready").to_string_lossy().into_owned();
-                env.push(("BEHAVE_READY_FILE", file.as_str()));
-                dial(BIN, "cut_writer", base, &env, |pid| {
-                    // (the stream runs: the client read its first MiB)
-                    wait_for_file(&file);
-                    let _flag = Flag::raise(base + 2);
-                    // (A cuts its side once it sees the flag; B its own when A has surely seen it,
-                    // or A could not: the flag's answers would be cut off)
-                    std::thread::sleep(Duration::from_secs(2));
-                    cut_until_exit(pid);
-                })
-            }
-        };
+        let st = cut_under(
+            "cut_writer",
+            8300 + 10 * i as u16,
+            upgraded,
+            cut_until_exit,
+            cut_until_exit,
+        );
         assert_eq!(st.connections(), 1, "{}", st.summary());
         assert_eq!(st.upgraded(), u64::from(upgraded), "{}", st.summary());
         eprintln!(

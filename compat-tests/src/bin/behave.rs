@@ -1437,31 +1437,47 @@ fn ready() {
 /// wait must end in the kernel's verdict on the TCP connection within two minutes: ETIMEDOUT,
 /// or ECONNRESET where the other end's kernel gave up first and its reset got through (never
 /// EOF, bytes, another error, or the wait's own limit); then `close` returns at once.
-/// Run by hand across the two VMs (its two-host test left the tier after a CI failure).
+/// For the two-host tier (`two_hosts`' t12).
 mod keepalive {
     use super::*;
 
-    fn ask_for_keepalive(s: &TcpStream) {
-        let fd = s.as_raw_fd();
+    /// Sets an int socket option on `s`.
+    pub fn set_int(s: &TcpStream, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
+        // SAFETY: setsockopt of an int option on our socket.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                level,
+                name,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "setsockopt({level}, {name}): errno {}", errno());
+    }
+
+    /// Keepalive on `s`: probes after 2 s idle, every second, 3 unanswered.
+    pub fn ask_for_keepalive(s: &TcpStream) {
         for (level, name, v) in [
             (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
             (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 2),
             (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
             (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
         ] {
-            // SAFETY: setsockopt of an int option on our socket.
-            let r = unsafe {
-                libc::setsockopt(
-                    fd,
-                    level,
-                    name,
-                    (&v as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(r, 0, "setsockopt({level}, {name}): errno {}", errno());
+            set_int(s, level, name, v);
         }
         s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    }
+
+    /// Closes `s`, which must take under two seconds (a dead connection's close never hangs).
+    pub fn closes_at_once(s: TcpStream, role: &str) {
+        let t = Instant::now();
+        drop(s);
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{role}: close took {:?}",
+            t.elapsed()
+        );
     }
 
     /// Waits for bytes that never come: the wait must end in ETIMEDOUT (its own probes went
@@ -1479,13 +1495,7 @@ mod keepalive {
                 t0.elapsed()
             ),
         }
-        let t1 = Instant::now();
-        drop(s);
-        assert!(
-            t1.elapsed() < Duration::from_secs(2),
-            "{role}: close took {:?}",
-            t1.elapsed()
-        );
+        closes_at_once(s, role);
     }
 
     pub fn server(mut s: TcpStream) {
@@ -1518,6 +1528,7 @@ mod keepalive {
 /// the start of the writer's first write that blocked (about when the link died) and from the
 /// reader's last read that got bytes.
 mod cut_writer {
+    use super::keepalive::{ask_for_keepalive, closes_at_once, set_int};
     use super::*;
 
     fn user_timeout_ms() -> libc::c_int {
@@ -1525,30 +1536,6 @@ mod cut_writer {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(5000)
-    }
-
-    fn set_int(s: &TcpStream, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
-        // SAFETY: setsockopt of an int option on our socket.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                level,
-                name,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "setsockopt({level}, {name}): errno {}", errno());
-    }
-
-    fn closes_at_once(s: TcpStream, role: &str) {
-        let t = Instant::now();
-        drop(s);
-        assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "{role}: close took {:?}",
-            t.elapsed()
-        );
     }
 
     pub fn server(mut s: TcpStream) {
@@ -1603,10 +1590,7 @@ mod cut_writer {
 
     pub fn client(addr: SocketAddr) {
         let mut s = TcpStream::connect(addr).unwrap();
-        set_int(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
-        set_int(&s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 2);
-        set_int(&s, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1);
-        set_int(&s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
+        ask_for_keepalive(&s);
         s.set_read_timeout(Some(Duration::from_secs(150))).unwrap();
         let mut h = [0u8; 5];
         s.read_exact(&mut h).unwrap();
