@@ -157,9 +157,19 @@ pub enum Ends {
     Killed,
 }
 
+/// Checks how a program of a case ended; on success, passes on its stderr lines that begin
+/// with "measured: " (a scenario's own figures: scripts/two-host-tier runs the tests with
+/// `--nocapture`, so that they reach the tier's output).
 fn checked(out: std::process::Output, what: &str, ends: Ends) {
     use std::os::unix::process::ExitStatusExt;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    if out.status.success() {
+        for l in text(&out.stderr).lines() {
+            if let Some(m) = l.strip_prefix("measured: ") {
+                eprintln!("{what}: {m}");
+            }
+        }
+    }
     match ends {
         Ends::Ok => assert!(
             out.status.success(),

@@ -1582,7 +1582,8 @@ mod cut_writer {
             blocked.elapsed().as_secs_f64()
         );
         eprintln!(
-            "server: write: {err} {:.1} s after the writes blocked ({sent} bytes written)",
+            "measured: server: write: {err} {:.1} s after the writes blocked ({sent} bytes \
+             written)",
             blocked.elapsed().as_secs_f64()
         );
         closes_at_once(s, "server");
@@ -1616,8 +1617,8 @@ mod cut_writer {
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
                     eprintln!(
-                        "client: read: {e} {:.1} s after its last read that got bytes \
-                         ({got} bytes read)",
+                        "measured: client: read: {e} {:.1} s after its last read that got \
+                         bytes ({got} bytes read)",
                         moved.elapsed().as_secs_f64()
                     );
                     break;
