@@ -686,10 +686,17 @@ fn exited(pid: u32) -> bool {
     })
 }
 
-/// Holds this host's link cut until process `pid` has exited (at most `CUT_MAX`).
+/// Holds this host's link cut until process `pid` has exited (at most [`CUT_MAX`]).
 fn cut_until_exit(pid: u32) {
-    const CUT_MAX: Duration = Duration::from_secs(120);
     let _cut = Tc::cut();
+    wait_exit(pid);
+}
+
+/// The longest a test holds a cut.
+const CUT_MAX: Duration = Duration::from_secs(120);
+
+/// Waits until process `pid` has exited (at most [`CUT_MAX`]).
+fn wait_exit(pid: u32) {
     let until = Instant::now() + CUT_MAX;
     while !exited(pid) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(100));
@@ -722,4 +729,63 @@ fn t13_writer_on_a_dead_link() {
             st.summary()
         );
     }
+}
+
+/// The RDMA path dies under an upgraded stream while TCP lives on (B drops the RoCE packets
+/// it sends — its writes and its acknowledgements of A's — from the moment both directions
+/// are streaming, `behave duplex` paused at 4 MiB on B) and B's program set TCP_USER_TIMEOUT
+/// (2 s): B's writes unacknowledged for that long fail the ring's path there, not the queue
+/// pair's retries (~16 s on soft-RoCE, the stall a program without the option sees), and the
+/// stream goes on over TCP at the agreed offsets, every byte checked. Both sides count the
+/// path failed; B's log says it was the user timeout. Each program prints the longest it
+/// waited for the peer's bytes.
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t14_user_timeout_fails_a_dead_rdma_path_over() {
+    const BASE: u16 = 8400;
+    let env = [("BEHAVE_READ_TIMEOUT_S", "120")];
+    let st = match two_host::role() {
+        Role::A => {
+            let mut env = env.to_vec();
+            env.push(("BEHAVE_SETTLE_MS", "2000"));
+            serve(BIN, "duplex", BASE, &env, (Under::Shim, Ends::Ok), |_| {})
+                .expect("the server wrote no stats")
+        }
+        Role::B => {
+            let pause = Scratch::new("two-host-user-timeout");
+            let dir = pause.dir.to_string_lossy().into_owned();
+            let log = pause.dir.join("shim.log");
+            let log_path = log.to_string_lossy().into_owned();
+            let (half, go) = (pause.dir.join("half"), pause.dir.join("go"));
+            let mut env = env.to_vec();
+            env.extend([
+                ("BEHAVE_DUPLEX_PAUSE", dir.as_str()),
+                ("BEHAVE_USER_TIMEOUT_MS", "2000"),
+                ("RDMASHIM_LOG", "info"),
+                ("RDMASHIM_LOG_FILE", log_path.as_str()),
+            ]);
+            let st = dial(BIN, "duplex", BASE, &env, |pid| {
+                wait_for_file(&half.to_string_lossy());
+                let _drop = Tc::drop_roce();
+                std::fs::write(&go, b"").unwrap();
+                wait_exit(pid);
+            });
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("path failed") && l.contains("TCP_USER_TIMEOUT")),
+                "B's path failed for its user timeout: {log}"
+            );
+            st
+        }
+    };
+    assert_eq!(st.connections(), 1, "{}", st.summary());
+    assert_eq!(st.upgraded(), 1, "{}", st.summary());
+    assert_eq!(st.path_failed, 1, "{}", st.summary());
+    assert!(
+        st.bytes("tcp_rx") > 0,
+        "the stream ended on TCP: {}",
+        st.summary()
+    );
+    eprintln!("{}", st.summary());
 }

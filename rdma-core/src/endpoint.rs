@@ -229,6 +229,12 @@ impl Endpoint {
         self.sq_posted - self.sq_done
     }
 
+    /// Send WRs known to be complete (every WR below this sequence number): it moves only when
+    /// the peer's device acknowledges what was sent.
+    pub fn completed(&self) -> u64 {
+        self.sq_done
+    }
+
     /// Whether the most recent send WR asked for a completion (if not, waiting for the send
     /// queue to drain needs a signaled fence behind it).
     pub fn last_signaled(&self) -> bool {

@@ -205,6 +205,18 @@ pub struct Link {
     /// of reading until EAGAIN — the read that finds nothing is a system call per message.
     arms: u8,
     close_timeout: Duration,
+    /// [`Link::check_acks`]'s watch: the send WRs known complete when it first found some
+    /// outstanding, since when, and the limit it was given.
+    acks: Option<AckWatch>,
+}
+
+/// Work requests outstanding on the queue pair with no completion since `since`
+/// ([`Link::check_acks`]).
+#[derive(Debug, Clone, Copy)]
+struct AckWatch {
+    completed: u64,
+    since: Instant,
+    limit: Duration,
 }
 
 impl fmt::Debug for Link {
@@ -259,6 +271,7 @@ impl Link {
             cm_watched: false,
             arms: 0,
             close_timeout,
+            acks: None,
         }
     }
 
@@ -398,10 +411,79 @@ impl Link {
     /// When [`progress`](Self::progress) must run again even without events, if ever: the
     /// handshake deadline, or the next re-check of a draining teardown (every 10 ms).
     pub fn next_timer(&self) -> Option<Instant> {
-        match self.teardown {
+        let t = match self.teardown {
             Td::Draining { .. } => Some(Instant::now() + DRAIN_RECHECK),
             _ => self.conn.poll_timeout(),
+        };
+        match (t, self.ack_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
+    }
+
+    /// When [`check_acks`](Self::check_acks) would find the queue pair's work requests
+    /// unacknowledged for its limit, if it watches some.
+    pub fn ack_deadline(&self) -> Option<Instant> {
+        self.acks.map(|w| w.since + w.limit)
+    }
+
+    /// TCP_USER_TIMEOUT's part on the ring: whether the device has acknowledged nothing of
+    /// what was posted for `limit` (the peer host is gone, or the path to it), in which case
+    /// the path is failed here ([`fail_path`](Self::fail_path)) — the stream goes on over TCP,
+    /// whose own user timeout then ends it if the peer is gone for good — and `true` comes
+    /// back. The owner calls it from time to time while the application's socket has the
+    /// option (and again at [`next_timer`](Self::next_timer)); an interval of a second or
+    /// less keeps the detection within a second of `limit`. `None` (the option was cleared)
+    /// ends the watch.
+    ///
+    /// Only the device's acknowledgements count, not the peer's credits: a peer that reads
+    /// nothing leaves its ring full but acknowledges every write, as a TCP peer that
+    /// advertises a zero window still acknowledges. Most work requests are unsignaled: when
+    /// the last one posted is, a signaled fence behind it makes its completion observable
+    /// (one zero-length write, only while something is outstanding).
+    pub fn check_acks(&mut self, now: Instant, limit: Option<Duration>) -> bool {
+        let failed = self.conn.error().is_some() || self.conn.failed_over();
+        let Ep::Rdma(ep) = &mut self.ep else {
+            return false;
+        };
+        let Some(limit) = limit.filter(|_| !failed && self.teardown == Td::Running) else {
+            self.acks = None;
+            return false;
+        };
+        if ep.outstanding() == 0 {
+            self.acks = None;
+            return false;
+        }
+        let completed = ep.completed();
+        match self.acks {
+            Some(w) if w.completed == completed => {
+                self.acks = Some(AckWatch { limit, ..w });
+                if now.saturating_duration_since(w.since) >= limit {
+                    self.acks = None;
+                    let why = format!(
+                        "no work request acknowledged for {} ms (TCP_USER_TIMEOUT)",
+                        limit.as_millis()
+                    );
+                    self.fail_path(&why);
+                    return true;
+                }
+            }
+            _ => {
+                self.acks = Some(AckWatch {
+                    completed,
+                    since: now,
+                    limit,
+                })
+            }
+        }
+        if !ep.last_signaled() && ep.sq_room() > 0 {
+            if let Some(r) = self.conn.peer_ring() {
+                if let Err(e) = ep.post_fence(&r) {
+                    self.transport_failed(e.to_string());
+                }
+            }
+        }
+        false
     }
 
     /// The teardown has finished (`rdma_disconnect` was called, or the connection died): the

@@ -1290,22 +1290,22 @@ mod peer_death {
     }
 }
 
-/// The plainest exchange, both ways: the client sends 16 blocks of 64 KiB, the server echoes
-/// each back, then each side half-closes and sees the other's EOF.
-/// Both directions stream at once: each side writes 24 MiB (`BEHAVE_DUPLEX_MIB`) in chunks of
-/// random sizes from a thread of its own while it reads the peer's with reads of random sizes,
-/// checks every byte, then shuts its writing down and reads to EOF. A stream whose ring path fails midway
+/// Both directions stream at once: each side writes 24 MiB (`BEHAVE_DUPLEX_MIB`; the server
+/// `BEHAVE_DUPLEX_SERVER_KIB` where set) in chunks of random sizes from a thread of its own
+/// while it reads the peer's with reads of random sizes, checks every byte, then shuts its
+/// writing down and reads to EOF. A stream whose ring path fails midway
 /// (`RDMASHIM_FAULT=path_fail:N`) must come through whole, in order, as on TCP.
 mod duplex {
     use super::*;
 
-    /// Bytes each way: 24 MiB, or `BEHAVE_DUPLEX_MIB` MiB (both ends must agree).
-    fn len() -> u64 {
-        std::env::var("BEHAVE_DUPLEX_MIB")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(24)
-            << 20
+    /// Bytes `role` writes: 24 MiB, or `BEHAVE_DUPLEX_MIB` MiB; the server's
+    /// `BEHAVE_DUPLEX_SERVER_KIB` KiB where set (both ends must be given the same).
+    fn len(role: &str) -> u64 {
+        let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        match var("BEHAVE_DUPLEX_SERVER_KIB") {
+            Some(kib) if role == "server" => kib << 10,
+            _ => var("BEHAVE_DUPLEX_MIB").unwrap_or(24) << 20,
+        }
     }
 
     fn byte_at(i: u64, seed: u8) -> u8 {
@@ -1323,21 +1323,30 @@ mod duplex {
         }
     }
 
-    fn run(s: TcpStream, out_seed: u8, in_seed: u8) {
-        let len = len();
+    fn run(s: TcpStream, role: &str, out_seed: u8, in_seed: u8) {
+        let (out_len, len) = match role {
+            "server" => (len("server"), len("client")),
+            _ => (len("client"), len("server")),
+        };
         // (BEHAVE_READ_TIMEOUT_S: longer, for a test that stalls the network on purpose)
         let timeout = std::env::var("BEHAVE_READ_TIMEOUT_S")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .map_or(T, Duration::from_secs);
         s.set_read_timeout(Some(timeout)).unwrap();
+        // (BEHAVE_USER_TIMEOUT_MS: TCP_USER_TIMEOUT on the socket, as a program that wants a
+        // dead peer found in that time sets it)
+        let user_timeout = std::env::var("BEHAVE_USER_TIMEOUT_MS").ok();
+        if let Some(ms) = user_timeout.as_deref().and_then(|v| v.parse().ok()) {
+            super::keepalive::set_int(&s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms);
+        }
         let mut w = s.try_clone().unwrap();
         let writer = std::thread::spawn(move || {
             let mut next = sizes(0x9e37_79b9 ^ u64::from(out_seed));
             let mut buf = vec![0u8; 65536];
             let mut at = 0u64;
-            while at < len {
-                let n = next().min((len - at) as usize);
+            while at < out_len {
+                let n = next().min((out_len - at) as usize);
                 for (k, b) in buf[..n].iter_mut().enumerate() {
                     *b = byte_at(at + k as u64, out_seed);
                 }
@@ -1353,6 +1362,8 @@ mod duplex {
         // (a test that breaks the path for real: once 4 MiB are in, the reader says so in
         // that directory's `half` and waits for its `go`, while the writers fill the window)
         let mut pause = std::env::var_os("BEHAVE_DUPLEX_PAUSE").map(std::path::PathBuf::from);
+        // (the longest the stream stood still for this reader, pauses of its own aside)
+        let (mut last, mut gap) = (Instant::now(), Duration::ZERO);
         loop {
             if at >= 4 << 20 {
                 if let Some(dir) = pause.take() {
@@ -1361,10 +1372,13 @@ mod duplex {
                     while !dir.join("go").exists() && Instant::now() < until {
                         sleep_ms(20);
                     }
+                    last = Instant::now();
                 }
             }
             let want = next();
             let n = r.read(&mut buf[..want]).expect("read");
+            gap = gap.max(last.elapsed());
+            last = Instant::now();
             if n == 0 {
                 break;
             }
@@ -1379,17 +1393,24 @@ mod duplex {
         }
         assert_eq!(at, len, "the peer's stream ended early");
         writer.join().unwrap();
+        eprintln!(
+            "measured: {role}: longest wait for the peer's bytes {:.1} s{}",
+            gap.as_secs_f64(),
+            user_timeout.map_or(String::new(), |ms| format!(" (TCP_USER_TIMEOUT {ms} ms)"))
+        );
     }
 
     pub fn server(s: TcpStream) {
-        run(s, 0x5a, 0xc3);
+        run(s, "server", 0x5a, 0xc3);
     }
 
     pub fn client(addr: SocketAddr) {
-        run(TcpStream::connect(addr).unwrap(), 0xc3, 0x5a);
+        run(TcpStream::connect(addr).unwrap(), "client", 0xc3, 0x5a);
     }
 }
 
+/// The plainest exchange, both ways: the client sends 16 blocks of 64 KiB, the server echoes
+/// each back, then each side half-closes and sees the other's EOF.
 mod echo {
     use super::*;
 

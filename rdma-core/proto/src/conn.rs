@@ -949,7 +949,22 @@ impl Connection {
         self.back.is_some()
             && self.life == Life::Closed
             && self.resume_due().is_none()
-            && (self.local_read_shut || self.incoming.is_none_or(|i| i.done()))
+            && (self.incoming.is_none_or(|i| i.done())
+                || (self.local_read_shut && self.control_due().is_none()))
+    }
+
+    /// After a path failure (§8.6): how many bytes of the peer's TCP stream are the shim's to
+    /// read next — its record, then what its continuation repeats of what we read from the
+    /// ring ([`Recv::TcpControl`]) — whether or not the application still reads (after its
+    /// `close()` or `shutdown(SHUT_RD)` too). They are not the application's: a socket closed
+    /// with them unread would be reset, and the peer would lose what it had still to read.
+    /// `None` once they are read (or where there are none: no failover, or the peer's
+    /// pre-switch bytes, the application's, come first).
+    pub fn control_due(&self) -> Option<u64> {
+        match self.incoming.filter(|i| !i.done())?.next() {
+            Next::Control(n) => Some(n),
+            Next::App(_) => None,
+        }
     }
 
     /// Our direction is plain TCP again: the switch back (or failover) is agreed and its

@@ -1053,6 +1053,47 @@ fn path_failure_goes_on_over_tcp() {
     assert_eq!(b.handle_tcp_eof(), Ok(()));
 }
 
+/// A side that had read the peer's whole stream (its ring Fin included) and closed when the
+/// path fails still owes the peer's failover record and the bytes it repeats a read: they
+/// are the shim's, and a socket closed with them unread is reset — the peer would lose what
+/// it had not read yet. The connection is switched back only once they are read.
+#[test]
+fn path_failure_after_the_peers_end_still_takes_its_record() {
+    let (mut a, mut b) = open(12, 8, Config::default());
+    assert_eq!(b.send(3000).unwrap().len, 3000);
+    b.shutdown_write().unwrap();
+    assert_eq!(a.send(3000).unwrap().len, 3000);
+    settle(&mut a, &mut b);
+    a.consume(3000).unwrap();
+    assert_eq!(a.recv(), Recv::Eof);
+    let b_acked = b.tx_cursors().unwrap().acked();
+    assert!(b_acked < 3000, "credits are lazy: {b_acked}");
+
+    // B's path fails (A's credits never arrive); A learns of it from B's record on TCP.
+    b.handle_transport_error();
+    assert!(b.failed_over());
+    let Some(Resume::Record { bytes: b_rec, .. }) = b.resume_due() else {
+        panic!("{:?}", b.resume_due())
+    };
+    a.handle_transport_error();
+    assert!(a.failed_over());
+    a.resumed_record(24);
+    let a_acked = a.tx_cursors().unwrap().acked();
+    a.resumed(3000 - a_acked);
+    assert_eq!(a.control_due(), Some(24));
+    // The application, which had its EOF, closes.
+    a.close();
+    assert_eq!(a.recv(), Recv::Eof);
+    assert_eq!(a.control_due(), Some(24), "still the shim's to read");
+    assert!(!a.switched_back());
+    a.tcp_control(&b_rec).unwrap();
+    assert_eq!(a.control_due(), Some(3000 - b_acked));
+    assert!(!a.switched_back());
+    a.tcp_control(&vec![0; (3000 - b_acked) as usize]).unwrap();
+    assert_eq!(a.control_due(), None);
+    assert!(a.switched_back());
+}
+
 /// What the peer's TCP bytes must be after a path failure, or the connection fails: a record
 /// of this upgrade, starting no later than what we read; not an EOF before it.
 #[test]

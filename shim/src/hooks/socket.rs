@@ -196,15 +196,17 @@ hook! {
     }
 }
 
-/// SO_RCVTIMEO/SO_SNDTIMEO and their 64-bit-time variants (asm-generic/socket.h).
+/// SO_RCVTIMEO/SO_SNDTIMEO and their 64-bit-time variants (asm-generic/socket.h), and
+/// TCP_USER_TIMEOUT.
 fn is_timeout_opt(level: c_int, name: c_int) -> bool {
     const SO_RCVTIMEO_NEW: c_int = 66;
     const SO_SNDTIMEO_NEW: c_int = 67;
-    level == libc::SOL_SOCKET
+    (level == libc::SOL_SOCKET
         && matches!(
             name,
             libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | SO_RCVTIMEO_NEW | SO_SNDTIMEO_NEW
-        )
+        ))
+        || (level == libc::IPPROTO_TCP && name == libc::TCP_USER_TIMEOUT)
 }
 
 hook! {

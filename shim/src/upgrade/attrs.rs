@@ -1,6 +1,7 @@
 //! Socket attributes a blocking data call needs on every wait — O_NONBLOCK, SO_RCVTIMEO,
 //! SO_SNDTIMEO — cached per connection, so that a would-block does not cost an `fcntl` and a
-//! `getsockopt` each time (a ping-pong of blocking calls pays them per message).
+//! `getsockopt` each time (a ping-pong of blocking calls pays them per message); and
+//! TCP_USER_TIMEOUT, which the engine looks at every second for each upgraded connection.
 //!
 //! Only hooked calls change them in this process (fcntl F_SETFL, ioctl FIONBIO, setsockopt),
 //! and those update the cache ([`Attrs::note_nonblocking`], [`Attrs::forget_timeouts`]).
@@ -15,6 +16,7 @@ use crate::net;
 use crate::versioned::{Versioned as Attr, UNKNOWN};
 use core::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 /// Forks this process has made (counted by a `pthread_atfork` prepare handler).
 static FORKS: AtomicU32 = AtomicU32::new(0);
@@ -47,6 +49,8 @@ pub(crate) struct Attrs {
     /// Milliseconds, 0: none.
     rcvtimeo: Attr,
     sndtimeo: Attr,
+    /// TCP_USER_TIMEOUT in milliseconds, 0: none.
+    user_timeout: Attr,
 }
 
 impl Attrs {
@@ -56,6 +60,7 @@ impl Attrs {
             nonblock: Attr::new(),
             rcvtimeo: Attr::new(),
             sndtimeo: Attr::new(),
+            user_timeout: Attr::new(),
         }
     }
 
@@ -97,9 +102,24 @@ impl Attrs {
         (ms != 0).then_some(ms as c_int)
     }
 
+    /// TCP_USER_TIMEOUT of socket `fd` (None: none, the kernel's own retransmission limits).
+    pub(crate) fn user_timeout(&self, fd: c_int) -> Option<Duration> {
+        let read = || {
+            net::get_int_opt(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT)
+                .map_or(0, |ms| ms.max(0) as u32)
+        };
+        let ms = if self.usable() {
+            self.user_timeout.get_or(read)
+        } else {
+            read()
+        };
+        (ms != 0).then(|| Duration::from_millis(u64::from(ms)))
+    }
+
     /// A hooked setsockopt may have changed the timeouts: ask the kernel next time.
     pub(crate) fn forget_timeouts(&self) {
         self.rcvtimeo.set(UNKNOWN);
         self.sndtimeo.set(UNKNOWN);
+        self.user_timeout.set(UNKNOWN);
     }
 }

@@ -170,7 +170,7 @@ enum Src {
     Tcp(Option<u64>),
     /// TCP bytes that are the shim's (after a path failure: the peer's failover record, and
     /// what its continuation repeats of what was read from the ring).
-    Control(u64),
+    Control,
     Ring(usize, usize),
     WouldBlock,
     Eof,
@@ -181,7 +181,7 @@ fn source(g: &Inner) -> Src {
     match &g.phase {
         Phase::Linked(l) => match l.conn().recv() {
             Recv::Tcp { limit } => Src::Tcp(limit),
-            Recv::TcpControl { len } => Src::Control(len),
+            Recv::TcpControl { .. } => Src::Control,
             Recv::Ring { offset, len } => Src::Ring(offset, len),
             Recv::WouldBlock => Src::WouldBlock,
             Recv::Eof => Src::Eof,
@@ -494,31 +494,21 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                     },
                 }
             }
-            Src::Control(len) => {
+            Src::Control => {
                 // (not the application's bytes: read into the shim's own buffer, never
                 // peeked — a peek must see the application's data behind them)
-                let mut tmp = [0u8; 4096];
-                let max = tmp.len().min(usize::try_from(len).unwrap_or(usize::MAX));
-                match net::recv(fd, &mut tmp[..max], libc::MSG_DONTWAIT) {
-                    Ok(0) => {
-                        let Phase::Linked(l) = &mut g.phase else {
-                            return Ok(got);
-                        };
-                        let _ = l.conn_mut().handle_tcp_eof();
-                        c.settle(&mut g);
-                        continue;
+                let e = match c.take_control(&mut g, fd) {
+                    Ok(false) => continue,
+                    Ok(true) => Errno(libc::EAGAIN),
+                    // (this call returns the socket's error: no longer kept for the next)
+                    Err(e) => {
+                        g.tcp_err = None;
+                        e
                     }
-                    Ok(n) => {
-                        if let Phase::Linked(l) = &mut g.phase {
-                            let _ = l.conn_mut().tcp_control(&tmp[..n]);
-                        }
-                        c.settle(&mut g);
-                        continue;
-                    }
-                    Err(e) => match tcp_read_failed(c, &mut g, e, got) {
-                        None => sock_events = libc::POLLIN | libc::POLLRDHUP,
-                        Some(r) => return r,
-                    },
+                };
+                match tcp_read_failed(c, &mut g, e, got) {
+                    None => sock_events = libc::POLLIN | libc::POLLRDHUP,
+                    Some(r) => return r,
                 }
             }
             Src::Ring(off, len) => {
@@ -583,7 +573,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
         }
         let tcp = sock_events != 0;
         held = waiter.spin(c, fd, |g| match source(g) {
-            Src::Tcp(_) | Src::Control(_) => !tcp,
+            Src::Tcp(_) | Src::Control => !tcp,
             Src::WouldBlock => false,
             _ => true,
         });
@@ -836,6 +826,13 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
         }
         _ => false,
     };
+    // (after a path failure: the peer's record and repeats are read, now and as they come,
+    // before the socket is let go — see `Conn::take_control`)
+    let control = match fd {
+        Some(fd) if !back => matches!(c.take_control(&mut g, fd), Ok(true)),
+        _ => false,
+    };
+    let drain = drain || control;
     if let Some(fd) = fd.filter(|_| matches!(&g.phase, Phase::Linked(l) if l.conn().back_started()))
     {
         // Closed while switching back: the continuation still goes out (the socket is closed
@@ -951,8 +948,14 @@ pub fn flush_before_exit(c: &Conn, deadline: Instant) {
     loop {
         let mut g = c.lock();
         c.drive(&mut g, true);
+        // (after a path failure: the peer's record and repeats, see `Conn::take_control`)
+        let due = matches!(&g.phase, Phase::Linked(l) if l.conn().control_due().is_some());
+        let control = match due.then(|| c.back_fd(&mut g)).flatten() {
+            Some(fd) => matches!(c.take_control(&mut g, fd), Ok(true)),
+            None => false,
+        };
         let done = match &g.phase {
-            Phase::Linked(l) => l.is_disconnected() && l.conn().resume_due().is_none(),
+            Phase::Linked(l) => l.is_disconnected() && l.conn().resume_due().is_none() && !control,
             _ => true,
         };
         drop(g);

@@ -865,6 +865,18 @@ struct State {
     uring_at: Instant,
 }
 
+/// What the engine watches on the socket of a connection the application closed ([`SOCK`]):
+/// the peer's FIN or RST, and its data while the peer's failover record or repeats are due
+/// (`Conn::take_control`).
+fn sock_events(control_due: bool) -> u32 {
+    let end = (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+    if control_due {
+        end | libc::EPOLLIN as u32
+    } else {
+        end
+    }
+}
+
 /// `fd`, a connection's private socket duplicate about to be closed, leaves the engine's set
 /// (it is in it while its connection is upgraded: [`TCPW`]; the application's descriptors of
 /// the same socket would keep the registration alive after the close).
@@ -1806,6 +1818,9 @@ impl State {
         };
         c.look_under_ring(&mut g, fd);
         c.settle(&mut g);
+        // (once failed over: the peer's record and repeats, whether or not the application
+        // still reads — see `Conn::take_control`; edge-triggered, so read until none is there)
+        let _ = c.take_control(&mut g, fd);
         super::ready::after_change(&c, &mut g);
     }
 
@@ -1818,9 +1833,22 @@ impl State {
             return;
         };
         let c = t.conn.clone();
-        let rev = net::poll_now(fd, libc::POLLIN | libc::POLLRDHUP);
-        let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
         let mut g = c.lock();
+        // After a path failure, the peer's record and repeats come first (the shim's to read:
+        // `Conn::take_control`); while more of them is due, the socket is watched for data too.
+        let due = matches!(c.take_control(&mut g, fd), Ok(true));
+        let rev = net::poll_now(fd, libc::POLLIN | libc::POLLRDHUP);
+        if rev & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) == 0 {
+            let _ = net::epoll_ctl(
+                self.epfd,
+                libc::EPOLL_CTL_MOD,
+                fd,
+                sock_events(due),
+                token(SOCK, c.slot),
+            );
+            return;
+        }
+        let _ = net::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, 0, 0);
         if let Phase::Linked(l) = &mut g.phase {
             l.progress(true);
             if rev & libc::POLLERR != 0 {
@@ -1869,11 +1897,13 @@ impl State {
             return;
         };
         if let Some(fd) = sock {
+            let due =
+                matches!(&c.lock().phase, Phase::Linked(l) if l.conn().control_due().is_some());
             let _ = net::epoll_ctl(
                 self.epfd,
                 libc::EPOLL_CTL_ADD,
                 fd,
-                (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32,
+                sock_events(due),
                 token(SOCK, c.slot),
             );
         }
@@ -1912,6 +1942,7 @@ impl State {
             self.sockets_at = now + SOCKET_CHECK;
             if !self.conns.is_empty() {
                 super::check_sockets();
+                self.watch_acks(now);
                 super::publish_live();
             } else if crate::live::dirty() {
                 super::publish_live();
@@ -1980,8 +2011,20 @@ impl State {
                 self.dial_event(slot);
             } else {
                 let mut g = c.lock();
+                c.watch_acks(&mut g, now);
                 c.drive(&mut g, true);
                 super::ready::after_change(&c, &mut g);
+            }
+        }
+    }
+
+    /// TCP_USER_TIMEOUT on the ring, for every upgraded connection ([`Conn::watch_acks`]).
+    fn watch_acks(&mut self, now: Instant) {
+        for t in self.conns.values() {
+            let c = &t.conn;
+            let mut g = c.lock();
+            if c.watch_acks(&mut g, now) {
+                super::ready::after_change(c, &mut g);
             }
         }
     }
@@ -2001,8 +2044,11 @@ impl State {
                     Some((_, deadline)) => {
                         let live = match &g.phase {
                             // (and a switch back's continuation written first)
+                            // (and, after a path failure, the peer's record and repeats read)
                             Phase::Linked(l) => {
-                                !l.is_disconnected() || l.conn().resume_due().is_some()
+                                !l.is_disconnected()
+                                    || l.conn().resume_due().is_some()
+                                    || l.conn().control_due().is_some()
                             }
                             // (a dial goes on after close; it ends by its own deadline)
                             Phase::Dialing(_) | Phase::Queued => g.closed,

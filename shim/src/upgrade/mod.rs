@@ -127,6 +127,8 @@ pub(crate) struct Inner {
     /// call meets it first, and this one is the application's — its next data call returns it
     /// (then the kernel's EPIPE or EOF follow, as on TCP).
     pub tcp_err: Option<Errno>,
+    /// The stream's failure (after the upgrade) was logged.
+    pub failure_logged: bool,
     /// Every fd referring to the connection was closed.
     pub closed: bool,
     /// The eventfds' levels as last set.
@@ -332,6 +334,7 @@ impl Conn {
                 committed: false,
                 tcp_wr_shut: false,
                 tcp_err: None,
+                failure_logged: false,
                 closed: false,
                 rd_set: false,
                 wr_set: false,
@@ -623,6 +626,18 @@ impl Conn {
             if g.committed && c.failed_unused() && (g.tcp_wr_shut || !c.write_shut()) {
                 self.resume_on_tcp(g);
                 return;
+            }
+            if g.committed && !g.failure_logged {
+                // (once: what the application's calls on the connection fail with from now on)
+                g.failure_logged = true;
+                shim_log!(
+                    Level::Info,
+                    "{} {} -> {}: the stream failed: {}",
+                    side_name(self.side),
+                    self.local,
+                    self.peer,
+                    link.error_for(r)
+                );
             }
             if c.can_fall_back() && !g.committed {
                 let reason = fallback_reason(r);
@@ -957,6 +972,79 @@ impl Conn {
             }
         }
         rev & libc::POLLIN != 0
+    }
+
+    /// Reads off socket `fd` what the peer's failover continuation owes the shim
+    /// ([`rdmashim_proto::Connection::control_due`]: its record, then the bytes it repeats of
+    /// what was read from the ring), as far as it is there, whether or not the application
+    /// reads: an application that had its EOF from the ring reads no more, and a socket
+    /// closed with those bytes unread would be reset, the peer losing what it had not read
+    /// yet. `Ok(true)`: more is due and the socket has none now; `Ok(false)`: none is due (any
+    /// more); `Err`: the socket failed. The kernel reports a socket's error once, and it is
+    /// the application's: unless a reset (which fails the stream itself), it is kept in
+    /// [`Inner::tcp_err`] for the application's next call, and nothing more is read — a caller
+    /// that hands the error to the application takes it from there.
+    pub(crate) fn take_control(&self, g: &mut Inner, fd: c_int) -> Result<bool, Errno> {
+        let mut buf = [0u8; 4096];
+        let r = loop {
+            if let Some(e) = g.tcp_err {
+                break Err(e);
+            }
+            let Phase::Linked(l) = &mut g.phase else {
+                break Ok(false);
+            };
+            let Some(len) = l.conn().control_due() else {
+                break Ok(false);
+            };
+            let max = buf.len().min(usize::try_from(len).unwrap_or(usize::MAX));
+            match net::recv(fd, &mut buf[..max], libc::MSG_DONTWAIT) {
+                Ok(0) => {
+                    let _ = l.conn_mut().handle_tcp_eof();
+                    break Ok(false);
+                }
+                Ok(n) => {
+                    let _ = l.conn_mut().tcp_control(&buf[..n]);
+                }
+                Err(e) if e.0 == libc::EAGAIN => break Ok(true),
+                Err(e) if e.0 == libc::ECONNRESET => {
+                    l.conn_mut().handle_tcp_reset();
+                    break Err(e);
+                }
+                Err(e) => {
+                    g.tcp_err = Some(e);
+                    break Err(e);
+                }
+            }
+        };
+        self.settle(g);
+        r
+    }
+
+    /// The application's TCP_USER_TIMEOUT on the ring ([`Link::check_acks`]): with the option
+    /// set on the socket, work requests the peer's device has not acknowledged for that long
+    /// fail the ring's path, and the stream goes on over TCP, whose own user timeout ends it if
+    /// the peer is gone for good — about twice the option in all, where the queue pair's own
+    /// retries alone (~16 s on soft-RoCE, the ack timeout × 7 on a NIC) would come first.
+    /// Called by the engine every second and when the watch's deadline passes; returns
+    /// whether it drove the link (the caller applies the change to readiness).
+    pub(crate) fn watch_acks(&self, g: &mut Inner, now: Instant) -> bool {
+        if !matches!(&g.phase, Phase::Linked(l) if !l.is_local()) {
+            return false;
+        }
+        let fd = g.back_sock.or_else(|| self.app_fd());
+        let limit = fd.and_then(|fd| self.attrs.user_timeout(fd));
+        let Phase::Linked(l) = &mut g.phase else {
+            return false;
+        };
+        if limit.is_none() && l.ack_deadline().is_none() {
+            return false;
+        }
+        // (completions the CQ holds count: taken first)
+        l.progress(false);
+        // (a failed path is logged, with the reason, where the stream turns to TCP)
+        l.check_acks(now, limit);
+        self.settle(g);
+        true
     }
 
     fn back_fd(&self, g: &mut Inner) -> Option<c_int> {
