@@ -276,6 +276,16 @@ pub struct Conn {
     inner: Mutex<Inner>,
 }
 
+/// Keeps `e`, met by a call of the shim's own on the socket, for the application's next call
+/// ([`Inner::tcp_err`]) if it is one the kernel reports once — the socket's error (ETIMEDOUT,
+/// ECONNRESET, EHOSTUNREACH, …), which the call took off it — and not EPIPE, which every
+/// write after the end meets again (and a read never does).
+fn keep_tcp_err(g: &mut Inner, e: Errno) {
+    if e.0 != libc::EPIPE {
+        g.tcp_err.get_or_insert(e);
+    }
+}
+
 impl Conn {
     /// Whether `fd` is (still) this connection's socket: an entry outlives a close that no
     /// hook saw, and the number may hold another file since, or none. One `fstat`; true when
@@ -880,7 +890,7 @@ impl Conn {
                         // (as below: the socket's own error is the application's next)
                         Err(e) => {
                             l.conn_mut().resumed_record(len);
-                            g.tcp_err.get_or_insert(e);
+                            keep_tcp_err(g, e);
                         }
                     }
                 }
@@ -907,7 +917,7 @@ impl Conn {
                                 e.0
                             );
                             l.conn_mut().resumed(len as u64);
-                            g.tcp_err.get_or_insert(e);
+                            keep_tcp_err(g, e);
                         }
                     }
                 }
@@ -1011,13 +1021,25 @@ impl Conn {
                     break Err(e);
                 }
                 Err(e) => {
-                    g.tcp_err = Some(e);
+                    keep_tcp_err(g, e);
                     break Err(e);
                 }
             }
         };
         self.settle(g);
         r
+    }
+
+    /// Why a connection this process closed before its upgrade was decided stays TCP: it
+    /// ended early (`closed_early`) — unless the process forked since it was made: then a
+    /// child may hold the socket and go on with it, as a PostgreSQL backend does once its
+    /// postmaster closed its copy (`forked`: the request was answered before the fork).
+    pub(crate) fn closed_reason(&self) -> FallbackReason {
+        if self.attrs.shared_by_fork() {
+            FallbackReason::Forked
+        } else {
+            FallbackReason::ClosedEarly
+        }
     }
 
     /// The application's TCP_USER_TIMEOUT on the ring ([`Link::check_acks`]): with the option
