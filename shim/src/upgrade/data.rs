@@ -815,7 +815,7 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
         // Nothing was committed on this side, so the TCP close is the whole story (the link
         // is dropped; a peer that had already switched sees it fail, as a TCP peer would see
         // an RST after writing to a closed socket).
-        c.fall_back(&mut g, FallbackReason::ClosedEarly);
+        c.fall_back(&mut g, c.closed_reason());
     }
     let back = fd.is_some() && c.attrs.shared_by_fork() && give_back(c, &mut g, fd);
     let drain = match &mut g.phase {

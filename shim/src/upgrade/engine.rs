@@ -1573,13 +1573,13 @@ impl State {
                         if g.closed {
                             // Closed while its request was answered: dropping the link
                             // disconnects the client, which stays on TCP too.
-                            c.fall_back(&mut g, FallbackReason::ClosedEarly);
+                            c.fall_back(&mut g, c.closed_reason());
                             return;
                         }
                         catch_up(&mut link, g.tcp_received);
                         self.watch(&c, &mut g, link, libc::EPOLL_CTL_ADD);
                     }
-                    Err(_) if g.closed => c.fall_back(&mut g, FallbackReason::ClosedEarly),
+                    Err(_) if g.closed => c.fall_back(&mut g, c.closed_reason()),
                     // (the client's end of a same-host rendezvous is gone: its application
                     // closed the connection during the handshake)
                     Err(e) if rdmashim_core::rendezvous::peer_gone(&e) => {
