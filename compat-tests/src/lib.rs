@@ -25,6 +25,7 @@
 //! sent at once after connecting.
 #![forbid(unsafe_code)]
 
+pub mod postgres;
 pub mod prefork_http;
 pub mod two_host;
 

@@ -789,3 +789,118 @@ fn t14_user_timeout_fails_a_dead_rdma_path_over() {
     );
     eprintln!("{}", st.summary());
 }
+
+/// PostgreSQL across the hosts, a program that sets `TCP_USER_TIMEOUT` itself (libpq's
+/// `tcp_user_timeout`, 2 s here): psql on B copies a million generated rows out of the server
+/// on A (`COPY … TO STDOUT`, about 40 MB), and B's RoCE packets are dropped once 8 MB are in.
+/// psql's connection, upgraded in the backend that took it over from the postmaster, fails
+/// over on its user timeout and the copy completes; its output is the same, byte for byte, as
+/// the same copy over plain TCP after it. psql prints how long each copy took.
+#[test]
+#[ignore = "two-host tier: runs in two soft-RoCE VMs (scripts/test)"]
+fn t15_postgres_copy_under_its_user_timeout() {
+    const PORT: u16 = 8500;
+    let bin = postgres::bin().expect("PostgreSQL is installed (scripts/setup)");
+    match two_host::role() {
+        Role::A => {
+            let s = Scratch::new("two-host-postgres");
+            let peer = format!("{}/32", two_host::peer_ip());
+            let mut server = postgres::start(&bin, &s, &two_host::own_ip(), PORT, &peer, &[]);
+            let listening = Flag::raise(PORT + 1);
+            two_host::wait_flag(PORT + 2, two_host::PEER_WAIT);
+            drop(listening);
+            assert!(server.stop().is_some_and(|st| st.success()), "postgres");
+            let all = s.stats("postmaster");
+            for st in &all {
+                eprintln!("postgres process: {}", st.summary());
+            }
+            assert!(
+                all.iter().any(|st| st.upgraded == 1 && st.path_failed == 1),
+                "the backend that served the copy: upgraded, then its path failed"
+            );
+        }
+        Role::B => {
+            two_host::wait_flag(PORT + 1, two_host::PEER_WAIT);
+            let s = Scratch::new("two-host-psql");
+            let conninfo = format!(
+                "host={} port={PORT} user=postgres dbname=postgres tcp_user_timeout=2000",
+                two_host::peer_ip()
+            );
+            let query =
+                "COPY (SELECT i, md5(i::text) FROM generate_series(1, 1000000) i) TO STDOUT";
+            let copy = |mut c: std::process::Command, out: &std::path::Path| {
+                c.args([
+                    conninfo.as_str(),
+                    "-X",
+                    "-q",
+                    "-v",
+                    "ON_ERROR_STOP=1",
+                    "-c",
+                    query,
+                ])
+                .arg("-o")
+                .arg(out)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped());
+                c.spawn().expect("spawn psql")
+            };
+            let log = s.dir.join("shim.log");
+            let out = s.dir.join("copy.out");
+            let mut c = shimmed(bin.join("psql"), &s, "psql");
+            c.env("RDMASHIM_LOG", "info").env("RDMASHIM_LOG_FILE", &log);
+            let t = Instant::now();
+            let child = copy(c, &out);
+            let until = Instant::now() + Duration::from_secs(120);
+            while std::fs::metadata(&out).map_or(0, |m| m.len()) < 8 << 20 {
+                assert!(Instant::now() < until, "the copy never reached 8 MB");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let dropped = Tc::drop_roce();
+            let st = wait_child(child, Duration::from_secs(300));
+            drop(dropped);
+            let took = t.elapsed();
+            assert!(
+                st.status.success(),
+                "psql under the shim: {}",
+                String::from_utf8_lossy(&st.stderr)
+            );
+            let reference = s.dir.join("copy.tcp");
+            let mut plain = std::process::Command::new(bin.join("psql"));
+            plain.env_remove("LD_PRELOAD");
+            let t = Instant::now();
+            let st = wait_child(copy(plain, &reference), Duration::from_secs(300));
+            assert!(st.status.success(), "psql over TCP");
+            eprintln!(
+                "measured: psql: the copy took {:.1} s upgraded (RoCE dropped at 8 MB), {:.1} s \
+                 over TCP",
+                took.as_secs_f64(),
+                t.elapsed().as_secs_f64()
+            );
+            let (got, want) = (
+                std::fs::read(&out).unwrap(),
+                std::fs::read(&reference).unwrap(),
+            );
+            assert!(want.len() > 32 << 20, "the copy: {} bytes", want.len());
+            assert!(
+                got == want,
+                "the copy under the shim differs from the copy over TCP ({} and {} bytes)",
+                got.len(),
+                want.len()
+            );
+            let done = Flag::raise(PORT + 2);
+            std::thread::sleep(Duration::from_secs(2));
+            drop(done);
+            let st = s.one_stats("psql");
+            eprintln!("psql: {}", st.summary());
+            assert_eq!(st.upgraded(), 1, "{}", st.summary());
+            assert_eq!(st.path_failed, 1, "{}", st.summary());
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("path failed") && l.contains("TCP_USER_TIMEOUT")),
+                "psql's path failed for its user timeout: {log}"
+            );
+        }
+    }
+}

@@ -10,100 +10,29 @@
 //! the backends' records the upgrades, and the device carried the rings' bytes.
 
 use rdmashim_compat_tests::*;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 const CLIENTS: u32 = 4;
 const TRANSACTIONS: u32 = 150;
 
-/// The newest installed PostgreSQL's bin directory.
-fn pg_bin() -> Option<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|b| b.join("postgres").is_file() && b.join("pgbench").is_file())
-        .collect();
-    v.sort();
-    v.pop()
-}
-
-/// `cmd` as the `postgres` user when running as root (PostgreSQL refuses root).
-fn as_postgres(mut cmd: Command) -> Command {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return cmd;
-    }
-    let id = |flag: &str| -> u32 {
-        let out = run_ok(
-            {
-                let mut c = Command::new("id");
-                c.args([flag, "postgres"]);
-                c
-            },
-            Duration::from_secs(10),
-        );
-        out.trim().parse().expect("id of postgres")
-    };
-    cmd.uid(id("-u")).gid(id("-g"));
-    cmd
-}
-
-fn chown_postgres(p: &Path) {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        let st = Command::new("chown")
-            .args(["-R", "postgres"])
-            .arg(p)
-            .status()
-            .expect("chown");
-        assert!(st.success(), "chown {}", p.display());
-    }
-}
-
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn pgbench_against_a_forking_postmaster() {
     let ip = test_ip();
-    let Some(bin) = pg_bin() else {
+    let Some(bin) = postgres::bin() else {
         require("postgres"); // (panics with the setup hint, or skips when asked to)
         return;
     };
     let s = Scratch::new("up-postgres");
-    use std::os::unix::fs::PermissionsExt;
-    // (the server and pgbench run as `postgres` and write their records here)
-    std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let data = s.dir.join("data");
-    let mut c = Command::new(bin.join("initdb"));
-    c.arg("-D")
-        .arg(&data)
-        .args(["-A", "trust", "-U", "postgres", "--no-sync"]);
-    std::fs::create_dir(&data).unwrap();
-    chown_postgres(&data);
-    run_ok(as_postgres(c), Duration::from_secs(120));
-    let hba = data.join("pg_hba.conf");
-    let mut conf = std::fs::read_to_string(&hba).unwrap();
-    conf.push_str(&format!("host all all {ip}/32 trust\n"));
-    std::fs::write(&hba, conf).unwrap();
-
     let port = free_port_on(&ip);
-    let mut cmd = shimmed(bin.join("postgres"), &s, "postmaster");
-    cmd.arg("-D")
-        .arg(&data)
-        .arg("-k")
-        .arg(&s.dir)
-        .args(["-h", &ip, "-p", &port.to_string()])
-        .args(["-c", "fsync=off", "-c", "max_connections=20"]);
-    let mut server = Server::start(as_postgres(cmd), "postgres", "INT");
-    wait_listening(port, &mut server, Duration::from_secs(60));
+    let mut server = postgres::start(&bin, &s, &ip, port, &format!("{ip}/32"), &[]);
 
     let pgbench = |label: &str, args: &[&str]| {
         let mut c = shimmed(bin.join("pgbench"), &s, label);
         c.args(["-h", &ip, "-p", &port.to_string(), "-U", "postgres"])
             .args(args)
             .arg("postgres");
-        run_ok(as_postgres(c), Duration::from_secs(300))
+        run_ok(postgres::as_postgres(c), Duration::from_secs(300))
     };
     let device = DeviceCounters::read(&test_device());
     pgbench("init", &["-i", "-s", "1", "-q"]);

@@ -1490,8 +1490,33 @@ mod keepalive {
         s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     }
 
-    /// Closes `s`, which must take under two seconds (a dead connection's close never hangs).
-    pub fn closes_at_once(s: TcpStream, role: &str) {
+    /// This process's descriptors: each number and what it refers to (`/proc/self/fd`; not
+    /// the one that lists them).
+    pub fn fds() -> std::collections::BTreeMap<i32, String> {
+        let listing = format!("/proc/{}/fd", std::process::id());
+        let mut m = std::collections::BTreeMap::new();
+        for e in std::fs::read_dir(&listing).unwrap().flatten() {
+            let Some(n) = e.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            if let Ok(t) = std::fs::read_link(e.path()) {
+                let t = t.to_string_lossy().into_owned();
+                if t != listing {
+                    m.insert(n, t);
+                }
+            }
+        }
+        m
+    }
+
+    /// Closes `s`, which must take under two seconds (a dead connection's close never hangs);
+    /// then nothing of the connection may stay (within ten seconds: the shim tears a closed
+    /// connection down in the background, bounded by its close timeout): no descriptor refers
+    /// to its socket any more — the shim's own duplicates included, which would keep the TCP
+    /// connection open in the kernel — and none is left of those made after `up`, this
+    /// process's descriptors once the connection was up.
+    pub fn closes_at_once(s: TcpStream, role: &str, up: &std::collections::BTreeMap<i32, String>) {
+        let sock = format!("socket:[{}]", inode(s.as_raw_fd()));
         let t = Instant::now();
         drop(s);
         assert!(
@@ -1499,12 +1524,45 @@ mod keepalive {
             "{role}: close took {:?}",
             t.elapsed()
         );
+        let left = || {
+            fds()
+                .into_iter()
+                .filter(|(n, what)| *what == sock || up.get(n) != Some(what))
+                .collect::<Vec<_>>()
+        };
+        loop {
+            let l = left();
+            if l.is_empty() {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{role}: descriptors left {:?} after close (the socket was {sock}): {l:?}",
+                t.elapsed()
+            );
+            sleep_ms(50);
+        }
+        eprintln!(
+            "measured: {role}: the connection's descriptors were gone {:.1} s after close",
+            t.elapsed().as_secs_f64()
+        );
+    }
+
+    /// The inode number of socket `fd` (its identity in `/proc/self/fd`).
+    fn inode(fd: RawFd) -> u64 {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+        // SAFETY: st is a valid out-pointer for a struct stat.
+        let r = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+        assert_eq!(r, 0, "fstat: errno {}", errno());
+        // SAFETY: filled by the kernel on success.
+        unsafe { st.assume_init() }.st_ino
     }
 
     /// Waits for bytes that never come: the wait must end in ETIMEDOUT (its own probes went
     /// unanswered) or ECONNRESET (the other end's kernel gave up first and its reset got
     /// through: the cut may be one way); then closes.
     fn wait_for_the_end(mut s: TcpStream, role: &str) {
+        let up = fds();
         let t0 = Instant::now();
         let mut b = [0u8; 16];
         match s.read(&mut b) {
@@ -1516,7 +1574,7 @@ mod keepalive {
                 t0.elapsed()
             ),
         }
-        closes_at_once(s, role);
+        closes_at_once(s, role, &up);
     }
 
     pub fn server(mut s: TcpStream) {
@@ -1549,7 +1607,7 @@ mod keepalive {
 /// the start of the writer's first write that blocked (about when the link died) and from the
 /// reader's last read that got bytes.
 mod cut_writer {
-    use super::keepalive::{ask_for_keepalive, closes_at_once, set_int};
+    use super::keepalive::{ask_for_keepalive, closes_at_once, fds, set_int};
     use super::*;
 
     fn user_timeout_ms() -> libc::c_int {
@@ -1573,6 +1631,7 @@ mod cut_writer {
         let mut w = [0u8; 5];
         s.read_exact(&mut w).unwrap();
         assert_eq!(&w, b"world");
+        let up = fds();
         let chunk = pattern(64 << 10, 3);
         // (the start of the first write that blocked: the buffers were full)
         let (mut sent, mut blocked) = (0u64, None::<Instant>);
@@ -1607,7 +1666,7 @@ mod cut_writer {
              written)",
             blocked.elapsed().as_secs_f64()
         );
-        closes_at_once(s, "server");
+        closes_at_once(s, "server", &up);
     }
 
     pub fn client(addr: SocketAddr) {
@@ -1618,6 +1677,7 @@ mod cut_writer {
         s.read_exact(&mut h).unwrap();
         assert_eq!(&h, b"hello");
         s.write_all(b"world").unwrap();
+        let up = fds();
         let want = pattern(64 << 10, 3);
         let (mut got, mut moved) = (0u64, Instant::now());
         let mut buf = vec![0u8; 64 << 10];
@@ -1651,7 +1711,7 @@ mod cut_writer {
                 ),
             }
         }
-        closes_at_once(s, "client");
+        closes_at_once(s, "client", &up);
     }
 }
 
