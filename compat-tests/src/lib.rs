@@ -234,18 +234,25 @@ pub fn shimmed(prog: impl AsRef<std::ffi::OsStr>, scratch: &Scratch, label: &str
 
 /// A command that runs under the shim `via` the preload variable or the launcher, with its
 /// stats labelled `label`. Arguments added to the command go to `prog`.
+///
+/// Its log level is `warn`, unless `RDMASHIM_TEST_LOG` names another (`debug` to follow a
+/// failure); with `RDMASHIM_TEST_LOG_DIR` too, its log lines go to `DIR/LABEL.PID.log`
+/// instead of its stderr (a test may set its own log after this; that one wins).
 pub fn under_shim(
     via: Via,
     prog: impl AsRef<std::ffi::OsStr>,
     scratch: &Scratch,
     label: &str,
 ) -> Command {
-    match via {
+    let level = std::env::var("RDMASHIM_TEST_LOG").unwrap_or_else(|_| "warn".into());
+    let log_file = std::env::var_os("RDMASHIM_TEST_LOG_DIR")
+        .map(|d| PathBuf::from(d).join(format!("{label}.%p.log")));
+    let mut c = match via {
         Via::Preload => {
             let mut c = Command::new(prog);
             c.env("LD_PRELOAD", &shim().lib)
                 .env("RDMASHIM_STATS", scratch.stats_pattern(label))
-                .env("RDMASHIM_LOG", "warn")
+                .env("RDMASHIM_LOG", &level)
                 .env_remove("RDMASHIM_DISABLE");
             c
         }
@@ -257,11 +264,15 @@ pub fn under_shim(
                 .arg("run")
                 .arg("--stats")
                 .arg(scratch.stats_pattern(label))
-                .args(["--log", "warn", "--"])
+                .args(["--log", &level, "--"])
                 .arg(prog);
             c
         }
+    };
+    if let Some(f) = log_file {
+        c.env("RDMASHIM_LOG_FILE", f);
     }
+    c
 }
 
 /// Runs `cmd` to completion within `timeout` (killed after), capturing output.
