@@ -40,19 +40,19 @@ fn over_rdma_undecided() {
     undecided(Rings::Rdma);
 }
 
-/// The scenario with the connection undecided at the forks (no settle pause, and the client
-/// dials a second after its connect). The parent offers it to its first child at the fork
+/// The scenario with the connection undecided at the forks (no settle pause:
+/// [`behave_fork_undecided`]). The parent offers it to its first child at the fork
 /// (docs/upgrade.md §7), but that child only closes its copy and the parent writes on the
 /// connection itself: the offer is withdrawn and the connection stays TCP in every process
 /// (`forked`), the client's request held and then rejected — no byte lost or reordered.
 ///
-/// On a loaded host the server may reach its first fork more than the dial delay after the
-/// connect: the request then comes first and is accepted, the connection is on the rings at
+/// On a loaded host the server may reach its first fork after the client's request (a probe,
+/// which goes at once): the request is then accepted, the connection is on the rings at
 /// both forks, and the second child's send has the parent switch it back (the scenario's own
 /// checks hold the bytes to the order TCP gives). Both outcomes are the shim's to choose; any
 /// other (an upgrade without the switch back, a fallback for another reason) fails.
 fn undecided(rings: Rings) {
-    let r = behave_dial_late(BIN, "fork", rings);
+    let r = behave_fork_undecided(BIN, "fork", rings);
     let s = r.server.as_ref().expect("the server wrote no stats");
     assert_eq!(s.connections(), 1, "server: {}", s.summary());
     let c = r.client.as_ref().expect("the client wrote no stats");

@@ -49,17 +49,20 @@ fn over_rdma() {
     on_rings(Rings::Rdma);
 }
 
-/// The client dials a second after its connect (not the default 10 ms), so that the server has
-/// certainly forked by then, whatever the scheduling, and its request comes while the child
-/// serves. The parent offered the connection at the fork, the child took it over at its first
-/// read, and the parent, once it had closed its copy, redirected the client's request to the
-/// child's own listener (rdma_cm's, or its own rendezvous name): the client's connection is
-/// upgraded, the echo went through the rings (counted by the device too, over RDMA), the
-/// child's record counts the upgrade and the parent's `handed_to_child`.
+/// The server forks at once ([`behave_fork_undecided`]): the parent offered the connection
+/// at the fork, the child took it over at its first read, and the parent, once it had closed
+/// its copy, redirected the client's request to the child's own listener (rdma_cm's, or its
+/// own rendezvous name): the client's connection is upgraded, the echo went through the rings
+/// (counted by the device too, over RDMA), the child's record counts the upgrade and the
+/// parent's `handed_to_child`. (If the request came before the fork, the parent switched the
+/// connection back for the child instead: [`answered_before_the_fork`].)
 fn on_rings(rings: Rings) {
     let device = rings.device();
-    let r = behave_dial_late(BIN, "fork_serve", rings);
+    let r = behave_fork_undecided(BIN, "fork_serve", rings);
     let c = r.client.as_ref().expect("the client wrote no stats");
+    if answered_before_the_fork(r.server.as_ref().expect("the server wrote no stats"), c) {
+        return;
+    }
     assert_eq!(c.connections(), 1, "client: {}", c.summary());
     c.assert_all_upgraded();
     // (the 256 KiB echo starts 1.5 s after the greeting, after the switch)

@@ -10,7 +10,9 @@
 //! stream goes on over TCP (protocol §8.6). And one is a setting: `version:N` makes the shim
 //! speak binding version `N` (its token, and the tokens it understands), as a shim of another
 //! release would, to check that two releases that do not understand each other stay on TCP
-//! with every byte. Unset, a point costs one relaxed load.
+//! with every byte. `slow_accept:N`, a setting too, holds each request the setup thread
+//! answered `N` ms before the engine takes its link up, to check what a program that forks
+//! or closes meanwhile finds. Unset, a point costs one relaxed load.
 //!
 //! The panic hook: a panic inside the shim is caught (a hook's `catch_unwind`, a thread's)
 //! and reported by the shim's own log line. Rust's default hook would print its message and a
@@ -29,6 +31,17 @@ static LEFT: AtomicU64 = AtomicU64::new(0);
 /// The binding version `version:N` set (0: none, the shim's own).
 static VERSION: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 
+/// How long the setup thread holds an answered request (`slow_accept:N`, ms; 0: none).
+static SLOW_ACCEPT_MS: AtomicU64 = AtomicU64::new(0);
+
+/// How long the setup thread holds each request it answered before the engine takes its link
+/// up (`RDMASHIM_FAULT=slow_accept:N`), if set.
+pub fn accept_delay() -> Option<std::time::Duration> {
+    Some(SLOW_ACCEPT_MS.load(Relaxed))
+        .filter(|ms| *ms != 0)
+        .map(std::time::Duration::from_millis)
+}
+
 /// The binding version this shim speaks instead of its own (`RDMASHIM_FAULT=version:N`).
 pub fn spoken_version() -> Option<u8> {
     Some(VERSION.load(Relaxed)).filter(|v| *v != 0)
@@ -38,6 +51,10 @@ pub fn spoken_version() -> Option<u8> {
 pub fn arm(f: Option<Fault>) {
     if let Some(f) = f.filter(|f| f.point == Point::Version) {
         VERSION.store(u8::try_from(f.after).unwrap_or(0), Relaxed);
+        return;
+    }
+    if let Some(f) = f.filter(|f| f.point == Point::SlowAccept) {
+        SLOW_ACCEPT_MS.store(f.after, Relaxed);
         return;
     }
     if let Some(f) = f {

@@ -739,14 +739,19 @@ pub enum Point {
     /// own, as a shim of another release would (its token says `N`, and it understands only
     /// tokens of version `N`).
     Version,
+    /// Not a panic, not a pass: the setup thread holds each request it answered `N` ms more
+    /// before the engine takes the new link up, as a host under load may (the application
+    /// goes on meanwhile: it may fork, or close the connection).
+    SlowAccept,
 }
 
 impl Point {
-    pub const ALL: [(Point, &'static str); 4] = [
+    pub const ALL: [(Point, &'static str); 5] = [
         (Point::RingRecv, "ring_recv"),
         (Point::EngineLink, "engine_link"),
         (Point::PathFail, "path_fail"),
         (Point::Version, "version"),
+        (Point::SlowAccept, "slow_accept"),
     ];
 
     pub fn name(self) -> &'static str {
@@ -1245,6 +1250,13 @@ mod tests {
         assert_eq!(
             Fault::parse(" engine_link:1 ").map(|f| f.point),
             Some(Point::EngineLink)
+        );
+        assert_eq!(
+            Fault::parse("slow_accept:500"),
+            Some(Fault {
+                point: Point::SlowAccept,
+                after: 500
+            })
         );
         for bad in [
             "",

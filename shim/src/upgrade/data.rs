@@ -810,14 +810,26 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
     let fd = c.is_socket(fd).then_some(fd);
     let mut g = c.lock();
     g.closed = true;
-    if !g.committed && matches!(g.phase, Phase::Linked(_)) {
+    let shared = fd.is_some() && c.attrs.shared_by_fork();
+    let coming_up = match &g.phase {
+        Phase::Queued | Phase::Dialing(_) | Phase::Setup => true,
+        Phase::Linked(l) => l.conn().state() == StreamState::Handshaking,
+        _ => false,
+    };
+    if let (true, true, Some(fd)) = (shared, coming_up, fd) {
+        // Its upgrade under way, and a fork child may hold the socket: the link is not
+        // dropped when it comes up (the peer may have switched by then, and the child would
+        // never see what it sent on the ring), but goes back to TCP (`Inner::give_back`).
+        g.give_back = true;
+        super::keep_back_sock(&mut g, fd);
+    } else if !g.committed && matches!(g.phase, Phase::Linked(_)) && !shared {
         // Closed during the handshake: the connection ended before its upgrade completed.
         // Nothing was committed on this side, so the TCP close is the whole story (the link
         // is dropped; a peer that had already switched sees it fail, as a TCP peer would see
         // an RST after writing to a closed socket).
         c.fall_back(&mut g, c.closed_reason());
     }
-    let back = fd.is_some() && c.attrs.shared_by_fork() && give_back(c, &mut g, fd);
+    let back = g.give_back || (shared && give_back(c, &mut g, fd));
     let drain = match &mut g.phase {
         Phase::Linked(l) if !back => {
             l.conn_mut().close();

@@ -112,6 +112,9 @@ fn run_job(job: Job) -> Done {
                 return Done::Accepted(c, Err(e));
             };
             let r = inc.accept(link_config(), tcp_received, &Proof::Bound { key, tuple });
+            if let Some(d) = crate::fault::accept_delay() {
+                std::thread::sleep(d);
+            }
             shim_log!(
                 Level::Debug,
                 "accept {peer}: {:?} after {:?} queued",
@@ -1431,9 +1434,10 @@ impl State {
                 // The request counted the TCP bytes read when it was built; the application
                 // may have read more since.
                 catch_up(&mut link, tcp_received);
-                if g.closed {
+                if g.closed && !g.give_back {
                     // The application closed the connection while it was dialing (the dial
                     // went on to learn about the peer): dropping the link disconnects it.
+                    // (Unless a fork child may go on with the socket: `Inner::give_back`.)
                     c.fall_back(g, FallbackReason::ClosedEarly);
                     return;
                 }
@@ -1570,9 +1574,10 @@ impl State {
                 }
                 match accepted {
                     Ok(mut link) => {
-                        if g.closed {
+                        if g.closed && !g.give_back {
                             // Closed while its request was answered: dropping the link
-                            // disconnects the client, which stays on TCP too.
+                            // disconnects the client, which stays on TCP too. (Unless a
+                            // fork child may go on with the socket: `Inner::give_back`.)
                             c.fall_back(&mut g, c.closed_reason());
                             return;
                         }

@@ -129,6 +129,13 @@ pub(crate) struct Inner {
     pub tcp_err: Option<Errno>,
     /// The stream's failure (after the upgrade) was logged.
     pub failure_logged: bool,
+    /// This process closed its last fd of the connection while its upgrade was under way
+    /// (a dial, an answer being set up, a handshake) and after a fork: a child may hold the
+    /// socket and go on with it, and the peer may have switched already. So the new link is
+    /// not dropped: once it is up, the connection goes back to TCP ([`Conn::hand_back`],
+    /// through the private duplicate `back_sock` kept at the close), as the last close of
+    /// one on the ring does.
+    pub give_back: bool,
     /// Every fd referring to the connection was closed.
     pub closed: bool,
     /// The eventfds' levels as last set.
@@ -345,6 +352,7 @@ impl Conn {
                 tcp_wr_shut: false,
                 tcp_err: None,
                 failure_logged: false,
+                give_back: false,
                 closed: false,
                 rd_set: false,
                 wr_set: false,
@@ -660,6 +668,24 @@ impl Conn {
                 }
                 return;
             }
+        } else if g.give_back && c.state() != StreamState::Handshaking {
+            // (closed here since a fork while it was coming up: see `Inner::give_back`)
+            g.give_back = false;
+            if let Err(e) = self.hand_back(g, None) {
+                shim_log!(
+                    Level::Debug,
+                    "{} -> {}: closed here, shared with a fork child, cannot go back to TCP \
+                     ({e}); closed on the ring",
+                    self.local,
+                    self.peer
+                );
+                board_reset(self);
+                if let Phase::Linked(l) = &mut g.phase {
+                    l.conn_mut().close();
+                    l.progress(false);
+                }
+            }
+            return;
         } else if !g.committed && c.state() != StreamState::Handshaking {
             let peer_switched = !matches!(c.rx_state(), rdmashim_proto::RxState::Tcp { .. });
             if link.conn_mut().commit_switch(g.tcp_sent).is_ok() {
