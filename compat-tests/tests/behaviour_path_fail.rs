@@ -35,26 +35,14 @@ fn over_rdma() {
 /// client's close left them unread, its kernel reset the connection, and the server lost the
 /// end of the client's stream (ECONNRESET: found across two hosts, `t14`).
 fn after_the_readers_end(rings: Rings) {
-    let shim = Side::Shim(Via::Preload);
     let short = ("BEHAVE_DUPLEX_SERVER_KIB", "256");
-    let r = behave_roles_envs(
-        BIN,
-        "duplex",
-        (shim, &[short]),
-        (shim, &[short, ("RDMASHIM_FAULT", "path_fail:300")]),
-        &rings.ip(),
-        // (the server's stream starts on the ring)
-        Some(SETTLE),
+    let c = settled_and_failed(
+        rings,
+        &[short],
+        &[short, ("RDMASHIM_FAULT", "path_fail:300")],
     );
-    for (role, st) in [("client", &r.client), ("server", &r.server)] {
-        let st = st.as_ref().expect("stats");
-        assert_eq!(st.connections(), 1, "{role}: {}", st.summary());
-        assert_eq!(st.upgraded(), 1, "{role}: {}", st.summary());
-        assert_eq!(st.path_failed, 1, "{role}: path failed: {}", st.summary());
-    }
-    let c = r.client.as_ref().expect("stats");
     assert!(
-        rings.rx(c) == 256 << 10 && c.bytes("tcp_rx") == 0,
+        rings.rx(&c) == 256 << 10 && c.bytes("tcp_rx") == 0,
         "the client read all of the server's stream from the ring: {}",
         c.summary()
     );
@@ -70,4 +58,83 @@ fn after_the_readers_end_over_shm() {
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn after_the_readers_end_over_rdma() {
     after_the_readers_end(Rings::Rdma);
+}
+
+/// A writer that waits for EPOLLOUT (PostgreSQL's backend sending a `COPY … TO STDOUT`): the
+/// server sends 8 MiB without blocking, with a 64 KiB send buffer, waiting in epoll whenever
+/// the socket is full (and for EPOLLIN to read: no blocking call of its own drives the
+/// connection); the client sent its 1 MiB at once, and shuts its side only once it has read
+/// everything; it reads slowly (a 1 ms nap before each read: the server's ring stays full),
+/// and its path fails at its 400th ring read. The server's continuation (what the client had
+/// not read of the ring) is several times what its socket takes at once, and nothing of the
+/// program's drives the connection meanwhile: the engine writes the rest as the socket
+/// takes it. Before, the engine's retry was never due (its time was taken anew at every
+/// look), and the writer slept until something else happened — across two hosts the link's
+/// teardown, 40–50 s later (two_hosts' t15); here never (the client's read timed out).
+fn a_writer_waiting_for_epollout(rings: Rings) {
+    let sizes = [
+        ("BEHAVE_DUPLEX_SERVER_KIB", "8192"),
+        ("BEHAVE_DUPLEX_MIB", "1"),
+    ];
+    let server_env = [sizes[0], sizes[1], ("BEHAVE_DUPLEX_NONBLOCKING", "1")];
+    let client_env = [
+        sizes[0],
+        sizes[1],
+        ("BEHAVE_DUPLEX_LATE_SHUT", "1"),
+        ("BEHAVE_DUPLEX_READ_NAP_MS", "1"),
+        ("RDMASHIM_FAULT", "path_fail:400"),
+    ];
+    // (the scenario's expectations are the kernel's: first over plain TCP)
+    behave_roles_envs(
+        BIN,
+        "duplex",
+        (Side::Plain, &client_env),
+        (Side::Plain, &server_env),
+        "127.0.0.1",
+        None,
+    );
+    let c = settled_and_failed(rings, &client_env, &server_env);
+    assert!(
+        c.bytes("tcp_rx") > 0,
+        "the client read the rest over TCP: {}",
+        c.summary()
+    );
+}
+
+#[test]
+fn a_writer_waiting_for_epollout_over_shm() {
+    a_writer_waiting_for_epollout(Rings::Shm);
+}
+
+/// RDMA tier: the same over soft-RoCE.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_writer_waiting_for_epollout_over_rdma() {
+    a_writer_waiting_for_epollout(Rings::Rdma);
+}
+
+/// `duplex` over `rings` with each role's variables, the server settled first (its stream
+/// starts on the ring): both sides must count the connection upgraded and its path failed.
+/// Returns the client's stats.
+fn settled_and_failed(
+    rings: Rings,
+    client_env: &[(&str, &str)],
+    server_env: &[(&str, &str)],
+) -> Stats {
+    let shim = Side::Shim(Via::Preload);
+    let r = behave_roles_envs(
+        BIN,
+        "duplex",
+        (shim, client_env),
+        (shim, server_env),
+        &rings.ip(),
+        Some(SETTLE),
+    );
+    for (role, st) in [("client", &r.client), ("server", &r.server)] {
+        let st = st.as_ref().expect("stats");
+        assert_eq!(st.connections(), 1, "{role}: {}", st.summary());
+        assert_eq!(st.upgraded(), 1, "{role}: {}", st.summary());
+        assert_eq!(st.path_failed, 1, "{role}: path failed: {}", st.summary());
+    }
+    r.client.expect("stats")
 }

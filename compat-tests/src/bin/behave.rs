@@ -1341,21 +1341,45 @@ mod duplex {
             super::keepalive::set_int(&s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms);
         }
         let mut w = s.try_clone().unwrap();
+        // (BEHAVE_DUPLEX_NONBLOCKING: the writer sends without blocking and waits in epoll for
+        // EPOLLOUT when the socket is full, as an event loop does — PostgreSQL's backends)
+        let nonblocking = std::env::var_os("BEHAVE_DUPLEX_NONBLOCKING").is_some();
+        // (BEHAVE_DUPLEX_LATE_SHUT: the write side is shut only once the peer's stream is all
+        // read, as a client that sent its request shuts down at the end of the answer)
+        let (read_all, late_shut) = std::sync::mpsc::channel::<()>();
+        let late_shut = std::env::var_os("BEHAVE_DUPLEX_LATE_SHUT")
+            .is_some()
+            .then_some(late_shut);
+        let who = role.to_owned();
         let writer = std::thread::spawn(move || {
             let mut next = sizes(0x9e37_79b9 ^ u64::from(out_seed));
             let mut buf = vec![0u8; 65536];
             let mut at = 0u64;
+            let mut out = nonblocking.then(|| Nonblocking::writer(w.as_raw_fd()));
             while at < out_len {
                 let n = next().min((out_len - at) as usize);
                 for (k, b) in buf[..n].iter_mut().enumerate() {
                     *b = byte_at(at + k as u64, out_seed);
                 }
-                w.write_all(&buf[..n]).unwrap();
+                match out.as_mut() {
+                    Some(o) => o.write_all(&buf[..n]),
+                    None => w.write_all(&buf[..n]).unwrap(),
+                }
                 at += n as u64;
             }
+            if let Some(rx) = late_shut {
+                let _ = rx.recv();
+            }
             w.shutdown(Shutdown::Write).unwrap();
+            if let Some(o) = out {
+                eprintln!(
+                    "measured: {who}: longest wait for EPOLLOUT {:.1} s",
+                    o.longest.as_secs_f64()
+                );
+            }
         });
         let mut r = s;
+        let mut inbound = nonblocking.then(|| Nonblocking::reader(r.as_raw_fd(), timeout));
         let mut next = sizes(0x51ed_270b ^ u64::from(in_seed));
         let mut buf = vec![0u8; 65536];
         let mut at = 0u64;
@@ -1364,7 +1388,16 @@ mod duplex {
         let mut pause = std::env::var_os("BEHAVE_DUPLEX_PAUSE").map(std::path::PathBuf::from);
         // (the longest the stream stood still for this reader, pauses of its own aside)
         let (mut last, mut gap) = (Instant::now(), Duration::ZERO);
+        // (BEHAVE_DUPLEX_READ_NAP_MS: a slow reader, which naps before each read; the writer
+        // keeps ahead of it and its window full)
+        let nap = std::env::var("BEHAVE_DUPLEX_READ_NAP_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok());
         loop {
+            if let Some(ms) = nap {
+                sleep_ms(ms);
+                last = Instant::now();
+            }
             if at >= 4 << 20 {
                 if let Some(dir) = pause.take() {
                     std::fs::write(dir.join("half"), b"").unwrap();
@@ -1376,7 +1409,10 @@ mod duplex {
                 }
             }
             let want = next();
-            let n = r.read(&mut buf[..want]).expect("read");
+            let n = match inbound.as_mut() {
+                Some(i) => i.read(&mut buf[..want]),
+                None => r.read(&mut buf[..want]).expect("read"),
+            };
             gap = gap.max(last.elapsed());
             last = Instant::now();
             if n == 0 {
@@ -1392,12 +1428,109 @@ mod duplex {
             at += n as u64;
         }
         assert_eq!(at, len, "the peer's stream ended early");
+        let _ = read_all.send(());
         writer.join().unwrap();
         eprintln!(
             "measured: {role}: longest wait for the peer's bytes {:.1} s{}",
             gap.as_secs_f64(),
             user_timeout.map_or(String::new(), |ms| format!(" (TCP_USER_TIMEOUT {ms} ms)"))
         );
+    }
+
+    /// A side that never blocks in a data call (`MSG_DONTWAIT`), and on EAGAIN waits in an
+    /// epoll set of its own (level-triggered): a writer for EPOLLOUT, at most 30 s — a socket
+    /// that stays full that long while its peer reads is a writer never woken — with a 64 KiB
+    /// send buffer (`SO_SNDBUF`, as a program may set it: what the socket takes at once is
+    /// little); a reader for EPOLLIN, at most its read timeout.
+    struct Nonblocking {
+        fd: RawFd,
+        ep: RawFd,
+        longest: Duration,
+        timeout: Duration,
+    }
+
+    impl Nonblocking {
+        fn reader(fd: RawFd, timeout: Duration) -> Nonblocking {
+            let mut r = Nonblocking::waiting(fd, libc::EPOLLIN as u32);
+            r.timeout = timeout;
+            r
+        }
+
+        fn read(&mut self, b: &mut [u8]) -> usize {
+            loop {
+                let n = recv_flags(self.fd, b, libc::MSG_DONTWAIT);
+                if n >= 0 {
+                    return n as usize;
+                }
+                assert_eq!(errno(), libc::EAGAIN, "recv: errno {}", errno());
+                let ms = self.timeout.as_millis().min(i32::MAX as u128) as i32;
+                let ev = epoll_events(self.ep, 7, ms);
+                assert!(!ev.is_empty(), "read: nothing for {:?}", self.timeout);
+            }
+        }
+
+        fn waiting(fd: RawFd, events: u32) -> Nonblocking {
+            // SAFETY: plain epoll_create1.
+            let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            assert!(ep >= 0, "epoll_create1 errno {}", errno());
+            let mut ev = libc::epoll_event { events, u64: 7 };
+            // SAFETY: a valid event for a valid fd.
+            let rc = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+            assert_eq!(rc, 0, "epoll_ctl errno {}", errno());
+            Nonblocking {
+                fd,
+                ep,
+                longest: Duration::ZERO,
+                timeout: Duration::from_secs(30),
+            }
+        }
+
+        fn writer(fd: RawFd) -> Nonblocking {
+            let small: libc::c_int = 64 << 10;
+            // SAFETY: a valid int option for a valid socket.
+            let rc = unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_SNDBUF,
+                    (&small as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "SO_SNDBUF errno {}", errno());
+            Nonblocking::waiting(fd, libc::EPOLLOUT as u32)
+        }
+
+        fn write_all(&mut self, mut b: &[u8]) {
+            while !b.is_empty() {
+                let n = send_flags(self.fd, b, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                if n > 0 {
+                    b = &b[n as usize..];
+                    continue;
+                }
+                assert!(
+                    n < 0 && errno() == libc::EAGAIN,
+                    "send returned {n} (errno {})",
+                    errno()
+                );
+                let t = Instant::now();
+                let ms = self.timeout.as_millis().min(i32::MAX as u128) as i32;
+                let ev = epoll_events(self.ep, 7, ms);
+                assert!(
+                    !ev.is_empty(),
+                    "the writer waited {:?} for EPOLLOUT: never woken",
+                    self.timeout
+                );
+                self.longest = self.longest.max(t.elapsed());
+            }
+        }
+    }
+
+    impl Drop for Nonblocking {
+        fn drop(&mut self) {
+            // SAFETY: the epoll fd is this value's own.
+            unsafe { libc::close(self.ep) };
+        }
     }
 
     pub fn server(s: TcpStream) {

@@ -1025,8 +1025,11 @@ fn phase_timer(g: &Inner) -> Option<Instant> {
         Phase::Linked(l) => {
             let t = l.next_timer();
             if l.conn().resume_due().is_some() {
-                // (a switch back's continuation the socket did not take whole: again soon)
-                let again = Instant::now() + Duration::from_millis(super::BACK_NAP as u64);
+                // (a switch back's continuation the socket did not take whole: again at its
+                // retry time, a fixed instant — one computed from now here would never be
+                // due, and a program waiting for EPOLLOUT would wait for the link's teardown;
+                // none yet: at once)
+                let again = g.resume_retry.unwrap_or_else(Instant::now);
                 Some(t.map_or(again, |t| t.min(again)))
             } else {
                 t

@@ -136,6 +136,9 @@ pub(crate) struct Inner {
     /// through the private duplicate `back_sock` kept at the close), as the last close of
     /// one on the ring does.
     pub give_back: bool,
+    /// A switch back's continuation the socket did not take whole (`EAGAIN`): when the engine
+    /// tries the rest again ([`BACK_NAP`] later; see [`Conn::write_resume`]).
+    pub resume_retry: Option<Instant>,
     /// Every fd referring to the connection was closed.
     pub closed: bool,
     /// The eventfds' levels as last set.
@@ -353,6 +356,7 @@ impl Conn {
                 tcp_err: None,
                 failure_logged: false,
                 give_back: false,
+                resume_retry: None,
                 closed: false,
                 rd_set: false,
                 wr_set: false,
@@ -891,7 +895,8 @@ impl Conn {
 
     /// Writes what is due of the continuation ([`rdmashim_proto::Resume`]) through the
     /// private duplicate, without blocking: what the socket does not take now is written by
-    /// the next settle (the engine retries every [`BACK_NAP`] ms while some is due).
+    /// the next settle — the engine's, [`BACK_NAP`] ms later ([`Inner::resume_retry`]), if
+    /// nothing else comes first (a program that waits for EPOLLOUT calls nothing meanwhile).
     fn write_resume(&self, g: &mut Inner) {
         use rdmashim_proto::Resume;
         loop {
@@ -902,6 +907,7 @@ impl Conn {
                 return;
             };
             let Some(fd) = self.back_fd(g) else {
+                resume_later(g);
                 return;
             };
             let Phase::Linked(l) = &mut g.phase else {
@@ -912,7 +918,10 @@ impl Conn {
                     let from = bytes.len() - len.min(bytes.len());
                     match net::send(fd, &bytes[from..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
                         Ok(n) => l.conn_mut().resumed_record(n),
-                        Err(e) if e.0 == libc::EAGAIN => return,
+                        Err(e) if e.0 == libc::EAGAIN => {
+                            resume_later(g);
+                            return;
+                        }
                         // (as below: the socket's own error is the application's next)
                         Err(e) => {
                             l.conn_mut().resumed_record(len);
@@ -930,7 +939,10 @@ impl Conn {
                     };
                     match r {
                         Ok(n) => l.conn_mut().resumed(n as u64),
-                        Err(e) if e.0 == libc::EAGAIN => return,
+                        Err(e) if e.0 == libc::EAGAIN => {
+                            resume_later(g);
+                            return;
+                        }
                         Err(e) => {
                             // The TCP connection is gone (reset, timed out): so is what was
                             // left to write; the application's next data call gets the
@@ -1267,6 +1279,11 @@ pub(crate) fn keep_back_sock(g: &mut Inner, fd: c_int) {
     if g.back_sock.is_none() {
         g.back_sock = net::dup_private(fd, PRIVATE_FD_MIN).ok();
     }
+}
+
+/// The continuation is tried again [`BACK_NAP`] ms from now (see [`Inner::resume_retry`]).
+fn resume_later(g: &mut Inner) {
+    g.resume_retry = Some(Instant::now() + std::time::Duration::from_millis(BACK_NAP as u64));
 }
 
 /// A new pair of eventfds (read, write) above [`PRIVATE_FD_MIN`], or none.
