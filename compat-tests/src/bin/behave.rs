@@ -1373,8 +1373,19 @@ mod duplex {
             w.shutdown(Shutdown::Write).unwrap();
             if let Some(o) = out {
                 eprintln!(
-                    "measured: {who}: longest wait for EPOLLOUT {:.1} s",
-                    o.longest.as_secs_f64()
+                    "measured: {who}: longest wait for EPOLLOUT {:.1} s; {:.2} s waited in all, \
+                     {:.2} s of CPU meanwhile",
+                    o.longest.as_secs_f64(),
+                    o.waited.as_secs_f64(),
+                    o.busy.as_secs_f64()
+                );
+                // (a wait spins if something it did not ask for keeps waking it: the kernel's
+                // sleep costs next to nothing — 0.00 s of about 1 s here — a spin most of it)
+                assert!(
+                    o.busy <= o.waited / 10 + Duration::from_millis(50),
+                    "the writer's waits for EPOLLOUT spun: {:?} of CPU in {:?}",
+                    o.busy,
+                    o.waited
                 );
             }
         });
@@ -1447,6 +1458,20 @@ mod duplex {
         ep: RawFd,
         longest: Duration,
         timeout: Duration,
+        /// The time spent in its waits, and the CPU time its thread used meanwhile.
+        waited: Duration,
+        busy: Duration,
+    }
+
+    /// The calling thread's CPU time.
+    fn thread_cpu() -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
     }
 
     impl Nonblocking {
@@ -1482,6 +1507,8 @@ mod duplex {
                 ep,
                 longest: Duration::ZERO,
                 timeout: Duration::from_secs(30),
+                waited: Duration::ZERO,
+                busy: Duration::ZERO,
             }
         }
 
@@ -1513,7 +1540,7 @@ mod duplex {
                     "send returned {n} (errno {})",
                     errno()
                 );
-                let t = Instant::now();
+                let (t, cpu) = (Instant::now(), thread_cpu());
                 let ms = self.timeout.as_millis().min(i32::MAX as u128) as i32;
                 let ev = epoll_events(self.ep, 7, ms);
                 assert!(
@@ -1522,6 +1549,8 @@ mod duplex {
                     self.timeout
                 );
                 self.longest = self.longest.max(t.elapsed());
+                self.waited += t.elapsed();
+                self.busy += thread_cpu().saturating_sub(cpu);
             }
         }
     }

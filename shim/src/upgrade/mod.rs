@@ -247,6 +247,11 @@ pub struct Conn {
     pub fell_back: AtomicBool,
     /// Epoll registrations of the socket have EPOLLOUT removed (the write side is on the ring).
     pub out_masked: AtomicBool,
+    /// The socket's end (EPOLLRDHUP) was reported to a wait of the shim's and acted on: the
+    /// socket's registrations no longer add it for the shim (a socket that ended stays so,
+    /// and a level-triggered report of it would wake every wait of a program that did not
+    /// ask for it: a spin while it waits for EPOLLOUT).
+    pub end_seen: AtomicBool,
     /// Application threads blocked in a data call that wait on the link's completion channel
     /// themselves (the engine then leaves its events to them: one wake-up, not two).
     pub sleepers: AtomicU32,
@@ -334,6 +339,7 @@ impl Conn {
             sock_ino: net::socket_inode(fd),
             fell_back: AtomicBool::new(false),
             out_masked: AtomicBool::new(false),
+            end_seen: AtomicBool::new(false),
             sleepers: AtomicU32::new(0),
             uses: AtomicU64::new(0),
             efd_watchers: AtomicU32::new(0),

@@ -533,15 +533,16 @@ impl Registry {
 }
 
 /// The events the socket's own registration asks for: the application's, without EPOLLOUT
-/// once writes go to the ring, and with EPOLLRDHUP (the TCP end), except with EPOLLEXCLUSIVE,
-/// which the kernel accepts only with EPOLLIN, EPOLLOUT, EPOLLET and EPOLLWAKEUP (EINVAL
-/// otherwise, where the application's own call would have succeeded).
+/// once writes go to the ring, and with EPOLLRDHUP (the TCP end) until it was seen
+/// ([`Conn::end_seen`]), except with EPOLLEXCLUSIVE, which the kernel accepts only with
+/// EPOLLIN, EPOLLOUT, EPOLLET and EPOLLWAKEUP (EINVAL otherwise, where the application's own
+/// call would have succeeded).
 fn sock_events(app: u32, c: &Conn) -> u32 {
     let mut ev = app;
     if c.out_masked.load(Ordering::Acquire) {
         ev &= !EV_OUT;
     }
-    if app & libc::EPOLLEXCLUSIVE as u32 != 0 {
+    if app & libc::EPOLLEXCLUSIVE as u32 != 0 || c.end_seen.load(Ordering::Acquire) {
         return ev;
     }
     ev | EV_RDHUP
@@ -1534,6 +1535,13 @@ pub fn translate_seen(
         }
         let kernel = if src == SRC_SOCK { ev.events } else { 0 };
         let b = bits(&conn, fd, kernel) & (app | EV_ERR | EV_HUP);
+        if kernel & EV_RDHUP != 0
+            && app & EV_RDHUP == 0
+            && !conn.end_seen.swap(true, Ordering::AcqRel)
+        {
+            // (the socket's end, which `bits` has acted on, is asked for no more)
+            resock(&conn, |reg| reg.events & EV_ET == 0);
+        }
         if super::trace() {
             crate::shim_log!(
                 crate::config::Level::Debug,
@@ -1797,7 +1805,7 @@ fn poll_pass(
             let mut sock_ev = 0i16;
             if rt {
                 sock_ev |= p.events & (libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI);
-            } else {
+            } else if !c.end_seen.load(Ordering::Acquire) {
                 sock_ev |= libc::POLLRDHUP;
             }
             if wt {
@@ -1878,6 +1886,10 @@ fn poll_pass(
                     let want = from_poll(p.events);
                     p.revents = to_poll(bits(&e.conn, p.fd, k) & (want | EV_ERR | EV_HUP))
                         | (real[e.sock].revents & libc::POLLNVAL);
+                    if k & EV_RDHUP != 0 && want & EV_RDHUP == 0 {
+                        // (acted on by `bits`: not asked for again, see `Conn::end_seen`)
+                        e.conn.end_seen.store(true, Ordering::Release);
+                    }
                     ri = e.sock + 1 + e.efds.iter().flatten().count();
                 }
             }
