@@ -1388,12 +1388,21 @@ fn bits(c: &Conn, fd: c_int, kernel: u32) -> u32 {
     let r0 = l.conn().readiness();
     if !r0.read_via_tcp && kernel & (EV_RDHUP | EV_HUP | EV_ERR) != 0 {
         // The socket ended while this side reads the ring: the peer closed after its ring
-        // Close (nothing changes), or it vanished.
-        l.progress(true);
-        if kernel & EV_ERR != 0 {
-            l.conn_mut().handle_tcp_reset();
-        } else {
-            let _ = l.conn_mut().handle_tcp_eof();
+        // Close (nothing changes), or it vanished — unless bytes came before the end: then
+        // the peer's path failed and they are its record and continuation, which the end
+        // follows (`Conn::look_under_ring`; the engine's watch of the socket may not have
+        // seen them yet). Taken for a plain end, they were lost with the rest of this
+        // side's stream.
+        c.look_under_ring(&mut g, fd);
+        if let Phase::Linked(l) = &mut g.phase {
+            if !l.conn().failed_over() {
+                l.progress(true);
+                if kernel & EV_ERR != 0 {
+                    l.conn_mut().handle_tcp_reset();
+                } else {
+                    let _ = l.conn_mut().handle_tcp_eof();
+                }
+            }
         }
         c.settle(&mut g);
     }
