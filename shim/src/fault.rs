@@ -10,9 +10,10 @@
 //! stream goes on over TCP (protocol §8.6). And one is a setting: `version:N` makes the shim
 //! speak binding version `N` (its token, and the tokens it understands), as a shim of another
 //! release would, to check that two releases that do not understand each other stay on TCP
-//! with every byte. `slow_accept:N`, a setting too, holds each request the setup thread
-//! answered `N` ms before the engine takes its link up, to check what a program that forks
-//! or closes meanwhile finds. Unset, a point costs one relaxed load.
+//! with every byte. `slow_accept:N` and `slow_answer:N`, settings too, hold each request the
+//! setup thread answered `N` ms before the engine takes its link up, or `N` ms before it
+//! answers it, to check what a program that forks or closes meanwhile finds (the server's,
+//! the client's). Unset, a point costs one relaxed load.
 //!
 //! The panic hook: a panic inside the shim is caught (a hook's `catch_unwind`, a thread's)
 //! and reported by the shim's own log line. Rust's default hook would print its message and a
@@ -31,15 +32,27 @@ static LEFT: AtomicU64 = AtomicU64::new(0);
 /// The binding version `version:N` set (0: none, the shim's own).
 static VERSION: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 
-/// How long the setup thread holds an answered request (`slow_accept:N`, ms; 0: none).
+/// How long the setup thread holds a request after it answered it (`slow_accept:N`, ms), and
+/// before (`slow_answer:N`); 0: none.
 static SLOW_ACCEPT_MS: AtomicU64 = AtomicU64::new(0);
+static SLOW_ANSWER_MS: AtomicU64 = AtomicU64::new(0);
+
+fn delay(ms: &AtomicU64) -> Option<std::time::Duration> {
+    Some(ms.load(Relaxed))
+        .filter(|ms| *ms != 0)
+        .map(std::time::Duration::from_millis)
+}
 
 /// How long the setup thread holds each request it answered before the engine takes its link
 /// up (`RDMASHIM_FAULT=slow_accept:N`), if set.
 pub fn accept_delay() -> Option<std::time::Duration> {
-    Some(SLOW_ACCEPT_MS.load(Relaxed))
-        .filter(|ms| *ms != 0)
-        .map(std::time::Duration::from_millis)
+    delay(&SLOW_ACCEPT_MS)
+}
+
+/// How long the setup thread holds each request before it answers it
+/// (`RDMASHIM_FAULT=slow_answer:N`), if set.
+pub fn answer_delay() -> Option<std::time::Duration> {
+    delay(&SLOW_ANSWER_MS)
 }
 
 /// The binding version this shim speaks instead of its own (`RDMASHIM_FAULT=version:N`).
@@ -53,9 +66,10 @@ pub fn arm(f: Option<Fault>) {
         VERSION.store(u8::try_from(f.after).unwrap_or(0), Relaxed);
         return;
     }
-    if let Some(f) = f.filter(|f| f.point == Point::SlowAccept) {
-        SLOW_ACCEPT_MS.store(f.after, Relaxed);
-        return;
+    match f {
+        Some(f) if f.point == Point::SlowAccept => return SLOW_ACCEPT_MS.store(f.after, Relaxed),
+        Some(f) if f.point == Point::SlowAnswer => return SLOW_ANSWER_MS.store(f.after, Relaxed),
+        _ => {}
     }
     if let Some(f) = f {
         let i = Point::ALL

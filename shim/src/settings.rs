@@ -743,15 +743,19 @@ pub enum Point {
     /// before the engine takes the new link up, as a host under load may (the application
     /// goes on meanwhile: it may fork, or close the connection).
     SlowAccept,
+    /// Not a panic, not a pass: the setup thread holds each request `N` ms before it answers
+    /// it (the client's dial stays under way that long).
+    SlowAnswer,
 }
 
 impl Point {
-    pub const ALL: [(Point, &'static str); 5] = [
+    pub const ALL: [(Point, &'static str); 6] = [
         (Point::RingRecv, "ring_recv"),
         (Point::EngineLink, "engine_link"),
         (Point::PathFail, "path_fail"),
         (Point::Version, "version"),
         (Point::SlowAccept, "slow_accept"),
+        (Point::SlowAnswer, "slow_answer"),
     ];
 
     pub fn name(self) -> &'static str {

@@ -1054,6 +1054,58 @@ mod fork {
     }
 }
 
+/// A client that hands its connection to a child: it connects, sends its greeting, forks, and
+/// closes its own copy at once; the child reads the server's answer, sends more, and reads
+/// the server's 2 MiB to the end (a daemon's helper, a shell's pipeline stage). The server
+/// sends them in 64 pieces 25 ms apart, a stream that spans whatever happens meanwhile.
+mod fork_client {
+    use super::*;
+
+    const N: usize = 2 << 20;
+
+    pub fn server(mut s: TcpStream) {
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 5), b"hello");
+        s.write_all(b"world").unwrap();
+        assert_eq!(read_exact_fd(s.as_raw_fd(), 4), b"more");
+        let data = rdmashim_compat_tests::random_bytes(N, 0x0f1c);
+        for piece in data.chunks(N / 64) {
+            s.write_all(piece).unwrap();
+            sleep_ms(25);
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_eof(&mut s), b"", "the child sends nothing more");
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"hello").unwrap();
+        let fd = s.into_raw_fd();
+        // SAFETY: the child uses the connection and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ok = std::panic::catch_unwind(|| {
+                assert_eq!(read_exact_fd(fd, 5), b"world");
+                // SAFETY: the inherited fd, this process's alone now.
+                let mut s = unsafe { TcpStream::from_raw_fd(fd) };
+                s.write_all(b"more").unwrap();
+                let got = read_to_eof(&mut s);
+                assert_eq!(got.len(), N, "length of the server's answer");
+                assert!(
+                    got == rdmashim_compat_tests::random_bytes(N, 0x0f1c),
+                    "the server's answer, corrupted"
+                );
+            })
+            .is_ok();
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        // SAFETY: the parent's copy, closed at once (the child holds the connection).
+        unsafe { libc::close(fd) };
+        wait_child(pid);
+    }
+}
+
 /// fork per connection (inetd-style servers, PostgreSQL's postmaster, git and rsync daemons):
 /// the server accepts and forks at once; the child serves the connection (an echo of a stream
 /// large enough to outlast the client's upgrade attempt) while the parent closes its copy and
@@ -3893,6 +3945,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
         fork_quick_exit::server,
         fork_quick_exit::client,
     ),
+    ("fork_client", fork_client::server, fork_client::client),
     ("dup2", dup2::server, dup2::client),
     ("sendfile", sendfile::server, sendfile::client),
     ("peer_death", peer_death::server, peer_death::client),

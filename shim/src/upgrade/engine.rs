@@ -111,6 +111,9 @@ fn run_job(job: Job) -> Done {
                 let e = std::io::Error::other("no key for the connection");
                 return Done::Accepted(c, Err(e));
             };
+            if let Some(d) = crate::fault::answer_delay() {
+                std::thread::sleep(d);
+            }
             let r = inc.accept(link_config(), tcp_received, &Proof::Bound { key, tuple });
             if let Some(d) = crate::fault::accept_delay() {
                 std::thread::sleep(d);
