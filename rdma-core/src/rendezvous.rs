@@ -573,6 +573,13 @@ impl ShmDialer {
                 ))
             }
             Ok(Got::Message(n, fds)) => (n, fds),
+            // (the same, when the server's end went with bytes of ours unread: the kernel
+            // reports ECONNRESET rather than the end — not a failure of this side's)
+            Err(e) if peer_gone(&e) => {
+                return self.end(DialError::Broken(format!(
+                    "the server closed the rendezvous unanswered ({e})"
+                )))
+            }
             Err(e) => return self.end(DialError::Local(e)),
         };
         let (mut conn, inbox, sock) = self.state.take().expect("checked above");

@@ -213,3 +213,66 @@ fn the_server_is_established_only_by_the_clients_confirmation() {
     assert_eq!(link.conn().state(), StreamState::Switching);
     assert!(link.conn_mut().commit_switch(0).is_ok());
 }
+
+/// A server whose end of the rendezvous goes away before it answered — its shim gave up on the
+/// request — is the same to the dial whether the kernel reports the end (the request read) or
+/// a reset (the request left unread in the server's end: what a closed seqpacket socket with
+/// unread messages gives its peer). Both are `Broken`, never a failure of the client's own
+/// (`Local`, which the shim counts as `resources`: a same-host dial from a forking server's
+/// client did so, once in a CI run).
+#[test]
+fn a_rendezvous_closed_unanswered_breaks_the_dial_read_or_not() {
+    use rdmashim_core::{DialError, DialStatus, ShmDialer};
+    use rdmashim_proto::Proof;
+    let cfg = small();
+    let client: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    for read_first in [true, false] {
+        let n = name(if read_first {
+            "closed-read"
+        } else {
+            "closed-unread"
+        });
+        // SAFETY: plain socket calls on buffers that live through each call.
+        let listener = unsafe {
+            let s = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+            assert!(s >= 0);
+            let mut a: libc::sockaddr_un = std::mem::zeroed();
+            a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            for (d, c) in a.sun_path[1..].iter_mut().zip(&n) {
+                *d = *c as libc::c_char;
+            }
+            let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + n.len();
+            assert_eq!(
+                libc::bind(s, (&a as *const libc::sockaddr_un).cast(), len as u32),
+                0
+            );
+            assert_eq!(libc::listen(s, 4), 0);
+            s
+        };
+        let mut dial = ShmDialer::start(&n, client, 2, Proof::Native, 0, &cfg).unwrap();
+        // SAFETY: the listener above; the accepted socket is closed here, unanswered.
+        unsafe {
+            let s = libc::accept(listener, std::ptr::null_mut(), std::ptr::null_mut());
+            assert!(s >= 0);
+            if read_first {
+                let mut buf = [0u8; 512];
+                assert!(libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0) > 0);
+            }
+            libc::close(s);
+            libc::close(listener);
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let status = loop {
+            match dial.poll() {
+                DialStatus::Pending if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
+                s => break s,
+            }
+        };
+        assert!(
+            matches!(status, DialStatus::Failed(DialError::Broken(_))),
+            "read first: {read_first}: {status:?}"
+        );
+    }
+}
