@@ -1327,14 +1327,20 @@ pub fn answered_before_the_fork(server: &Stats, client: &Stats) -> bool {
     if server.switched_back == 0 {
         return false;
     }
-    for (role, st) in [("server", server), ("client", client)] {
+    assert_switched_back(client, server, "answered before the fork: ");
+    true
+}
+
+/// Both ends of a scenario's one connection counted it upgraded, then switched back to TCP
+/// (and nothing else), or the test fails here (`what` heads the message).
+pub fn assert_switched_back(client: &Stats, server: &Stats, what: &str) {
+    for (role, st) in [("client", client), ("server", server)] {
         assert!(
             st.connections() == 1 && st.upgraded == 1 && st.switched_back == 1,
-            "{role}, answered before the fork: then switched back: {}",
+            "{what}{role}: upgraded, then switched back: {}",
             st.summary()
         );
     }
-    true
 }
 
 /// Over shared memory, a scenario whose server forks and hands its connection to the child
@@ -1344,15 +1350,9 @@ pub fn answered_before_the_fork(server: &Stats, client: &Stats) -> bool {
 pub fn behave_settled_fork(bin: &str, scenario: &str) -> RoleStats {
     let shim = Side::Shim(Via::Preload);
     let r = behave_roles(bin, scenario, shim, shim, "127.0.0.1", Some(SETTLE));
-    for (role, st) in [("client", &r.client), ("server", &r.server)] {
-        let st = st.as_ref().expect("stats");
-        assert!(
-            st.connections() == 1 && st.upgraded() == 1 && st.switched_back == 1,
-            "{scenario} {role}: upgraded, then switched back: {}",
-            st.summary()
-        );
-    }
     let s = r.server.as_ref().expect("the server wrote no stats");
+    let c = r.client.as_ref().expect("the client wrote no stats");
+    assert_switched_back(c, s, &format!("{scenario} "));
     assert_eq!(
         s.shm_bytes() + s.bytes("tcp_tx"),
         0,

@@ -62,22 +62,20 @@ pub fn spoken_version() -> Option<u8> {
 
 /// Arms the configured fault (the constructor, once).
 pub fn arm(f: Option<Fault>) {
-    if let Some(f) = f.filter(|f| f.point == Point::Version) {
-        VERSION.store(u8::try_from(f.after).unwrap_or(0), Relaxed);
-        return;
-    }
-    match f {
-        Some(f) if f.point == Point::SlowAccept => return SLOW_ACCEPT_MS.store(f.after, Relaxed),
-        Some(f) if f.point == Point::SlowAnswer => return SLOW_ANSWER_MS.store(f.after, Relaxed),
-        _ => {}
-    }
-    if let Some(f) = f {
-        let i = Point::ALL
-            .iter()
-            .position(|(p, _)| *p == f.point)
-            .unwrap_or(0);
-        LEFT.store(f.after, Relaxed);
-        ARMED.store(i as u64 + 1, Relaxed);
+    let Some(f) = f else { return };
+    match f.point {
+        // (settings, not points that fire)
+        Point::Version => VERSION.store(u8::try_from(f.after).unwrap_or(0), Relaxed),
+        Point::SlowAccept => SLOW_ACCEPT_MS.store(f.after, Relaxed),
+        Point::SlowAnswer => SLOW_ANSWER_MS.store(f.after, Relaxed),
+        _ => {
+            let i = Point::ALL
+                .iter()
+                .position(|(p, _)| *p == f.point)
+                .unwrap_or(0);
+            LEFT.store(f.after, Relaxed);
+            ARMED.store(i as u64 + 1, Relaxed);
+        }
     }
 }
 

@@ -873,7 +873,7 @@ pub fn close_last(c: &Arc<Conn>, fd: c_int) {
 /// private duplicate writes the continuation; `None` to find one). False if it is not on the
 /// ring or cannot go back: then it closes on the ring as usual, and a child that asks for it
 /// is told it was reset.
-fn give_back(c: &Conn, g: &mut Inner, fd: Option<c_int>) -> bool {
+pub(super) fn give_back(c: &Conn, g: &mut Inner, fd: Option<c_int>) -> bool {
     if !matches!(g.phase, Phase::Linked(_)) {
         return false;
     }

@@ -681,15 +681,7 @@ impl Conn {
         } else if g.give_back && c.state() != StreamState::Handshaking {
             // (closed here since a fork while it was coming up: see `Inner::give_back`)
             g.give_back = false;
-            if let Err(e) = self.hand_back(g, None) {
-                shim_log!(
-                    Level::Debug,
-                    "{} -> {}: closed here, shared with a fork child, cannot go back to TCP \
-                     ({e}); closed on the ring",
-                    self.local,
-                    self.peer
-                );
-                board_reset(self);
+            if !data::give_back(self, g, None) {
                 if let Phase::Linked(l) = &mut g.phase {
                     l.conn_mut().close();
                     l.progress(false);

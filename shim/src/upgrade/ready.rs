@@ -1393,10 +1393,10 @@ fn bits(c: &Conn, fd: c_int, kernel: u32) -> u32 {
         // follows (`Conn::look_under_ring`; the engine's watch of the socket may not have
         // seen them yet). Taken for a plain end, they were lost with the rest of this
         // side's stream.
+        // (it drives the link first)
         c.look_under_ring(&mut g, fd);
         if let Phase::Linked(l) = &mut g.phase {
             if !l.conn().failed_over() {
-                l.progress(true);
                 if kernel & EV_ERR != 0 {
                     l.conn_mut().handle_tcp_reset();
                 } else {
