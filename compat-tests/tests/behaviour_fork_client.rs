@@ -3,9 +3,11 @@
 //! reads the server's 2 MiB to the end. The scenario (src/bin/behave.rs, `fork_client`)
 //! asserts what Linux TCP does.
 //!
-//! Under the shim the client's dial is under way when its process forks and closes its copy:
-//! the server's shim holds the request a second before it answers
-//! (`RDMASHIM_FAULT=slow_answer:1000`, a loaded host). The server switches to the ring once
+//! Under the shim the client's dial is under way when its process forks (300 ms after the
+//! connect: over RDMA the dial starts only after its address is resolved, and a fork before
+//! that settles the connection on TCP, `forked`) and closes its copy: the server's shim holds
+//! the request two seconds before it answers (`RDMASHIM_FAULT=slow_answer:2000`, a loaded
+//! host). The server switches to the ring once
 //! the link is up and sends its 2 MiB there; the client's process, which no longer holds the
 //! connection but whose child does, switches it back to TCP once the link is up
 //! (docs/upgrade.md §7, `Inner::give_back`), and the child reads every byte from the socket.
@@ -46,7 +48,7 @@ fn dial_under_way(rings: Rings) {
         BIN,
         "fork_client",
         (shim, &[]),
-        (shim, &[("RDMASHIM_FAULT", "slow_answer:1000")]),
+        (shim, &[("RDMASHIM_FAULT", "slow_answer:2000")]),
         &rings.ip(),
         None,
     );

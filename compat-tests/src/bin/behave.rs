@@ -1054,8 +1054,8 @@ mod fork {
     }
 }
 
-/// A client that hands its connection to a child: it connects, sends its greeting, forks, and
-/// closes its own copy at once; the child reads the server's answer, sends more, and reads
+/// A client that hands its connection to a child: it connects, sends its greeting, forks
+/// 300 ms later, and closes its own copy at once; the child reads the server's answer, sends more, and reads
 /// the server's 2 MiB to the end (a daemon's helper, a shell's pipeline stage). The server
 /// sends them in 64 pieces 25 ms apart, a stream that spans whatever happens meanwhile.
 mod fork_client {
@@ -1079,6 +1079,8 @@ mod fork_client {
     pub fn client(addr: SocketAddr) {
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(b"hello").unwrap();
+        // (a moment before the fork: the shim's dial of the connection, if any, has started)
+        sleep_ms(300);
         let fd = s.into_raw_fd();
         // SAFETY: the child uses the connection and leaves with _exit.
         let pid = unsafe { libc::fork() };
