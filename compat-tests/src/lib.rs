@@ -379,6 +379,24 @@ impl Server {
         }
     }
 
+    /// Waits up to `timeout` for a server that ends by itself (its clients gone) and returns
+    /// its exit status; `None` if it was still running then (it is left running, for `stop`).
+    /// `stop` right after the last client would race the server's own exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let c = self.child.as_mut()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Stops the server gracefully (so it writes its stats) and returns its exit status.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut c = self.child.take()?;
