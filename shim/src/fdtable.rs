@@ -88,6 +88,10 @@ pub mod flags {
     pub const EPOLLED: u32 = 1 << 7;
     /// An epoll fd (closing it forgets the upgrade's registrations in it).
     pub const EPOLL_FD: u32 = 1 << 8;
+    /// A listening socket whose `listen` a hook saw (here, or in the parent before a fork), or
+    /// one found listening that its first accept has looked at already: not one to adopt
+    /// (`hooks::conn::adopt_listener`).
+    pub const LISTEN_SEEN: u32 = 1 << 9;
 }
 
 /// Connections under the upgrade that are alive in this process. While it is zero, readiness

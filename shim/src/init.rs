@@ -12,7 +12,7 @@
 
 use crate::config::{self, Level};
 use crate::fmtbuf::FixedBuf;
-use crate::hooks::{sweep_pending_connects, PID};
+use crate::hooks::{keep_activated_syns, sweep_pending_connects, PID};
 use crate::stats::{Program, Snapshot, JSON_MAX};
 use crate::{guard, shim_log, sys};
 use core::ffi::{c_char, c_int};
@@ -46,6 +46,7 @@ extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, _envp: *con
                 Some(after_fork_child),
             )
         };
+        keep_activated_syns();
         for w in &cfg.warnings {
             shim_log!(Level::Warn, "{w}");
         }

@@ -73,6 +73,7 @@ reasons! {
     Policy = "policy": "the configuration file's rules (rdmashim.conf(5)) keep this connection on TCP: a deny rule for its program (then every connection of the process), its peer's address or its port matched first",
     FdLimit = "fd_limit": "the process is near its descriptor limit (RLIMIT_NOFILE): an upgrade would take descriptors of the shim's own, and the application's last ones must stay the application's",
     PeerVersion = "peer_version": "the peer's shim speaks another version of the upgrade protocol, which this one does not (its token, taken out of the stream whole, or its rejection of the request said so): the connection stays on TCP",
+    FdPassed = "fd_passed": "the program passed the connection's descriptor to another process over a unix socket (SCM_RIGHTS: a connection-handoff daemon, a hot restart) while its upgrade was undecided: it stays TCP, which the receiver can use (one on the ring went back to TCP at exact offsets before the message left)",
 }
 
 /// The host probe's decision procedure (probe.rs), with the checks passed in (tested without a

@@ -3046,7 +3046,7 @@ mod handover {
     }
 
     /// Makes `fd` survive an exec.
-    fn inheritable(fd: RawFd) {
+    pub fn inheritable(fd: RawFd) {
         // SAFETY: fcntl on our own fd.
         assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
     }
@@ -3258,6 +3258,218 @@ mod handover {
 
     pub fn spawn_client(addr: SocketAddr) {
         client(addr, CHILD);
+    }
+}
+
+/// Descriptors passed to another program over a unix socket (`SCM_RIGHTS`): an accepted
+/// connection handed to a worker (dovecot's login processes, postfix's postscreen, PgBouncer's
+/// online restart), a listener handed to a successor (haproxy `-x`, envoy's hot restart) or
+/// inherited through an exec (systemd's socket activation, `LISTEN_FDS`). The receiver is
+/// another image (`behave receiver FD MODE`), started after the server has its socket, which it
+/// shares nothing with but what is passed. On TCP nothing of this shows.
+mod passing {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    /// Starts `behave receiver FD mode`, with `fd` inheritable for it (closed here once it
+    /// runs); `stats`: whether it writes a stats record of its own (only the listener's
+    /// receivers serve connections from their start).
+    fn receiver(fd: RawFd, mode: &str, stats: bool) -> std::process::Child {
+        handover::inheritable(fd);
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.args(["receiver", &fd.to_string(), mode]);
+        if !stats {
+            cmd.env_remove("RDMASHIM_STATS");
+        }
+        let child = cmd.spawn().expect("spawn the receiver");
+        // SAFETY: our copy of a descriptor the child now holds.
+        unsafe { libc::close(fd) };
+        child
+    }
+
+    /// A unix socketpair: ours, and the end a receiver gets.
+    fn pair() -> (UnixStream, RawFd) {
+        let (ours, theirs) = UnixStream::pair().expect("socketpair");
+        (ours, theirs.into_raw_fd())
+    }
+
+    /// Calls `f` with a message of one byte and room for one descriptor in `SCM_RIGHTS`
+    /// (what [`send_fd`] sends and [`recv_fd`] receives).
+    fn one_fd_msg<R>(f: impl FnOnce(&mut libc::msghdr) -> R) -> R {
+        let mut byte = [b'f'];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        // SAFETY: a length computation.
+        let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+        // (u64s: aligned for the header)
+        let mut control = vec![0u64; space.div_ceil(8)];
+        // SAFETY: a zeroed msghdr is a valid empty one; its buffers outlive `f`.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        f(&mut msg)
+    }
+
+    /// Sends `fd` over `u`: one byte, with the descriptor in `SCM_RIGHTS`.
+    fn send_fd(u: &UnixStream, fd: RawFd) {
+        one_fd_msg(|msg| {
+            // SAFETY: the header and data lie within the message's control buffer (room for
+            // one descriptor).
+            unsafe {
+                let h = libc::CMSG_FIRSTHDR(msg);
+                (*h).cmsg_level = libc::SOL_SOCKET;
+                (*h).cmsg_type = libc::SCM_RIGHTS;
+                (*h).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
+                libc::CMSG_DATA(h).cast::<RawFd>().write_unaligned(fd);
+            }
+            // SAFETY: a valid message on our socket.
+            let r = unsafe { libc::sendmsg(u.as_raw_fd(), msg, 0) };
+            assert_eq!(r, 1, "sendmsg: errno {}", errno());
+        })
+    }
+
+    /// Receives the descriptor [`send_fd`] sent over `u`.
+    fn recv_fd(u: RawFd) -> RawFd {
+        one_fd_msg(|msg| {
+            // SAFETY: a valid message on our socket.
+            let r = unsafe { libc::recvmsg(u, msg, libc::MSG_CMSG_CLOEXEC) };
+            assert_eq!(r, 1, "recvmsg: errno {}", errno());
+            // SAFETY: the message recvmsg filled: one SCM_RIGHTS header, one descriptor.
+            unsafe {
+                let h = libc::CMSG_FIRSTHDR(msg);
+                assert!(!h.is_null(), "no descriptor came");
+                assert_eq!(
+                    ((*h).cmsg_level, (*h).cmsg_type),
+                    (libc::SOL_SOCKET, libc::SCM_RIGHTS)
+                );
+                libc::CMSG_DATA(h).cast::<RawFd>().read_unaligned()
+            }
+        })
+    }
+
+    fn wait(mut child: std::process::Child) {
+        let st = child.wait().expect("wait for the receiver");
+        assert!(st.success(), "receiver: {st}");
+    }
+
+    /// pass_fd: the server echoes the first part, then passes the connection to the receiver
+    /// and closes its copy; the receiver echoes the rest.
+    pub fn server(s: TcpStream) {
+        let (u, theirs) = pair();
+        let child = receiver(theirs, "rest", false);
+        let fd = handover::first_part(s);
+        send_fd(&u, fd);
+        // SAFETY: our copy, closed once (the receiver holds the connection).
+        unsafe { libc::close(fd) };
+        wait(child);
+    }
+
+    /// pass_fd_early: the server passes the connection as soon as it has accepted it (its
+    /// upgrade undecided); the receiver serves all of it.
+    pub fn early_server(s: TcpStream) {
+        let (u, theirs) = pair();
+        let child = receiver(theirs, "whole", false);
+        let fd = s.into_raw_fd();
+        send_fd(&u, fd);
+        // SAFETY: our copy, closed once.
+        unsafe { libc::close(fd) };
+        wait(child);
+    }
+
+    /// pass_listener: the server passes its listening socket to the receiver and closes its
+    /// own copy; the receiver accepts the client's connection and serves all of it.
+    pub fn listener_server(l: TcpListener) {
+        let (u, theirs) = pair();
+        let child = receiver(theirs, "listener", true);
+        send_fd(&u, l.as_raw_fd());
+        drop(l);
+        wait(child);
+    }
+
+    /// activated_listener: the listening socket is inherited through an exec, as systemd
+    /// hands a socket-activated service its sockets; the new image accepts and serves.
+    pub fn activated_server(l: TcpListener) {
+        let fd = l.into_raw_fd();
+        wait(receiver(fd, "activated", true));
+    }
+
+    /// systemd_listener: as systemd starts a socket-activated service: the listening socket
+    /// is made by a process without the shim's upgrades (this server runs with
+    /// `RDMASHIM_DISABLE=1`, so its SYNs are not kept), and the service gets it at descriptor 3
+    /// with `LISTEN_PID` and `LISTEN_FDS` set (sd_listen_fds(3)), its upgrades on. It sets
+    /// itself up for 1.5 s before its first accept; the client comes after 1 s.
+    pub fn systemd_server(l: TcpListener) {
+        let fd = l.into_raw_fd();
+        handover::inheritable(fd);
+        let moved = if fd == 3 {
+            String::new()
+        } else {
+            format!(" 3<&{fd} {fd}<&-")
+        };
+        let script =
+            format!("export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" receiver 3 service{moved}");
+        let exe = std::env::current_exe().expect("current_exe");
+        let child = std::process::Command::new("/bin/sh")
+            .args(["-c", &script])
+            .arg(exe)
+            .env_remove("RDMASHIM_DISABLE")
+            .spawn()
+            .expect("spawn the service");
+        // SAFETY: our copy of a descriptor the child now holds.
+        unsafe { libc::close(fd) };
+        wait(child);
+    }
+
+    /// `behave receiver FD MODE`: the other program.
+    pub fn receiver_main(fd: RawFd, mode: &str) {
+        let serve = |c: RawFd| {
+            // SAFETY: a connection the receiver now owns.
+            let s = unsafe { TcpStream::from_raw_fd(c) };
+            let fd = handover::first_part(s);
+            handover::echo_rest(fd);
+            // SAFETY: our fd, closed once.
+            unsafe { libc::close(fd) };
+        };
+        let accept = |l: RawFd| {
+            // SAFETY: a listening socket the receiver now owns.
+            let l = unsafe { TcpListener::from_raw_fd(l) };
+            let (s, _) = l.accept().expect("accept");
+            handover::settle();
+            serve(s.into_raw_fd());
+        };
+        match mode {
+            "rest" => {
+                let c = recv_fd(fd);
+                handover::echo_rest(c);
+                // SAFETY: our fd, closed once.
+                unsafe { libc::close(c) };
+            }
+            "whole" => serve(recv_fd(fd)),
+            "listener" => accept(recv_fd(fd)),
+            "activated" => accept(fd),
+            // (a service that sets itself up for a while before its first accept: its first
+            // client's connection waits in the queue)
+            "service" => {
+                sleep_ms(1500);
+                accept(fd)
+            }
+            other => panic!("receiver mode {other}"),
+        }
+    }
+
+    pub fn client(addr: SocketAddr) {
+        handover::client(addr, b"");
+    }
+
+    /// [`client`], once the service has had a second to start (as a client of a service
+    /// started at boot does).
+    pub fn late_client(addr: SocketAddr) {
+        sleep_ms(1000);
+        client(addr);
     }
 }
 
@@ -3973,6 +4185,8 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
         handover::fork_exec_server,
         handover::exec_client,
     ),
+    ("pass_fd", passing::server, passing::client),
+    ("pass_fd_early", passing::early_server, passing::client),
 ];
 
 /// Scenarios whose server role takes the listening socket itself.
@@ -3996,6 +4210,17 @@ const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
         fd_limit::serve_client,
         fd_limit::client_client,
     ),
+    ("pass_listener", passing::listener_server, passing::client),
+    (
+        "activated_listener",
+        passing::activated_server,
+        passing::client,
+    ),
+    (
+        "systemd_listener",
+        passing::systemd_server,
+        passing::late_client,
+    ),
 ];
 
 fn main() {
@@ -4003,6 +4228,11 @@ fn main() {
     if args.len() == 3 && args[1] == "exec_image" {
         // (the `exec` scenario's server, after its exec: the fd it inherited)
         handover::exec_image(args[2].parse().expect("FD"));
+        return;
+    }
+    if args.len() == 4 && args[1] == "receiver" {
+        // (a program another one passes a descriptor to: the `pass_*` scenarios)
+        passing::receiver_main(args[2].parse().expect("FD"), &args[3]);
         return;
     }
     let usage = "usage: behave SCENARIO server IP | behave SCENARIO client IP PORT";

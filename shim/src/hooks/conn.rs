@@ -291,6 +291,52 @@ pub(crate) fn start_listener(fd: c_int, saving: bool) {
     }
 }
 
+/// The first accept on a listening socket whose `listen` no hook saw: one inherited through
+/// an exec (systemd's socket activation, a server that re-execs itself to upgrade its binary),
+/// received over a unix socket (a hot restart's successor: haproxy `-x`, envoy), or listened
+/// by a system call no hook sees. It gets what `listen` would have given it: its connections'
+/// SYNs are kept from now on (those already queued came unsaved: their clients see a plain
+/// server), and listeners for upgrade requests beside it — its address's own where this
+/// process can bind them, else, as a prefork worker's, each connection's token names a port
+/// of the process's own (the address's may be held by the process that passed the socket,
+/// still serving).
+pub(crate) fn adopt_listener(fd: c_int) {
+    let _e = ErrnoGuard::save();
+    let adopted = probe::host_reason().is_none()
+        && crate::net::local_addr(fd).is_some_and(|addr| {
+            let _s = crate::guard::Section::enter();
+            crate::upgrade::adopt_listener(fd, addr)
+        });
+    if adopted {
+        TABLE.update(fd, |e| {
+            (e.kind() == Kind::Listening).then(|| e.with_flags(flags::RDMA_LISTENER))
+        });
+    }
+}
+
+/// At start: the listening sockets systemd gives a socket-activated service (`LISTEN_PID`
+/// this process, `LISTEN_FDS` of them from descriptor 3: sd_listen_fds(3)) keep their
+/// connections' SYNs from now on, so that those that come before the service's first accept
+/// can be upgraded too (the rest of their adoption is that accept's: [`adopt_listener`]). The
+/// ones queued before the process started came unsaved. Nothing else is touched.
+pub(crate) fn keep_activated_syns() {
+    const FIRST: c_int = 3;
+    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+    let (Some(pid), Some(n)) = (var("LISTEN_PID"), var("LISTEN_FDS")) else {
+        return;
+    };
+    if pid != crate::sys::getpid() || probe::process_reason().is_some() {
+        return;
+    }
+    // (a bound of ours: sd_listen_fds(3) takes any count)
+    for fd in FIRST..FIRST.saturating_add(n.min(4096) as c_int) {
+        let e = entry_or_classify(fd);
+        if e.kind() == Kind::Listening && !e.has(flags::LISTEN_SEEN) {
+            let _ = crate::upgrade::save_syns(fd, true);
+        }
+    }
+}
+
 /// If a non-blocking connect on `fd` is pending, checks whether it has completed (real
 /// getpeername; or the connection is over already, its SYN acknowledged) and counts it if so.
 pub(crate) fn complete_if_connected(fd: c_int, e: FdEntry) {

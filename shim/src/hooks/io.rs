@@ -4,6 +4,7 @@
 
 use super::conn;
 use super::hook;
+use super::passing;
 use super::up;
 use crate::fdtable::TABLE;
 use crate::outcome::Errno;
@@ -157,11 +158,22 @@ hook! {
     fn recvmsg(fd: c_int, msg: *mut msghdr, fl: c_int) -> ssize_t;
     id: Recvmsg;
     fallback: syscall(SYS_recvmsg; fd, msg, fl);
-    fast: io(fd, TcpRx);
+    // SAFETY: recvmsg's message, valid or null.
+    fast: io_unless(unsafe { passing::may_receive_fds(msg) }, fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
         if let Some(o) = up::route(fd, |c| up::recv_msg(c, fd, msg, fl)) {
             return o;
+        }
+        if !TABLE.get(fd).is_tcp_stream() {
+            // (a unix socket: descriptors may come with the message)
+            // SAFETY: the caller's arguments, unchanged, to the real function.
+            let n = unsafe { real(fd, msg, fl) };
+            if n >= 0 && !msg.is_null() {
+                // SAFETY: the message recvmsg has just filled.
+                unsafe { passing::after_receive(&*msg) };
+            }
+            return Handled(n);
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         conn::tcp_io(cx, fd, Bytes::TcpRx, || unsafe { real(fd, msg, fl) })
@@ -205,8 +217,14 @@ hook! {
     fn sendmsg(fd: c_int, msg: *const msghdr, fl: c_int) -> ssize_t;
     id: Sendmsg;
     fallback: syscall(SYS_sendmsg; fd, msg, fl);
-    fast: io(fd, TcpTx);
+    // SAFETY: sendmsg's message, valid or null.
+    fast: io_unless(unsafe { passing::may_send_fds(msg) }, fd, TcpTx);
     |real, cx| {
+        // SAFETY: sendmsg's message, valid or null.
+        if unsafe { passing::may_send_fds(msg) } {
+            // SAFETY: as above, and not null.
+            unsafe { passing::before_send(&*msg) };
+        }
         // SAFETY: the caller's arguments, unchanged, to the real function.
         if let Some(o) = up::route(fd, |c| up::send_msg(c, fd, msg, fl)) {
             return o;
@@ -236,11 +254,17 @@ hook! {
     fn recvmmsg(fd: c_int, v: *mut mmsghdr, vlen: c_uint, fl: c_int, tmo: *mut timespec) -> c_int;
     id: Recvmmsg;
     fallback: syscall(SYS_recvmmsg; fd, v, vlen, fl, tmo);
-    fast: not_tcp(fd);
+    // SAFETY: recvmmsg's vector of `vlen` messages, valid or null.
+    fast: not_tcp_unless(unsafe { passing::may_receive_fds_mmsg(v, vlen) }, fd);
     |real, cx| {
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
-            return PassThrough;
+            // (a unix socket: descriptors may come with the messages)
+            // SAFETY: the caller's arguments.
+            let n = unsafe { real(fd, v, vlen, fl, tmo) };
+            // SAFETY: on success the first n entries of the caller's vector were filled.
+            unsafe { passing::after_receive_mmsg(v, n) };
+            return Handled(n);
         }
         if !matches!(up::of(e), up::Up::Tcp) {
             // Message vectors on a stream socket: not carried over the ring.
@@ -260,8 +284,14 @@ hook! {
     fn sendmmsg(fd: c_int, v: *mut mmsghdr, vlen: c_uint, fl: c_int) -> c_int;
     id: Sendmmsg;
     fallback: syscall(SYS_sendmmsg; fd, v, vlen, fl);
-    fast: not_tcp(fd);
+    // SAFETY: sendmmsg's vector of `vlen` messages, valid or null.
+    fast: not_tcp_unless(unsafe { passing::may_send_fds_mmsg(v, vlen) }, fd);
     |real, cx| {
+        // SAFETY: as above.
+        if unsafe { passing::may_send_fds_mmsg(v, vlen) } {
+            // SAFETY: as above, and not null.
+            unsafe { passing::before_send_mmsg(v, vlen) };
+        }
         let e = TABLE.get(fd);
         if !e.is_tcp_stream() {
             return PassThrough;

@@ -20,6 +20,7 @@ mod conn;
 mod fd;
 mod fortify;
 mod io;
+mod passing;
 mod poll;
 mod process;
 mod socket;
@@ -27,7 +28,7 @@ mod stdio;
 mod syscall;
 mod up;
 
-pub(crate) use conn::sweep_pending_connects;
+pub(crate) use conn::{keep_activated_syns, sweep_pending_connects};
 pub(crate) use process::PID;
 
 /// Runs hook `h`'s logic. A panic poisons the shim (every later call passes through to the
@@ -98,6 +99,9 @@ fn unreachable_void<T>() -> T {
 /// - `io(fd, Bytes)`: as `not_tcp`, and on a settled TCP candidate (no pending connect) the real
 ///   call is made and its byte count added, in a second small function (`tcp`), so that the
 ///   pass-through route stays a frame-less tail call.
+/// - `not_tcp_unless(cond, fd)`, `io_unless(cond, fd, Bytes)`: as `not_tcp` and `io` while
+///   `cond` is false (the message hooks: while the message can pass no descriptor the shim
+///   must look at, see `passing`).
 ///
 /// A fast path calls nothing that can panic (no indexing, no unwrap) and does nothing that can
 /// change errno; the slow path is the original wrapper (guard, `catch_unwind`, Outcome).
@@ -174,9 +178,12 @@ macro_rules! hook {
         }
     };
     (@fast not_tcp, $id:ident, $ret:ty, ($($arg:ident : $ty:ty),*), $fd:expr) => {
+        hook!(@fast not_tcp_unless, $id, $ret, ($($arg : $ty),*), false, $fd);
+    };
+    (@fast not_tcp_unless, $id:ident, $ret:ty, ($($arg:ident : $ty:ty),*), $cond:expr, $fd:expr) => {
         // SAFETY: `Real` is this symbol's C prototype.
         if let Some(real) = unsafe { crate::real::get_resolved::<Real>(crate::hook::Hook::$id) } {
-            if crate::guard::fast_ok() && !crate::fdtable::TABLE.get($fd).is_tcp_stream() {
+            if crate::guard::fast_ok() && !$cond && !crate::fdtable::TABLE.get($fd).is_tcp_stream() {
                 crate::stats::count_call_at(crate::stats::fd_shard($fd), crate::hook::Hook::$id);
                 // SAFETY: the caller's arguments, unchanged, to the real function.
                 return unsafe { real($($arg),*) };
@@ -184,6 +191,9 @@ macro_rules! hook {
         }
     };
     (@fast io, $id:ident, $ret:ty, ($($arg:ident : $ty:ty),*), $fd:expr, $dir:ident) => {
+        hook!(@fast io_unless, $id, $ret, ($($arg : $ty),*), false, $fd, $dir);
+    };
+    (@fast io_unless, $id:ident, $ret:ty, ($($arg:ident : $ty:ty),*), $cond:expr, $fd:expr, $dir:ident) => {
         /// A settled TCP candidate: the real call, then its bytes (no errno change: only
         /// atomic adds follow the real call).
         ///
@@ -204,7 +214,7 @@ macro_rules! hook {
         }
         // SAFETY: `Real` is this symbol's C prototype.
         if let Some(real) = unsafe { crate::real::get_resolved::<Real>(crate::hook::Hook::$id) } {
-            if crate::guard::fast_ok() {
+            if crate::guard::fast_ok() && !$cond {
                 let e = crate::fdtable::TABLE.get($fd);
                 if e.is_settled_tcp() {
                     // SAFETY: the caller's arguments, unchanged; `real` is resolved.

@@ -67,7 +67,10 @@ hook! {
         if r == 0 {
             let e = conn::entry_or_classify(fd);
             if e.kind() == Kind::TcpCandidate {
-                TABLE.update(fd, |e| (e.kind() == Kind::TcpCandidate).then(|| e.with_kind(Kind::Listening)));
+                TABLE.update(fd, |e| {
+                    (e.kind() == Kind::TcpCandidate)
+                        .then(|| e.with_kind(Kind::Listening).with_flags(flags::LISTEN_SEEN))
+                });
                 conn::start_listener(fd, saving);
             }
         } else if saving {
@@ -75,6 +78,19 @@ hook! {
             crate::upgrade::save_syns(fd, false);
         }
         Handled(r)
+    }
+}
+
+/// Before accept/accept4 on `lfd`: a listening socket whose `listen` no hook saw is adopted
+/// at its first accept, before the call (a connection that comes while it waits has its SYN
+/// kept: see [`conn::adopt_listener`]).
+fn before_accept(lfd: c_int) {
+    let l = conn::entry_or_classify(lfd);
+    if l.kind() == Kind::Listening
+        && !l.has(flags::LISTEN_SEEN)
+        && TABLE.claim_flag(lfd, flags::LISTEN_SEEN)
+    {
+        conn::adopt_listener(lfd);
     }
 }
 
@@ -94,6 +110,7 @@ hook! {
     id: Accept;
     fallback: syscall(SYS_accept; fd, addr, len);
     |real, cx| {
+        before_accept(fd);
         // SAFETY: the caller's arguments.
         let nfd = unsafe { real(fd, addr, len) };
         if nfd >= 0 {
@@ -109,6 +126,7 @@ hook! {
     id: Accept4;
     fallback: syscall(SYS_accept4; fd, addr, len, fl);
     |real, cx| {
+        before_accept(fd);
         // SAFETY: the caller's arguments.
         let nfd = unsafe { real(fd, addr, len, fl) };
         if nfd >= 0 {

@@ -2196,6 +2196,32 @@ pub fn start_listener(fd: c_int, addr: SocketAddr) -> bool {
     }
 }
 
+/// A listening socket `fd` on `addr` that this process did not see listen (see
+/// `hooks::conn::adopt_listener`): keeps its connections' SYNs (unless it does already: a
+/// shimmed process made it) and gets listeners for upgrade requests beside it where they can
+/// be bound. Returns whether any transport can serve its connections (each served, if the
+/// address's own listeners are another process's, on one of this process's own).
+pub fn adopt_listener(fd: c_int, addr: SocketAddr) -> bool {
+    if engine::listen_kinds(addr) == (false, false) {
+        return false;
+    }
+    let Some(e) = world().and_then(|w| w.engine()) else {
+        return false;
+    };
+    let saves = net::get_int_opt(fd, libc::IPPROTO_TCP, libc::TCP_SAVE_SYN) == Ok(1)
+        || binding::save_syns(fd, true);
+    if !saves {
+        return false;
+    }
+    if !e.listen(fd, addr) {
+        shim_log!(
+            Level::Debug,
+            "listener {addr} (not made here): its address's upgrade listeners are another process's; each connection names one of this process's own"
+        );
+    }
+    true
+}
+
 /// The listening socket `fd` is being closed: drop its rdma_cm listener.
 pub fn stop_listener(fd: c_int) {
     if let Some(e) = world_if_created().and_then(|w| w.engine_if_started()) {
