@@ -300,18 +300,29 @@ pub(crate) fn start_listener(fd: c_int, saving: bool) {
 /// process can bind them, else, as a prefork worker's, each connection's token names a port
 /// of the process's own (the address's may be held by the process that passed the socket,
 /// still serving).
+/// One adoption at a time; [`flags::LISTEN_SEEN`] is set once it is complete, so that an
+/// accept that finds the flag set finds the listener's upgrade side too.
 pub(crate) fn adopt_listener(fd: c_int) {
+    static ADOPTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _e = ErrnoGuard::save();
+    let _one = ADOPTING.lock().unwrap_or_else(|p| p.into_inner());
+    let e = TABLE.get(fd);
+    if e.kind() != Kind::Listening || e.has(flags::LISTEN_SEEN) {
+        return;
+    }
     let adopted = probe::host_reason().is_none()
         && crate::net::local_addr(fd).is_some_and(|addr| {
             let _s = crate::guard::Section::enter();
             crate::upgrade::adopt_listener(fd, addr)
         });
-    if adopted {
-        TABLE.update(fd, |e| {
-            (e.kind() == Kind::Listening).then(|| e.with_flags(flags::RDMA_LISTENER))
-        });
-    }
+    let seen = if adopted {
+        flags::LISTEN_SEEN | flags::RDMA_LISTENER
+    } else {
+        flags::LISTEN_SEEN
+    };
+    TABLE.update(fd, |e| {
+        (e.kind() == Kind::Listening).then(|| e.with_flags(seen))
+    });
 }
 
 /// At start: the listening sockets systemd gives a socket-activated service (`LISTEN_PID`

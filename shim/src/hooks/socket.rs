@@ -83,13 +83,12 @@ hook! {
 
 /// Before accept/accept4 on `lfd`: a listening socket whose `listen` no hook saw is adopted
 /// at its first accept, before the call (a connection that comes while it waits has its SYN
-/// kept: see [`conn::adopt_listener`]).
+/// kept: see [`conn::adopt_listener`]). Accepts of other threads on it wait for the adoption
+/// (haproxy's threads all accept on each listener: one of them, let through while another
+/// adopted it, took the first connection past the upgrade).
 fn before_accept(lfd: c_int) {
     let l = conn::entry_or_classify(lfd);
-    if l.kind() == Kind::Listening
-        && !l.has(flags::LISTEN_SEEN)
-        && TABLE.claim_flag(lfd, flags::LISTEN_SEEN)
-    {
+    if l.kind() == Kind::Listening && !l.has(flags::LISTEN_SEEN) {
         conn::adopt_listener(lfd);
     }
 }
