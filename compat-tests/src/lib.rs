@@ -665,6 +665,11 @@ impl Stats {
 }
 
 impl Stats {
+    /// The process's parent when it started (0 if the record has none).
+    pub fn ppid(&self) -> u64 {
+        self.raw["ppid"].as_u64().unwrap_or(0)
+    }
+
     /// Connections this process moved onto RDMA rings.
     pub fn upgraded(&self) -> u64 {
         self.upgraded
