@@ -36,20 +36,27 @@ fn nginx_prefork_workers_upgrade_over_shm() {
     nginx_workers(Rings::Shm);
 }
 
-fn nginx_workers(rings: Rings) {
-    let ip = rings.ip();
-    let Some(nginx) = require("/usr/sbin/nginx") else {
-        return;
-    };
-    let s = Scratch::new("up-nginx");
-    let (www, want) = www(&s);
-    let port = free_port_on(&ip);
+/// `cmd` (nginx under the shim) with a configuration of two workers serving `www` on
+/// `ip:port`, its files in the scratch directory; `head`: directives first (`daemon off`
+/// unless it says otherwise).
+fn nginx_cmd(
+    mut cmd: std::process::Command,
+    s: &Scratch,
+    head: &str,
+    (ip, port): (&str, u16),
+    www: &std::path::Path,
+) -> std::process::Command {
     let d = s.dir.display();
+    let daemon = if head.contains("daemon ") {
+        ""
+    } else {
+        "daemon off;\n"
+    };
     let conf = s.dir.join("nginx.conf");
     std::fs::write(
         &conf,
         format!(
-            "worker_processes 2;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
+            "{head}{daemon}worker_processes 2;\nmaster_process on;\npid {d}/nginx.pid;\n\
              error_log {d}/error.log info;\nevents {{ worker_connections 64; }}\n\
              http {{\n  access_log off;\n  sendfile on;\n  keepalive_timeout 60;\n  \
              keepalive_requests 1000;\n  client_body_temp_path {d}/body;\n  \
@@ -60,14 +67,25 @@ fn nginx_workers(rings: Rings) {
         ),
     )
     .unwrap();
-    let device = rings.device();
-    let mut cmd = shimmed(&nginx, &s, "nginx");
     cmd.arg("-c")
         .arg(&conf)
         .arg("-p")
         .arg(&s.dir)
         .arg("-e")
         .arg(s.dir.join("error.log"));
+    cmd
+}
+
+fn nginx_workers(rings: Rings) {
+    let ip = rings.ip();
+    let Some(nginx) = require("/usr/sbin/nginx") else {
+        return;
+    };
+    let s = Scratch::new("up-nginx");
+    let (www, want) = www(&s);
+    let port = free_port_on(&ip);
+    let device = rings.device();
+    let cmd = nginx_cmd(shimmed(&nginx, &s, "nginx"), &s, "", (&ip, port), &www);
     let cst = serve_and_fetch(&s, cmd, "nginx", "QUIT", (&ip, port), &want);
     let all = s.stats("nginx");
     // The master and its two workers each wrote a record; only workers accepted.
@@ -163,8 +181,6 @@ fn binary_upgrade(rings: Rings) {
     let s = Scratch::new("up-nginx-binary");
     let (www, want) = www(&s);
     let port = free_port_on(&ip);
-    let d = s.dir.display();
-    let conf = s.dir.join("nginx.conf");
     let pid_path = s.dir.join("nginx.pid");
     // (a daemon: nginx takes SIGUSR2 only from a master whose parent is gone; the shim's
     // variables named so that the new binary keeps them)
@@ -174,28 +190,9 @@ fn binary_upgrade(rings: Rings) {
         .filter(|(_, v)| v.is_some())
         .map(|(k, _)| format!("env {};\n", k.to_string_lossy()))
         .collect();
-    std::fs::write(
-        &conf,
-        format!(
-            "{envs}worker_processes 2;\ndaemon on;\nmaster_process on;\npid {d}/nginx.pid;\n\
-             error_log {d}/error.log info;\nevents {{ worker_connections 64; }}\n\
-             http {{\n  access_log off;\n  sendfile on;\n  keepalive_timeout 60;\n  \
-             keepalive_requests 1000;\n  client_body_temp_path {d}/body;\n  \
-             proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fcgi;\n  \
-             uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
-             server {{ listen {ip}:{port}; root {}; }}\n}}\n",
-            www.display()
-        ),
-    )
-    .unwrap();
+    let head = format!("{envs}daemon on;\n");
     let device = rings.device();
-    let mut cmd = service;
-    cmd.arg("-c")
-        .arg(&conf)
-        .arg("-p")
-        .arg(&s.dir)
-        .arg("-e")
-        .arg(s.dir.join("error.log"));
+    let cmd = nginx_cmd(service, &s, &head, (&ip, port), &www);
     run_ok(cmd, std::time::Duration::from_secs(30));
     let old = pid_file(&pid_path, 0);
     let mut masters = Masters(vec![old]);
