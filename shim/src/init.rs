@@ -101,6 +101,7 @@ unsafe extern "C" fn after_fork_child() {
     crate::live::after_fork_child();
     crate::probe::after_fork_child();
     crate::upgrade::after_fork_child();
+    crate::hooks::after_fork_child();
 }
 
 /// Writes the stats JSON to `RDMASHIM_STATS` (with `%p` expanded) if set: the counters, and

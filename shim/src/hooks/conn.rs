@@ -12,7 +12,7 @@ use core::ffi::{c_int, c_void};
 use core::mem::{size_of, MaybeUninit};
 use libc::{sockaddr, sockaddr_storage, socklen_t};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 type GetpeernameFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
 type GetsockoptFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
@@ -303,9 +303,8 @@ pub(crate) fn start_listener(fd: c_int, saving: bool) {
 /// One adoption at a time; [`flags::LISTEN_SEEN`] is set once it is complete, so that an
 /// accept that finds the flag set finds the listener's upgrade side too.
 pub(crate) fn adopt_listener(fd: c_int) {
-    static ADOPTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _e = ErrnoGuard::save();
-    let _one = ADOPTING.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = Adopting::take();
     let e = TABLE.get(fd);
     if e.kind() != Kind::Listening || e.has(flags::LISTEN_SEEN) {
         return;
@@ -323,6 +322,37 @@ pub(crate) fn adopt_listener(fd: c_int) {
     TABLE.update(fd, |e| {
         (e.kind() == Kind::Listening).then(|| e.with_flags(seen))
     });
+}
+
+/// Held while a listener is adopted ([`adopt_listener`]): a flag, not a mutex, so that a fork
+/// child of a process that forked mid-adoption (its adopting thread gone) can take it again
+/// ([`after_fork_child`]).
+static ADOPTING: AtomicBool = AtomicBool::new(false);
+
+struct Adopting;
+
+impl Adopting {
+    fn take() -> Adopting {
+        while ADOPTING
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            crate::net::nap_ms(1);
+        }
+        Adopting
+    }
+}
+
+impl Drop for Adopting {
+    fn drop(&mut self) {
+        ADOPTING.store(false, Ordering::Release);
+    }
+}
+
+/// In a fork child: no adoption is under way (the thread that may have been adopting at the
+/// fork is not in the child).
+pub(crate) fn after_fork_child() {
+    ADOPTING.store(false, Ordering::Relaxed);
 }
 
 /// At start: the listening sockets systemd gives a socket-activated service (`LISTEN_PID`

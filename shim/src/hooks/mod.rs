@@ -28,7 +28,7 @@ mod stdio;
 mod syscall;
 mod up;
 
-pub(crate) use conn::{keep_activated_syns, sweep_pending_connects};
+pub(crate) use conn::{after_fork_child, keep_activated_syns, sweep_pending_connects};
 pub(crate) use process::PID;
 
 /// Runs hook `h`'s logic. A panic poisons the shim (every later call passes through to the
