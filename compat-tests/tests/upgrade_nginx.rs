@@ -184,12 +184,23 @@ fn binary_upgrade(rings: Rings) {
     let pid_path = s.dir.join("nginx.pid");
     // (a daemon: nginx takes SIGUSR2 only from a master whose parent is gone; the shim's
     // variables named so that the new binary keeps them)
+    // (those set here and the shim's inherited from the test's environment: the VM's
+    // RDMASHIM_LOCAL=0, without which the new workers would serve this host's clients on
+    // shared memory while the client dials rdma_cm)
     let service = shimmed(&nginx, &s, "nginx");
-    let envs: String = service
+    let mut names: Vec<String> = service
         .get_envs()
         .filter(|(_, v)| v.is_some())
-        .map(|(k, _)| format!("env {};\n", k.to_string_lossy()))
+        .map(|(k, _)| k.to_string_lossy().into_owned())
+        .chain(
+            std::env::vars()
+                .map(|(k, _)| k)
+                .filter(|k| k.starts_with("RDMASHIM_")),
+        )
         .collect();
+    names.sort();
+    names.dedup();
+    let envs: String = names.iter().map(|k| format!("env {k};\n")).collect();
     let head = format!("{envs}daemon on;\n");
     let device = rings.device();
     let cmd = nginx_cmd(service, &s, &head, (&ip, port), &www);
