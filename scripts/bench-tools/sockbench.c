@@ -26,6 +26,13 @@
  *       shared pages split among the processes that map them) that the N connections added,
  *       in this process and in the server's (asked over a connection of its own before and
  *       after): {"conns":..,"client_kib":..,"server_kib":..,"kib_per_conn":..}
+ *   sockbench client IP PORT burst N SECONDS
+ *       a burst of connections (scripts/bench-scale): opens N connections one right after
+ *       another, then one 64 B echo on each, and prints {"burst_ms":..,"conns":N} (the time
+ *       that took) at once; then SECONDS idle, then one more echo on each, timed (all, and
+ *       each one's round trip: median and 99th percentile):
+ *       {"echo_ms":..,"rtt_p50_us":..,"rtt_p99_us":..,"pinned_kib":..,"rss_kib":..} (this
+ *       process's VmPin and VmRSS then), and it closes them. The server is not asked anything: it serves exactly N.
  *   sockbench client IP PORT first SIZE SECONDS
  *       a fresh process's one short connection (as conn), then SECONDS idle, so that work a
  *       preload does in the background for it is done: the connection's time and the CPU time
@@ -230,6 +237,48 @@ static int hold(const struct sockaddr_in *a, int n, double secs) {
     return 0;
 }
 
+/* A field of /proc/self/status in KiB (VmPin, VmRSS); -1 if it has none. */
+static long status_kib(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t n = strlen(field);
+    if (!f) die("/proc/self/status");
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':' && sscanf(line + n + 1, "%ld", &v) == 1) break;
+    fclose(f);
+    return v;
+}
+
+/* burst: see the top. */
+static int burst(const struct sockaddr_in *a, int n, double secs) {
+    int *fd = calloc((size_t)n, sizeof *fd);
+    unsigned char msg[64] = {'H', 64, 0, 0, 0};
+    if (!fd) die("calloc");
+    double t0 = now();
+    for (int i = 0; i < n; i++) fd[i] = dial(a);
+    for (int i = 0; i < n; i++)
+        if (full(fd[i], msg, 5, 0) || full(fd[i], msg, 64, 0) || full(fd[i], msg, 64, 1)) die("echo");
+    printf("{\"burst_ms\": %.1f, \"conns\": %d}\n", (now() - t0) * 1e3, n);
+    fflush(stdout);
+    idle(secs);
+    double *rtt = calloc((size_t)n, sizeof *rtt);
+    if (!rtt) die("calloc");
+    t0 = now();
+    for (int i = 0; i < n; i++) {
+        double t = now();
+        if (full(fd[i], msg, 64, 0) || full(fd[i], msg, 64, 1)) die("echo");
+        rtt[i] = now() - t;
+    }
+    double total = now() - t0;
+    qsort(rtt, (size_t)n, sizeof *rtt, cmp);
+    printf("{\"echo_ms\": %.1f, \"rtt_p50_us\": %.1f, \"rtt_p99_us\": %.1f, \"pinned_kib\": %ld, \"rss_kib\": %ld}\n",
+           total * 1e3, rtt[n / 2] * 1e6, rtt[(size_t)(n * 0.99)] * 1e6, status_kib("VmPin"), status_kib("VmRSS"));
+    fflush(stdout);
+    for (int i = 0; i < n; i++) close(fd[i]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int one = 1;
     if (argc == 4 && !strcmp(argv[1], "server")) {
@@ -238,9 +287,13 @@ int main(int argc, char **argv) {
         sigaction(SIGTERM, &sa, NULL);
         sigaction(SIGINT, &sa, NULL);
         struct sockaddr_in a = addr(argv[2], argv[3]);
+        /* (held connections' threads: thousands of them in a burst, each needing little) */
+        pthread_attr_t small;
+        pthread_attr_init(&small);
+        pthread_attr_setstacksize(&small, 256 << 10);
         int l = socket(AF_INET, SOCK_STREAM, 0);
         setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (l < 0 || bind(l, (void *)&a, sizeof a) || listen(l, 16)) die("listen");
+        if (l < 0 || bind(l, (void *)&a, sizeof a) || listen(l, 4096)) die("listen");
         while (!stop) {
             int c = accept(l, NULL, NULL);
             if (c < 0) {
@@ -252,7 +305,7 @@ int main(int argc, char **argv) {
             unsigned char h;
             pthread_t t;
             if (recv(c, &h, 1, MSG_PEEK) == 1 && h == 'H' &&
-                !pthread_create(&t, NULL, hold_thread, (void *)(intptr_t)c)) {
+                !pthread_create(&t, &small, hold_thread, (void *)(intptr_t)c)) {
                 pthread_detach(t);
                 continue;
             }
@@ -268,10 +321,16 @@ int main(int argc, char **argv) {
         if (n <= 0) { errno = EINVAL; die("hold: N"); }
         return hold(&a, n, atof(argv[6]));
     }
+    if (argc == 7 && !strcmp(argv[1], "client") && !strcmp(argv[4], "burst")) {
+        struct sockaddr_in a = addr(argv[2], argv[3]);
+        int n = atoi(argv[5]);
+        if (n <= 0) { errno = EINVAL; die("burst: N"); }
+        return burst(&a, n, atof(argv[6]));
+    }
     int conn = argc >= 5 && !strcmp(argv[4], "conn"), first = argc >= 5 && !strcmp(argv[4], "first");
     if ((argc != 7 && !(!first && argc == 8)) || strcmp(argv[1], "client") ||
         (strcmp(argv[4], "pp") && strcmp(argv[4], "stream") && !conn && !first)) {
-        fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP] | sockbench client IP PORT hold N SECONDS\n");
+        fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP] | sockbench client IP PORT hold|burst N SECONDS\n");
         return 2;
     }
     int pp = !strcmp(argv[4], "pp");
