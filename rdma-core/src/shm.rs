@@ -393,9 +393,18 @@ impl Inbox {
 
     /// Says this side is about to sleep: the peer's next message writes the eventfd. Poll
     /// once more afterwards (a message published before the flag was seen raises nothing).
+    ///
+    /// Armed already (a sleep that found a message in its last poll and did not sleep), the
+    /// peer may have taken the flag since: its eventfd write is then owed, and is taken with
+    /// the next events. Stored over instead, the write was left in the eventfd, which nothing
+    /// read again until the peer's next message: every sleep meanwhile returned at once — an
+    /// idle connection's thread spun (a thousand held connections over shared memory kept
+    /// both CPUs busy, and a round trip among them took 12 ms; issue 28).
     fn arm(&self) {
-        self.armed.set(true);
-        self.queue.map.word(ARMED_AT).store(1, Ordering::Relaxed);
+        let was = self.queue.map.word(ARMED_AT).swap(1, Ordering::AcqRel);
+        if self.armed.replace(true) && was == 0 {
+            self.owed.set(true);
+        }
         fence(Ordering::SeqCst);
     }
 
@@ -692,6 +701,26 @@ mod tests {
         inbox.arm();
         inbox.take_events();
         outbox.push(KIND_WRITE_IMM, 4, 0, &[]);
+        assert_eq!(drain(&inbox), 0);
+    }
+
+    #[test]
+    fn a_wake_up_for_an_arm_that_did_not_sleep_is_taken_with_the_next() {
+        let (inbox, mut outbox) = pair();
+        // Armed; the last poll before the sleep found the message the peer published (and
+        // woke the eventfd for): no sleep, no events taken.
+        inbox.arm();
+        outbox.push(KIND_WRITE_IMM, 1, 0, &[]);
+        // The next wait arms again, and wakes at once for that write: its events must take
+        // it, or every later sleep returns at once too.
+        inbox.arm();
+        inbox.take_events();
+        assert_eq!(drain(&inbox), 0, "the earlier write was taken");
+        assert!(!inbox.owed.get());
+        // And the flag works as before: armed, a message, one write, taken.
+        inbox.arm();
+        outbox.push(KIND_WRITE_IMM, 2, 0, &[]);
+        inbox.take_events();
         assert_eq!(drain(&inbox), 0);
     }
 
