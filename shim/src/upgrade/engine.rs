@@ -38,7 +38,7 @@ use rdmashim_proto::upgrade::{
 use rdmashim_proto::{Flags, Proof, RejectReason, TcpTuple};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -135,10 +135,24 @@ struct Setup {
     jobs: Mutex<VecDeque<Job>>,
     more: Condvar,
     done: Mutex<Vec<Done>>,
-    /// The thread was started (on the first job).
-    started: AtomicBool,
-    /// A job is being run (see [`halt`]).
-    busy: AtomicBool,
+    /// Setup threads started (the first on the first job; more while jobs wait for one, up to
+    /// [`setup_threads`]).
+    started: AtomicUsize,
+    /// Jobs being run (see [`halt`]).
+    busy: AtomicUsize,
+}
+
+/// How many setup threads may answer requests at once: one per CPU this process may run on,
+/// at most 4. A set-up is mostly the kernel's work (registering and pinning the rings,
+/// creating the queue pair: ~8 ms of CPU each under emulation), and one thread made a burst
+/// of a thousand connections outlast its clients' dial deadline (issue 28).
+fn setup_threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 4)
+    })
 }
 
 /// Set by [`halt`]: the engine and setup threads stop for good (inherited by fork children,
@@ -170,7 +184,7 @@ pub(crate) fn halt() -> bool {
     e.setup.more.notify_all();
     let deadline = Instant::now() + HALT_WAIT;
     loop {
-        if HALTED.load(Ordering::Acquire) && !e.setup.busy.load(Ordering::Acquire) {
+        if HALTED.load(Ordering::Acquire) && e.setup.busy.load(Ordering::Acquire) == 0 {
             return true;
         }
         if Instant::now() >= deadline {
@@ -438,28 +452,58 @@ impl Engine {
                 .is_empty()
     }
 
-    /// Hands `job` to the setup thread (started on the first job). `Err(job)` if the thread
-    /// cannot be started: the caller runs it itself.
+    /// Hands `job` to the setup threads (the first started on the first job; another while
+    /// jobs wait and every thread is busy, up to [`setup_threads`]). `Err(job)` if no thread
+    /// runs and none can be started: the caller runs it itself.
     fn submit(&'static self, job: Job) -> Result<(), Job> {
-        if !self.setup.started.swap(true, Ordering::AcqRel) {
-            let spawned = crate::signals::spawn_internal("rdmashim-setup", move || {
-                crate::guard::mark_internal_thread();
-                if std::panic::catch_unwind(|| self.setup_loop()).is_err() {
-                    super::failed_by_panic("the setup thread");
-                }
-            });
-            if spawned.is_err() {
-                self.setup.started.store(false, Ordering::Release);
+        let waiting = {
+            let mut q = self.setup.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            q.push_back(job);
+            q.len()
+        };
+        let started = self.setup.started.load(Ordering::Acquire);
+        let idle = started.saturating_sub(self.setup.busy.load(Ordering::Acquire));
+        if started < setup_threads() && waiting > idle && self.spawn_setup(started) {
+            return Ok(());
+        }
+        if started == 0 && self.setup.started.load(Ordering::Acquire) == 0 {
+            // (no thread, and none could be started: the job is the caller's)
+            let job = self
+                .setup
+                .jobs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_back();
+            if let Some(job) = job {
                 return Err(job);
             }
         }
-        self.setup
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(job);
         self.setup.more.notify_one();
         Ok(())
+    }
+
+    /// Starts one more setup thread if `started` are running (another caller may have
+    /// started it meanwhile). Returns whether one was started.
+    fn spawn_setup(&'static self, started: usize) -> bool {
+        if self
+            .setup
+            .started
+            .compare_exchange(started, started + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        let spawned = crate::signals::spawn_internal("rdmashim-setup", move || {
+            crate::guard::mark_internal_thread();
+            if std::panic::catch_unwind(|| self.setup_loop()).is_err() {
+                super::failed_by_panic("a setup thread");
+            }
+        });
+        if spawned.is_err() {
+            self.setup.started.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
     }
 
     fn setup_loop(&self) {
@@ -476,7 +520,7 @@ impl Engine {
                     }
                     if let Some(j) = q.pop_front() {
                         // (under the queue's lock: `halt` sees either the job or its run)
-                        self.setup.busy.store(true, Ordering::Release);
+                        self.setup.busy.fetch_add(1, Ordering::AcqRel);
                         break j;
                     }
                     q = self.setup.more.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -486,10 +530,10 @@ impl Engine {
             if halted() {
                 // (too late for the engine, which may be gone: its link is left as it is)
                 std::mem::forget(done);
-                self.setup.busy.store(false, Ordering::Release);
+                self.setup.busy.fetch_sub(1, Ordering::AcqRel);
                 continue;
             }
-            self.setup.busy.store(false, Ordering::Release);
+            self.setup.busy.fetch_sub(1, Ordering::AcqRel);
             self.setup
                 .done
                 .lock()
