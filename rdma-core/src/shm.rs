@@ -501,8 +501,22 @@ impl Outbox {
             let one = 1u64;
             // SAFETY: 8 bytes from a live u64; the descriptor is non-blocking.
             unsafe { crate::raw_syscall!(libc::SYS_write, self.wake.raw(), &one as *const u64, 8) };
+            WOKE_PEER.with(|w| w.set(true));
         }
     }
+}
+
+thread_local! {
+    /// This thread woke a sleeping peer (wrote its eventfd) since it last asked
+    /// ([`take_woke_peer`]).
+    static WOKE_PEER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread woke a sleeping peer since it last asked (and forgets it). A thread
+/// about to wait for that peer's answer may give it its CPU first: the kernel often queues the
+/// woken thread on the CPU of the thread that woke it.
+pub fn take_woke_peer() -> bool {
+    WOKE_PEER.with(|w| w.replace(false))
 }
 
 /// One shared-memory connection's resources (see the module docs).

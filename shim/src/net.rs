@@ -565,6 +565,13 @@ pub fn poll_now(fd: c_int, events: i16) -> i16 {
     }
 }
 
+/// Gives the CPU to another runnable thread of this CPU's, if any (`sched_yield`; it returns
+/// at once when there is none).
+pub fn yield_cpu() {
+    // SAFETY: no arguments.
+    unsafe { rdmashim_core::raw_syscall!(libc::SYS_sched_yield) };
+}
+
 /// The calling thread's involuntary context switches so far (getrusage RUSAGE_THREAD), if
 /// the kernel tells.
 pub fn involuntary_switches() -> Option<u64> {
