@@ -85,13 +85,18 @@ fn pgbench_against_a_forking_postmaster() {
     );
     // Each client's connection lives for its 150 transactions, seconds: its backend took it
     // over and it went onto rings. A short one (pgbench's vacuum) may end before its request
-    // is redirected, or come while the postmaster still holds its copy (`forked`).
+    // is redirected, or come while the postmaster still holds its copy (`forked`). A request
+    // may also reach the postmaster before its fork (a first dial to a host goes at once) and
+    // be answered there: the postmaster's close of its copy then switches the connection back
+    // for the backend, which serves it on TCP (docs/upgrade.md §7, `Inner::give_back`; seen
+    // once in CI, one connection of six) — counted upgraded and switched back, and
+    // `handed_to_child` for the others.
     let only =
         |st: &Stats, allowed: &[&str]| st.nonzero_reasons().keys().all(|r| allowed.contains(r));
     assert!(
-        pm.upgraded == 0
+        pm.upgraded == pm.switched_back
             && only(pm, &["handed_to_child", "forked"])
-            && pm.reason("handed_to_child") >= u64::from(CLIENTS),
+            && pm.reason("handed_to_child") + pm.switched_back >= u64::from(CLIENTS),
         "{}",
         pm.summary()
     );
@@ -107,10 +112,18 @@ fn pgbench_against_a_forking_postmaster() {
     // (pgbench's vacuum connection says goodbye at once: its backend may count it upgraded —
     // pgbench switched, sent and closed before the backend committed — while pgbench, whose
     // close came first, counts it `closed_early`; seen once in CI)
-    let expected = init.upgraded + bench.upgraded;
+    // (those the postmaster answered itself went back to TCP before their backends used them)
+    let expected = (init.upgraded + bench.upgraded).saturating_sub(pm.switched_back);
     assert!(
         served >= expected && served <= expected + bench.reason("closed_early"),
-        "every upgrade of pgbench's is a backend's: {served} served, {expected} upgraded"
+        "every upgrade of pgbench's is a backend's, or the postmaster's switched back: \
+         {served} served, {expected} upgraded in backends"
+    );
+    assert!(
+        bench.switched_back <= pm.switched_back + init.switched_back,
+        "pgbench switched back only what the postmaster did: {} / {}",
+        bench.summary(),
+        pm.summary()
     );
     bench.assert_ring_at_least(16 * 1024, 16 * 1024);
     device.delta().assert_carried(bench.ring_bytes());
