@@ -12,7 +12,7 @@
 //! seen) is forgotten first, as `accept` does for its new one.
 
 use super::conn;
-use crate::fdtable::{FdEntry, Kind, TABLE};
+use crate::fdtable::{FdEntry, TABLE};
 use core::ffi::c_int;
 use libc::{mmsghdr, msghdr};
 
@@ -101,34 +101,21 @@ unsafe fn each_passed_fd(msg: &msghdr, mut f: impl FnMut(c_int)) {
 /// # Safety
 /// As [`each_passed_fd`].
 pub(super) unsafe fn before_send(msg: &msghdr) {
-    let mut fds: Vec<(c_int, FdEntry)> = Vec::new();
+    let mut fds: Vec<c_int> = Vec::new();
     // SAFETY: the caller's contract.
-    unsafe {
-        each_passed_fd(msg, |fd| {
-            let e = TABLE.get(fd);
-            if e.kind() == Kind::Upgraded {
-                fds.push((fd, e));
-            }
-        })
-    };
+    unsafe { each_passed_fd(msg, |fd| fds.push(fd)) };
     if fds.is_empty() || super::process::in_foreign_child() {
         return;
     }
     let _s = crate::guard::Section::enter();
     let _e = crate::sys::ErrnoGuard::save();
-    let mut conns = Vec::new();
-    for (fd, e) in fds {
-        if !crate::upgrade::slot_is_ours(e.slot()) {
-            // (one that cannot be had was reset by its owner: the receiver sees that)
-            let _ = crate::upgrade::use_inherited(e.slot());
-        } else if let Some(c) = crate::upgrade::lookup(e.slot()) {
-            if !conns.iter().any(|(k, _)| std::sync::Arc::ptr_eq(k, &c)) {
-                conns.push((c, fd));
-            }
-        }
+    let (conns, inherited) = crate::upgrade::upgraded_among(&fds);
+    if conns.is_empty() && inherited.is_empty() {
+        return;
     }
-    crate::upgrade::data::hand_back_all(
+    super::process::hand_back(
         &conns,
+        inherited,
         "fd passing",
         crate::reason::FallbackReason::FdPassed,
     );

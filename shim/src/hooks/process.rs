@@ -427,9 +427,20 @@ fn before_credentials() {
 /// program that serves the connection), which it asks its parent for.
 fn hand_back_inherited(all: bool, what: &'static str, reason: crate::reason::FallbackReason) {
     let (conns, inherited) = crate::upgrade::upgraded_conns(all);
+    hand_back(&conns, inherited, what, reason);
+}
+
+/// Returns to TCP the connections `conns` of this process's own and asks its parent for the
+/// `inherited` slots of a fork child's (see [`hand_back_inherited`]).
+pub(super) fn hand_back(
+    conns: &[(std::sync::Arc<crate::upgrade::Conn>, c_int)],
+    inherited: Vec<u64>,
+    what: &'static str,
+    reason: crate::reason::FallbackReason,
+) {
     for slot in inherited {
         // (one that cannot be had was reset by its owner: the program sees that)
         let _ = crate::upgrade::use_inherited(slot);
     }
-    crate::upgrade::data::hand_back_all(&conns, what, reason);
+    crate::upgrade::data::hand_back_all(conns, what, reason);
 }

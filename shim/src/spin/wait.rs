@@ -87,6 +87,8 @@ pub(crate) fn spin_wait<T>(
     shard: usize,
     mut turn: impl FnMut() -> Turn<T>,
 ) -> Option<T> {
+    // (taken whether this wait spins or not: it says what this thread's last send did)
+    let woke_peer = rdmashim_core::shm::take_woke_peer();
     let spin = limit();
     if spin.is_zero() {
         return None;
@@ -95,7 +97,7 @@ pub(crate) fn spin_wait<T>(
     if spin.is_zero() {
         return None;
     }
-    if rdmashim_core::shm::take_woke_peer() {
+    if woke_peer {
         // This thread's last send woke a sleeping peer of this host, which the kernel may
         // have queued on this CPU: it runs now rather than after the spin. (An echo on one
         // of a thousand idle shared-memory connections: 0.6 ms at the median, the peer's

@@ -466,7 +466,7 @@ impl Engine {
         if started < setup_threads() && waiting > idle && self.spawn_setup(started) {
             return Ok(());
         }
-        if started == 0 && self.setup.started.load(Ordering::Acquire) == 0 {
+        if self.setup.started.load(Ordering::Acquire) == 0 {
             // (no thread, and none could be started: the job is the caller's)
             let job = self
                 .setup

@@ -2272,26 +2272,50 @@ pub(crate) fn check_sockets() {
 /// inherited slots of a fork child's, among the fds without FD_CLOEXEC, or among all fds with
 /// `all`.
 pub fn upgraded_conns(all: bool) -> (Vec<(Arc<Conn>, c_int)>, Vec<u64>) {
-    let mut conns: Vec<(Arc<Conn>, c_int)> = Vec::new();
-    let mut inherited: Vec<u64> = Vec::new();
+    let mut found = Upgraded::default();
     if crate::fdtable::UPGRADE_CONNS.load(core::sync::atomic::Ordering::Relaxed) == 0 {
-        return (conns, inherited);
+        return (found.conns, found.inherited);
     }
     crate::fdtable::TABLE.for_each(0, u32::MAX, |fd, e| {
-        if e.kind() != crate::fdtable::Kind::Upgraded || (!all && net::is_cloexec(fd)) {
+        if all || !net::is_cloexec(fd) {
+            found.add(fd, e);
+        }
+    });
+    (found.conns, found.inherited)
+}
+
+/// [`upgraded_conns`] among the fds `fds` (those a message passes to another process).
+pub fn upgraded_among(fds: &[c_int]) -> (Vec<(Arc<Conn>, c_int)>, Vec<u64>) {
+    let mut found = Upgraded::default();
+    for &fd in fds {
+        found.add(fd, crate::fdtable::TABLE.get(fd));
+    }
+    (found.conns, found.inherited)
+}
+
+/// The upgraded connections some fds refer to: this process's own (each once, with one of
+/// its fds) and a fork child's inherited slots (each once).
+#[derive(Default)]
+struct Upgraded {
+    conns: Vec<(Arc<Conn>, c_int)>,
+    inherited: Vec<u64>,
+}
+
+impl Upgraded {
+    fn add(&mut self, fd: c_int, e: crate::fdtable::FdEntry) {
+        if e.kind() != crate::fdtable::Kind::Upgraded {
             return;
         }
         if !slot_is_ours(e.slot()) {
-            if !inherited.contains(&e.slot()) {
-                inherited.push(e.slot());
+            if !self.inherited.contains(&e.slot()) {
+                self.inherited.push(e.slot());
             }
         } else if let Some(c) = lookup(e.slot()) {
-            if !conns.iter().any(|(k, _)| Arc::ptr_eq(k, &c)) {
-                conns.push((c, fd));
+            if !self.conns.iter().any(|(k, _)| Arc::ptr_eq(k, &c)) {
+                self.conns.push((c, fd));
             }
         }
-    });
-    (conns, inherited)
+    }
 }
 
 /// io_uring set up where no hook saw it (inline system calls: liburing, the io-uring crates)
