@@ -5,7 +5,7 @@ use crate::{
     python, random_bytes, run_ok, sha256_hex, shimmed, wait_listening, Rings, Scratch, Server,
     Stats,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -56,6 +56,24 @@ pub fn www(s: &Scratch) -> (PathBuf, String) {
     let file = random_bytes(FILE, 23);
     std::fs::write(www.join("f.bin"), &file).unwrap();
     (www, sha256_hex(&file))
+}
+
+/// Writes a lighttpd configuration serving `www` on `ip:port` (its error log in the scratch
+/// directory, keep-alive connections for 1,000 requests), then `extra` (lines of its own);
+/// returns its path.
+pub fn lighttpd_conf(s: &Scratch, www: &Path, (ip, port): (&str, u16), extra: &str) -> PathBuf {
+    let conf = s.dir.join("lighttpd.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "server.document-root = \"{}\"\nserver.bind = \"{ip}\"\nserver.port = {port}\n\
+             server.errorlog = \"{}\"\nserver.max-keep-alive-requests = 1000\n{extra}",
+            www.display(),
+            s.dir.join("error.log").display()
+        ),
+    )
+    .unwrap();
+    conf
 }
 
 /// Runs the client under the shim (label `client`) against `ip:port`, every body checked

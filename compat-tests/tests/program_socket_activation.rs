@@ -9,7 +9,7 @@
 //! Before: lighttpd never saw its socket's `listen`; no connection of a socket-activated
 //! service upgraded.
 
-use rdmashim_compat_tests::prefork_http::{check_workers_woken, fetch, www};
+use rdmashim_compat_tests::prefork_http::{check_workers_woken, fetch, lighttpd_conf, www};
 use rdmashim_compat_tests::*;
 use std::process::Command;
 use std::time::Duration;
@@ -28,18 +28,12 @@ fn lighttpd_activated_by_systemd_upgrades_over_shm() {
     let s = Scratch::new("socket-activation");
     let (www, want) = www(&s);
     let port = free_port_on(&ip);
-    let conf = s.dir.join("lighttpd.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "server.document-root = \"{}\"\nserver.bind = \"{ip}\"\nserver.port = {port}\n\
-             server.systemd-socket-activation = \"enable\"\nserver.errorlog = \"{}\"\n\
-             server.max-keep-alive-requests = 1000\n",
-            www.display(),
-            s.dir.join("error.log").display()
-        ),
-    )
-    .unwrap();
+    let conf = lighttpd_conf(
+        &s,
+        &www,
+        (&ip, port),
+        "server.systemd-socket-activation = \"enable\"\n",
+    );
     // The service's environment is the shim's, passed by the activator (`-E`), which runs
     // without it.
     let service = shimmed(&lighttpd, &s, "lighttpd");

@@ -7,7 +7,7 @@
 //! is upgraded in the worker that took it, and most responses go through the rings (and the
 //! device's packet counters).
 
-use rdmashim_compat_tests::prefork_http::{check_workers, serve_and_fetch, www};
+use rdmashim_compat_tests::prefork_http::{check_workers, lighttpd_conf, serve_and_fetch, www};
 use rdmashim_compat_tests::*;
 
 #[test]
@@ -30,18 +30,12 @@ fn lighttpd_workers(rings: Rings) {
     let s = Scratch::new("up-lighttpd");
     let (www, want) = www(&s);
     let port = free_port_on(&ip);
-    let conf = s.dir.join("lighttpd.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "server.document-root = \"{}\"\nserver.bind = \"{ip}\"\nserver.port = {port}\n\
-             server.max-worker = 2\nserver.errorlog = \"{}\"\n\
-             server.network-backend = \"sendfile\"\nserver.max-keep-alive-requests = 1000\n",
-            www.display(),
-            s.dir.join("error.log").display()
-        ),
-    )
-    .unwrap();
+    let conf = lighttpd_conf(
+        &s,
+        &www,
+        (&ip, port),
+        "server.max-worker = 2\nserver.network-backend = \"sendfile\"\n",
+    );
     let device = rings.device();
     let mut cmd = shimmed(&lighttpd, &s, "lighttpd");
     cmd.arg("-D").arg("-f").arg(&conf);
