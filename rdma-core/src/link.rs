@@ -1059,14 +1059,20 @@ pub struct Dialer {
     protocol: Config,
     close_timeout: Duration,
     deadline: Instant,
+    /// The whole dial's budget (`cfg.connect_timeout`).
+    timeout: Duration,
+    /// The endpoint is built by [`Dialer::build`], not by `poll` ([`Dialer::defer_build`]).
+    deferred: bool,
 }
 
-/// Where a dial stands; each state waits for one rdma_cm event.
+/// Where a dial stands; each state but `Routed` waits for one rdma_cm event.
 enum Dial {
     /// `rdma_resolve_addr` issued.
     Address(CmId),
     /// `rdma_resolve_route` issued.
     Route(CmId),
+    /// The route is resolved; the endpoint waits to be built ([`Dialer::build`]).
+    Routed(CmId),
     /// `rdma_connect` issued with the request.
     Connect(Box<(Connection, Endpoint)>),
     /// The outcome was returned.
@@ -1078,6 +1084,7 @@ impl Dial {
         match self {
             Dial::Address(_) => "RDMA_CM_EVENT_ADDR_RESOLVED",
             Dial::Route(_) => "RDMA_CM_EVENT_ROUTE_RESOLVED",
+            Dial::Routed(_) => "nothing (the endpoint is to be built)",
             Dial::Connect(_) => "RDMA_CM_EVENT_ESTABLISHED",
             Dial::Ended => "nothing (the dial has ended)",
         }
@@ -1205,7 +1212,50 @@ impl Dialer {
             protocol: cfg.protocol,
             close_timeout: cfg.close_timeout,
             deadline,
+            timeout: cfg.connect_timeout,
+            deferred: false,
         })
+    }
+
+    /// Leaves the costly part of the dial — the endpoint: its queue pair, completion queue
+    /// and registered rings, milliseconds of CPU each (tens under emulation) — to the caller,
+    /// who may run it on another thread: once the route is resolved, `poll` returns `Pending`
+    /// and [`Self::needs_build`] holds until [`Self::build`] ran. A process that dials a
+    /// thousand connections at once then sets them up on as many threads as it has CPUs,
+    /// instead of one after another on its event loop.
+    pub fn defer_build(&mut self) {
+        self.deferred = true;
+    }
+
+    /// Whether the endpoint waits for [`Self::build`] (only after [`Self::defer_build`]).
+    pub fn needs_build(&self) -> bool {
+        matches!(self.state, Dial::Routed(_))
+    }
+
+    /// Builds the endpoint and sends the request (see [`Self::defer_build`]); `tcp_received`
+    /// as for [`Self::poll`]. The time the dial waited for this call does not count against
+    /// it: the server's answer gets the dial's whole budget (`connect_timeout`) from now, as
+    /// a dial queued behind others' set-ups is no sign of a peer that does not answer. Poll
+    /// again afterwards (events may have come meanwhile). A failure ends the dial.
+    pub fn build(&mut self, tcp_received: u64) -> Result<(), DialError> {
+        match std::mem::replace(&mut self.state, Dial::Ended) {
+            Dial::Routed(id) => match self.request(id, tcp_received) {
+                Ok(state) => {
+                    self.state = state;
+                    self.deadline = Instant::now() + self.timeout;
+                    Ok(())
+                }
+                Err(e) => Err(DialError::Local(e)),
+            },
+            state => {
+                let expected = state.waiting_for();
+                self.state = state;
+                Err(DialError::Local(err(
+                    io::ErrorKind::InvalidInput,
+                    format!("no endpoint to build: the dial waits for {expected}"),
+                )))
+            }
+        }
     }
 
     /// The event channel's fd (non-blocking): poll again when it is readable.
@@ -1271,6 +1321,10 @@ impl Dialer {
                     }
                     Err(e) => DialError::Local(e.into()),
                 }
+            }
+            (Dial::Route(id), et::RDMA_CM_EVENT_ROUTE_RESOLVED) if self.deferred => {
+                self.state = Dial::Routed(id);
+                return None;
             }
             (Dial::Route(id), et::RDMA_CM_EVENT_ROUTE_RESOLVED) => {
                 match self.request(id, tcp_received) {

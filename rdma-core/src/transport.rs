@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use rdmashim_proto::{ConnectRequest, Proof, RejectReason};
 
-use crate::link::{DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
+use crate::link::{DialError, DialStatus, Dialer, Incoming, Link, StreamConfig, UpgradeListener};
 use crate::rendezvous::{ShmDialer, ShmIncoming, ShmListener};
 
 /// Which carriage a link, dial or listener uses.
@@ -78,6 +78,27 @@ impl UpgradeDialer {
         match self {
             UpgradeDialer::Rdma(d) => d.poll(tcp_received),
             UpgradeDialer::Shm(d) => d.poll(),
+        }
+    }
+
+    /// [`Dialer::defer_build`] for an RDMA dial; a shared-memory dial has nothing to defer
+    /// (its rings are mapped when it starts, cheaply).
+    pub fn defer_build(&mut self) {
+        if let UpgradeDialer::Rdma(d) = self {
+            d.defer_build();
+        }
+    }
+
+    /// Whether [`Self::build`] is due ([`Dialer::needs_build`]).
+    pub fn needs_build(&self) -> bool {
+        matches!(self, UpgradeDialer::Rdma(d) if d.needs_build())
+    }
+
+    /// [`Dialer::build`].
+    pub fn build(&mut self, tcp_received: u64) -> Result<(), DialError> {
+        match self {
+            UpgradeDialer::Rdma(d) => d.build(tcp_received),
+            UpgradeDialer::Shm(_) => Ok(()),
         }
     }
 

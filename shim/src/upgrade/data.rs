@@ -1055,7 +1055,9 @@ pub(crate) fn back_step(
             c.fall_back(g, reason);
             Step::Tcp
         }
+        // (a client's set-up is its dial's: its endpoint being built, its request to go)
         Phase::Dialing(_) => Step::Dialing,
+        Phase::Setup if c.side == rdmashim_proto::Side::Client => Step::Dialing,
         Phase::Setup => Step::Wait,
         Phase::Linked(l) if l.conn().back_started() => Step::Wait,
         Phase::Linked(l) if l.conn().state() == StreamState::Handshaking => Step::Wait,

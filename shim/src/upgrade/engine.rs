@@ -85,12 +85,26 @@ enum Cmd {
 enum Job {
     /// Answer a connect request matched to a connection (queued at the given time).
     Accept(Box<Request>, Arc<Conn>, u64, Instant),
+    /// Build a client dial's endpoint and send its request ([`UpgradeDialer::build`]): its
+    /// route is resolved. Whether the dial is a probe of its host; when it was queued.
+    Dial(Box<UpgradeDialer>, Arc<Conn>, bool, Instant),
 }
 
 /// A finished [`Job`], for the engine thread.
+// (each is moved once, from the setup thread's list to `finish`: boxing the link buys nothing)
+#[allow(clippy::large_enum_variant)]
 enum Done {
     Accepted(Arc<Conn>, std::io::Result<Link>),
+    /// The dialer comes back, its request sent (or the dial failed).
+    Dialed(Arc<Conn>, Box<UpgradeDialer>, Result<(), DialError>),
 }
+
+/// The longest a dial's set-up may wait in the setup threads' queue; one that waited longer
+/// stays TCP (`upgrade_timeout`). The queue's length is no fault of the peer's, and the
+/// connection carries its bytes over TCP meanwhile, so the wait is generous: a set-up takes
+/// ~8 ms of CPU under emulation, and a burst of ten thousand connections on two threads
+/// waits its turn for ~40 s.
+const DIAL_QUEUE_MAX: Duration = Duration::from_secs(60);
 
 fn run_job(job: Job) -> Done {
     // (a shim thread's work on this CPU, whichever runs it: see INTERNAL_WAKES)
@@ -125,6 +139,31 @@ fn run_job(job: Job) -> Done {
                 t0.saturating_duration_since(queued)
             );
             Done::Accepted(c, r)
+        }
+        Job::Dial(mut d, c, probe, queued) => {
+            let tcp_received = {
+                let g = c.lock();
+                // Closed while its set-up waited its turn: no request at all (the engine
+                // counts it closed early). Decided meanwhile (the exit): none either.
+                let wanted = matches!(g.phase, Phase::Setup) && (!g.closed || probe || g.give_back);
+                wanted.then_some(g.tcp_received)
+            };
+            let Some(tcp_received) = tcp_received else {
+                let e = std::io::Error::other("ended before its endpoint was built");
+                return Done::Dialed(c, d, Err(DialError::Local(e)));
+            };
+            if t0.saturating_duration_since(queued) > DIAL_QUEUE_MAX {
+                return Done::Dialed(c, d, Err(DialError::Timeout));
+            }
+            let r = d.build(tcp_received);
+            shim_log!(
+                Level::Debug,
+                "dial {}: endpoint built in {:?} after {:?} queued",
+                c.peer,
+                t0.elapsed(),
+                t0.saturating_duration_since(queued)
+            );
+            Done::Dialed(c, d, r)
         }
     }
 }
@@ -1421,12 +1460,20 @@ impl State {
             return;
         };
         match started {
-            Ok(d) => {
+            Ok(mut d) => {
+                // An RDMA dial's endpoint is built by a setup thread (`Job::Dial`), and its
+                // channel watched edge-triggered meanwhile: its events wait for the dialer's
+                // return, when `dial_event` takes them all.
+                d.defer_build();
+                let edge = match d.transport() {
+                    Transport::Rdma => libc::EPOLLET as u32,
+                    Transport::Shm => 0,
+                };
                 let ok = net::epoll_ctl(
                     self.epfd,
                     libc::EPOLL_CTL_ADD,
                     d.fd(),
-                    libc::EPOLLIN as u32,
+                    libc::EPOLLIN as u32 | edge,
                     token(DIAL, c.slot),
                 )
                 .is_ok();
@@ -1463,6 +1510,14 @@ impl State {
         };
         let status = d.poll(tcp_received);
         self.dial_status(&c, &mut g, status);
+        // Its route resolved: the endpoint is built by a setup thread (see `Job::Dial`).
+        if matches!(&g.phase, Phase::Dialing(d) if d.needs_build()) {
+            if let Phase::Dialing(d) = std::mem::replace(&mut g.phase, Phase::Setup) {
+                drop(g);
+                let probe = self.conns.get(&slot).is_some_and(|t| t.probe);
+                self.hand_over(Job::Dial(d, c, probe, Instant::now()));
+            }
+        }
     }
 
     /// Acts on what a dial's poll found.
@@ -1617,6 +1672,24 @@ impl State {
     /// [`Phase::Setup`]; else dropping the link undoes it on both ends), its link is watched.
     fn finish(&mut self, done: Done) {
         match done {
+            Done::Dialed(c, d, built) => {
+                let mut g = c.lock();
+                if !matches!(g.phase, Phase::Setup) {
+                    return; // (decided meanwhile: dropping the dialer withdraws its request)
+                }
+                g.phase = Phase::Dialing(d);
+                match built {
+                    Ok(()) => {
+                        drop(g);
+                        // (events that came meanwhile: the reply may be there already)
+                        self.dial_event(c.slot);
+                    }
+                    Err(DialError::Local(_)) if g.closed => {
+                        c.fall_back(&mut g, FallbackReason::ClosedEarly)
+                    }
+                    Err(e) => self.dial_status(&c, &mut g, DialStatus::Failed(e)),
+                }
+            }
             Done::Accepted(c, accepted) => {
                 let mut g = c.lock();
                 if !matches!(g.phase, Phase::Setup) {

@@ -79,8 +79,9 @@ pub(crate) enum Phase {
     Queued,
     /// Server: waiting for the client's connect request (in the engine's matcher).
     Awaiting,
-    /// Server: the engine's setup thread is answering the matched request (building the
-    /// link). The data goes through the socket meanwhile, as before the upgrade.
+    /// The engine's setup thread is building the link: a server's answering the matched
+    /// request, a client's building the endpoint of its dial (whose route is resolved) and
+    /// sending its request. The data goes through the socket meanwhile, as before the upgrade.
     Setup,
     /// The ring connection (in its handshake, established, or ended).
     Linked(Box<Link>),
