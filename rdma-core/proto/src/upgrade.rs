@@ -305,6 +305,13 @@ pub struct MatcherConfig {
     /// that no request will come. Default 5 s (the client sends its request right after its
     /// connect completes; address resolution under load can take a while).
     pub accepted_wait: Duration,
+    /// How long an accepted connection may wait in all while its client's host makes
+    /// progress: as long as requests keep coming from that host (one within the last
+    /// `accepted_wait`), its wait goes on, up to this. A client that dials a burst of
+    /// connections sets them up one after another (or a few at a time); the last ones' requests
+    /// come long after their connections were accepted, and with no sign of a host that
+    /// stopped trying. Default 60 s.
+    pub accepted_wait_max: Duration,
     /// Most pending requests (a flood of bogus requests is rejected, not stored). Default 1024.
     pub max_requests: usize,
 }
@@ -314,6 +321,7 @@ impl Default for MatcherConfig {
         MatcherConfig {
             request_wait: Duration::from_secs(3),
             accepted_wait: Duration::from_secs(5),
+            accepted_wait_max: Duration::from_secs(60),
             max_requests: 1024,
         }
     }
@@ -364,7 +372,10 @@ pub struct Matcher<R, C> {
     requests: HashMap<TupleKey, Vec<(R, Instant)>>,
     /// How many requests `requests` holds in all.
     pending: usize,
-    accepted: HashMap<TupleKey, (C, Instant)>,
+    /// Accepted connections: the connection, when its wait ends, when it was accepted.
+    accepted: HashMap<TupleKey, (C, Instant, Instant)>,
+    /// When a request last came from each client host (within the last `accepted_wait`).
+    progress: HashMap<IpAddr, Instant>,
 }
 
 impl<R, C> Matcher<R, C> {
@@ -375,12 +386,18 @@ impl<R, C> Matcher<R, C> {
             requests: HashMap::new(),
             pending: 0,
             accepted: HashMap::new(),
+            progress: HashMap::new(),
         }
     }
 
     /// A connect request for `key` arrived at `now`.
     pub fn on_request(&mut self, key: TupleKey, req: R, now: Instant) -> RequestOutcome<R, C> {
-        if let Some((conn, _)) = self.accepted.remove(&key) {
+        // (its host makes progress: see `accepted_wait_max`; the map is pruned by `expire`,
+        // and never holds more hosts than requests may be pending)
+        if self.progress.len() < self.cfg.max_requests || self.progress.contains_key(&key.peer_ip) {
+            self.progress.insert(key.peer_ip, now);
+        }
+        if let Some((conn, ..)) = self.accepted.remove(&key) {
             return RequestOutcome::Matched { req, conn };
         }
         if self
@@ -414,14 +431,14 @@ impl<R, C> Matcher<R, C> {
             return Some((req, conn));
         }
         self.accepted
-            .insert(key, (conn, now + self.cfg.accepted_wait));
+            .insert(key, (conn, now + self.cfg.accepted_wait, now));
         None
     }
 
     /// The accepted connection `key` went away (closed by the application) before a request
     /// came: forget it and hand it back.
     pub fn forget_accepted(&mut self, key: &TupleKey) -> Option<C> {
-        self.accepted.remove(key).map(|(c, _)| c)
+        self.accepted.remove(key).map(|(c, ..)| c)
     }
 
     /// As [`forget_accepted`](Self::forget_accepted), but only if the waiting connection is
@@ -433,14 +450,18 @@ impl<R, C> Matcher<R, C> {
         is_it: impl FnOnce(&C) -> bool,
     ) -> Option<C> {
         match self.accepted.get(key) {
-            Some((c, _)) if is_it(c) => self.forget_accepted(key),
+            Some((c, ..)) if is_it(c) => self.forget_accepted(key),
             _ => None,
         }
     }
 
-    /// Everything whose wait ended at or before `now`.
+    /// Everything whose wait ended at or before `now`. An accepted connection whose client's
+    /// host sent a request within the last `accepted_wait` waits on (see `accepted_wait_max`).
     pub fn expire(&mut self, now: Instant) -> Vec<Expired<R, C>> {
         let mut out = Vec::new();
+        let wait = self.cfg.accepted_wait;
+        self.progress
+            .retain(|_, t| now.saturating_duration_since(*t) < wait);
         let due: Vec<TupleKey> = self
             .requests
             .iter()
@@ -461,12 +482,20 @@ impl<R, C> Matcher<R, C> {
         let due: Vec<TupleKey> = self
             .accepted
             .iter()
-            .filter(|(_, (_, t))| *t <= now)
+            .filter(|(_, (_, t, _))| *t <= now)
             .map(|(k, _)| *k)
             .collect();
         for k in due {
-            if let Some((c, _)) = self.accepted.remove(&k) {
-                out.push(Expired::Accepted(k, c));
+            let Some((c, _, born)) = self.accepted.remove(&k) else {
+                continue;
+            };
+            let end = born + self.cfg.accepted_wait_max;
+            match self.progress.get(&k.peer_ip) {
+                // (`progress` holds only requests within `wait` of now: later than now)
+                Some(&last) if now < end => {
+                    self.accepted.insert(k, (c, (last + wait).min(end), born));
+                }
+                _ => out.push(Expired::Accepted(k, c)),
             }
         }
         out
@@ -478,7 +507,7 @@ impl<R, C> Matcher<R, C> {
             .values()
             .flatten()
             .map(|(_, t)| *t)
-            .chain(self.accepted.values().map(|(_, t)| *t))
+            .chain(self.accepted.values().map(|(_, t, _)| *t))
             .min()
     }
 
@@ -791,6 +820,57 @@ mod tests {
         m.on_accepted(key(3), 30, t0);
         assert_eq!(m.forget_accepted(&key(3)), Some(30));
         assert!(m.expire(t0 + Duration::from_secs(10)).is_empty());
+    }
+
+    #[test]
+    fn an_accepted_connection_waits_on_while_its_host_makes_progress() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut m: Matcher<u16, u16> = Matcher::new(MatcherConfig::default());
+        // a burst: 3 accepted at once, their client sets them up one after another
+        for p in 1..=3 {
+            assert_eq!(m.on_accepted(key(p), p, t0), None);
+        }
+        // another host's requests are no sign of this one's progress
+        let other = TupleKey {
+            peer_ip: ip("10.9.9.9"),
+            ..key(7)
+        };
+        assert_eq!(m.on_request(other, 70, t0 + s(4)), RequestOutcome::Pending);
+        assert_eq!(
+            m.on_request(key(1), 1, t0 + s(4)),
+            RequestOutcome::Matched { req: 1, conn: 1 }
+        );
+        // at 5 s the others wait on: their host's last request was at 4 s
+        assert!(m.expire(t0 + s(5)).is_empty());
+        assert_eq!(m.waiting_accepted(), 2);
+        assert_eq!(m.expire(t0 + s(7)), vec![Expired::Request(other, 70)]);
+        assert_eq!(m.poll_timeout(), Some(t0 + s(9)));
+        assert_eq!(
+            m.on_request(key(2), 2, t0 + s(8)),
+            RequestOutcome::Matched { req: 2, conn: 2 }
+        );
+        assert!(m.expire(t0 + s(9)).is_empty());
+        assert_eq!(m.poll_timeout(), Some(t0 + s(13)));
+        // the host went quiet: the last one's wait ends 5 s after its host's last request
+        assert_eq!(m.expire(t0 + s(13)), vec![Expired::Accepted(key(3), 3)]);
+        // and progress never stretches a wait past `accepted_wait_max`
+        let mut m: Matcher<u16, u16> = Matcher::new(MatcherConfig::default());
+        m.on_accepted(key(1), 1, t0);
+        let mut now = t0;
+        let mut expired = Vec::new();
+        while expired.is_empty() && now - t0 < Duration::from_secs(600) {
+            now += s(1);
+            let busy = key(2);
+            let _ = m.on_request(busy, 0, now);
+            let _ = m.forget_accepted(&busy);
+            expired = m
+                .expire(now)
+                .into_iter()
+                .filter(|e| matches!(e, Expired::Accepted(..)))
+                .collect();
+        }
+        assert_eq!(now - t0, MatcherConfig::default().accepted_wait_max);
     }
 
     #[test]

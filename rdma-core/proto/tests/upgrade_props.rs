@@ -48,6 +48,8 @@ proptest! {
         let mut live_conns: HashSet<u32> = HashSet::new();
         let mut ended: HashSet<u32> = HashSet::new();
         let mut born: std::collections::HashMap<u32, Instant> = Default::default();
+        // (every tuple is of one client host: its requests extend the accepted ones' waits)
+        let mut last_request: Option<Instant> = None;
         let mut end = |id: u32, live: &mut HashSet<u32>| {
             prop_assert!(live.remove(&id), "{} ended but was not live", id);
             prop_assert!(ended.insert(id), "{} ended twice", id);
@@ -56,6 +58,7 @@ proptest! {
         for o in ops {
             match o {
                 Op::Request(p) => {
+                    last_request = Some(now);
                     let id = next_req; next_req += 1;
                     live_reqs.insert(id); born.insert(id, now);
                     match m.on_request(key(p), id, now) {
@@ -91,6 +94,9 @@ proptest! {
                             }
                             Expired::Accepted(_, c) => {
                                 prop_assert!(now - born[&c] >= cfg.accepted_wait);
+                                // it waited on while its host made progress, up to the cap
+                                let idle = last_request.is_none_or(|t| now - t >= cfg.accepted_wait);
+                                prop_assert!(idle || now - born[&c] >= cfg.accepted_wait_max);
                                 end(c, &mut live_conns)?;
                             }
                         }
@@ -102,7 +108,7 @@ proptest! {
             prop_assert_eq!(m.waiting_accepted(), live_conns.len());
         }
         // nothing waits past its bound
-        now += cfg.accepted_wait.max(cfg.request_wait);
+        now += cfg.accepted_wait_max.max(cfg.request_wait);
         for e in m.expire(now) {
             match e {
                 Expired::Request(_, r) => end(r, &mut live_reqs)?,
