@@ -4078,6 +4078,120 @@ mod missed_close {
 
 /// Makes RLIMIT_MEMLOCK bind this process, as it binds an unprivileged one: drops
 /// CAP_IPC_LOCK (which exempts root from it) and sets the limit to `kib` KiB.
+/// Many connections at once (issue 28): the client opens `BEHAVE_CONNS` (default 1000)
+/// connections one right after another, echoes 64 B on each (over TCP: their upgrades are still
+/// being set up), says so (`ready`, BEHAVE_READY_FILE), and waits for the file BEHAVE_GO
+/// (the test creates it once the upgrades are decided); then [`BYTES`] more on each, a pattern
+/// of its own per connection, echoed and checked, and closes them all. The server serves each
+/// connection on a thread of its own until its end, and ends once all have.
+mod burst {
+    use super::*;
+
+    /// What each connection carries after the go.
+    pub const BYTES: usize = 16 * 1024;
+
+    fn conns() -> usize {
+        std::env::var("BEHAVE_CONNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000)
+    }
+
+    /// As many descriptors as the hard limit allows: a thousand connections take a few
+    /// thousand (the shim's own among them).
+    fn raise_nofile() {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid rlimit for getrlimit/setrlimit to read and write.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+                l.rlim_cur = l.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+            }
+        }
+    }
+
+    fn spawn_small<F: FnOnce() + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(f)
+            .expect("spawn")
+    }
+
+    pub fn serve(l: TcpListener) {
+        raise_nofile();
+        let n = conns();
+        let mut threads = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (mut s, _) = l.accept().expect("accept");
+            threads.push(spawn_small(move || {
+                s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    let k = s.read(&mut buf).expect("read");
+                    if k == 0 {
+                        break;
+                    }
+                    s.write_all(&buf[..k]).expect("write");
+                }
+                s.shutdown(Shutdown::Write).unwrap();
+            }));
+        }
+        for t in threads {
+            t.join().expect("a connection's thread failed");
+        }
+    }
+
+    pub fn client(addr: SocketAddr) {
+        raise_nofile();
+        let n = conns();
+        let t0 = Instant::now();
+        let mut ss: Vec<TcpStream> = (0..n)
+            .map(|i| {
+                let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {i}: {e}"));
+                s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+                s
+            })
+            .collect();
+        let mut got = vec![0u8; BYTES];
+        for (i, s) in ss.iter_mut().enumerate() {
+            let hello = pattern(64, i as u8);
+            s.write_all(&hello).unwrap();
+            s.read_exact(&mut got[..64]).unwrap();
+            assert!(
+                got[..64] == hello[..],
+                "connection {i}: the first echo came back different"
+            );
+        }
+        println!("burst of {n} in {:?}", t0.elapsed());
+        std::io::stdout().flush().unwrap();
+        ready();
+        let go = std::env::var_os("BEHAVE_GO").map(std::path::PathBuf::from);
+        if let Some(go) = go {
+            let until = Instant::now() + Duration::from_secs(600);
+            while !go.exists() {
+                assert!(Instant::now() < until, "no go within 10 minutes");
+                sleep_ms(20);
+            }
+        }
+        // Each connection's own bytes, so that one delivered on another would show.
+        for (i, s) in ss.iter_mut().enumerate() {
+            let block = pattern(BYTES, (i * 7 + 1) as u8);
+            let mut seed = (i as u64).to_le_bytes().to_vec();
+            seed.extend_from_slice(&block[8..]);
+            s.write_all(&seed).unwrap();
+            s.read_exact(&mut got).unwrap();
+            assert!(got == seed, "connection {i}: its bytes came back different");
+        }
+        for (i, mut s) in ss.into_iter().enumerate() {
+            s.shutdown(Shutdown::Write).unwrap();
+            assert_eq!(read_to_eof(&mut s), b"", "connection {i}");
+        }
+    }
+}
+
 fn limit_memlock(kib: u64) {
     const CAP_IPC_LOCK: u32 = 14;
     #[repr(C)]
@@ -4192,6 +4306,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
 /// Scenarios whose server role takes the listening socket itself.
 const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
     ("prefork", prefork::serve, prefork::client),
+    ("burst", burst::serve, burst::client),
     ("epoll_reuse", epoll_reuse::serve, epoll_reuse::client),
     ("fork_dial", fork_dial::serve, fork_dial::client),
     ("setuid", setuid::serve, setuid::client),
