@@ -10,6 +10,10 @@
 //! The rings are small (`RDMASHIM_RING_KIB=32`): the RDMA tier's VM has 2 GiB, and at the
 //! default size a connection pins 2 MiB on each side (a ring that grows with use is the next
 //! step of issue 28; `scripts/bench-scale` measures both).
+//!
+//! The same burst, of four connections at the default ring size, checks the cap on what a
+//! process's rings pin (`RDMASHIM_PINNED_MIB`): on the side that has it, the connections that
+//! would take the process past it stay TCP (`resources`), and the others upgrade.
 
 use rdmashim_compat_tests::*;
 use serde_json::Value;
@@ -37,6 +41,45 @@ fn a_thousand_over_rdma() {
     burst(Rings::Rdma, 1000);
 }
 
+/// A connection pins 2060 KiB at the default ring (512 KiB: two rings registered over both
+/// views of their double mappings, and 12 KiB of buffers): under a 5 MiB cap two fit.
+const CAP: (&str, &str) = ("RDMASHIM_PINNED_MIB", "5");
+
+/// The client's cap: two of its four connections upgrade, the others stay TCP before they
+/// dial (`resources`); the server upgrades the two it is asked for.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn the_clients_pinned_memory_cap() {
+    let (client, server) = run(Rings::Rdma, 4, &[CAP], &[]);
+    let sum = client.summary();
+    assert_eq!(
+        (client.upgraded(), client.reason("resources")),
+        (2, 2),
+        "{sum}"
+    );
+    assert_eq!(server.upgraded(), 2, "{}", server.summary());
+}
+
+/// The server's cap: it answers two requests and rejects the others (`resources` on its
+/// side, and on the client's, from the rejection's reason).
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn the_servers_pinned_memory_cap() {
+    let (client, server) = run(Rings::Rdma, 4, &[], &[CAP]);
+    let sum = server.summary();
+    assert_eq!(
+        (server.upgraded(), server.reason("resources")),
+        (2, 2),
+        "{sum}"
+    );
+    let sum = client.summary();
+    assert_eq!(
+        (client.upgraded(), client.reason("resources")),
+        (2, 2),
+        "{sum}"
+    );
+}
+
 /// The client's live counters: (upgraded, fallen back).
 fn decided(run_dir: &Path, pid: u32) -> Option<(u64, u64)> {
     let out = Command::new(&shim().launcher)
@@ -50,23 +93,46 @@ fn decided(run_dir: &Path, pid: u32) -> Option<(u64, u64)> {
     Some((c["upgraded"].as_u64()?, c["fallback"].as_u64()?))
 }
 
+/// A burst of `n` all upgraded on both sides, each connection's bytes over its ring.
 fn burst(rings: Rings, n: u64) {
+    let small = [("RDMASHIM_RING_KIB", "32")];
+    let (client, server) = run(rings, n, &small, &small);
+    for st in [client, server] {
+        let sum = st.summary();
+        // Decided upgraded before the go, and never back on TCP: every connection's bytes
+        // after the go went over its ring.
+        assert_eq!(st.upgraded(), n, "{sum}");
+        assert_eq!(st.nonzero_reasons().len(), 0, "{sum}");
+        assert_eq!((st.switched_back, st.path_failed), (0, 0), "{sum}");
+        rings.assert_at_least(&st, n * BYTES, n * BYTES);
+    }
+}
+
+/// Runs the `burst` scenario with `n` connections, the roles' environments given, and returns
+/// the client's and the server's stats (each accounting for `n` connections). The go comes
+/// once the client's live counters have decided every connection.
+fn run(
+    rings: Rings,
+    n: u64,
+    client_env: &[(&str, &str)],
+    server_env: &[(&str, &str)],
+) -> (Stats, Stats) {
     let s = Scratch::new("burst");
     let run_dir = s.dir.join("run");
     std::fs::create_dir_all(&run_dir).unwrap();
     let (ready, go) = (s.dir.join("ready"), s.dir.join("go"));
     let ip = rings.ip();
-    let role = |label: &str| {
+    let role = |label: &str, env: &[(&str, &str)]| {
         let mut c = under_shim(Via::Preload, BIN, &s, label);
         c.args(["burst", label, &ip])
             .env("BEHAVE_CONNS", n.to_string())
-            .env("RDMASHIM_RING_KIB", "32")
             .env("RDMASHIM_RUN_DIR", &run_dir)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stderr(Stdio::piped());
         c
     };
-    let mut srv = role("server");
+    let mut srv = role("server", server_env);
     let mut server = srv.stdout(Stdio::piped()).spawn().expect("spawn server");
     let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
     let port = match lines.next() {
@@ -76,7 +142,7 @@ fn burst(rings: Rings, n: u64) {
             panic!("the server gave no port: {other:?}");
         }
     };
-    let mut cli = role("client");
+    let mut cli = role("client", client_env);
     cli.arg(&port)
         .env("BEHAVE_READY_FILE", &ready)
         .env("BEHAVE_GO", &go)
@@ -140,15 +206,9 @@ fn burst(rings: Rings, n: u64) {
         server_out.0,
         String::from_utf8_lossy(&server_out.1.stderr)
     );
-    for label in ["client", "server"] {
-        let st = s.one_stats(label);
-        let sum = st.summary();
-        assert_eq!(st.connections(), n, "{label}: {sum}");
-        // Decided upgraded before the go, and never back on TCP: every connection's bytes
-        // after the go went over its ring.
-        assert_eq!(st.upgraded(), n, "{label}: {sum}");
-        assert_eq!(st.nonzero_reasons().len(), 0, "{label}: {sum}");
-        assert_eq!((st.switched_back, st.path_failed), (0, 0), "{label}: {sum}");
-        rings.assert_at_least(&st, n * BYTES, n * BYTES);
+    let (client, server) = (s.one_stats("client"), s.one_stats("server"));
+    for st in [&client, &server] {
+        assert_eq!(st.connections(), n, "{}", st.summary());
     }
+    (client, server)
 }

@@ -104,6 +104,18 @@ impl Default for StreamConfig {
 }
 
 impl StreamConfig {
+    /// The memory one connection of this configuration registers (and the kernel pins): its
+    /// receive ring and its send staging ring (the peer's size, taken to be this one), each
+    /// registered over both views of its double mapping, and its receive and control-send
+    /// buffers in whole pages (crate::pool's `Kit`).
+    pub fn pinned_per_connection(&self) -> usize {
+        let page = verbs::page_size();
+        let pages = |n: usize| n.div_ceil(page) * page;
+        2 * 2 * self.ring_size
+            + pages(usize::from(self.recv_slots) * rdmashim_proto::MAX_CONTROL_LEN)
+            + pages(self.sq_depth as usize * rdmashim_proto::MAX_CONTROL_LEN)
+    }
+
     pub(crate) fn sizes(&self) -> io::Result<EndpointSizes> {
         if RingSize::new(self.ring_size as u64).is_err() {
             return Err(io::Error::new(

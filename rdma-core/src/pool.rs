@@ -92,12 +92,14 @@ impl Kit {
         Ok(())
     }
 
-    /// Bytes of memory it pins.
+    /// Bytes of memory it pins: its registrations' lengths (a ring's covers both views of
+    /// its double mapping, and the kernel counts each page of it), as
+    /// [`crate::verbs::registered_bytes`] counts them.
     fn pinned(&self) -> usize {
-        self.rx.size()
-            + self.tx.as_ref().map_or(0, |t| t.size())
-            + self.recv_bufs.len()
-            + self.ctl_bufs.len()
+        self.rx.mr().len()
+            + self.tx.as_ref().map_or(0, |t| t.mr().len())
+            + self.recv_bufs.mr().len()
+            + self.ctl_bufs.mr().len()
     }
 
     /// Memory registrations it holds.
@@ -167,7 +169,9 @@ pub(crate) fn kit(ctx: &Arc<Context>, sizes: KitSizes) -> Result<Pooled> {
     })
 }
 
-/// What the pool holds right now: (memory registrations in its kits, bytes they pin).
+/// What the pool holds right now: (memory registrations in its kits, bytes they pin). Those
+/// bytes are among [`crate::verbs::registered_bytes`], and the next connection of the same
+/// sizes takes them over instead of pinning more.
 pub fn pooled() -> (usize, usize) {
     with(|p| {
         let regs = p.kits.iter().map(|(_, k)| k.registrations()).sum();

@@ -9,6 +9,7 @@
 use std::ffi::c_int;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result, Unavailable};
@@ -521,6 +522,24 @@ pub struct Mr {
     pd: Arc<Pd>,
 }
 
+/// Bytes registered by live [`Mr`]s of this process, and the process they count for: a fork
+/// child's inherited registrations pin pages for its parent, not for it, so the count starts
+/// again at a child's first registration (and a child's drop of an inherited one does not
+/// count).
+static REGISTERED: AtomicUsize = AtomicUsize::new(0);
+static REGISTERED_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Bytes of memory this process has registered with RDMA devices right now (every live memory
+/// registration's length; the kernel pins them and counts them in `VmPin`). A double-mapped
+/// ring registered over both its views counts twice, as the kernel counts it.
+pub fn registered_bytes() -> usize {
+    if REGISTERED_PID.load(Ordering::Acquire) == std::process::id() {
+        REGISTERED.load(Ordering::Acquire)
+    } else {
+        0
+    }
+}
+
 // SAFETY: verbs objects may be used from any thread.
 unsafe impl Send for Mr {}
 // SAFETY: see Send.
@@ -543,6 +562,11 @@ impl Mr {
             (pd.ctx.lib.verbs.ibv_reg_mr)(pd.as_ptr(), addr.cast(), len, access.0 as c_int)
         };
         let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_reg_mr"))?;
+        let pid = std::process::id();
+        if REGISTERED_PID.swap(pid, Ordering::AcqRel) != pid {
+            REGISTERED.store(0, Ordering::Release); // (a fork child's first)
+        }
+        REGISTERED.fetch_add(len, Ordering::AcqRel);
         Ok(Self {
             raw,
             pd: pd.clone(),
@@ -603,8 +627,15 @@ impl Drop for Mr {
         if crate::fds::abandoned() {
             return;
         }
+        // (the length `register` counted, read before the registration goes)
+        let len = self.len();
         // SAFETY: live MR, deregistered once.
         unsafe { (self.pd.ctx.lib.verbs.ibv_dereg_mr)(self.raw.as_ptr()) };
+        if REGISTERED_PID.load(Ordering::Acquire) == std::process::id() {
+            let _ = REGISTERED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(len))
+            });
+        }
     }
 }
 

@@ -70,6 +70,9 @@ pub struct Config {
     pub spin_us: u64,
     /// `RDMASHIM_NEGATIVE_CACHE_SECS` (`None`: the cache's own periods).
     pub negative_cache_secs: Option<u64>,
+    /// `RDMASHIM_PINNED_MIB`: the most memory the process's connections over RDMA may pin, MiB
+    /// (0: a quarter of the host's memory).
+    pub pinned_mib: u64,
     /// `RDMASHIM_TRACE` is set.
     pub trace: bool,
     /// `RDMASHIM_FAULT` (tests only).
@@ -178,6 +181,7 @@ impl Default for Config {
             dial_delay_ms: DIAL_DELAY_MS.default,
             spin_us: SPIN_US.default,
             negative_cache_secs: None,
+            pinned_mib: PINNED_MIB.default,
             trace: false,
             fault: None,
             warnings: Vec::new(),
@@ -247,6 +251,7 @@ pub enum Key {
     DialDelayMs,
     SpinUs,
     NegativeCacheSecs,
+    PinnedMib,
     Trace,
     Fault,
     Live,
@@ -254,7 +259,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 13] = [
+    pub const ALL: [Key; 14] = [
         Key::Disable,
         Key::Local,
         Key::Log,
@@ -264,6 +269,7 @@ impl Key {
         Key::DialDelayMs,
         Key::SpinUs,
         Key::NegativeCacheSecs,
+        Key::PinnedMib,
         Key::Trace,
         Key::Fault,
         Key::Live,
@@ -282,6 +288,7 @@ impl Key {
             Key::DialDelayMs => DIAL_DELAY_MS.name,
             Key::SpinUs => SPIN_US.name,
             Key::NegativeCacheSecs => NEGATIVE_CACHE_SECS.name,
+            Key::PinnedMib => PINNED_MIB.name,
             Key::Trace => ENV_TRACE,
             Key::Fault => ENV_FAULT,
             Key::Live => ENV_LIVE,
@@ -301,6 +308,7 @@ impl Key {
             Key::DialDelayMs => "dial_delay_ms",
             Key::SpinUs => "spin_us",
             Key::NegativeCacheSecs => "negative_cache_secs",
+            Key::PinnedMib => "pinned_mib",
             Key::Trace => "trace",
             Key::Fault => "fault",
             Key::Live => "live",
@@ -366,6 +374,13 @@ pub const SPIN_US: Number = Number {
     max: 10_000,
     default: 500,
 };
+/// `RDMASHIM_PINNED_MIB` (the default, 0: a quarter of the host's memory).
+pub const PINNED_MIB: Number = Number {
+    name: "RDMASHIM_PINNED_MIB",
+    min: 0,
+    max: 1 << 30,
+    default: 0,
+};
 pub const NEGATIVE_CACHE_SECS: Number = Number {
     name: "RDMASHIM_NEGATIVE_CACHE_SECS",
     min: 0,
@@ -416,6 +431,16 @@ impl Number {
 }
 
 impl Config {
+    /// The most bytes the process's connections over RDMA may pin (`RDMASHIM_PINNED_MIB`; 0:
+    /// a quarter of `phys`, the host's memory; `None` if that is unknown: no cap of the shim's
+    /// own, RLIMIT_MEMLOCK alone).
+    pub fn pinned_cap(&self, phys: Option<u64>) -> Option<u64> {
+        match self.pinned_mib {
+            0 => phys.map(|p| p / 4),
+            mib => Some(mib << 20),
+        }
+    }
+
     /// Parses the configuration from a variable lookup alone (no file).
     pub fn from_lookup(get: impl Fn(&str) -> Option<Vec<u8>>) -> Config {
         let mut c = Config::default();
@@ -538,11 +563,16 @@ impl Config {
                     false
                 })
             }
-            Key::RingKib | Key::DialDelayMs | Key::SpinUs | Key::NegativeCacheSecs => {
+            Key::RingKib
+            | Key::DialDelayMs
+            | Key::SpinUs
+            | Key::NegativeCacheSecs
+            | Key::PinnedMib => {
                 let n = match key {
                     Key::RingKib => &RING_KIB,
                     Key::DialDelayMs => &DIAL_DELAY_MS,
                     Key::SpinUs => &SPIN_US,
+                    Key::PinnedMib => &PINNED_MIB,
                     _ => &NEGATIVE_CACHE_SECS,
                 };
                 let (v, w) = n.check(raw);
@@ -553,6 +583,7 @@ impl Config {
                     Key::RingKib => self.ring_kib = v,
                     Key::DialDelayMs => self.dial_delay_ms = v,
                     Key::SpinUs => self.spin_us = v,
+                    Key::PinnedMib => self.pinned_mib = v,
                     _ => self.negative_cache_secs = Some(v),
                 }
             }
@@ -939,23 +970,29 @@ mod tests {
             ("RDMASHIM_SPIN_US", "-5"),
             ("RDMASHIM_DIAL_DELAY_MS", "4000"),
             ("RDMASHIM_NEGATIVE_CACHE_SECS", " 30 "),
+            ("RDMASHIM_PINNED_MIB", "4GiB"),
         ]);
         assert_eq!(
             (
                 c.ring_kib,
                 c.spin_us,
                 c.dial_delay_ms,
-                c.negative_cache_secs
+                c.negative_cache_secs,
+                c.pinned_mib
             ),
-            (512, 500, 1000, Some(30))
+            (512, 500, 1000, Some(30), 0)
         );
-        assert_eq!(c.warnings.len(), 3, "{:?}", c.warnings);
+        assert_eq!(c.warnings.len(), 4, "{:?}", c.warnings);
         assert!(c.warnings[0].contains(
             "RDMASHIM_RING_KIB=banana: not a whole number from 4 to 8192; using the default, 512"
         ));
         assert!(c.warnings[1].contains("RDMASHIM_DIAL_DELAY_MS=4000: out of range"));
         assert!(c.warnings[1].ends_with("using 1000"));
         assert!(c.warnings[2].contains("RDMASHIM_SPIN_US=-5"));
+        assert!(c.warnings[3].contains(
+            "RDMASHIM_PINNED_MIB=4GiB: not a whole number from 0 to 1073741824; using the default, 0"
+        ));
+        assert_eq!(cfg(&[("RDMASHIM_PINNED_MIB", "4096")]).pinned_mib, 4096);
         let ok = cfg(&[("RDMASHIM_RING_KIB", "64"), ("RDMASHIM_TRACE", "")]);
         assert_eq!((ok.ring_kib, ok.trace), (64, true));
         assert!(ok.warnings.is_empty());
@@ -1068,7 +1105,7 @@ mod tests {
             "/etc/rdmashim.conf:2: spin_us = 99999: out of range (a whole number from 0 to 10000); using 10000",
             "/etc/rdmashim.conf:3: disable = perhaps: not a boolean (1/0, true/false, yes/no, on/off); upgrades are disabled",
             "/etc/rdmashim.conf:4: log = loud: unknown level (error, warn, info, debug, off); using warn",
-            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
+            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, pinned_mib, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:6: just some words: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored",
             "/etc/rdmashim.conf:7: permit port = 22: not a rule (allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:8: deny peer = 10.0.0.0/33: not an IPv4 or IPv6 address, optionally /PREFIX (0-32, 0-128); rule ignored",

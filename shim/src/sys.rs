@@ -402,6 +402,16 @@ pub fn nofile_limit() -> Option<u64> {
     (r == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur)
 }
 
+/// The host's memory in bytes (`sysinfo(2)`: total usable RAM), `None` if it cannot be read.
+pub fn phys_mem_bytes() -> Option<u64> {
+    // SAFETY: sysinfo is plain data; all zeroes is a valid value.
+    let mut si: libc::sysinfo = unsafe { core::mem::zeroed() };
+    // SAFETY: sysinfo writes one struct sysinfo into `si`, which is writable.
+    let r =
+        unsafe { rdmashim_core::raw_syscall!(libc::SYS_sysinfo, &mut si as *mut libc::sysinfo) };
+    (r == 0).then(|| si.totalram as u64 * u64::from(si.mem_unit.max(1)))
+}
+
 /// Fills `buf` from the kernel's CSPRNG (`getrandom(2)`, never blocking once the pool is
 /// initialised; `GRND_NONBLOCK` so that an early-boot process fails instead of waiting).
 pub fn random(buf: &mut [u8]) -> Result<(), Errno> {
@@ -1074,6 +1084,17 @@ pub fn proc_start_ticks() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn phys_mem_is_meminfos_total() {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let kib: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("MemTotal");
+        assert_eq!(phys_mem_bytes(), Some(kib * 1024));
+    }
 
     #[test]
     fn nofile_limit_is_the_soft_limit_as_the_program_sets_it() {

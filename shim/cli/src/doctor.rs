@@ -15,7 +15,9 @@
 use crate::json::Value;
 use crate::reason::{host_reason_from, FallbackReason};
 use crate::rules;
-use crate::settings::{Config, FileRead, CONFIG_MAX, ENV_CONFIG, ENV_DISABLE, ENV_LOCAL, RING_KIB};
+use crate::settings::{
+    Config, FileRead, CONFIG_MAX, ENV_CONFIG, ENV_DISABLE, ENV_LOCAL, PINNED_MIB, RING_KIB,
+};
 use crate::sys;
 use std::ffi::OsString;
 use std::fs;
@@ -193,6 +195,8 @@ pub struct Facts {
     /// CAP_IPC_LOCK in the effective set (`None`: unknown).
     pub cap_ipc_lock: Option<bool>,
     pub page: u64,
+    /// The host's memory (`None`: unknown).
+    pub phys: Option<u64>,
 }
 
 fn read_trim(p: &Path) -> Option<String> {
@@ -298,6 +302,7 @@ impl Facts {
                 .ok()
                 .and_then(|s| cap_ipc_lock(&s)),
             page: sys::page_size(),
+            phys: sys::phys_mem_bytes(),
         }
     }
 }
@@ -361,6 +366,9 @@ pub struct Verdict {
     /// How many connections over RDMA fit under RLIMIT_MEMLOCK (`None`: no limit applies,
     /// or it is unknown).
     pub room: Option<u64>,
+    /// The shim's own cap on what a process's rings pin (`RDMASHIM_PINNED_MIB`), bytes, and
+    /// how many connections over RDMA fit under it (`None`: no cap, the host's memory unknown).
+    pub cap: Option<(u64, u64)>,
     /// The program judged (`--program`).
     pub program: Option<String>,
 }
@@ -398,6 +406,7 @@ pub fn judge(f: &Facts) -> Verdict {
         (_, Some(true)) | (Err(_), _) | (Ok(Memlock { soft: None, .. }), _) => None,
         (Ok(Memlock { soft: Some(s), .. }), _) => Some(s / pinned.total()),
     };
+    let cap = c.pinned_cap(f.phys).map(|b| (b, b / pinned.total()));
     let why = |reason: FallbackReason, detail: String, fix: &str| Why {
         reason,
         detail,
@@ -488,6 +497,7 @@ pub fn judge(f: &Facts) -> Verdict {
         same_host: !c.disabled && denied.is_none() && c.local,
         pinned,
         room,
+        cap,
         program: f.program.clone(),
     }
 }
@@ -621,6 +631,24 @@ fn report(f: &Facts, v: &Verdict) {
         }
         Err(e) => println!("RLIMIT_MEMLOCK: unknown ({e})"),
     }
+    match v.cap {
+        Some((bytes, n)) => {
+            let whose = match (f.config.pinned_mib, f.phys) {
+                (0, Some(p)) => format!(" (the default: a quarter of this host's {})", mib(p)),
+                _ => String::new(),
+            };
+            println!(
+                "{}: {}{whose} -> room for {n} connections over RDMA per process; past it \
+                 new ones stay TCP (resources)",
+                PINNED_MIB.name,
+                mib(bytes)
+            );
+        }
+        None => println!(
+            "{}: no cap (the host's memory is unknown): RLIMIT_MEMLOCK alone",
+            PINNED_MIB.name
+        ),
+    }
     match &v.rdma {
         Err(w) if matches!(w.reason, FallbackReason::Disabled | FallbackReason::Policy) => {
             println!("to upgrade connections: {}", w.fix)
@@ -723,6 +751,11 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
         ]),
         Err(e) => Obj(vec![("error", Value::str(e))]),
     };
+    let pinned_cap = Obj(vec![
+        ("bytes", Value::opt(v.cap.map(|c| c.0), Num)),
+        ("connections", Value::opt(v.cap.map(|c| c.1), Num)),
+        ("host_memory", Value::opt(f.phys, Num)),
+    ]);
     let (verdict, upgrade_devices, reason, detail, fix) = match &v.rdma {
         Ok(d) => (
             "upgrade",
@@ -795,6 +828,7 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
             ]),
         ),
         ("memlock", memlock),
+        ("pinned_cap", pinned_cap),
         (
             "per_connection_bytes",
             Obj(vec![
@@ -879,6 +913,7 @@ mod tests {
             }),
             cap_ipc_lock: Some(false),
             page: 4096,
+            phys: Some(16 << 30),
         }
     }
 
@@ -983,6 +1018,35 @@ mod tests {
         // CAP_IPC_LOCK lifts the limit; so does an unlimited one.
         f.cap_ipc_lock = Some(true);
         assert_eq!(judge(&f).room, None);
+    }
+
+    #[test]
+    fn the_pinned_memory_cap() {
+        // By default a quarter of the host's memory (16 GiB here), in connections of 2060 KiB.
+        let per = 4 * (512 << 10) + (12 << 10);
+        let v = judge(&facts(&[]));
+        assert_eq!(v.cap, Some((4 << 30, (4 << 30) / per)));
+        // The knob, in MiB.
+        let v = judge(&facts(&[("RDMASHIM_PINNED_MIB", "100")]));
+        assert_eq!(v.cap, Some((100 << 20, (100 << 20) / per)));
+        // Unknown memory, no knob: no cap of the shim's own.
+        let mut f = facts(&[]);
+        f.phys = None;
+        assert_eq!(judge(&f).cap, None);
+        let j = to_json(&f, &judge(&f)).to_string();
+        assert!(
+            j.contains(r#""pinned_cap":{"bytes":null,"connections":null,"host_memory":null}"#),
+            "{j}"
+        );
+        let f = facts(&[]);
+        let j = to_json(&f, &judge(&f)).to_string();
+        let want = format!(
+            r#""pinned_cap":{{"bytes":{},"connections":{},"host_memory":{}}}"#,
+            4u64 << 30,
+            (4u64 << 30) / per,
+            16u64 << 30
+        );
+        assert!(j.contains(&want), "{j}");
         assert!(judge(&f).rdma.is_ok());
         let status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t0000000000004000\n";
         assert_eq!(cap_ipc_lock(status), Some(true));

@@ -92,6 +92,8 @@ yes/no or on/off in any case; anything else gets one warning and the default):
                                 a power of two ({ring})
   RDMASHIM_DIAL_DELAY_MS=N      how long a client waits before it upgrades ({dial})
   RDMASHIM_SPIN_US=N            longest busy-poll of a blocked call ({spin})
+  RDMASHIM_PINNED_MIB=N         most memory the process's RDMA rings may pin, MiB; past it
+                                connections stay TCP (default 0: a quarter of the host's)
   RDMASHIM_NEGATIVE_CACHE_SECS=N  how long a peer whose upgrade failed is not tried again
                                 ({neg_min} to {neg_max}, 0: always tried; default unset: 60 s
                                 after a reject, 10 min after silence)

@@ -50,6 +50,15 @@ pub fn page_size() -> u64 {
     u64::try_from(p).unwrap_or(4096)
 }
 
+/// The host's memory in bytes (`sysinfo(2)`), `None` if it cannot be read.
+pub fn phys_mem_bytes() -> Option<u64> {
+    // SAFETY: sysinfo is plain data; all zeroes is a valid value.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: `si` is a writable struct sysinfo.
+    let r = unsafe { libc::sysinfo(&mut si) };
+    (r == 0).then(|| si.totalram as u64 * u64::from(si.mem_unit.max(1)))
+}
+
 /// The effective user id (whose run directory `rdmashim ss` reads by default).
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.

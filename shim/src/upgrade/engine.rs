@@ -952,6 +952,18 @@ struct State {
     /// When the engine next looks for an io_uring instance ([`Self::look_for_io_uring`]):
     /// before it takes up a new connection and while it has connections, when due.
     uring_at: Instant,
+    /// Bytes the set-ups over RDMA under way will pin ([`Self::reserve_pinned`]).
+    reserved: usize,
+}
+
+/// The most bytes this process's connections over RDMA may pin (`RDMASHIM_PINNED_MIB`; by
+/// default a quarter of the host's memory), read once; `None`: no cap of the shim's own.
+fn pinned_cap() -> Option<usize> {
+    static CAP: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        let cap = crate::config::get().pinned_cap(crate::sys::phys_mem_bytes());
+        cap.map(|c| usize::try_from(c).unwrap_or(usize::MAX))
+    })
 }
 
 /// What the engine watches on the socket of a connection the application closed ([`SOCK`]):
@@ -1021,6 +1033,7 @@ fn run(epfd: c_int, wake: c_int) {
         held: Vec::new(),
         sockets_at: Instant::now() + SOCKET_CHECK,
         uring_at: Instant::now(),
+        reserved: 0,
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -1510,8 +1523,19 @@ impl State {
         };
         let status = d.poll(tcp_received);
         self.dial_status(&c, &mut g, status);
-        // Its route resolved: the endpoint is built by a setup thread (see `Job::Dial`).
+        // Its route resolved: the endpoint is built by a setup thread (see `Job::Dial`), if
+        // the process may pin its rings.
         if matches!(&g.phase, Phase::Dialing(d) if d.needs_build()) {
+            if !self.reserve_pinned() {
+                shim_log!(
+                    Level::Info,
+                    "dial {}: its rings would take the process's pinned memory past {}",
+                    c.peer,
+                    crate::settings::PINNED_MIB.name
+                );
+                c.fall_back(&mut g, FallbackReason::Resources);
+                return;
+            }
             if let Phase::Dialing(d) = std::mem::replace(&mut g.phase, Phase::Setup) {
                 drop(g);
                 let probe = self.conns.get(&slot).is_some_and(|t| t.probe);
@@ -1651,6 +1675,31 @@ impl State {
         true
     }
 
+    /// Whether one more connection over RDMA may be set up under the process's cap on pinned
+    /// memory ([`pinned_cap`]): what its registrations hold now (idle pooled kits aside, which
+    /// the next set-up takes over), what the set-ups under way will add, and what one
+    /// connection pins. If so, its share is reserved until its set-up ends
+    /// ([`Self::unreserve_pinned`], in [`Self::finish`]): set-ups run on several threads at
+    /// once, and none has registered anything when the next is decided.
+    fn reserve_pinned(&mut self) -> bool {
+        let per = link_config().pinned_per_connection();
+        if let Some(cap) = pinned_cap() {
+            let idle = rdmashim_core::pool::pooled().1;
+            let held = rdmashim_core::registered_bytes().saturating_sub(idle);
+            if held + self.reserved + per > cap {
+                return false;
+            }
+        }
+        self.reserved += per;
+        true
+    }
+
+    /// A set-up over RDMA ended (see [`Self::reserve_pinned`]).
+    fn unreserve_pinned(&mut self) {
+        let per = link_config().pinned_per_connection();
+        self.reserved = self.reserved.saturating_sub(per);
+    }
+
     /// Runs `job` on the setup thread (or here, if that thread cannot be started).
     fn hand_over(&mut self, job: Job) {
         let Some(e) = engine() else { return };
@@ -1671,6 +1720,12 @@ impl State {
     /// A connection's setup job ended. Unless it was decided meanwhile (still in
     /// [`Phase::Setup`]; else dropping the link undoes it on both ends), its link is watched.
     fn finish(&mut self, done: Done) {
+        // (what the set-up pinned is among the process's registrations now, or it failed)
+        match &done {
+            Done::Dialed(..) => self.unreserve_pinned(),
+            Done::Accepted(c, _) if c.transport == Transport::Rdma => self.unreserve_pinned(),
+            Done::Accepted(..) => {}
+        }
         match done {
             Done::Dialed(c, d, built) => {
                 let mut g = c.lock();
@@ -1864,6 +1919,18 @@ impl State {
             drop(g);
             self.held.push((inc, c, Instant::now() + OFFER_HOLD));
             self.offers();
+            return;
+        }
+        if c.transport == Transport::Rdma && !self.reserve_pinned() {
+            shim_log!(
+                Level::Info,
+                "server {} <- {}: its rings would take the process's pinned memory past {}",
+                c.local,
+                c.peer,
+                crate::settings::PINNED_MIB.name
+            );
+            c.fall_back(&mut g, FallbackReason::Resources);
+            inc.reject(RejectReason::Resources);
             return;
         }
         g.phase = Phase::Setup;
