@@ -273,6 +273,7 @@ impl Endpoint {
                 len,
                 ring_offset,
                 remote_addr,
+                rkey,
                 imm,
                 ..
             } => {
@@ -288,7 +289,7 @@ impl Endpoint {
                     ring_offset,
                     len,
                     remote_addr,
-                    peer_rkey,
+                    rkey,
                     Some(imm.encode()),
                     signaled,
                 )?;
@@ -311,6 +312,12 @@ impl Endpoint {
             Action::Send(msg) => self.post_control(&msg)?,
             Action::Teardown => {
                 return Err(Error::InvalidArgument("Teardown is not a work request"))
+            }
+            // (this endpoint does not announce ring moves: the core never asks for these)
+            Action::NewStaging { .. }
+            | Action::ReleaseStaging { .. }
+            | Action::ReleaseRing { .. } => {
+                return Err(Error::InvalidArgument("ring moves are not supported here"))
             }
         }
         Ok(())

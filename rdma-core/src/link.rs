@@ -348,7 +348,7 @@ impl Link {
     }
 
     /// The readable ring bytes at `offset`, after `conn().recv()` returned
-    /// `Recv::Ring { offset, len }` (`len` ≤ the ring size; panics beyond it).
+    /// `Recv::Ring { offset, len, .. }` (`len` ≤ the ring size; panics beyond it).
     pub fn ring(&self, offset: usize, len: usize) -> &[u8] {
         match &self.ep {
             Ep::Rdma(ep) => ep.rx.ring().slice(offset, len),

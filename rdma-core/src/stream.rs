@@ -397,7 +397,7 @@ impl Stream {
                 Some(Ok(()))
             } else {
                 match self.link.conn().recv() {
-                    Recv::Ring { offset, len } => {
+                    Recv::Ring { offset, len, .. } => {
                         let n = len.min(p.want - p.buf.len());
                         p.buf.extend_from_slice(self.link.ring(offset, n));
                         let _ = self.link.conn_mut().consume(n);
@@ -486,7 +486,7 @@ impl Stream {
                 return false;
             }
             match s.conn().recv() {
-                Recv::Ring { offset, len } => {
+                Recv::Ring { offset, len, .. } => {
                     let n = len.min(buf.len());
                     buf[..n].copy_from_slice(s.link.ring(offset, n));
                     out = Some(

@@ -225,7 +225,7 @@ impl End {
                     );
                     break;
                 }
-                Recv::Ring { offset, len } => {
+                Recv::Ring { offset, len, .. } => {
                     assert!(
                         self.tcp_read,
                         "{}: ring bytes before the TCP bytes",
@@ -260,7 +260,7 @@ fn wake_on_data(tx: &mut Link, rx: &mut Link, msg: &[u8]) {
     tx.progress(false);
     let mut got = Vec::new();
     while got.len() < msg.len() {
-        if let Recv::Ring { offset, len } = rx.conn().recv() {
+        if let Recv::Ring { offset, len, .. } = rx.conn().recv() {
             got.extend_from_slice(rx.ring(offset, len));
             rx.conn_mut().consume(len).expect("consume");
             continue;

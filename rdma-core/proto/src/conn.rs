@@ -23,7 +23,7 @@ use crate::credit::{CreditPolicy, RxSlots, TxSlots};
 use crate::failover::{Incoming, Next, Record, RECORD_LEN};
 use crate::handshake::{AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RingDesc};
 use crate::imm::Imm;
-use crate::ring::{RxCursors, TxCursors};
+use crate::ring::{RingSize, RxCursors, TxCursors};
 use crate::state::{
     ErrorReason, Fin, InvalidTransition, PeerFin, RxEvent, RxState, StreamState, TxEvent, TxState,
     Violation,
@@ -46,6 +46,10 @@ pub struct Config {
     pub split_at_wrap: bool,
     /// How long the handshake may take before the upgrade is abandoned (default 3 s).
     pub handshake_timeout: Duration,
+    /// Announce [`Flags::RING_MOVES`]: the transport can give the peer's writes another ring
+    /// ([`Connection::offer_ring`]) and follow the peer's offers ([`Action::NewStaging`]).
+    /// Default false.
+    pub ring_moves: bool,
 }
 
 impl Default for Config {
@@ -56,6 +60,7 @@ impl Default for Config {
             max_write: 0,
             split_at_wrap: false,
             handshake_timeout: Duration::from_secs(3),
+            ring_moves: false,
         }
     }
 }
@@ -115,10 +120,15 @@ pub enum Action {
         cursor: u64,
         /// Bytes to write.
         len: usize,
+        /// The generation of the peer's ring written (0, one more per ring move: §6.4), and of
+        /// the staging area the bytes are in.
+        gen: u32,
         /// Offset in the peer's ring (`cursor mod peer ring size`).
         ring_offset: usize,
         /// Remote address to write to.
         remote_addr: u64,
+        /// The peer ring's remote key.
+        rkey: u32,
         /// Immediate: post `imm.encode()` (host order; converted to network order once, where
         /// `ibv_send_wr.imm_data` is filled).
         imm: Imm,
@@ -133,6 +143,27 @@ pub enum Action {
     },
     /// SEND of a control message (`msg.encode().as_bytes()`, inline if possible).
     Send(ControlMsg),
+    /// The peer offered a ring of `size` bytes and this side moves its writes there (§6.4):
+    /// a staging area of that size for generation `gen`, indexed by `cursor mod size` as the
+    /// first one, before any [`Action::WriteData`] of that generation.
+    NewStaging {
+        /// Its generation.
+        gen: u32,
+        /// Its size.
+        size: RingSize,
+    },
+    /// The staging area of generation `gen` is needed no more (the peer acknowledged every
+    /// byte in it): free it.
+    ReleaseStaging {
+        /// Its generation.
+        gen: u32,
+    },
+    /// The local receive ring of generation `gen` is read no more (the application read past
+    /// the move that replaced it), and the peer writes it no more: free it.
+    ReleaseRing {
+        /// Its generation.
+        gen: u32,
+    },
     /// No more messages: once the posted work requests have completed, disconnect and destroy
     /// the queue pair. The local ring stays until the application closes the socket (buffered
     /// data may still be read). Emitted once.
@@ -237,6 +268,8 @@ pub enum Recv {
     /// `len` bytes at `offset` in the (double-mapped) local ring; report with
     /// [`Connection::consume`].
     Ring {
+        /// The local ring's generation (0 for the handshake's; one more per move, §6.4).
+        gen: u32,
         /// Ring offset of the first readable byte.
         offset: usize,
         /// Readable bytes (contiguous thanks to the double mapping).
@@ -319,6 +352,10 @@ pub struct Stats {
     pub messages_received: u64,
     /// The ring's path failed and the stream went on over TCP (0 or 1).
     pub failovers: u64,
+    /// Ring moves of the sending direction (to a ring the peer offered).
+    pub moves_out: u64,
+    /// Ring moves of the receiving direction (to a ring this side offered).
+    pub moves_in: u64,
 }
 
 /// Why [`Connection::switch_back`] cannot return the connection to TCP.
@@ -449,10 +486,60 @@ enum Teardown {
 
 #[derive(Clone, Copy, Debug)]
 struct Peer {
+    /// The ring written now.
     ring: RingDesc,
+    /// The ring before the last move, while bytes before its cursor are still to be written.
+    old_ring: Option<RingDesc>,
     tx: TxCursors,
     slots: TxSlots,
 }
+
+/// Ring moves (§6.4) as this side takes part in them.
+#[derive(Clone, Debug, Default)]
+struct Moves {
+    /// Both sides announced [`Flags::RING_MOVES`].
+    on: bool,
+    /// Receiving: the ring this side offered (sent or to send), until the peer's RingMoved.
+    offered: Option<RingDesc>,
+    /// Receiving: the offer is still to be sent.
+    offer_unsent: bool,
+    /// Receiving: the ring size the peer asked for ([`ControlMsg::RingWanted`]).
+    peer_wants: Option<RingSize>,
+    /// Sending: the peer's offer, until the transport has its staging area
+    /// ([`Connection::staging_ready`]).
+    peer_offer: Option<RingDesc>,
+    /// Sending: the RingMoved to send, at this cursor, once every byte before it is posted.
+    moved_at: Option<u64>,
+    /// Sending: a RingWanted to send.
+    want: Option<RingSize>,
+    /// Sending: the size last asked for (not asked again until the peer offers something).
+    asked: Option<RingSize>,
+    /// Actions to hand out first ([`Action::NewStaging`], the releases).
+    actions: std::collections::VecDeque<Action>,
+}
+
+/// Why [`Connection::offer_ring`] cannot offer a ring now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OfferError {
+    /// The peer did not announce [`Flags::RING_MOVES`] (or this side did not).
+    Unsupported,
+    /// A move is under way (its old ring still in use, or an offer unanswered).
+    Busy,
+    /// The connection is not established on the ring, or its receiving direction has ended.
+    NotNow,
+}
+
+impl fmt::Display for OfferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OfferError::Unsupported => "the peer does not take part in ring moves",
+            OfferError::Busy => "a ring move is under way",
+            OfferError::NotNow => "the receiving direction is not on the ring",
+        })
+    }
+}
+
+impl std::error::Error for OfferError {}
 
 /// One upgraded (or upgrading) TCP connection. See the module docs.
 #[derive(Debug)]
@@ -498,6 +585,8 @@ pub struct Connection {
     switch_seq: Option<u64>,
     /// After a path failure: the peer's stream on TCP, until it is plain (§8.6).
     incoming: Option<Incoming>,
+    /// Ring moves (§6.4).
+    moves: Moves,
     stats: Stats,
 }
 
@@ -557,6 +646,7 @@ impl Connection {
             failover: false,
             switch_seq: None,
             incoming: None,
+            moves: Moves::default(),
             stats: Stats::default(),
         })
     }
@@ -586,10 +676,15 @@ impl Connection {
             recv_slots: local.recv_slots,
             tag: Tag::ZERO,
         };
+        let moves = if cfg.ring_moves {
+            Flags::RING_MOVES
+        } else {
+            Flags::empty()
+        };
         let (request, key) = match proof {
             Proof::Native => (
                 ConnectRequest {
-                    flags: Flags::NATIVE,
+                    flags: Flags::NATIVE.with(moves),
                     ..request
                 },
                 None,
@@ -599,7 +694,8 @@ impl Connection {
                 ConnectRequest {
                     flags: Flags::SWITCH_BACK
                         .with(Flags::REDIRECT)
-                        .with(Flags::FAILOVER),
+                        .with(Flags::FAILOVER)
+                        .with(moves),
                     ..request
                 }
                 .bound(key, tuple),
@@ -639,9 +735,16 @@ impl Connection {
         let peer_failover = request.flags.contains(Flags::FAILOVER);
         conn.peer = Some(Peer {
             ring: request.ring,
+            old_ring: None,
             tx: TxCursors::new(request.ring.size),
             slots: TxSlots::new(request.recv_slots),
         });
+        let moves = if cfg.ring_moves {
+            Flags::RING_MOVES
+        } else {
+            Flags::empty()
+        };
+        conn.moves.on = cfg.ring_moves && request.flags.contains(Flags::RING_MOVES);
         let reply = AcceptReply {
             flags: Flags::empty(),
             nonce: request.nonce,
@@ -651,11 +754,11 @@ impl Connection {
         };
         let reply = match proof {
             Proof::Native => AcceptReply {
-                flags: Flags::NATIVE,
+                flags: Flags::NATIVE.with(moves),
                 ..reply
             },
             Proof::Bound { key, .. } => AcceptReply {
-                flags: Flags::SWITCH_BACK.with(Flags::FAILOVER),
+                flags: Flags::SWITCH_BACK.with(Flags::FAILOVER).with(moves),
                 ..reply
             }
             .bound(key, &request.tag),
@@ -694,9 +797,12 @@ impl Connection {
         }
         self.peer = Some(Peer {
             ring: reply.ring,
+            old_ring: None,
             tx: TxCursors::new(reply.ring.size),
             slots: TxSlots::new(reply.recv_slots),
         });
+        self.moves.on =
+            request.flags.contains(Flags::RING_MOVES) && reply.flags.contains(Flags::RING_MOVES);
         self.peer_switch_back = key.is_some() && reply.flags.contains(Flags::SWITCH_BACK);
         self.failover = key.is_some()
             && request.flags.contains(Flags::FAILOVER)
@@ -1074,8 +1180,10 @@ impl Connection {
             RxState::Ring | RxState::Finished { .. } => {
                 let len = self.rx.readable() as usize;
                 if len > 0 {
+                    let at = self.rx.read_place();
                     Recv::Ring {
-                        offset: self.rx.read_offset(),
+                        gen: at.gen,
+                        offset: at.offset,
                         len,
                     }
                 } else if self.rx_state.is_finished() {
@@ -1100,6 +1208,7 @@ impl Connection {
                 readable,
             });
         }
+        self.release_old_ring();
         Ok(())
     }
 
@@ -1171,8 +1280,7 @@ impl Connection {
                     ..
                 }
         ) {
-            let n = self.rx.readable();
-            self.rx.consume(n);
+            self.rx.discard_unread();
         }
     }
 
@@ -1240,6 +1348,7 @@ impl Connection {
                             .credit(u64::from(bytes))
                             .map_err(|e| v(Violation::BadCredit(e)))?;
                         peer.slots.restore(u32::from(slots)).map_err(v)?;
+                        Self::retire_tx_move(peer, &mut self.moves);
                     }
                 }
             }
@@ -1289,6 +1398,72 @@ impl Connection {
                             .credit_to(read_cursor)
                             .map_err(|e| v(Violation::BadCredit(e)))?;
                         peer.slots.restore(slots).map_err(v)?;
+                        Self::retire_tx_move(peer, &mut self.moves);
+                    }
+                    ControlMsg::RingOffer { ring } => {
+                        if !self.moves.on {
+                            return Err(v(Violation::UnannouncedRingMove));
+                        }
+                        // (the last move's old ring is done with once every byte in it was
+                        // acknowledged; the receiver offers again only after it credited them
+                        // all, and its credits come before its offer — or there were none to
+                        // credit, the move's cursor acknowledged when it began)
+                        Self::retire_tx_move(peer, &mut self.moves);
+                        if peer.tx.moved().is_some()
+                            || self.moves.moved_at.is_some()
+                            || self.moves.peer_offer.is_some()
+                        {
+                            return Err(v(Violation::RingOfferDuringMove));
+                        }
+                        self.moves.asked = None;
+                        // (a direction that writes no more, or is going back to TCP, has no
+                        // use for it: the offer stays unanswered, and the peer frees the ring
+                        // with the connection)
+                        let writing = self.back.is_none()
+                            && !matches!(
+                                self.tx_state,
+                                TxState::Finishing(_) | TxState::Finished(_)
+                            );
+                        if writing {
+                            // (the move itself once the transport has the staging area for
+                            // it: `staging_ready`)
+                            self.moves.peer_offer = Some(ring);
+                            self.moves.actions.push_back(Action::NewStaging {
+                                gen: peer.tx.gen() + 1,
+                                size: ring.size,
+                            });
+                        }
+                    }
+                    ControlMsg::RingMoved { at } => {
+                        if !self.moves.on {
+                            return Err(v(Violation::UnannouncedRingMove));
+                        }
+                        let Some(ring) = self.moves.offered.filter(|_| !self.moves.offer_unsent)
+                        else {
+                            return Err(v(Violation::UnexpectedRingMoved));
+                        };
+                        if !self.rx.move_to(at, ring.size) {
+                            return Err(v(Violation::RingMovedCursorMismatch {
+                                declared: at,
+                                received: self.rx.head(),
+                            }));
+                        }
+                        self.moves.offered = None;
+                        self.local.ring = ring;
+                        self.policy = CreditPolicy::new(
+                            ring.size,
+                            self.local.recv_slots,
+                            self.cfg.credit_byte_shift,
+                            self.cfg.credit_slot_threshold,
+                        );
+                        self.stats.moves_in += 1;
+                        self.release_old_ring();
+                    }
+                    ControlMsg::RingWanted { size } => {
+                        if !self.moves.on {
+                            return Err(v(Violation::UnannouncedRingMove));
+                        }
+                        self.moves.peer_wants = Some(size);
                     }
                     ControlMsg::SwitchBack {
                         ring_bytes,
@@ -1324,6 +1499,21 @@ impl Connection {
             }
         }
         Ok(())
+    }
+
+    /// The sender's old staging area goes once the peer acknowledged every byte in it.
+    fn retire_tx_move(peer: &mut Peer, moves: &mut Moves) {
+        if let Some(gen) = peer.tx.retire_move() {
+            peer.old_ring = None;
+            moves.actions.push_back(Action::ReleaseStaging { gen });
+        }
+    }
+
+    /// The receiver's old ring goes once the application read past the move's cursor.
+    fn release_old_ring(&mut self) {
+        if let Some(gen) = self.rx.release_old() {
+            self.moves.actions.push_back(Action::ReleaseRing { gen });
+        }
     }
 
     fn check_fin_cursor(&self, declared: u64) -> Result<(), ErrorReason> {
@@ -1477,7 +1667,14 @@ impl Connection {
         if self.life != Life::Established {
             return None;
         }
+        // (a new staging area before the writes that use it; the releases whenever)
+        if let Some(a) = self.moves.actions.pop_front() {
+            return Some(a);
+        }
         if let Some(a) = self.poll_credit() {
+            return Some(a);
+        }
+        if let Some(a) = self.poll_move_message() {
             return Some(a);
         }
         let peer = self.peer.as_mut()?;
@@ -1526,9 +1723,24 @@ impl Connection {
                 epoch: self.barriers.posted,
             }));
         }
+        if let Some(at) = self.moves.moved_at {
+            // Every byte before the move is written to the old ring before the RingMoved, and
+            // none after it before.
+            if peer.tx.posted() >= at {
+                if !peer.slots.can_post_message() {
+                    return None;
+                }
+                peer.slots.take();
+                self.moves.moved_at = None;
+                self.stats.moves_out += 1;
+                self.stats.control_sent += 1;
+                return Some(Action::Send(ControlMsg::RingMoved { at }));
+            }
+        }
+        let place = peer.tx.place(peer.tx.posted());
         let max = match self.cfg.max_write {
-            0 => peer.tx.size().bytes(),
-            m => m.min(peer.tx.size().bytes()),
+            0 => place.size.bytes(),
+            m => m.min(place.size.bytes()),
         };
         if let Some(w) = peer.tx.next_write(max, self.cfg.split_at_wrap) {
             if !peer.slots.can_post_message() {
@@ -1543,7 +1755,11 @@ impl Connection {
             }
             self.stats.data_writes += 1;
             self.stats.data_bytes += w.len;
-            let ring_offset = peer.tx.size().offset(w.cursor);
+            let ring = match peer.old_ring {
+                Some(old) if place.gen < peer.tx.gen() => old,
+                _ => peer.ring,
+            };
+            let ring_offset = place.offset;
             let imm = Imm::Data {
                 len: w.len as u32,
                 credit_wanted,
@@ -1551,8 +1767,10 @@ impl Connection {
             return Some(Action::WriteData {
                 cursor: w.cursor,
                 len: w.len as usize,
+                gen: place.gen,
                 ring_offset,
-                remote_addr: peer.ring.addr.wrapping_add(ring_offset as u64),
+                remote_addr: ring.addr.wrapping_add(ring_offset as u64),
+                rkey: ring.rkey,
                 imm,
             });
         }
@@ -1575,6 +1793,129 @@ impl Connection {
             return Some(Action::Send(msg));
         }
         None
+    }
+
+    /// A RingOffer or RingWanted due (§6.4): control messages, each a slot of the peer's.
+    fn poll_move_message(&mut self) -> Option<Action> {
+        if !self.moves.on || self.back.is_some() {
+            return None;
+        }
+        let peer = self.peer.as_mut()?;
+        let msg = if let Some(ring) = self.moves.offered.filter(|_| self.moves.offer_unsent) {
+            ControlMsg::RingOffer { ring }
+        } else if let Some(size) = self.moves.want {
+            ControlMsg::RingWanted { size }
+        } else {
+            return None;
+        };
+        if !peer.slots.can_post_message() {
+            return None;
+        }
+        peer.slots.take();
+        match msg {
+            ControlMsg::RingOffer { .. } => self.moves.offer_unsent = false,
+            _ => self.moves.want = None,
+        }
+        self.stats.control_sent += 1;
+        Some(Action::Send(msg))
+    }
+
+    // ----- ring moves (§6.4) -----------------------------------------------------------------
+
+    /// Offers the peer another ring for its writes to this side (registered and empty; any
+    /// power-of-two size): it moves there at a cursor of its choosing, and the old ring is
+    /// handed back with [`Action::ReleaseRing`] once the application read past that cursor.
+    /// Returns the offered ring's generation (the one [`Recv::Ring`] names for its bytes).
+    pub fn offer_ring(&mut self, ring: RingDesc) -> Result<u32, OfferError> {
+        if !self.moves.on {
+            return Err(OfferError::Unsupported);
+        }
+        if self.life != Life::Established
+            || self.back.is_some()
+            || self.rx_state.is_finished()
+            || self.local_read_shut
+        {
+            return Err(OfferError::NotNow);
+        }
+        if self.moves.offered.is_some() || !self.rx.can_move() {
+            return Err(OfferError::Busy);
+        }
+        self.moves.offered = Some(ring);
+        self.moves.offer_unsent = true;
+        self.moves.peer_wants = None;
+        Ok(self.rx.gen() + 1)
+    }
+
+    /// Whether an offer of this side's is unanswered (the ring stays the transport's until
+    /// the peer moves to it, or the connection ends).
+    pub fn offer_outstanding(&self) -> bool {
+        self.moves.offered.is_some()
+    }
+
+    /// The ring size the peer asked for ([`ControlMsg::RingWanted`]), until this side offers a
+    /// ring.
+    pub fn ring_wanted(&self) -> Option<RingSize> {
+        self.moves.peer_wants
+    }
+
+    /// Asks the peer for a ring of `size` bytes for this side's writes (they wait for the
+    /// current one's space): it may offer one. Asked once per size until it offers; `false` if
+    /// moves are off, a move is under way, or the peer's ring is that size already.
+    pub fn want_ring(&mut self, size: RingSize) -> bool {
+        let Some(peer) = self.peer.as_ref() else {
+            return false;
+        };
+        if !self.moves.on
+            || self.life != Life::Established
+            || peer.tx.moved().is_some()
+            || peer.tx.size() == size
+            || self.moves.asked == Some(size)
+        {
+            return false;
+        }
+        self.moves.want = Some(size);
+        self.moves.asked = Some(size);
+        true
+    }
+
+    /// The transport has the staging area [`Action::NewStaging`] asked for (generation `gen`):
+    /// the writes move to the peer's offered ring from the bytes accepted so far on (and bytes
+    /// accepted from now on are staged there). `false` if there is no such offer any more (the
+    /// sending direction ended meanwhile): the staging area is not needed.
+    pub fn staging_ready(&mut self, gen: u32) -> bool {
+        let writing = self.back.is_none()
+            && !matches!(self.tx_state, TxState::Finishing(_) | TxState::Finished(_))
+            && matches!(self.life, Life::Established);
+        let Some(peer) = self.peer.as_mut() else {
+            return false;
+        };
+        let Some(ring) = self.moves.peer_offer.filter(|_| gen == peer.tx.gen() + 1) else {
+            return false;
+        };
+        self.moves.peer_offer = None;
+        if !writing {
+            return false;
+        }
+        let Some(at) = peer.tx.begin_move(ring.size) else {
+            return false;
+        };
+        peer.old_ring = Some(peer.ring);
+        peer.ring = ring;
+        self.moves.moved_at = Some(at);
+        // (nothing staged before the move was left unacknowledged: the old area goes now)
+        Self::retire_tx_move(peer, &mut self.moves);
+        true
+    }
+
+    /// Whether both sides announced ring moves.
+    pub fn ring_moves(&self) -> bool {
+        self.moves.on
+    }
+
+    /// Where the staged byte at stream cursor `cursor` is: its staging area's generation and
+    /// offset (for a transport that reads staged bytes again, as a failover's repeat does).
+    pub fn tx_place(&self, cursor: u64) -> Option<crate::ring::Place> {
+        self.peer.as_ref().map(|p| p.tx.place(cursor))
     }
 
     fn poll_credit(&mut self) -> Option<Action> {
@@ -1681,8 +2022,7 @@ impl Connection {
         b.resume_shut = b.shut || self.tx_state.is_shut();
         self.back = Some(b);
         // Unread ring bytes are the peer's to send again; nothing is read from the ring now.
-        let n = self.rx.readable();
-        self.rx.consume(n);
+        self.rx.discard_unread();
         self.tx_state = TxState::Tcp;
         self.rx_state = if b.tcp_eof {
             RxState::Finished {
@@ -1743,7 +2083,7 @@ impl Connection {
         self.incoming = Some(Incoming::new(
             pre,
             self.rx.tail(),
-            self.rx.size().bytes(),
+            self.rx.window(),
             self.nonce,
         ));
         let mut b = Back::new(self.rx.tail(), &mut self.switch_pending);

@@ -16,9 +16,15 @@
 //! | 3    | Close         | ring_bytes: u64 (final tx cursor)     | bit0 RESET  | 12     |
 //! | 4    | CreditUpdate  | read_cursor: u64, slots: u32          | -           | 16     |
 //! | 5    | SwitchBack    | ring_bytes: u64, read_cursor: u64     | -           | 20     |
-//! | 6-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
+//! | 6    | RingOffer     | addr: u64, rkey: u32, size_log2: u8, 3 reserved | -  | 20     |
+//! | 7    | RingMoved     | at: u64 (first stream cursor in the offered ring) | - | 12     |
+//! | 8-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
 //! | 128   | Barrier       | epoch: u64 (1, 2, … per direction)    | -           | 12     |
-//! | 129-255 | (may ignore → [`ControlMsg::Ignored`], any body)   |          |             | ≤ 64   |
+//! | 129   | RingWanted    | size_log2: u8, 3 reserved             | -           | 8      |
+//! | 130-255 | (may ignore → [`ControlMsg::Ignored`], any body)   |          |             | ≤ 64   |
+//!
+//! RingOffer, RingMoved and RingWanted (protocol §6.4) go only to a peer that announced
+//! [`crate::Flags::RING_MOVES`].
 //!
 //! Barrier is a may-ignore kind on purpose: it only means something to a peer that takes part
 //! in a barrier itself, and a peer that does not know it loses nothing by ignoring it.
@@ -37,6 +43,9 @@ const KIND_SHUTDOWN_WRITE: u8 = 2;
 const KIND_CLOSE: u8 = 3;
 const KIND_CREDIT_UPDATE: u8 = 4;
 const KIND_SWITCH_BACK: u8 = 5;
+const KIND_RING_OFFER: u8 = 6;
+const KIND_RING_MOVED: u8 = 7;
+const KIND_RING_WANTED: u8 = 129;
 /// Kind byte of [`ControlMsg::Barrier`] (a may-ignore kind).
 pub const KIND_BARRIER: u8 = 128;
 /// Kinds at or above this may be ignored by a receiver that does not know them.
@@ -89,6 +98,25 @@ pub enum ControlMsg {
     Barrier {
         /// 1 for the first barrier, 2 for the next, …
         epoch: u64,
+    },
+    /// The receiver of a direction offers another ring for it (protocol §6.4): registered,
+    /// empty, the peer's to write from a cursor of its choosing on ([`Self::RingMoved`]).
+    RingOffer {
+        /// The offered ring.
+        ring: crate::RingDesc,
+    },
+    /// The sender of a direction moved to the ring last offered: its stream bytes from cursor
+    /// `at` on are written there (at `cursor mod its size`), every byte before `at` was written
+    /// to the old ring before this message.
+    RingMoved {
+        /// The first stream cursor in the offered ring.
+        at: u64,
+    },
+    /// The sender of a direction asks for a ring of this size: its writes wait for the
+    /// current one's space (a may-ignore kind: the receiver decides).
+    RingWanted {
+        /// The size asked for.
+        size: crate::RingSize,
     },
     /// A may-ignore message from a newer peer; it still used a receive slot.
     Ignored {
@@ -146,8 +174,29 @@ impl ControlMsg {
             ControlMsg::Barrier { epoch } => {
                 w.u8(KIND_BARRIER).u8(0).u16(0).u64(epoch);
             }
+            ControlMsg::RingOffer { ring } => {
+                w.u8(KIND_RING_OFFER)
+                    .u8(0)
+                    .u16(0)
+                    .u64(ring.addr)
+                    .u32(ring.rkey)
+                    .u8(ring.size.log2())
+                    .u8(0)
+                    .u16(0);
+            }
+            ControlMsg::RingMoved { at } => {
+                w.u8(KIND_RING_MOVED).u8(0).u16(0).u64(at);
+            }
+            ControlMsg::RingWanted { size } => {
+                w.u8(KIND_RING_WANTED)
+                    .u8(0)
+                    .u16(0)
+                    .u8(size.log2())
+                    .u8(0)
+                    .u16(0);
+            }
             ControlMsg::Ignored { kind } => {
-                debug_assert!(kind > KIND_BARRIER);
+                debug_assert!(kind > KIND_RING_WANTED);
                 w.u8(kind).u8(0).u16(0);
             }
         }
@@ -168,14 +217,15 @@ impl ControlMsg {
         }
         let mut r = Reader::new(input);
         let kind = r.u8()?;
-        if kind > KIND_BARRIER {
+        if kind > KIND_RING_WANTED {
             return Ok(ControlMsg::Ignored { kind });
         }
         let (len, allowed_flags) = match kind {
-            KIND_SWITCH_OVER | KIND_SHUTDOWN_WRITE | KIND_BARRIER => (12, 0),
+            KIND_SWITCH_OVER | KIND_SHUTDOWN_WRITE | KIND_BARRIER | KIND_RING_MOVED => (12, 0),
             KIND_CLOSE => (12, CLOSE_RESET),
             KIND_CREDIT_UPDATE => (16, 0),
-            KIND_SWITCH_BACK => (20, 0),
+            KIND_SWITCH_BACK | KIND_RING_OFFER => (20, 0),
+            KIND_RING_WANTED => (8, 0),
             0 if input.iter().all(|&b| b == 0) => return Err(DecodeError::Empty),
             k => return Err(DecodeError::UnknownKind(k)),
         };
@@ -201,6 +251,24 @@ impl ControlMsg {
                 ring_bytes: r.u64()?,
                 read_cursor: r.u64()?,
             },
+            KIND_RING_OFFER => {
+                let (addr, rkey, log2) = (r.u64()?, r.u32()?, r.u8()?);
+                r.reserved(3)?;
+                let size =
+                    crate::RingSize::from_log2(log2).map_err(|_| DecodeError::BadRingSize(log2))?;
+                ControlMsg::RingOffer {
+                    ring: crate::RingDesc { addr, rkey, size },
+                }
+            }
+            KIND_RING_MOVED => ControlMsg::RingMoved { at: r.u64()? },
+            KIND_RING_WANTED => {
+                let log2 = r.u8()?;
+                r.reserved(3)?;
+                ControlMsg::RingWanted {
+                    size: crate::RingSize::from_log2(log2)
+                        .map_err(|_| DecodeError::BadRingSize(log2))?,
+                }
+            }
             _ => ControlMsg::CreditUpdate {
                 read_cursor: r.u64()?,
                 slots: r.u32()?,
@@ -255,6 +323,50 @@ mod tests {
     }
 
     #[test]
+    fn ring_moves() {
+        let ring = crate::RingDesc {
+            addr: 0x0102,
+            rkey: 0x0304,
+            size: crate::RingSize::new(1 << 16).unwrap(),
+        };
+        let b = ControlMsg::RingOffer { ring }.encode();
+        assert_eq!(
+            b.as_bytes(),
+            &[6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4, 16, 0, 0, 0]
+        );
+        assert_eq!(
+            ControlMsg::decode(b.as_bytes()),
+            Ok(ControlMsg::RingOffer { ring })
+        );
+        let mut bad = *b.as_bytes().first_chunk::<20>().unwrap();
+        bad[16] = 30;
+        assert_eq!(ControlMsg::decode(&bad), Err(DecodeError::BadRingSize(30)));
+        bad[16] = 16;
+        bad[19] = 1;
+        assert_eq!(
+            ControlMsg::decode(&bad),
+            Err(DecodeError::ReservedNonZero { offset: 19 })
+        );
+        let b = ControlMsg::RingMoved { at: 7 }.encode();
+        assert_eq!(b.as_bytes(), &[7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        assert_eq!(
+            ControlMsg::decode(b.as_bytes()),
+            Ok(ControlMsg::RingMoved { at: 7 })
+        );
+        let size = crate::RingSize::new(1 << 20).unwrap();
+        let b = ControlMsg::RingWanted { size }.encode();
+        assert_eq!(b.as_bytes(), &[129, 0, 0, 0, 20, 0, 0, 0]);
+        assert_eq!(
+            ControlMsg::decode(b.as_bytes()),
+            Ok(ControlMsg::RingWanted { size })
+        );
+        assert_eq!(
+            ControlMsg::decode(&[129, 0, 0, 0, 3, 0, 0, 0]),
+            Err(DecodeError::BadRingSize(3))
+        );
+    }
+
+    #[test]
     fn barrier_rejects() {
         assert_eq!(
             ControlMsg::decode(&[128, 0, 0, 0, 0]),
@@ -272,10 +384,10 @@ mod tests {
             ControlMsg::decode(&[128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 9]),
             Err(DecodeError::TrailingBytes { offset: 13 })
         );
-        // the next may-ignore kind is still ignored
+        // the next may-ignore kinds are still ignored
         assert_eq!(
-            ControlMsg::decode(&[129]),
-            Ok(ControlMsg::Ignored { kind: 129 })
+            ControlMsg::decode(&[130]),
+            Ok(ControlMsg::Ignored { kind: 130 })
         );
     }
 

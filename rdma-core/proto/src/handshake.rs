@@ -72,6 +72,9 @@ impl Flags {
     /// May ignore: the sender goes on over TCP when the ring's path fails, and reads the
     /// peer's continuation there (protocol §8.6). A side fails over only if both set it.
     pub const FAILOVER: Flags = Flags(0x0400);
+    /// May ignore: the sender takes part in ring moves (protocol §6.4): it moves its writes
+    /// to a ring the peer offers, and may offer its own. Used only if both set it.
+    pub const RING_MOVES: Flags = Flags(0x0800);
 
     /// No flag set.
     pub const fn empty() -> Self {

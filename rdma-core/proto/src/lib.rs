@@ -28,8 +28,8 @@ mod wire;
 
 pub use binding::{BindingKey, Proof, Tag, TcpTuple};
 pub use conn::{
-    Action, Completion, Config, ConfigError, Connection, ConsumeError, LocalParams, Readiness,
-    Recv, Resume, SendError, SendGrant, Side, Stats, SwitchBackError,
+    Action, Completion, Config, ConfigError, Connection, ConsumeError, LocalParams, OfferError,
+    Readiness, Recv, Resume, SendError, SendGrant, Side, Stats, SwitchBackError,
 };
 pub use control::{ControlBytes, ControlMsg, MAX_CONTROL_LEN};
 pub use credit::CreditPolicy;
@@ -39,7 +39,7 @@ pub use handshake::{
     AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RejectReason, RingDesc,
 };
 pub use imm::{Imm, WireImm};
-pub use ring::{RingSize, RxCursors, TxCursors, MAX_RING_LOG2, MIN_RING_LOG2};
+pub use ring::{Move, Place, RingSize, RxCursors, TxCursors, MAX_RING_LOG2, MIN_RING_LOG2};
 pub use state::{
     ErrorReason, Fin, InvalidTransition, PeerFin, RxState, StreamState, TxState, Violation,
 };

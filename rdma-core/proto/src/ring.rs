@@ -12,6 +12,17 @@
 //! Because the sender only learns `acked` from the receiver's credits, and the receiver only
 //! credits what its application consumed, `sender.acked <= receiver.credited <= receiver.tail`, so
 //! the sender never writes over bytes the application has not read yet.
+//!
+//! **Ring moves** (protocol §6.4): the receiver may offer another ring (larger for a busy
+//! connection, smaller for an idle one); the sender moves at a stream cursor `at` of its
+//! choosing — the bytes it had accepted by then — and tells the receiver. Bytes before `at`
+//! stay in the old ring, bytes from `at` on go to the new one, at `cursor mod new size`. The
+//! new ring holds nothing before `at`, so its space is `max(acked, at) + new size` on the
+//! sender's side and `max(credited, at) + new size` on the receiver's: the inequalities above
+//! hold with that bound. A write never spans `at`, and a read never crosses it (the reader
+//! takes the old ring's bytes, then the new ring's). The old ring is given back once nothing
+//! can touch it any more: the sender's staging once `acked >= at`, the receiver's ring once
+//! `tail >= at`. One move at a time.
 
 use std::fmt;
 
@@ -108,6 +119,48 @@ pub struct WriteRange {
     pub len: u64,
 }
 
+/// A move to another ring (see the module documentation): from stream cursor `at` on, the
+/// bytes are in the ring of the current size; before it, in the old one (`old`, generation
+/// `gen - 1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Move {
+    /// The first stream cursor in the new ring.
+    pub at: u64,
+    /// The old ring's size.
+    pub old: RingSize,
+}
+
+impl Move {
+    /// Where `cursor` is, with the current ring of generation `gen` and `size`, and this
+    /// move (if any) before it.
+    fn place(moved: Option<Move>, gen: u32, size: RingSize, cursor: u64) -> Place {
+        match moved {
+            Some(m) if cursor < m.at => Place {
+                gen: gen - 1,
+                size: m.old,
+                offset: m.old.offset(cursor),
+            },
+            _ => Place {
+                gen,
+                size,
+                offset: size.offset(cursor),
+            },
+        }
+    }
+}
+
+/// Which ring a stream cursor is in, and where: its generation (0 for the handshake's, one
+/// more per move), its size, and the offset (`cursor mod size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    /// The ring's generation.
+    pub gen: u32,
+    /// The ring's size.
+    pub size: RingSize,
+    /// The cursor's offset in it.
+    pub offset: usize,
+}
+
 /// Sender-side cursors for the peer's ring.
 ///
 /// * `head`: bytes the application handed over (staged locally, not necessarily written yet).
@@ -123,6 +176,10 @@ pub struct TxCursors {
     head: u64,
     posted: u64,
     acked: u64,
+    /// The current ring's generation.
+    gen: u32,
+    /// A move whose old ring may still be needed (`acked < at`).
+    moved: Option<Move>,
 }
 
 impl TxCursors {
@@ -133,12 +190,61 @@ impl TxCursors {
             head: 0,
             posted: 0,
             acked: 0,
+            gen: 0,
+            moved: None,
         }
     }
 
-    /// Size of the peer's ring.
+    /// Size of the peer's (current) ring.
     pub fn size(&self) -> RingSize {
         self.size
+    }
+
+    /// The current ring's generation.
+    pub fn gen(&self) -> u32 {
+        self.gen
+    }
+
+    /// The move under way, if its old ring may still be needed.
+    pub fn moved(&self) -> Option<Move> {
+        self.moved
+    }
+
+    /// Where stream cursor `cursor` goes (or went).
+    pub fn place(&self, cursor: u64) -> Place {
+        Move::place(self.moved, self.gen, self.size, cursor)
+    }
+
+    /// Moves to a ring of `size` bytes from the bytes accepted so far on: returns the cursor
+    /// of the move (`head`), or `None` while the previous move's old ring may still be needed.
+    pub fn begin_move(&mut self, size: RingSize) -> Option<u64> {
+        if self.moved.is_some() {
+            return None;
+        }
+        self.moved = Some(Move {
+            at: self.head,
+            old: self.size,
+        });
+        self.size = size;
+        self.gen += 1;
+        Some(self.head)
+    }
+
+    /// Ends the move once the old ring is no longer needed (the peer acknowledged every byte
+    /// in it): returns the old ring's generation, which can be given back.
+    pub fn retire_move(&mut self) -> Option<u32> {
+        let m = self.moved?;
+        if self.acked < m.at {
+            return None;
+        }
+        self.moved = None;
+        Some(self.gen - 1)
+    }
+
+    /// The first cursor the current ring's space is counted from: `acked`, or the move's
+    /// cursor while the peer has not acknowledged that far.
+    fn base(&self) -> u64 {
+        self.moved.map_or(self.acked, |m| self.acked.max(m.at))
     }
 
     /// Bytes accepted from the application so far.
@@ -156,9 +262,10 @@ impl TxCursors {
         self.acked
     }
 
-    /// Bytes that may be accepted now: `size - (head - acked)`.
+    /// Bytes that may be accepted now: `size - (head - acked)` (after a move, counted in the
+    /// new ring from the move's cursor on).
     pub fn free(&self) -> u64 {
-        self.size.bytes() - (self.head - self.acked)
+        self.size.bytes() - (self.head - self.base())
     }
 
     /// Accepted bytes not yet written.
@@ -175,10 +282,15 @@ impl TxCursors {
 
     /// The next write to perform, at most `max_len` bytes; with `split_at_wrap` it also stops at
     /// the end of the ring (for a transport whose staging area is not double-mapped).
+    /// A write never spans a move's cursor (its bytes are in two rings).
     pub fn next_write(&self, max_len: u64, split_at_wrap: bool) -> Option<WriteRange> {
         let mut len = self.unposted().min(max_len);
+        if let Some(m) = self.moved.filter(|m| self.posted < m.at) {
+            len = len.min(m.at - self.posted);
+        }
         if split_at_wrap {
-            let to_end = self.size.bytes() - self.size.offset(self.posted) as u64;
+            let p = self.place(self.posted);
+            let to_end = p.size.bytes() - p.offset as u64;
             len = len.min(to_end);
         }
         (len > 0).then_some(WriteRange {
@@ -253,6 +365,14 @@ pub struct RxCursors {
     head: u64,
     tail: u64,
     credited: u64,
+    /// The current ring's generation.
+    gen: u32,
+    /// A move whose old ring may still hold unread bytes, or whose cursor is not credited yet.
+    moved: Option<Move>,
+    /// The old ring of `moved` was given back (nothing reads it any more).
+    old_released: bool,
+    /// The size of the ring before the last move (0: none).
+    prev: u64,
 }
 
 impl RxCursors {
@@ -263,12 +383,74 @@ impl RxCursors {
             head: 0,
             tail: 0,
             credited: 0,
+            gen: 0,
+            moved: None,
+            old_released: false,
+            prev: 0,
         }
     }
 
-    /// Size of the local ring.
+    /// Size of the local (current) ring.
     pub fn size(&self) -> RingSize {
         self.size
+    }
+
+    /// The current ring's generation.
+    pub fn gen(&self) -> u32 {
+        self.gen
+    }
+
+    /// Whether a move may begin: the last one's old ring is given back and its cursor
+    /// credited.
+    pub fn can_move(&self) -> bool {
+        self.moved.is_none()
+    }
+
+    /// The peer moved to the ring of `size` bytes from cursor `at` on. It must be every byte
+    /// written so far (`at == head`: the peer's move message follows its last write to the old
+    /// ring), and no move may be under way.
+    pub fn move_to(&mut self, at: u64, size: RingSize) -> bool {
+        if at != self.head || self.moved.is_some() {
+            return false;
+        }
+        self.moved = Some(Move { at, old: self.size });
+        self.old_released = false;
+        self.prev = self.size.bytes();
+        self.size = size;
+        self.gen += 1;
+        true
+    }
+
+    /// The most stream bytes the peer may have written and not had acknowledged: the current
+    /// ring's size, and the last one's (after a move the peer's unacknowledged bytes may span
+    /// both; never more, as a move waits until the one before it was acknowledged in full).
+    pub fn window(&self) -> u64 {
+        self.size.bytes() + self.prev
+    }
+
+    /// Once the application has read past the move's cursor, the old ring is read no more:
+    /// returns its generation, once, to be given back.
+    pub fn release_old(&mut self) -> Option<u32> {
+        let m = self.moved?;
+        if self.old_released || self.tail < m.at {
+            return None;
+        }
+        self.old_released = true;
+        self.end_move();
+        Some(self.gen - 1)
+    }
+
+    /// The move is over once its old ring is given back and its cursor credited (until then
+    /// the peer may count the new ring's space from the cursor: [`Self::on_data`]).
+    fn end_move(&mut self) {
+        if self.old_released && self.moved.is_some_and(|m| self.credited >= m.at) {
+            self.moved = None;
+        }
+    }
+
+    /// Where stream cursor `cursor` is.
+    pub fn place(&self, cursor: u64) -> Place {
+        Move::place(self.moved, self.gen, self.size, cursor)
     }
 
     /// Bytes the peer has written.
@@ -289,7 +471,10 @@ impl RxCursors {
     /// Records a DATA completion of `len` bytes, checking the peer stayed inside its credit.
     pub fn on_data(&mut self, len: u64) -> Result<(), OverrunError> {
         let end = self.head.saturating_add(len);
-        let limit = self.credited + self.size.bytes();
+        let base = self
+            .moved
+            .map_or(self.credited, |m| self.credited.max(m.at));
+        let limit = base + self.size.bytes();
         if end > limit {
             return Err(OverrunError { end, limit });
         }
@@ -297,14 +482,23 @@ impl RxCursors {
         Ok(())
     }
 
-    /// Bytes written by the peer and not consumed yet.
+    /// Bytes written by the peer and not consumed yet, in the ring the next one is in (the old
+    /// ring's until its last byte is read).
     pub fn readable(&self) -> u64 {
-        self.head - self.tail
+        match self.moved {
+            Some(m) if self.tail < m.at => m.at - self.tail,
+            _ => self.head - self.tail,
+        }
     }
 
-    /// Ring offset of the first readable byte.
+    /// Ring offset of the first readable byte (in its ring: [`Self::read_place`]).
     pub fn read_offset(&self) -> usize {
-        self.size.offset(self.tail)
+        self.place(self.tail).offset
+    }
+
+    /// Where the first readable byte is.
+    pub fn read_place(&self) -> Place {
+        self.place(self.tail)
     }
 
     /// Consumes `n` readable bytes; returns `false` (and changes nothing) if fewer are readable.
@@ -316,6 +510,12 @@ impl RxCursors {
         true
     }
 
+    /// Consumes every byte written so far, in whichever ring (the peer sends them again some
+    /// other way: a switch back, a read side shut).
+    pub fn discard_unread(&mut self) {
+        self.tail = self.head;
+    }
+
     /// Bytes consumed but not yet returned to the peer.
     pub fn owed(&self) -> u64 {
         self.tail - self.credited
@@ -325,6 +525,7 @@ impl RxCursors {
     pub fn take_credit(&mut self, max: u64) -> u64 {
         let n = self.owed().min(max);
         self.credited += n;
+        self.end_move();
         n
     }
 }
@@ -384,6 +585,69 @@ mod tests {
         assert_eq!((w.cursor, w.len), (4000, 96));
         let w = tx.next_write(u64::MAX, false).unwrap();
         assert_eq!((w.cursor, w.len), (4000, 1000));
+    }
+
+    #[test]
+    fn moves_count_the_new_ring_from_the_move() {
+        let small = RingSize::new(4096).unwrap();
+        let big = RingSize::new(16384).unwrap();
+        let mut tx = TxCursors::new(small);
+        let mut rx = RxCursors::new(small);
+        tx.accept(3000);
+        tx.mark_posted(1000);
+        // the move at 3000: 2000 bytes still to write to the old ring, then the new one's
+        assert_eq!(tx.begin_move(big), Some(3000));
+        assert_eq!(tx.begin_move(small), None, "one move at a time");
+        assert_eq!(tx.free(), 16384);
+        assert_eq!(tx.accept(20_000), 16384);
+        let w = tx.next_write(u64::MAX, false).unwrap();
+        assert_eq!((w.cursor, w.len), (1000, 2000), "never across the move");
+        assert_eq!(tx.place(2999).gen, 0);
+        assert_eq!(
+            tx.place(3000),
+            Place {
+                gen: 1,
+                size: big,
+                offset: 3000
+            }
+        );
+        tx.mark_posted(2000);
+        let w = tx.next_write(u64::MAX, true).unwrap();
+        assert_eq!(
+            (w.cursor, w.len),
+            (3000, 16384 - 3000),
+            "split at the new ring's end"
+        );
+        // the receiver: 3000 in the old ring, the move, then the new ring's
+        rx.on_data(3000).unwrap();
+        assert!(
+            !rx.move_to(2999, big),
+            "the move is where the old ring's bytes end"
+        );
+        assert!(rx.move_to(3000, big));
+        rx.on_data(16384).unwrap();
+        assert!(rx.on_data(1).is_err(), "the new ring is full");
+        assert_eq!(rx.window(), 16384 + 4096);
+        assert_eq!((rx.readable(), rx.read_place().gen), (3000, 0));
+        assert!(rx.consume(3000));
+        assert_eq!(rx.release_old(), Some(0));
+        assert_eq!(rx.release_old(), None);
+        assert!(!rx.can_move(), "not before the move's cursor is credited");
+        assert_eq!((rx.readable(), rx.read_place().gen), (16384, 1));
+        assert_eq!(rx.take_credit(u64::MAX), 3000);
+        assert!(rx.can_move());
+        // the sender's old staging goes once the credit comes
+        assert_eq!(tx.retire_move(), None);
+        tx.credit(3000).unwrap();
+        assert_eq!(tx.retire_move(), Some(0));
+        assert_eq!(
+            tx.free(),
+            0,
+            "the new ring is full until its own bytes are credited"
+        );
+        tx.mark_posted(3000);
+        tx.credit(100).unwrap();
+        assert_eq!(tx.free(), 100);
     }
 
     #[test]

@@ -266,6 +266,19 @@ pub enum Violation {
     CloseAfterSwitchBack,
     /// The peer's continuation on TCP after a path failure (§8.6) was not what it must be.
     Failover(crate::failover::FailoverError),
+    /// A ring move message (§6.4) on a connection whose handshake did not announce moves.
+    UnannouncedRingMove,
+    /// A RingOffer while the last move's old ring is still in use.
+    RingOfferDuringMove,
+    /// A RingMoved without an offer outstanding.
+    UnexpectedRingMoved,
+    /// A RingMoved whose cursor is not the end of what the old ring received.
+    RingMovedCursorMismatch {
+        /// The cursor the message declares.
+        declared: u64,
+        /// Stream bytes received so far.
+        received: u64,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -319,6 +332,17 @@ impl fmt::Display for Violation {
                 write!(f, "Close after the continuation began on TCP")
             }
             Violation::Failover(e) => write!(f, "{e}"),
+            Violation::UnannouncedRingMove => {
+                write!(f, "ring move on a connection that did not announce moves")
+            }
+            Violation::RingOfferDuringMove => {
+                write!(f, "RingOffer while the last move's old ring is in use")
+            }
+            Violation::UnexpectedRingMoved => write!(f, "RingMoved without an offer"),
+            Violation::RingMovedCursorMismatch { declared, received } => write!(
+                f,
+                "RingMoved at cursor {declared}, {received} bytes received"
+            ),
         }
     }
 }

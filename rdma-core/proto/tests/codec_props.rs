@@ -103,7 +103,11 @@ fn control() -> impl Strategy<Value = ControlMsg> {
                 read_cursor,
             }
         }),
-        (FIRST_IGNORABLE_KIND + 1..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
+        ring_desc().prop_map(|ring| ControlMsg::RingOffer { ring }),
+        any::<u64>().prop_map(|at| ControlMsg::RingMoved { at }),
+        ring_size().prop_map(|size| ControlMsg::RingWanted { size }),
+        // (129 is RingWanted's)
+        (FIRST_IGNORABLE_KIND + 2..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
     ]
 }
 

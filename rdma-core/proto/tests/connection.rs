@@ -109,7 +109,11 @@ fn deliver(a: &Action, to: &mut Connection) -> Result<(), ErrorReason> {
         Action::Send(m) => to.handle_completion(Completion::Recv {
             payload: m.encode().as_bytes(),
         }),
-        Action::Teardown => Ok(()),
+        // (local work for the transport: nothing goes to the peer)
+        Action::Teardown
+        | Action::NewStaging { .. }
+        | Action::ReleaseStaging { .. }
+        | Action::ReleaseRing { .. } => Ok(()),
     }
 }
 
@@ -358,6 +362,7 @@ fn switch_over_drains_tcp_first() {
     assert_eq!(
         b.recv(),
         Recv::Ring {
+            gen: 0,
             offset: 0,
             len: 100
         }
@@ -367,6 +372,7 @@ fn switch_over_drains_tcp_first() {
     assert_eq!(
         b.recv(),
         Recv::Ring {
+            gen: 0,
             offset: 60,
             len: 40
         }
@@ -709,13 +715,27 @@ fn half_close() {
     );
     assert_eq!(b.state(), StreamState::PeerShut);
     assert!(b.rdhup() && b.is_readable());
-    assert_eq!(b.recv(), Recv::Ring { offset: 0, len: 10 });
+    assert_eq!(
+        b.recv(),
+        Recv::Ring {
+            gen: 0,
+            offset: 0,
+            len: 10
+        }
+    );
     b.consume(10).unwrap();
     assert_eq!(b.recv(), Recv::Eof);
     // b can still send the other way.
     assert_eq!(b.send(20).unwrap().len, 20);
     flow(&mut b, &mut a).unwrap();
-    assert_eq!(a.recv(), Recv::Ring { offset: 0, len: 20 });
+    assert_eq!(
+        a.recv(),
+        Recv::Ring {
+            gen: 0,
+            offset: 0,
+            len: 20
+        }
+    );
     assert!(!a.readiness().hup);
     b.shutdown_write().unwrap();
     let acts = flow(&mut b, &mut a).unwrap();
@@ -725,7 +745,11 @@ fn half_close() {
     assert!(a.readiness().hup);
     assert_eq!(
         a.recv(),
-        Recv::Ring { offset: 0, len: 20 },
+        Recv::Ring {
+            gen: 0,
+            offset: 0,
+            len: 20
+        },
         "data survives teardown"
     );
     a.consume(20).unwrap();
@@ -756,7 +780,14 @@ fn shutdown_then_close_reads_data_then_eof() {
     })));
     assert_eq!(b.error(), None);
     assert_eq!(b.state(), StreamState::Closed);
-    assert_eq!(b.recv(), Recv::Ring { offset: 0, len: 7 });
+    assert_eq!(
+        b.recv(),
+        Recv::Ring {
+            gen: 0,
+            offset: 0,
+            len: 7
+        }
+    );
     b.consume(7).unwrap();
     assert_eq!(b.recv(), Recv::Eof);
     assert_eq!(b.send(1), Err(SendError::PeerClosed));
@@ -787,7 +818,14 @@ fn peer_close_makes_sends_fail() {
     assert!(b.is_writable());
     let tx = b.tx_cursors().unwrap();
     assert_eq!(tx.head(), tx.posted(), "unsent bytes dropped");
-    assert_eq!(b.recv(), Recv::Ring { offset: 0, len: 5 });
+    assert_eq!(
+        b.recv(),
+        Recv::Ring {
+            gen: 0,
+            offset: 0,
+            len: 5
+        }
+    );
     b.consume(5).unwrap();
     assert_eq!(b.recv(), Recv::Eof);
 }
@@ -1204,8 +1242,10 @@ fn only_credits_with_slots_return_slots() {
     let data = Action::WriteData {
         cursor: 0,
         len: 64,
+        gen: 0,
         ring_offset: 0,
         remote_addr: B_RING,
+        rkey: 0,
         imm: Imm::Data {
             len: 64,
             credit_wanted: true,
@@ -1467,6 +1507,7 @@ fn peer_close_before_its_switch_back_is_read_from_the_ring() {
     assert_eq!(
         a.recv(),
         Recv::Ring {
+            gen: 0,
             offset: 10,
             len: 30
         }
@@ -1556,4 +1597,199 @@ fn native_streams_never_switch_back() {
     };
     let r = deliver(&Action::Send(msg), &mut b);
     expect_violation(&mut b, r, Violation::UnannouncedSwitchBack);
+}
+
+// ----- ring moves (§6.5) -------------------------------------------------------------------------
+
+fn moves() -> Config {
+    Config {
+        ring_moves: true,
+        ..Config::default()
+    }
+}
+
+fn ring(addr: u64, log2: u8) -> RingDesc {
+    RingDesc {
+        addr,
+        rkey: 9,
+        size: RingSize::from_log2(log2).unwrap(),
+    }
+}
+
+/// A step by step move of `a`'s writes to a larger ring `b` offers: the bytes before the move
+/// in the old ring, the ones after it in the new one, each read from the right ring; the old
+/// staging and ring go back once nothing can touch them.
+#[test]
+fn a_move_step_by_step() {
+    let (mut a, mut b) = open(12, 8, moves());
+    assert!(a.ring_moves() && b.ring_moves());
+    // 3000 bytes accepted on a's side, not yet written
+    assert_eq!(a.send(3000).unwrap().len, 3000);
+    // b asks for nothing; it offers a 16 KiB ring (generation 1)
+    assert_eq!(b.offer_ring(ring(0x9000, 14)), Ok(1));
+    assert_eq!(b.offer_ring(ring(0xa000, 14)), Err(OfferError::Busy));
+    assert!(b.offer_outstanding());
+    let offer = b.poll_action().unwrap();
+    assert!(matches!(offer, Action::Send(ControlMsg::RingOffer { .. })));
+    deliver(&offer, &mut a).unwrap();
+    // a asks its transport for a staging area; until it has one, nothing moves
+    assert_eq!(
+        a.poll_action(),
+        Some(Action::NewStaging {
+            gen: 1,
+            size: RingSize::from_log2(14).unwrap()
+        })
+    );
+    assert_eq!(
+        a.send(2000).unwrap().len,
+        1096,
+        "still the old ring's space"
+    );
+    assert!(a.staging_ready(1));
+    assert!(!a.staging_ready(1), "once");
+    // the move is at 4096 (what was accepted): those bytes go to the old ring, then RingMoved
+    let w = a.poll_action().unwrap();
+    let Action::WriteData {
+        cursor: 0,
+        len: 4096,
+        gen: 0,
+        remote_addr: B_RING,
+        rkey: 7,
+        ..
+    } = w
+    else {
+        panic!("{w:?}")
+    };
+    let moved = a.poll_action().unwrap();
+    assert_eq!(moved, Action::Send(ControlMsg::RingMoved { at: 4096 }));
+    // the new ring's space counts from the move: 16 KiB more
+    assert_eq!(a.send(20_000).unwrap().len, 16384);
+    let w = a.poll_action().unwrap();
+    let Action::WriteData {
+        cursor: 4096,
+        len: 16384,
+        gen: 1,
+        ring_offset: 4096,
+        remote_addr: 0xa000,
+        rkey: 9,
+        ..
+    } = w
+    else {
+        panic!("{w:?}")
+    };
+    for act in [w_old(), moved, w] {
+        deliver(&act, &mut b).unwrap();
+    }
+    // b reads the old ring's bytes, then the new ring's
+    assert_eq!(
+        b.recv(),
+        Recv::Ring {
+            gen: 0,
+            offset: 0,
+            len: 4096
+        }
+    );
+    b.consume(4000).unwrap();
+    b.consume(96).unwrap();
+    assert_eq!(b.poll_action(), Some(Action::ReleaseRing { gen: 0 }));
+    assert_eq!(
+        b.recv(),
+        Recv::Ring {
+            gen: 1,
+            offset: 4096,
+            len: 16384
+        }
+    );
+    b.consume(16384).unwrap();
+    // b's credits reach a: its old staging goes
+    let (from_b, from_a) = {
+        let (x, y) = settle(&mut b, &mut a);
+        (x, y)
+    };
+    assert!(from_b
+        .iter()
+        .any(|x| matches!(x, Action::WriteCredit { .. })));
+    assert!(
+        from_a.contains(&Action::ReleaseStaging { gen: 0 }),
+        "{from_a:?}"
+    );
+    assert_eq!((a.stats().moves_out, b.stats().moves_in), (1, 1));
+    // and another move may begin
+    assert_eq!(b.offer_ring(ring(0xb000, 12)), Ok(2));
+
+    fn w_old() -> Action {
+        Action::WriteData {
+            cursor: 0,
+            len: 4096,
+            gen: 0,
+            ring_offset: 0,
+            remote_addr: B_RING,
+            rkey: 7,
+            imm: Imm::Data {
+                len: 4096,
+                credit_wanted: false,
+            },
+        }
+    }
+}
+
+/// Ring move messages a side must refuse: any of them when moves were not both announced, a
+/// second offer while one is under way, a RingMoved without an offer or at the wrong cursor.
+#[test]
+fn ring_move_violations() {
+    let offer = |c: &mut Connection| {
+        c.handle_completion(Completion::Recv {
+            payload: ControlMsg::RingOffer {
+                ring: ring(0x9000, 13),
+            }
+            .encode()
+            .as_bytes(),
+        })
+    };
+    let moved = |c: &mut Connection, at: u64| {
+        c.handle_completion(Completion::Recv {
+            payload: ControlMsg::RingMoved { at }.encode().as_bytes(),
+        })
+    };
+    // not announced (one side alone announcing is `sim_pair`'s `ring_moves_need_both_sides`)
+    let (mut a, mut b) = open(12, 8, Config::default());
+    assert!(!a.ring_moves());
+    assert_eq!(a.offer_ring(ring(0x9000, 13)), Err(OfferError::Unsupported));
+    let r = offer(&mut b);
+    expect_violation(&mut b, r, Violation::UnannouncedRingMove);
+    // a second offer while the first is not answered
+    let (mut a, _b) = open(12, 8, moves());
+    offer(&mut a).unwrap();
+    let r = offer(&mut a);
+    expect_violation(&mut a, r, Violation::RingOfferDuringMove);
+    // a RingMoved without an offer
+    let (mut a, _b) = open(12, 8, moves());
+    let r = moved(&mut a, 0);
+    expect_violation(&mut a, r, Violation::UnexpectedRingMoved);
+    // at a cursor that is not the end of what came
+    let (_a, mut b) = open(12, 8, moves());
+    b.offer_ring(ring(0x9000, 13)).unwrap();
+    assert!(matches!(
+        b.poll_action(),
+        Some(Action::Send(ControlMsg::RingOffer { .. }))
+    ));
+    let r = moved(&mut b, 10);
+    expect_violation(
+        &mut b,
+        r,
+        Violation::RingMovedCursorMismatch {
+            declared: 10,
+            received: 0,
+        },
+    );
+    // a RingWanted is a wish: it changes nothing until this side offers
+    let (_a, mut b) = open(12, 8, moves());
+    let size = RingSize::from_log2(15).unwrap();
+    b.handle_completion(Completion::Recv {
+        payload: ControlMsg::RingWanted { size }.encode().as_bytes(),
+    })
+    .unwrap();
+    assert_eq!(b.ring_wanted(), Some(size));
+    b.offer_ring(ring(0x9000, 15)).unwrap();
+    assert_eq!(b.ring_wanted(), None);
 }

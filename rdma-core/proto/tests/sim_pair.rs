@@ -14,9 +14,14 @@
 //!   receive (RNR);
 //! * the staging area, indexed by stream cursor modulo the peer ring size, still holds the right
 //!   bytes when the "HCA" reads them at delivery time;
+//! * with ring moves (§6.5: both sides announce them in about half the runs), each side offers
+//!   rings of random sizes at random points and asks for them: every write goes to the ring of
+//!   its generation at the right address and key, never over unread bytes of that ring, from a
+//!   staging area that is still there; every read comes from a ring that is still there; a
+//!   staging area or ring is given back only once nothing can touch it (a later touch fails);
 //! * both ends reach EOF and `Closed`, each emits `Teardown` exactly once, and no run deadlocks.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use proptest::prelude::*;
@@ -98,7 +103,10 @@ struct Scenario {
 enum Msg {
     Write {
         cursor: u64,
+        gen: u32,
         ring_offset: usize,
+        remote_addr: u64,
+        rkey: u32,
         len: usize,
         imm: Imm,
     },
@@ -108,13 +116,28 @@ enum Msg {
     Send(Vec<u8>),
 }
 
+/// A receive ring of one generation.
+struct SimRing {
+    bytes: Vec<u8>,
+    desc: RingDesc,
+    /// Its first stream cursor (`u64::MAX` while offered and not moved to).
+    start: u64,
+}
+
 struct Endpoint {
     name: &'static str,
     p: SideParams,
     conn: Option<Connection>,
-    ring: Vec<u8>,
+    /// Receive rings by generation (given back ones are gone).
+    rings: BTreeMap<u32, SimRing>,
     ring_desc: RingDesc,
-    staging: Vec<u8>,
+    /// Staging areas by generation.
+    stagings: BTreeMap<u32, Vec<u8>>,
+    /// Rings offered and wanted so far (bounded, so that runs end).
+    offers: u32,
+    wants: u32,
+    /// A staging area made for a move, not yet reported ready.
+    staging_due: Option<u32>,
     posted_recvs: u32,
     /// Receives whose completion was handled and that the transport posts again only before
     /// its next credit that returns slots (rdma-core's `Endpoint::repost_recv`).
@@ -151,15 +174,24 @@ impl Endpoint {
     fn new(name: &'static str, p: SideParams, addr: u64, rng: &mut Rng) -> Self {
         let size = RingSize::from_log2(p.ring_log2).unwrap();
         let out_stream = (0..p.stream_len).map(|_| rng.next() as u8).collect();
+        let ring_desc = RingDesc {
+            addr,
+            rkey: 0x1000 + addr as u32,
+            size,
+        };
+        let first = SimRing {
+            bytes: vec![0xEE; size.bytes() as usize],
+            desc: ring_desc,
+            start: 0,
+        };
         Endpoint {
             name,
-            ring: vec![0xEE; size.bytes() as usize],
-            ring_desc: RingDesc {
-                addr,
-                rkey: 0x1000 + addr as u32,
-                size,
-            },
-            staging: Vec::new(),
+            rings: BTreeMap::from([(0, first)]),
+            ring_desc,
+            stagings: BTreeMap::new(),
+            offers: 0,
+            wants: 0,
+            staging_due: None,
             posted_recvs: u32::from(p.recv_slots),
             deferred_recvs: 0,
             out_stream,
@@ -330,7 +362,9 @@ impl Sim {
             self.now,
         )
         .unwrap();
-        self.b.staging = vec![0; req.ring.size.bytes() as usize];
+        self.b
+            .stagings
+            .insert(0, vec![0; req.ring.size.bytes() as usize]);
         self.b.conn = Some(conn);
         let mut padded = reply.encode().to_vec();
         padded.resize(196, 0);
@@ -352,7 +386,8 @@ impl Sim {
             return true;
         }
         conn.handle_accept(&bytes).expect("accept reply");
-        self.a.staging = vec![0; conn.peer_ring().unwrap().size.bytes() as usize];
+        let size = conn.peer_ring().unwrap().size.bytes() as usize;
+        self.a.stagings.insert(0, vec![0; size]);
         true
     }
 
@@ -423,9 +458,11 @@ impl Sim {
         let conn = me.conn.as_mut().unwrap();
         match conn.send(want) {
             Ok(g) => {
-                let size = me.staging.len();
                 for k in 0..g.len {
-                    me.staging[(g.cursor as usize + k) % size] = me.out_stream[me.out_pos + k];
+                    let at = conn.tx_place(g.cursor + k as u64).unwrap();
+                    let staging = me.stagings.get_mut(&at.gen).expect("staging area exists");
+                    assert_eq!(staging.len() as u64, at.size.bytes());
+                    staging[at.offset] = me.out_stream[me.out_pos + k];
                 }
                 me.out_pos += g.len;
                 g.len > 0
@@ -496,11 +533,16 @@ impl Sim {
                 }
                 true
             }
-            Recv::Ring { offset, len } => {
+            Recv::Ring { gen, offset, len } => {
                 let n = n_want.min(len);
-                let size = me.ring.len();
+                let ring = me
+                    .rings
+                    .get(&gen)
+                    .unwrap_or_else(|| panic!("{}: read from ring {gen}, given back", me.name));
+                let size = ring.bytes.len();
+                assert!(len <= size);
                 for k in 0..n {
-                    me.in_stream.push(me.ring[(offset + k) % size]);
+                    me.in_stream.push(ring.bytes[(offset + k) % size]);
                 }
                 me.conn.as_mut().unwrap().consume(n).unwrap();
                 me.ring_consumed += n as u64;
@@ -673,9 +715,10 @@ impl Sim {
                 }
                 Resume::Write { cursor, len } => {
                     let n = chunk.min(len);
-                    let size = me.staging.len() as u64;
                     for k in cursor..cursor + n {
-                        me.tcp_out.push_back(me.staging[(k % size) as usize]);
+                        let at = conn.tx_place(k).unwrap();
+                        let staging = me.stagings.get(&at.gen).expect("staging area exists");
+                        me.tcp_out.push_back(staging[at.offset]);
                     }
                     conn.resumed(n);
                 }
@@ -702,23 +745,44 @@ impl Sim {
                 Action::WriteData {
                     cursor,
                     len,
+                    gen,
                     ring_offset,
                     remote_addr,
+                    rkey,
                     imm,
                 } => {
-                    let peer = conn.peer_ring().unwrap();
-                    assert_eq!(ring_offset as u64, cursor % peer.size.bytes());
-                    assert_eq!(remote_addr, peer.addr + ring_offset as u64);
-                    assert!(len as u64 <= peer.size.bytes() && len > 0);
+                    let at = conn.tx_place(cursor).unwrap();
+                    assert_eq!((gen, ring_offset), (at.gen, at.offset));
+                    assert_eq!(at.gen, conn.tx_place(cursor + len as u64 - 1).unwrap().gen);
+                    assert!(len as u64 <= at.size.bytes() && len > 0);
                     if me.p.cfg.split_at_wrap {
-                        assert!(ring_offset as u64 + len as u64 <= peer.size.bytes());
+                        assert!(ring_offset as u64 + len as u64 <= at.size.bytes());
                     }
                     me.outbound.push_back(Msg::Write {
                         cursor,
+                        gen,
                         ring_offset,
+                        remote_addr,
+                        rkey,
                         len,
                         imm,
                     });
+                }
+                Action::NewStaging { gen, size } => {
+                    // (made at once, or later: `staging_ready`)
+                    let old = me.stagings.insert(gen, vec![0; size.bytes() as usize]);
+                    assert!(old.is_none(), "{}: staging {gen} twice", me.name);
+                    me.staging_due = Some(gen);
+                }
+                Action::ReleaseStaging { gen } => {
+                    assert!(
+                        me.stagings.remove(&gen).is_some(),
+                        "{}: staging {gen}",
+                        me.name
+                    );
+                }
+                Action::ReleaseRing { gen } => {
+                    assert!(me.rings.remove(&gen).is_some(), "{}: ring {gen}", me.name);
                 }
                 Action::WriteCredit { remote_addr, imm } => {
                     assert_eq!(remote_addr, conn.peer_ring().unwrap().addr);
@@ -754,26 +818,50 @@ impl Sim {
         let res = match msg {
             Msg::Write {
                 cursor,
+                gen,
                 ring_offset,
+                remote_addr,
+                rkey,
                 len,
                 imm,
             } => {
                 // The HCA reads the staging area now, not at post time.
-                let size = peer.ring.len();
                 if peer.aborted || peer.close_called {
                     // A closed application's bytes are discarded (and credited) by the protocol.
                     peer.ring_consumed = peer_conn.rx_cursors().tail();
                 }
+                let ring = peer.rings.get_mut(&gen).unwrap_or_else(|| {
+                    panic!(
+                        "{} → {}: write into ring {gen}, given back",
+                        me.name, peer.name
+                    )
+                });
+                assert_eq!(
+                    (remote_addr, rkey),
+                    (ring.desc.addr + ring_offset as u64, ring.desc.rkey),
+                    "{} → {}: write to the wrong place",
+                    me.name,
+                    peer.name
+                );
+                assert!(cursor >= ring.start, "a write before its ring's start");
+                let size = ring.bytes.len();
+                let base = peer.ring_consumed.max(ring.start);
                 assert!(
-                    cursor + len as u64 <= peer.ring_consumed + size as u64,
+                    cursor + len as u64 <= base + size as u64,
                     "{} → {}: write [{cursor}, +{len}) over unread bytes (consumed {})",
                     me.name,
                     peer.name,
                     peer.ring_consumed
                 );
-                let ssize = me.staging.len();
+                let staging = me.stagings.get(&gen).unwrap_or_else(|| {
+                    panic!(
+                        "{}: staging {gen} given back before its write went",
+                        me.name
+                    )
+                });
+                let ssize = staging.len();
                 for k in 0..len {
-                    peer.ring[(ring_offset + k) % size] = me.staging[(cursor as usize + k) % ssize];
+                    ring.bytes[(ring_offset + k) % size] = staging[(cursor as usize + k) % ssize];
                 }
                 peer_conn.handle_completion(Completion::WriteImm {
                     imm: imm.encode(),
@@ -784,7 +872,15 @@ impl Sim {
                 imm: imm.encode(),
                 byte_len: Some(0),
             }),
-            Msg::Send(bytes) => peer_conn.handle_completion(Completion::Recv { payload: &bytes }),
+            Msg::Send(bytes) => {
+                if let Ok(ControlMsg::RingMoved { at }) = ControlMsg::decode(&bytes) {
+                    // (the ring the peer offered last: its first cursor is known now)
+                    if let Some(r) = peer.rings.values_mut().find(|r| r.start == u64::MAX) {
+                        r.start = at;
+                    }
+                }
+                peer_conn.handle_completion(Completion::Recv { payload: &bytes })
+            }
         };
         if let Err(e) = res {
             assert!(
@@ -899,6 +995,70 @@ impl Sim {
         true
     }
 
+    /// Side `i` offers its peer another ring for the peer's writes (a size it asked for, or a
+    /// random one), when moves are on and none is under way.
+    fn offer(&mut self, i: usize) -> bool {
+        let log2 = self.rng.range(12, 14) as u8;
+        let (me, _) = pair(self, i);
+        if !me.p.cfg.ring_moves || me.offers >= 6 {
+            return false;
+        }
+        let Some(c) = me.conn.as_mut() else {
+            return false;
+        };
+        let size = c
+            .ring_wanted()
+            .unwrap_or_else(|| RingSize::from_log2(log2).unwrap());
+        let addr = me.ring_desc.addr + 0x0100_0000 * u64::from(me.offers + 1);
+        let desc = RingDesc {
+            addr,
+            rkey: 0x1000 + addr as u32,
+            size,
+        };
+        let Ok(gen) = c.offer_ring(desc) else {
+            return false;
+        };
+        me.offers += 1;
+        let ring = SimRing {
+            bytes: vec![0xEE; size.bytes() as usize],
+            desc,
+            start: u64::MAX,
+        };
+        assert!(me.rings.insert(gen, ring).is_none());
+        true
+    }
+
+    /// Side `i`'s transport reports the staging area of a move ready (some time after the
+    /// core asked for it).
+    fn staging_ready(&mut self, i: usize) -> bool {
+        let (me, _) = pair(self, i);
+        let Some(gen) = me.staging_due.take() else {
+            return false;
+        };
+        if !me.conn.as_mut().unwrap().staging_ready(gen) {
+            // (the direction ended meanwhile: not needed)
+            me.stagings.remove(&gen);
+        }
+        true
+    }
+
+    /// Side `i` asks its peer for a ring of a random size for its writes.
+    fn want(&mut self, i: usize) -> bool {
+        let log2 = self.rng.range(12, 14) as u8;
+        let (me, _) = pair(self, i);
+        if me.wants >= 6 {
+            return false;
+        }
+        let Some(c) = me.conn.as_mut() else {
+            return false;
+        };
+        if !c.want_ring(RingSize::from_log2(log2).unwrap()) {
+            return false;
+        }
+        me.wants += 1;
+        true
+    }
+
     /// A aborts: SO_LINGER 0 close.
     fn abort(&mut self) {
         let a = &mut self.a;
@@ -950,6 +1110,9 @@ impl Sim {
             17 | 18 => self.wants_back((ev - 17) as usize) && self.ask_back((ev - 17) as usize),
             19 | 20 => self.disconnect((ev - 19) as usize),
             21 | 22 => self.qp_error((ev - 21) as usize),
+            23 | 24 => self.offer((ev - 23) as usize),
+            25 | 26 => self.want((ev - 25) as usize),
+            27 | 28 => self.staging_ready((ev - 27) as usize),
             _ => unreachable!(),
         };
         if r {
@@ -1013,7 +1176,8 @@ impl Sim {
         // TCP closes and TCP liveness checks.
         let hs = self.handshake_weight;
         let weights = [
-            hs, hs, hs, 3, 3, 3, 3, 2, 2, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+            hs, hs, hs, 3, 3, 3, 3, 2, 2, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+            1,
         ];
         let total: u64 = weights.iter().sum();
         for step in 0..random_steps {
@@ -1046,7 +1210,7 @@ impl Sim {
             }
             let before = self.progress;
             self.kill_path();
-            for ev in 0..23 {
+            for ev in 0..29 {
                 let mut guard = 0;
                 while self.step(ev) {
                     guard += 1;
@@ -1201,12 +1365,14 @@ fn config() -> impl Strategy<Value = Config> {
         prop::option::of(0u16..20),
         prop_oneof![Just(0u64), 1u64..5000],
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(shift, slot_thr, max_write, split)| Config {
+        .prop_map(|(shift, slot_thr, max_write, split, moves)| Config {
             credit_byte_shift: shift,
             credit_slot_threshold: slot_thr,
             max_write,
             split_at_wrap: split,
+            ring_moves: moves,
             ..Config::default()
         })
 }
@@ -1509,4 +1675,62 @@ fn credits_are_batched() {
         b.credits_sent * 20 <= a.data_writes,
         "credits not batched: {b:?} for {a:?}"
     );
+}
+
+/// Both sides take part in ring moves, with long streams in both directions: rings of every
+/// size from 4 to 16 KiB are offered and moved to in the middle of the flow, asked for or not,
+/// with the staging area ready at once or some steps later; every byte arrives once, in
+/// order, and the moves did happen (both directions, several each, over the seeds).
+#[test]
+fn ring_moves_keep_every_byte() {
+    let (mut moves_out, mut moves_in) = (0, 0);
+    for seed in 0..60 {
+        let mut sc = fixed(
+            Finish::ShutdownThenClose,
+            Finish::ShutdownThenClose,
+            12,
+            8,
+            60_000,
+        );
+        sc.seed = seed;
+        sc.a.commit_at = 0;
+        sc.random_steps = 6000;
+        for side in [&mut sc.a, &mut sc.b] {
+            side.cfg.ring_moves = true;
+            side.max_chunk = 2000;
+            side.max_read = 2000;
+        }
+        let mut sim = Sim::new(&sc);
+        sim.run(sc.random_steps);
+        sim.check();
+        for e in [&sim.a, &sim.b] {
+            let st = e.conn.as_ref().unwrap().stats();
+            moves_out += st.moves_out;
+            moves_in += st.moves_in;
+        }
+    }
+    assert_eq!(moves_out, moves_in, "every move is seen by both ends");
+    assert!(moves_out >= 60, "only {moves_out} moves in 60 runs");
+}
+
+/// One side announces ring moves, the other does not: no move happens, and a RingOffer or
+/// RingMoved from a side that should not send one is a protocol violation.
+#[test]
+fn ring_moves_need_both_sides() {
+    let mut sc = fixed(
+        Finish::ShutdownThenClose,
+        Finish::ShutdownThenClose,
+        12,
+        8,
+        20_000,
+    );
+    sc.a.cfg.ring_moves = true;
+    let mut sim = Sim::new(&sc);
+    sim.run(sc.random_steps);
+    sim.check();
+    for e in [&sim.a, &sim.b] {
+        let c = e.conn.as_ref().unwrap();
+        assert!(!c.ring_moves());
+        assert_eq!((c.stats().moves_in, c.stats().moves_out), (0, 0));
+    }
 }

@@ -182,7 +182,7 @@ fn source(g: &Inner) -> Src {
         Phase::Linked(l) => match l.conn().recv() {
             Recv::Tcp { limit } => Src::Tcp(limit),
             Recv::TcpControl { .. } => Src::Control,
-            Recv::Ring { offset, len } => Src::Ring(offset, len),
+            Recv::Ring { offset, len, .. } => Src::Ring(offset, len),
             Recv::WouldBlock => Src::WouldBlock,
             Recv::Eof => Src::Eof,
             Recv::Error(r) => Src::Error(r),
