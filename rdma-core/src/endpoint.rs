@@ -35,8 +35,9 @@ use rdmashim_proto::{Action, ControlMsg, LocalParams, RingDesc, RingSize, MAX_CO
 use crate::cm::{CmId, EventChannel, QpCaps};
 use crate::error::{Error, Result};
 use crate::pool::{self, Kit, KitSizes, Pooled};
+use crate::ring::RegisteredRing;
 use crate::sys::ffi;
-use crate::verbs::{CompChannel, Cq};
+use crate::verbs::{Access, CompChannel, Cq};
 
 /// Tag bit of a send work request's `wr_id` (receives carry their slot index).
 pub(crate) const SEND_TAG: u64 = 1 << 63;
@@ -69,6 +70,10 @@ struct Resources {
 /// The kit's fields read as the endpoint's own (`ep.rx`, `ep.tx`, `ep.recv_bufs`: `Deref`).
 pub(crate) struct Endpoint {
     pub id: CmId,
+    /// Ring moves (protocol §6.4), once the connection takes part in one; freed before the
+    /// kit goes back to the pool (a REMOTE_WRITE registration must not outlive its connection
+    /// on a PD another connection may take).
+    moves: Option<Box<Moves>>,
     kit: Pooled,
     pub cq: Arc<Cq>,
     pub comp: Arc<CompChannel>,
@@ -88,6 +93,17 @@ pub(crate) struct Endpoint {
     reposts: Vec<u16>,
 }
 
+/// An endpoint's rings of other generations than its kit's (protocol §6.4: an offered ring,
+/// a ring moved away from, the staging area of the peer's other ring), on the kit's PD, and
+/// the generations of the kit's own.
+#[derive(Default)]
+struct Moves {
+    rx_gen: u32,
+    tx_gen: u32,
+    rx_more: Vec<(u32, RegisteredRing)>,
+    tx_more: Vec<(u32, RegisteredRing)>,
+}
+
 impl Endpoint {
     /// Builds the resources on `id` (already bound to a device: after route resolution, or a
     /// connect request's id) and posts all receives. `ch` is the id's own event channel. On
@@ -100,6 +116,7 @@ impl Endpoint {
         match Self::resources(&mut id, sz) {
             Ok(r) => Ok(Self {
                 id,
+                moves: None,
                 kit: r.kit,
                 cq: r.cq,
                 comp: r.comp,
@@ -182,6 +199,97 @@ impl Endpoint {
     /// (the QP's); a reused kit's staging ring of that size is kept as it is.
     pub fn set_peer_ring(&mut self, size: RingSize) -> Result<()> {
         self.kit.set_tx(size.bytes() as usize)
+    }
+
+    // ----- ring moves (protocol §6.4) ---------------------------------------------------------
+
+    /// Registers a receive ring of `size` bytes to offer the peer ([`Access::RING`] on the
+    /// kit's PD: the peer can reach it through this connection's queue pair alone); give it
+    /// to [`Self::add_rx`] under the generation the core named, or drop it.
+    pub fn new_rx(&self, size: RingSize) -> Result<RegisteredRing> {
+        RegisteredRing::new(&self.kit.pd, size.bytes() as usize, Access::RING)
+    }
+
+    /// The receive ring of generation `gen` (offered to the peer) is this endpoint's.
+    pub fn add_rx(&mut self, gen: u32, ring: RegisteredRing) {
+        self.moves.get_or_insert_default().rx_more.push((gen, ring));
+    }
+
+    /// A ring's description for the peer.
+    pub fn desc_of(ring: &RegisteredRing) -> RingDesc {
+        RingDesc {
+            addr: ring.mr().addr() as u64,
+            rkey: ring.mr().rkey(),
+            size: RingSize::new(ring.size() as u64).expect("a mapped ring's size is valid"),
+        }
+    }
+
+    /// The receive ring of generation `gen`, if it is still here.
+    pub fn rx_ring(&self, gen: u32) -> Option<&RegisteredRing> {
+        match &self.moves {
+            Some(m) if gen != m.rx_gen => m.rx_more.iter().find(|(g, _)| *g == gen).map(|(_, r)| r),
+            Some(_) => Some(&self.kit.rx),
+            None => (gen == 0).then_some(&self.kit.rx),
+        }
+    }
+
+    /// The receive ring of generation `gen` is read no more: it is freed. If it is the kit's,
+    /// the ring of generation `current` takes its place there (so that the kit, when pooled,
+    /// holds the ring in use).
+    pub fn release_rx(&mut self, gen: u32, current: u32) {
+        let Some(m) = self.moves.as_mut() else { return };
+        if gen != m.rx_gen {
+            m.rx_more.retain(|(g, _)| *g != gen);
+            return;
+        }
+        if let Some(i) = m.rx_more.iter().position(|(g, _)| *g == current) {
+            let (g, ring) = m.rx_more.swap_remove(i);
+            drop(self.kit.replace_rx(ring));
+            m.rx_gen = g;
+        }
+    }
+
+    /// Registers the staging area of generation `gen` (`size` bytes, the peer's offered ring's
+    /// size), before any write of that generation.
+    pub fn new_tx(&mut self, gen: u32, size: RingSize) -> Result<()> {
+        let ring = RegisteredRing::new(&self.kit.pd, size.bytes() as usize, Access::LOCAL)?;
+        self.moves.get_or_insert_default().tx_more.push((gen, ring));
+        Ok(())
+    }
+
+    /// The staging area of generation `gen`, if it is still here.
+    pub fn tx_ring_mut(&mut self, gen: u32) -> Option<&mut RegisteredRing> {
+        match &mut self.moves {
+            Some(m) if gen != m.tx_gen => m
+                .tx_more
+                .iter_mut()
+                .find(|(g, _)| *g == gen)
+                .map(|(_, r)| r),
+            Some(_) => self.kit.tx.as_mut(),
+            None => self.kit.tx.as_mut().filter(|_| gen == 0),
+        }
+    }
+
+    fn tx_ring(&self, gen: u32) -> Option<&RegisteredRing> {
+        match &self.moves {
+            Some(m) if gen != m.tx_gen => m.tx_more.iter().find(|(g, _)| *g == gen).map(|(_, r)| r),
+            Some(_) => self.kit.tx.as_ref(),
+            None => self.kit.tx.as_ref().filter(|_| gen == 0),
+        }
+    }
+
+    /// The staging area of generation `gen` is needed no more: as [`Self::release_rx`].
+    pub fn release_tx(&mut self, gen: u32, current: u32) {
+        let Some(m) = self.moves.as_mut() else { return };
+        if gen != m.tx_gen {
+            m.tx_more.retain(|(g, _)| *g != gen);
+            return;
+        }
+        if let Some(i) = m.tx_more.iter().position(|(g, _)| *g == current) {
+            let (g, ring) = m.tx_more.swap_remove(i);
+            drop(self.kit.replace_tx(ring));
+            m.tx_gen = g;
+        }
     }
 
     /// Receive `slot` (its buffer is `MAX_CONTROL_LEN` bytes of `recv_bufs`) is free again:
@@ -271,6 +379,7 @@ impl Endpoint {
         match *action {
             Action::WriteData {
                 len,
+                gen,
                 ring_offset,
                 remote_addr,
                 rkey,
@@ -279,9 +388,7 @@ impl Endpoint {
             } => {
                 let (seq, signaled) = self.next_wr(false);
                 let tx = self
-                    .kit
-                    .tx
-                    .as_ref()
+                    .tx_ring(gen)
                     .ok_or(Error::InvalidArgument("no send staging ring"))?;
                 self.id.post_write(
                     SEND_TAG | seq,
@@ -313,11 +420,11 @@ impl Endpoint {
             Action::Teardown => {
                 return Err(Error::InvalidArgument("Teardown is not a work request"))
             }
-            // (this endpoint does not announce ring moves: the core never asks for these)
+            // (local work, done by the link: nothing to post)
             Action::NewStaging { .. }
             | Action::ReleaseStaging { .. }
             | Action::ReleaseRing { .. } => {
-                return Err(Error::InvalidArgument("ring moves are not supported here"))
+                return Err(Error::InvalidArgument("not a work request"))
             }
         }
         Ok(())

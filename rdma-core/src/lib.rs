@@ -55,4 +55,4 @@ pub use link::{DialError, DialStatus, Dialer, Incoming, Link, StreamConfig, Upgr
 pub use rendezvous::{ShmDialer, ShmIncoming, ShmListener};
 pub use stream::{barrier, Handle, Listener, LocalListener, RecvHandle, SendHandle, Stream};
 pub use transport::{Request, RequestListener, Transport, UpgradeDialer};
-pub use verbs::registered_bytes;
+pub use verbs::{registered_bytes, set_pinned_limit};

@@ -191,6 +191,9 @@ enum Td {
 
 /// What carries a link's messages: a queue pair through rdma_cm, or memory shared with a
 /// process of the same host (`crate::shm`).
+// (one per link, inside its boxed `Link`: a box of its own would put a pointer on every data
+// call's path to save 200 bytes on a shared-memory link)
+#[allow(clippy::large_enum_variant)]
 enum Ep {
     Rdma(Endpoint),
     Shm(ShmEndpoint),
@@ -342,16 +345,22 @@ impl Link {
             Ep::Rdma(ep) => ep,
             Ep::Shm(s) => return Some(s.staging(cursor, len)),
         };
-        let tx = ep.tx.as_mut()?;
-        let off = (cursor % tx.size() as u64) as usize;
-        Some(tx.ring_mut().slice_mut(off, len))
+        // (a grant never spans a ring move: its bytes are all of one staging area)
+        let at = self.conn.tx_place(cursor)?;
+        let tx = ep.tx_ring_mut(at.gen)?;
+        Some(tx.ring_mut().slice_mut(at.offset, len))
     }
 
-    /// The readable ring bytes at `offset`, after `conn().recv()` returned
-    /// `Recv::Ring { offset, len, .. }` (`len` ≤ the ring size; panics beyond it).
-    pub fn ring(&self, offset: usize, len: usize) -> &[u8] {
+    /// The readable ring bytes at `offset` of the ring of generation `gen`, after
+    /// `conn().recv()` returned `Recv::Ring { gen, offset, len }` (`len` ≤ the ring size;
+    /// panics beyond it, or for a ring given back).
+    pub fn ring(&self, gen: u32, offset: usize, len: usize) -> &[u8] {
         match &self.ep {
-            Ep::Rdma(ep) => ep.rx.ring().slice(offset, len),
+            Ep::Rdma(ep) => ep
+                .rx_ring(gen)
+                .expect("the ring recv() named is here")
+                .ring()
+                .slice(offset, len),
             Ep::Shm(s) => s.ring(offset, len),
         }
     }
@@ -566,8 +575,61 @@ impl Link {
 
     /// Steps 4–5: perform the core's actions, drive the teardown.
     pub(crate) fn act(&mut self) {
+        self.consider_offer();
         self.perform();
         self.drive_teardown();
+    }
+
+    /// The peer asked for a ring of another size for its writes (protocol §6.4): this side
+    /// offers one, of that size but at most its own `ring_max`, if that differs from the ring
+    /// it has (registered here and now: a move is rare, once per connection that turns busy).
+    fn consider_offer(&mut self) {
+        let Some(wanted) = self.conn.take_ring_wanted() else {
+            return;
+        };
+        let Ep::Rdma(ep) = &mut self.ep else { return };
+        let max = self.conn.config().ring_max.map_or(0, |m| m.bytes());
+        let size = wanted.bytes().min(max);
+        if size <= self.conn.local().ring.size.bytes() || self.conn.offer_outstanding() {
+            return;
+        }
+        let Ok(size) = rdmashim_proto::RingSize::new(size) else {
+            return;
+        };
+        // (the ring registered over both its views; the process's cap on pinned memory)
+        if !verbs::may_pin(2 * size.bytes() as usize) {
+            return;
+        }
+        // (a ring that cannot be registered now is not offered: the connection goes on)
+        let Ok(ring) = ep.new_rx(size) else { return };
+        if let Ok(gen) = self.conn.offer_ring(Endpoint::desc_of(&ring)) {
+            ep.add_rx(gen, ring);
+        }
+    }
+
+    /// A ring move's local work (protocol §6.4): the staging area a move needs, and the
+    /// rings and staging areas nothing touches any more.
+    fn move_work(&mut self, a: Action) -> Result<(), String> {
+        let Ep::Rdma(ep) = &mut self.ep else {
+            return Err("ring moves over shared memory".into());
+        };
+        match a {
+            Action::NewStaging { gen, size } => {
+                ep.new_tx(gen, size).map_err(|e| e.to_string())?;
+                if !self.conn.staging_ready(gen) {
+                    // (the direction ended meanwhile: not needed)
+                    let current = self.conn.tx_cursors().map_or(0, |t| t.gen());
+                    ep.release_tx(gen, current);
+                }
+            }
+            Action::ReleaseStaging { gen } => {
+                let current = self.conn.tx_cursors().map_or(0, |t| t.gen());
+                ep.release_tx(gen, current);
+            }
+            Action::ReleaseRing { gen } => ep.release_rx(gen, self.conn.rx_cursors().gen()),
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Makes the next [`Self::take_inputs`] read the rdma_cm channel (after a sleep on its fd).
@@ -772,6 +834,17 @@ impl Link {
                 };
                 self.drive_teardown();
                 return;
+            }
+            if matches!(
+                a,
+                Action::NewStaging { .. }
+                    | Action::ReleaseStaging { .. }
+                    | Action::ReleaseRing { .. }
+            ) {
+                if let Err(e) = self.move_work(a) {
+                    self.transport_failed(e);
+                }
+                continue;
             }
             let rkey = self.conn.peer_ring().map_or(0, |r| r.rkey);
             #[cfg(feature = "timeline")]

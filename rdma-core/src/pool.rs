@@ -166,6 +166,7 @@ pub(crate) fn kit(ctx: &Arc<Context>, sizes: KitSizes) -> Result<Pooled> {
     Ok(Pooled {
         kit: Some(kit),
         key,
+        reshaped: false,
     })
 }
 
@@ -184,9 +185,27 @@ pub fn pooled() -> (usize, usize) {
 pub(crate) struct Pooled {
     kit: Option<Kit>,
     key: Key,
+    /// Its rings were replaced (ring moves): freed, not pooled.
+    reshaped: bool,
 }
 
 impl Pooled {
+    /// Replaces the kit's receive ring with `ring` (a ring move, protocol §6.4), returning the
+    /// old one. A kit whose rings were replaced is freed when its connection ends, not pooled:
+    /// connections start with the small rings, and a grown kit would pin its large ones idle
+    /// in the pool for a connection that never asks for them.
+    pub fn replace_rx(&mut self, ring: RegisteredRing) -> RegisteredRing {
+        self.reshaped = true;
+        std::mem::replace(&mut self.deref_mut().rx, ring)
+    }
+
+    /// Replaces the kit's send staging ring with `ring`, returning the old one (as
+    /// [`Self::replace_rx`]).
+    pub fn replace_tx(&mut self, ring: RegisteredRing) -> Option<RegisteredRing> {
+        self.reshaped = true;
+        self.deref_mut().tx.replace(ring)
+    }
+
     /// Frees the kit instead of pooling it: for a kit whose PD may still have a queue pair on
     /// it (a failed set-up that hands its id back), which no other connection may share.
     pub fn discard(mut self) {
@@ -210,6 +229,9 @@ impl DerefMut for Pooled {
 impl Drop for Pooled {
     fn drop(&mut self) {
         let Some(kit) = self.kit.take() else { return };
+        if self.reshaped {
+            return;
+        }
         let n = kit.pinned();
         let key = self.key;
         // Freed here (outside the pool's lock) when there is no room.

@@ -397,9 +397,9 @@ impl Stream {
                 Some(Ok(()))
             } else {
                 match self.link.conn().recv() {
-                    Recv::Ring { offset, len, .. } => {
+                    Recv::Ring { gen, offset, len } => {
                         let n = len.min(p.want - p.buf.len());
-                        p.buf.extend_from_slice(self.link.ring(offset, n));
+                        p.buf.extend_from_slice(self.link.ring(gen, offset, n));
                         let _ = self.link.conn_mut().consume(n);
                         (p.buf.len() == p.want).then_some(Ok(()))
                     }
@@ -486,9 +486,9 @@ impl Stream {
                 return false;
             }
             match s.conn().recv() {
-                Recv::Ring { offset, len, .. } => {
+                Recv::Ring { gen, offset, len } => {
                     let n = len.min(buf.len());
-                    buf[..n].copy_from_slice(s.link.ring(offset, n));
+                    buf[..n].copy_from_slice(s.link.ring(gen, offset, n));
                     out = Some(
                         s.link
                             .conn_mut()

@@ -529,6 +529,25 @@ pub struct Mr {
 static REGISTERED: AtomicUsize = AtomicUsize::new(0);
 static REGISTERED_PID: AtomicU32 = AtomicU32::new(0);
 
+/// The most bytes the process's registrations may reach when a link grows a ring (ring moves,
+/// protocol §6.4); 0: no limit. See [`set_pinned_limit`].
+static PINNED_LIMIT: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the most bytes a link may take the process's registrations to when it offers its
+/// peer a larger ring (`None`: no limit but the kernel's RLIMIT_MEMLOCK). A link over the
+/// limit keeps the ring it has.
+pub fn set_pinned_limit(limit: Option<usize>) {
+    PINNED_LIMIT.store(limit.unwrap_or(0), Ordering::Release);
+}
+
+/// Whether `more` bytes of registrations fit under [`set_pinned_limit`]'s limit.
+pub fn may_pin(more: usize) -> bool {
+    match PINNED_LIMIT.load(Ordering::Acquire) {
+        0 => true,
+        limit => registered_bytes().saturating_add(more) <= limit,
+    }
+}
+
 /// Bytes of memory this process has registered with RDMA devices right now (every live memory
 /// registration's length; the kernel pins them and counts them in `VmPin`). A double-mapped
 /// ring registered over both its views counts twice, as the kernel counts it.

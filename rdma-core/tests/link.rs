@@ -225,13 +225,13 @@ impl End {
                     );
                     break;
                 }
-                Recv::Ring { offset, len, .. } => {
+                Recv::Ring { gen, offset, len } => {
                     assert!(
                         self.tcp_read,
                         "{}: ring bytes before the TCP bytes",
                         self.name
                     );
-                    self.hash.update(self.link.ring(offset, len));
+                    self.hash.update(self.link.ring(gen, offset, len));
                     self.received += len;
                     self.link.conn_mut().consume(len).expect("consume");
                     moved = true;
@@ -260,8 +260,8 @@ fn wake_on_data(tx: &mut Link, rx: &mut Link, msg: &[u8]) {
     tx.progress(false);
     let mut got = Vec::new();
     while got.len() < msg.len() {
-        if let Recv::Ring { offset, len, .. } = rx.conn().recv() {
-            got.extend_from_slice(rx.ring(offset, len));
+        if let Recv::Ring { gen, offset, len } = rx.conn().recv() {
+            got.extend_from_slice(rx.ring(gen, offset, len));
             rx.conn_mut().consume(len).expect("consume");
             continue;
         }

@@ -50,6 +50,11 @@ pub struct Config {
     /// ([`Connection::offer_ring`]) and follow the peer's offers ([`Action::NewStaging`]).
     /// Default false.
     pub ring_moves: bool,
+    /// With ring moves: the ring size this side asks its peer for ([`ControlMsg::RingWanted`])
+    /// when its writes wait for the peer ring's space, that ring is smaller, and the stream
+    /// has carried four of its sizes already (a busy connection, not one large message).
+    /// `None` (the default): it never asks.
+    pub ring_max: Option<RingSize>,
 }
 
 impl Default for Config {
@@ -61,6 +66,7 @@ impl Default for Config {
             split_at_wrap: false,
             handshake_timeout: Duration::from_secs(3),
             ring_moves: false,
+            ring_max: None,
         }
     }
 }
@@ -904,6 +910,14 @@ impl Connection {
         let n = peer.tx.accept(len as u64) as usize;
         if n < len {
             self.send_blocked = true;
+            // (the writes wait for the peer ring's space, and the stream has carried four
+            // rings' worth: a busy connection, not one large message — ask for a larger ring,
+            // once per size)
+            let size = peer.tx.size().bytes();
+            let busy = peer.tx.head() >= 4 * size;
+            if let Some(max) = self.cfg.ring_max.filter(|m| busy && m.bytes() > size) {
+                self.want_ring(max);
+            }
         }
         if n == 0 {
             return Err(SendError::WouldBlock);
@@ -1093,9 +1107,16 @@ impl Connection {
                 len: b.record_left,
             })
         } else if b.resume_at < b.resume_end {
+            // (a piece never spans a ring move: its bytes are in one staging area)
+            let mut len = b.resume_end - b.resume_at;
+            if let Some(m) = self.peer.as_ref().and_then(|p| p.tx.moved()) {
+                if b.resume_at < m.at {
+                    len = len.min(m.at - b.resume_at);
+                }
+            }
             Some(Resume::Write {
                 cursor: b.resume_at,
-                len: b.resume_end - b.resume_at,
+                len,
             })
         } else if b.resume_shut {
             Some(Resume::ShutdownWrite)
@@ -1853,9 +1874,14 @@ impl Connection {
     }
 
     /// The ring size the peer asked for ([`ControlMsg::RingWanted`]), until this side offers a
-    /// ring.
+    /// ring or takes the wish ([`Self::take_ring_wanted`]).
     pub fn ring_wanted(&self) -> Option<RingSize> {
         self.moves.peer_wants
+    }
+
+    /// Takes the peer's wish ([`Self::ring_wanted`]): the transport decides about it once.
+    pub fn take_ring_wanted(&mut self) -> Option<RingSize> {
+        self.moves.peer_wants.take()
     }
 
     /// Asks the peer for a ring of `size` bytes for this side's writes (they wait for the
@@ -1905,6 +1931,11 @@ impl Connection {
         // (nothing staged before the move was left unacknowledged: the old area goes now)
         Self::retire_tx_move(peer, &mut self.moves);
         true
+    }
+
+    /// The tunables this connection was made with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
     }
 
     /// Whether both sides announced ring moves.

@@ -35,6 +35,11 @@ enum Op {
     TcpControl(Vec<u8>),
     Record(u64),
     Resumed(u64),
+    /// Ring moves (§6.4): this side offers a ring of 2^n bytes, reports a staging area of
+    /// generation n ready, asks for a ring of 2^n bytes.
+    OfferRing(u8),
+    StagingReady(u32),
+    WantRing(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -55,7 +60,18 @@ fn op() -> impl Strategy<Value = Op> {
                 slots: s
             }),
             (0u64..4).prop_map(|epoch| ControlMsg::Barrier { epoch }),
-            (129u8..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
+            (12u8..=16, any::<u64>()).prop_map(|(l, addr)| ControlMsg::RingOffer {
+                ring: RingDesc {
+                    addr,
+                    rkey: 5,
+                    size: RingSize::from_log2(l).unwrap()
+                }
+            }),
+            (0u64..30_000).prop_map(|at| ControlMsg::RingMoved { at }),
+            (12u8..=23).prop_map(|l| ControlMsg::RingWanted {
+                size: RingSize::from_log2(l).unwrap()
+            }),
+            (130u8..=255).prop_map(|kind| ControlMsg::Ignored { kind }),
         ]
         .prop_map(Op::Control),
         (0u64..5000).prop_map(Op::TcpRead),
@@ -74,10 +90,13 @@ fn op() -> impl Strategy<Value = Op> {
         prop::collection::vec(any::<u8>(), 0..64).prop_map(Op::TcpControl),
         (0u64..20_000).prop_map(Op::Record),
         (0u64..30_000).prop_map(Op::Resumed),
+        (12u8..=16).prop_map(Op::OfferRing),
+        (0u32..4).prop_map(Op::StagingReady),
+        (12u8..=16).prop_map(Op::WantRing),
     ]
 }
 
-fn conn(server: bool, log2: u8, slots: u16) -> Connection {
+fn conn(server: bool, log2: u8, slots: u16, moves: bool) -> Connection {
     let now = Instant::now();
     let local = |addr| LocalParams {
         ring: RingDesc {
@@ -87,10 +106,13 @@ fn conn(server: bool, log2: u8, slots: u16) -> Connection {
         },
         recv_slots: slots,
     };
-    let (mut a, req) =
-        Connection::connect(Config::default(), local(0x1000), &proof(), 1, 2, 3, 0, now).unwrap();
-    let (b, reply) =
-        Connection::accept(Config::default(), local(0x2000), &req, &proof(), 0, now).unwrap();
+    let cfg = Config {
+        ring_moves: moves,
+        ring_max: moves.then(|| RingSize::from_log2(16).unwrap()),
+        ..Config::default()
+    };
+    let (mut a, req) = Connection::connect(cfg, local(0x1000), &proof(), 1, 2, 3, 0, now).unwrap();
+    let (b, reply) = Connection::accept(cfg, local(0x2000), &req, &proof(), 0, now).unwrap();
     if server {
         b
     } else {
@@ -104,9 +126,9 @@ proptest! {
 
     #[test]
     fn never_panics(server in any::<bool>(), log2 in 12u8..=13, slots in 4u16..10,
-                    ops in prop::collection::vec(op(), 0..80)) {
+                    moves in any::<bool>(), ops in prop::collection::vec(op(), 0..80)) {
         let start = Instant::now();
-        let mut c = conn(server, log2, slots);
+        let mut c = conn(server, log2, slots, moves);
         let mut failed: Option<ErrorReason> = None;
         let mut teardowns = 0;
         for op in ops {
@@ -136,8 +158,10 @@ proptest! {
                 Op::Poll => {
                     while let Some(a) = c.poll_action() {
                         if a == Action::Teardown { teardowns += 1; }
-                        if let Action::WriteData { len, ring_offset, .. } = a {
-                            prop_assert!(len > 0 && ring_offset < (1 << log2));
+                        if let Action::WriteData { cursor, len, gen, ring_offset, .. } = a {
+                            let p = c.tx_place(cursor).unwrap();
+                            prop_assert!(len > 0 && len as u64 <= p.size.bytes());
+                            prop_assert_eq!((gen, ring_offset), (p.gen, p.offset));
                         }
                     }
                 }
@@ -153,15 +177,23 @@ proptest! {
                     Some(Resume::ShutdownWrite) => c.resumed_shutdown(),
                     None => {}
                 },
+                Op::OfferRing(l) => {
+                    let ring = RingDesc { addr: 0x9000, rkey: 3, size: RingSize::from_log2(l).unwrap() };
+                    let _ = c.offer_ring(ring);
+                }
+                Op::StagingReady(g) => { let _ = c.staging_ready(g); }
+                Op::WantRing(l) => { let _ = c.want_ring(RingSize::from_log2(l).unwrap()); }
             }
             // Readiness and queries never panic either.
             let _ = (c.readiness(), c.recv(), c.state(), c.can_fall_back());
             let rx = c.rx_cursors();
             prop_assert!(rx.credited() <= rx.tail() && rx.tail() <= rx.head());
-            prop_assert!(rx.head() <= rx.credited() + rx.size().bytes());
+            // (after a ring move the bound spans the old ring and the new one: §6.4)
+            prop_assert!(rx.head() <= rx.credited() + rx.window());
             if let Some(tx) = c.tx_cursors() {
                 prop_assert!(tx.acked() <= tx.posted() && tx.posted() <= tx.head());
-                prop_assert!(tx.head() <= tx.acked() + tx.size().bytes());
+                let old = tx.moved().map_or(0, |m| m.old.bytes());
+                prop_assert!(tx.head() <= tx.acked() + old + tx.size().bytes());
             }
             if let Some(f) = failed {
                 prop_assert_eq!(c.error(), Some(f), "a failure is final");

@@ -714,6 +714,9 @@ impl Sim {
                     conn.resumed_record(n);
                 }
                 Resume::Write { cursor, len } => {
+                    // (a piece is of one staging area: a transport reads it in one go)
+                    let place = |k: u64| conn.tx_place(k).unwrap().gen;
+                    assert_eq!(place(cursor), place(cursor + len - 1), "{}", me.name);
                     let n = chunk.min(len);
                     for k in cursor..cursor + n {
                         let at = conn.tx_place(k).unwrap();
