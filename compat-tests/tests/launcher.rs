@@ -120,7 +120,8 @@ fn doctor_gives_a_verdict() {
     assert!(text.contains("RLIMIT_MEMLOCK: "), "{text}");
     assert!(
         text.contains(
-            "memory: a connection over RDMA pins 2.01 MiB (2 MiB of rings: its 512 KiB receive ring"
+            "memory: a connection over RDMA pins 76 KiB at first (64 KiB of rings: its 16 KiB \
+             receive ring"
         ),
         "{text}"
     );
@@ -412,31 +413,44 @@ fn doctor_finds_the_rdma_device_in_the_vm() {
     assert_eq!(j["exit"], 0, "{j}");
 }
 
-/// RDMA tier: doctor's memory figure is what an upgraded connection pins. One process holds
+/// RDMA tier: doctor's memory figures are what an upgraded connection pins. One process holds
 /// both ends of a connection over rxe0 (same-host upgrades off); once both are upgraded, the
 /// kernel's count of its pinned memory (`VmPin`, what RLIMIT_MEMLOCK limits) is twice
-/// doctor's per-connection bytes, at two ring sizes.
+/// doctor's per-connection bytes at the start; after a bulk transfer each way has grown both
+/// directions' rings (ring moves), twice its bytes grown — at two ring sizes.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn doctor_memory_is_what_a_connection_pins() {
     let ip = std::env::var("RDMASHIM_TEST_IP")
         .expect("RDMASHIM_TEST_IP not set: run RDMA tests in the VM tier (scripts/rdma-vm)");
-    let code = "import socket, sys, time\n\
-                want = int(sys.argv[1])\n\
+    let code = "import socket, sys, threading, time\n\
+                start, grown = int(sys.argv[1]), int(sys.argv[2])\n\
                 def pinned():\n\
                 \x20   for l in open('/proc/self/status'):\n\
                 \x20       if l.startswith('VmPin:'): return int(l.split()[1]) * 1024\n\
-                s = socket.create_server((sys.argv[2], 0))\n\
+                s = socket.create_server((sys.argv[3], 0))\n\
                 c = socket.create_connection(s.getsockname()); a, _ = s.accept()\n\
-                end = time.time() + 20\n\
-                while pinned() < want and time.time() < end:\n\
-                \x20   c.sendall(b'x'); a.recv(1); a.sendall(b'y'); c.recv(1); time.sleep(0.02)\n\
-                time.sleep(0.2); print(pinned())";
+                def ping_until(want):\n\
+                \x20   end = time.time() + 20\n\
+                \x20   while pinned() != want and time.time() < end:\n\
+                \x20       c.sendall(b'x'); a.recv(1); a.sendall(b'y'); c.recv(1); time.sleep(0.02)\n\
+                \x20   time.sleep(0.2); return pinned()\n\
+                def take(sock, n):\n\
+                \x20   while n: n -= len(sock.recv(min(n, 65536)))\n\
+                first = ping_until(start)\n\
+                n = 4 << 20\n\
+                readers = [threading.Thread(target=take, args=(x, n)) for x in (a, c)]\n\
+                for r in readers: r.start()\n\
+                w = threading.Thread(target=a.sendall, args=(b's' * n,)); w.start()\n\
+                c.sendall(b'c' * n); w.join()\n\
+                for r in readers: r.join()\n\
+                print(first, ping_until(grown))";
     for kib in ["512", "64"] {
         let mut c = launcher();
         c.args(["doctor", "--json"]).env("RDMASHIM_RING_KIB", kib);
         let j: serde_json::Value = serde_json::from_str(&run_ok(c, T)).unwrap();
-        let per_connection = j["per_connection_bytes"]["rdma"].as_u64().unwrap();
+        let start = j["per_connection_bytes"]["rdma_start"].as_u64().unwrap();
+        let grown = j["per_connection_bytes"]["rdma"].as_u64().unwrap();
         let s = Scratch::new("doctor-pin");
         let mut c = launcher();
         c.arg("run")
@@ -445,15 +459,18 @@ fn doctor_memory_is_what_a_connection_pins() {
             .args(["--no-local", "--"])
             .arg(python())
             .args(["-c", code])
-            .arg((2 * per_connection).to_string())
+            .arg((2 * start).to_string())
+            .arg((2 * grown).to_string())
             .arg(&ip)
             .env("RDMASHIM_RING_KIB", kib);
-        let pinned: u64 = run_ok(c, T).trim().parse().unwrap();
+        let out = run_ok(c, T);
+        let pinned: Vec<u64> = out.split_whitespace().map(|v| v.parse().unwrap()).collect();
         assert_eq!(s.one_stats("pin").upgraded(), 2, "both ends upgraded");
         assert_eq!(
             pinned,
-            2 * per_connection,
-            "RDMASHIM_RING_KIB={kib}: VmPin {pinned}, doctor says {per_connection} per connection"
+            [2 * start, 2 * grown],
+            "RDMASHIM_RING_KIB={kib}: VmPin at the start and grown, doctor says {start} and \
+             {grown} per connection"
         );
     }
 }

@@ -38,6 +38,10 @@ const MAX_CONTROL_LEN: u64 = 64;
 /// The largest ring the transport makes (rdma-core/src/link.rs); the shim caps
 /// `RDMASHIM_RING_KIB`'s ring there.
 const MAX_RING: u64 = 8 << 20;
+/// The ring a connection over RDMA starts with, or `RDMASHIM_RING_KIB`'s if smaller
+/// (shim/src/upgrade/mod.rs, `START_RING`); it grows to `RDMASHIM_RING_KIB`'s when its
+/// traffic needs it (ring moves).
+const START_RING: u64 = 16 << 10;
 /// capability(7): CAP_IPC_LOCK's bit. A process with it in its effective set may pin memory
 /// beyond RLIMIT_MEMLOCK (the kernel's memory registration checks `capable(CAP_IPC_LOCK)`).
 const CAP_IPC_LOCK: u32 = 14;
@@ -314,13 +318,16 @@ impl Facts {
 /// (the peer's ring size, taken to be this side's), each a double mapping registered over both
 /// views (rdma-core/src/ring.rs: the kernel counts every page of the registered range), and
 /// its receive and control-send buffers, in whole pages. A connection over shared memory
-/// registers nothing.
+/// registers nothing. Rings start small ([`START_RING`]) and grow to `RDMASHIM_RING_KIB`'s
+/// when the connection's traffic needs them (ring moves): both figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pinned {
-    /// One ring's size.
+    /// One ring's size, grown.
     pub ring: u64,
-    /// Both rings, both views each.
+    /// Both rings, both views each, grown.
     pub rings: u64,
+    /// One ring's size at the start.
+    pub start_ring: u64,
     /// The receive and control-send buffers.
     pub buffers: u64,
 }
@@ -335,12 +342,19 @@ impl Pinned {
         Pinned {
             ring,
             rings: 2 * 2 * ring,
+            start_ring: ring.min(START_RING),
             buffers: pages(RECV_SLOTS * MAX_CONTROL_LEN) + pages(SQ_DEPTH * MAX_CONTROL_LEN),
         }
     }
 
+    /// Grown.
     pub fn total(&self) -> u64 {
         self.rings + self.buffers
+    }
+
+    /// At the start (what an upgrade needs to fit).
+    pub fn start_total(&self) -> u64 {
+        2 * 2 * self.start_ring + self.buffers
     }
 }
 
@@ -404,9 +418,9 @@ pub fn judge(f: &Facts) -> Verdict {
     let pinned = Pinned::new(c.ring_kib, f.page);
     let room = match (&f.memlock, f.cap_ipc_lock) {
         (_, Some(true)) | (Err(_), _) | (Ok(Memlock { soft: None, .. }), _) => None,
-        (Ok(Memlock { soft: Some(s), .. }), _) => Some(s / pinned.total()),
+        (Ok(Memlock { soft: Some(s), .. }), _) => Some(s / pinned.start_total()),
     };
-    let cap = c.pinned_cap(f.phys).map(|b| (b, b / pinned.total()));
+    let cap = c.pinned_cap(f.phys).map(|b| (b, b / pinned.start_total()));
     let why = |reason: FallbackReason, detail: String, fix: &str| Why {
         reason,
         detail,
@@ -455,13 +469,13 @@ pub fn judge(f: &Facts) -> Verdict {
                  registration fails and the connection stays on TCP (the dialing side counts \
                  it resources)",
                 mib(f.memlock.as_ref().ok().and_then(|m| m.soft).unwrap_or(0)),
-                mib(pinned.total())
+                mib(pinned.start_total())
             ),
             &format!(
                 "a memlock limit of at least {} KiB per connection (ulimit -l; memlock in \
                  limits.conf, LimitMEMLOCK= for a systemd service), or CAP_IPC_LOCK, or a \
                  smaller {}",
-                pinned.total().div_ceil(1024),
+                pinned.start_total().div_ceil(1024),
                 RING_KIB.name
             ),
         )),
@@ -601,15 +615,17 @@ fn report(f: &Facts, v: &Verdict) {
     );
     let p = v.pinned;
     println!(
-        "memory: a connection over RDMA pins {} ({} of rings: its {} receive ring and a send \
-         staging ring of the peer's size, the same when the peer has the same {}, each \
-         registered over both views of its double mapping; and {} of buffers); one over \
-         shared memory pins nothing",
+        "memory: a connection over RDMA pins {} at first ({} of rings: its {} receive ring and \
+         a send staging ring of the peer's size, each registered over both views of its double \
+         mapping; and {} of buffers), up to {} once its traffic grows its rings to {}'s {} \
+         (and the peer's); one over shared memory pins nothing",
+        mib(p.start_total()),
+        mib(4 * p.start_ring),
+        mib(p.start_ring),
+        mib(p.buffers),
         mib(p.total()),
-        mib(p.rings),
-        mib(p.ring),
         RING_KIB.name,
-        mib(p.buffers)
+        mib(p.ring)
     );
     match &f.memlock {
         Ok(m) => {
@@ -619,9 +635,12 @@ fn report(f: &Facts, v: &Verdict) {
                 Some(false) => "; no CAP_IPC_LOCK",
                 None => "; CAP_IPC_LOCK unknown",
             };
-            let room = v
-                .room
-                .map_or("any number of".to_string(), |n| n.to_string());
+            let room = match (v.room, m.soft) {
+                (Some(n), Some(soft)) => {
+                    format!("{n} ({} with grown rings)", soft / v.pinned.total())
+                }
+                _ => "any number of".to_string(),
+            };
             println!(
                 "RLIMIT_MEMLOCK: soft {}, hard {}{cap} -> room for {room} connections over RDMA \
                  per process",
@@ -638,10 +657,11 @@ fn report(f: &Facts, v: &Verdict) {
                 _ => String::new(),
             };
             println!(
-                "{}: {}{whose} -> room for {n} connections over RDMA per process; past it \
-                 new ones stay TCP (resources)",
+                "{}: {}{whose} -> room for {n} connections over RDMA per process ({} with grown \
+                 rings); past it new ones stay TCP (resources), and rings stop growing",
                 PINNED_MIB.name,
-                mib(bytes)
+                mib(bytes),
+                bytes / v.pinned.total()
             );
         }
         None => println!(
@@ -834,6 +854,8 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
             Obj(vec![
                 ("rdma", Num(v.pinned.total())),
                 ("ring", Num(v.pinned.ring)),
+                ("rdma_start", Num(v.pinned.start_total())),
+                ("ring_start", Num(v.pinned.start_ring)),
                 ("shared_memory", Num(0)),
             ]),
         ),
@@ -927,6 +949,9 @@ mod tests {
         let p = Pinned::new(RING_KIB.default, 4096);
         assert_eq!(p.ring, 512 << 10);
         assert_eq!(p.total(), 4 * (512 << 10) + (4 << 10) + (8 << 10));
+        // It starts with 16 KiB rings (or the knob's, if smaller).
+        assert_eq!(p.start_total(), 4 * (16 << 10) + (4 << 10) + (8 << 10));
+        assert_eq!(Pinned::new(8, 4096).start_ring, 8 << 10);
         // Rounded up to a power of two, capped at 8 MiB; buffers in whole pages.
         assert_eq!(Pinned::new(600, 4096).ring, 1 << 20);
         assert_eq!(Pinned::new(8192, 4096).ring, 8 << 20);
@@ -945,8 +970,8 @@ mod tests {
             )])
         );
         assert!(v.same_host);
-        // 8 MiB over 2 MiB + 12 KiB per connection
-        assert_eq!(v.room, Some(3));
+        // 8 MiB over 64 + 12 KiB per connection at the start
+        assert_eq!(v.room, Some(107));
         assert_eq!(v.exit_code(), 0);
         let line = verdict_line(&v);
         assert_eq!(
@@ -1010,7 +1035,7 @@ mod tests {
         });
         let v = judge(&f);
         assert_eq!((reason(&v), v.room), (Some("memlock"), Some(0)));
-        assert!(v.rdma.unwrap_err().fix.contains("at least 2060 KiB"));
+        assert!(v.rdma.unwrap_err().fix.contains("at least 76 KiB"));
         // A smaller ring fits: 4 KiB rings pin 16 KiB + 12 KiB.
         let mut small = f.clone();
         small.config = Config::from_lookup(|k| (k == "RDMASHIM_RING_KIB").then(|| b"4".to_vec()));
@@ -1022,8 +1047,9 @@ mod tests {
 
     #[test]
     fn the_pinned_memory_cap() {
-        // By default a quarter of the host's memory (16 GiB here), in connections of 2060 KiB.
-        let per = 4 * (512 << 10) + (12 << 10);
+        // By default a quarter of the host's memory (16 GiB here), in connections of 76 KiB
+        // (their start).
+        let per = 4 * (16 << 10) + (12 << 10);
         let v = judge(&facts(&[]));
         assert_eq!(v.cap, Some((4 << 30, (4 << 30) / per)));
         // The knob, in MiB.
@@ -1191,7 +1217,8 @@ mod tests {
             r#""upgrade_devices":["rxe0"]"#,
             r#""reason":null"#,
             r#""rdma":2109440"#,
-            r#""connections":3"#,
+            r#""rdma_start":77824"#,
+            r#""connections":107"#,
             r#""exit":0"#,
             "RDMASHIM_RING_KIB=banana: not a whole number",
         ] {

@@ -88,8 +88,9 @@ yes/no or on/off in any case; anything else gets one warning and the default):
   RDMASHIM_LOG=LEVEL            error|warn|info|debug|off (default warn)
   RDMASHIM_LOG_FILE=PATH        append log lines there, %p = pid (default stderr)
   RDMASHIM_STATS=PATH           write the stats JSON there at exit, %p = pid (default none)
-  RDMASHIM_RING_KIB=N           each upgraded connection's receive ring, KiB, rounded up to
-                                a power of two ({ring})
+  RDMASHIM_RING_KIB=N           the largest receive ring of an upgraded connection, KiB,
+                                rounded up to a power of two ({ring}; over RDMA rings start
+                                at 16 KiB and grow when the traffic needs it)
   RDMASHIM_DIAL_DELAY_MS=N      how long a client waits before it upgrades ({dial})
   RDMASHIM_SPIN_US=N            longest busy-poll of a blocked call ({spin})
   RDMASHIM_PINNED_MIB=N         most memory the process's RDMA rings may pin, MiB; past it

@@ -171,7 +171,8 @@ enum Src {
     /// TCP bytes that are the shim's (after a path failure: the peer's failover record, and
     /// what its continuation repeats of what was read from the ring).
     Control,
-    Ring(usize, usize),
+    /// A ring's generation, the offset of the readable bytes in it, how many.
+    Ring(u32, usize, usize),
     WouldBlock,
     Eof,
     Error(ErrorReason),
@@ -182,7 +183,7 @@ fn source(g: &Inner) -> Src {
         Phase::Linked(l) => match l.conn().recv() {
             Recv::Tcp { limit } => Src::Tcp(limit),
             Recv::TcpControl { .. } => Src::Control,
-            Recv::Ring { offset, len, .. } => Src::Ring(offset, len),
+            Recv::Ring { gen, offset, len } => Src::Ring(gen, offset, len),
             Recv::WouldBlock => Src::WouldBlock,
             Recv::Eof => Src::Eof,
             Recv::Error(r) => Src::Error(r),
@@ -511,12 +512,12 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                     Some(r) => return r,
                 }
             }
-            Src::Ring(off, len) => {
+            Src::Ring(gen, off, len) => {
                 let Phase::Linked(l) = &mut g.phase else {
                     return Ok(got);
                 };
                 let n = len.min(total - got);
-                buf.fill(got, l.ring(off, n));
+                buf.fill(got, l.ring(gen, off, n));
                 got += n;
                 if peek {
                     return Ok(got);
@@ -915,7 +916,7 @@ pub fn fionread(c: &Conn, fd: c_int) -> Result<c_int, Errno> {
             let n = net::fionread(fd)?;
             Ok(limit.map_or(n, |l| (n as u64).min(l) as c_int))
         }
-        Src::Ring(_, len) => Ok(len.min(i32::MAX as usize) as c_int),
+        Src::Ring(_, _, len) => Ok(len.min(i32::MAX as usize) as c_int),
         _ => Ok(0),
     }
 }

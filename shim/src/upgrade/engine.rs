@@ -128,7 +128,11 @@ fn run_job(job: Job) -> Done {
             if let Some(d) = crate::fault::answer_delay() {
                 std::thread::sleep(d);
             }
-            let r = inc.accept(link_config(), tcp_received, &Proof::Bound { key, tuple });
+            let cfg = match inc.transport() {
+                Transport::Rdma => link_config(),
+                Transport::Shm => super::shm_config(),
+            };
+            let r = inc.accept(cfg, tcp_received, &Proof::Bound { key, tuple });
             if let Some(d) = crate::fault::accept_delay() {
                 std::thread::sleep(d);
             }
@@ -962,7 +966,10 @@ fn pinned_cap() -> Option<usize> {
     static CAP: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *CAP.get_or_init(|| {
         let cap = crate::config::get().pinned_cap(crate::sys::phys_mem_bytes());
-        cap.map(|c| usize::try_from(c).unwrap_or(usize::MAX))
+        let cap = cap.map(|c| usize::try_from(c).unwrap_or(usize::MAX));
+        // (a link that would grow its ring past it keeps the one it has)
+        rdmashim_core::set_pinned_limit(cap);
+        cap
     })
 }
 
@@ -1451,7 +1458,7 @@ impl State {
                     c.peer.port(),
                     proof,
                     tcp_received,
-                    link_config(),
+                    super::shm_config(),
                 )
                 .map(UpgradeDialer::Shm),
             ),
@@ -1529,9 +1536,12 @@ impl State {
             if !self.reserve_pinned() {
                 shim_log!(
                     Level::Info,
-                    "dial {}: its rings would take the process's pinned memory past {}",
+                    "dial {}: its rings would take the process's pinned memory past {} ({} registered, {} idle in the pool, {} being set up)",
                     c.peer,
-                    crate::settings::PINNED_MIB.name
+                    crate::settings::PINNED_MIB.name,
+                    rdmashim_core::registered_bytes(),
+                    rdmashim_core::pool::pooled().1,
+                    self.reserved
                 );
                 c.fall_back(&mut g, FallbackReason::Resources);
                 return;

@@ -1959,8 +1959,32 @@ pub(crate) fn trace() -> bool {
 
 // ----- configuration -------------------------------------------------------------------------
 
-/// Tunables of the shim's links (environment, read once).
+/// The ring an RDMA connection starts with (or `RDMASHIM_RING_KIB`'s, if smaller): what an
+/// idle connection pins is four times this (its ring and its staging area of the peer's, each
+/// registered over both views) and 12 KiB, 76 KiB in all; a connection whose writes wait for
+/// ring space grows to `RDMASHIM_RING_KIB`'s (protocol §6.4). Registering the rings is most
+/// of a set-up's cost: a burst of 1,000 connections at 512 KiB each took the VM's two CPUs
+/// for 35 s, at 32 KiB 13 s (docs/bench/scale.md).
+pub(crate) const START_RING: usize = 16 << 10;
+
+/// Tunables of the shim's links over RDMA (environment, read once): rings start at
+/// [`START_RING`] and grow to `RDMASHIM_RING_KIB`'s (ring moves, protocol §6.4) when the
+/// peer's shim takes part in moves.
 pub(crate) fn link_config() -> &'static StreamConfig {
+    static CFG: OnceLock<StreamConfig> = OnceLock::new();
+    CFG.get_or_init(|| {
+        let mut c = *shm_config();
+        c.ring_size = START_RING.min(c.ring_size);
+        c.protocol.ring_moves = true;
+        c.protocol.ring_max = rdmashim_proto::RingSize::new(shm_config().ring_size as u64).ok();
+        c
+    })
+}
+
+/// Tunables of the shim's links over shared memory, and the largest ring of a link over RDMA:
+/// `RDMASHIM_RING_KIB`'s ring from the start (a shared-memory ring pins nothing, and its
+/// pages are touched only as the stream reaches them).
+pub(crate) fn shm_config() -> &'static StreamConfig {
     static CFG: OnceLock<StreamConfig> = OnceLock::new();
     CFG.get_or_init(|| {
         let mut c = StreamConfig::default();
