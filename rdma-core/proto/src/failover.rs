@@ -14,8 +14,6 @@
 //! [`Incoming`] is the receiving half of that: what the next TCP bytes are (the application's,
 //! or the shim's to consume), and the checks on the record.
 
-use std::fmt;
-
 use crate::state::{ErrorReason, Violation};
 
 /// Bytes of a [`Record`] on the wire.
@@ -37,50 +35,7 @@ pub struct Record {
     pub resume_from: u64,
 }
 
-/// Why a record, or the continuation after it, was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FailoverError {
-    /// The record does not start with [`RECORD_MAGIC`].
-    BadMagic([u8; 4]),
-    /// A layout version this crate does not read.
-    Version(u8),
-    /// Flags or reserved bytes that are not zero.
-    Reserved,
-    /// The record names another upgrade.
-    Nonce,
-    /// The continuation starts after what we read from the ring (bytes would be missing),
-    /// or more than a ring before it (the sender could not have held them).
-    ResumeOutOfRange {
-        /// Cursor the record declares.
-        declared: u64,
-        /// Our read cursor in the sender's ring stream.
-        read: u64,
-    },
-    /// TCP ended inside the part of the continuation we had already read: the sender's
-    /// stream ends before bytes it had written to the ring.
-    ShortContinuation,
-}
-
-impl fmt::Display for FailoverError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FailoverError::BadMagic(m) => write!(f, "failover record with bad magic {m:02x?}"),
-            FailoverError::Version(v) => write!(f, "failover record version {v}"),
-            FailoverError::Reserved => write!(f, "failover record with reserved bits set"),
-            FailoverError::Nonce => write!(f, "failover record of another upgrade"),
-            FailoverError::ResumeOutOfRange { declared, read } => write!(
-                f,
-                "continuation from ring byte {declared}, {read} already read"
-            ),
-            FailoverError::ShortContinuation => {
-                write!(
-                    f,
-                    "TCP ended before the continuation reached the bytes read"
-                )
-            }
-        }
-    }
-}
+use crate::error::FailoverError;
 
 impl Record {
     /// The record's bytes, for the upgrade with handshake nonce `nonce`.

@@ -33,8 +33,8 @@ pub use conn::{
 };
 pub use control::{ControlBytes, ControlMsg, MAX_CONTROL_LEN};
 pub use credit::CreditPolicy;
-pub use error::DecodeError;
-pub use failover::{FailoverError, Record, RECORD_LEN};
+pub use error::{DecodeError, FailoverError};
+pub use failover::{Record, RECORD_LEN};
 pub use handshake::{
     AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RejectReason, RingDesc,
 };

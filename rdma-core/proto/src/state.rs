@@ -265,7 +265,7 @@ pub enum Violation {
     /// A ring Close after the peer began its continuation on TCP.
     CloseAfterSwitchBack,
     /// The peer's continuation on TCP after a path failure (§8.6) was not what it must be.
-    Failover(crate::failover::FailoverError),
+    Failover(crate::error::FailoverError),
     /// A ring move message (§6.4) on a connection whose handshake did not announce moves.
     UnannouncedRingMove,
     /// A RingOffer while the last move's old ring is still in use.
