@@ -94,14 +94,63 @@ pub(crate) struct Endpoint {
 }
 
 /// An endpoint's rings of other generations than its kit's (protocol §6.4: an offered ring,
-/// a ring moved away from, the staging area of the peer's other ring), on the kit's PD, and
-/// the generations of the kit's own.
+/// a ring moved away from, the staging area of the peer's other ring), on the kit's PD: its
+/// receive rings, and its staging areas.
 #[derive(Default)]
 struct Moves {
-    rx_gen: u32,
-    tx_gen: u32,
-    rx_more: Vec<(u32, RegisteredRing)>,
-    tx_more: Vec<(u32, RegisteredRing)>,
+    rx: Gens,
+    tx: Gens,
+}
+
+/// One kind of an endpoint's rings by generation: the generation of the kit's own, and the
+/// others.
+#[derive(Default)]
+struct Gens {
+    kit: u32,
+    more: Vec<(u32, RegisteredRing)>,
+}
+
+impl Gens {
+    /// The ring of generation `gen`: `kit` (the kit's own ring of this kind) if it is the
+    /// kit's generation, else one of the others, if still here.
+    fn get<'a>(
+        gens: Option<&'a Gens>,
+        gen: u32,
+        kit: Option<&'a RegisteredRing>,
+    ) -> Option<&'a RegisteredRing> {
+        match gens {
+            Some(g) if gen != g.kit => g.more.iter().find(|(n, _)| *n == gen).map(|(_, r)| r),
+            Some(_) => kit,
+            None => kit.filter(|_| gen == 0),
+        }
+    }
+
+    /// [`Self::get`], mutable.
+    fn get_mut<'a>(
+        gens: Option<&'a mut Gens>,
+        gen: u32,
+        kit: Option<&'a mut RegisteredRing>,
+    ) -> Option<&'a mut RegisteredRing> {
+        match gens {
+            Some(g) if gen != g.kit => g.more.iter_mut().find(|(n, _)| *n == gen).map(|(_, r)| r),
+            Some(_) => kit,
+            None => kit.filter(|_| gen == 0),
+        }
+    }
+
+    /// The ring of generation `gen` is needed no more: freed if it is one of the others; if
+    /// it is the kit's, the ring of generation `current` is returned, to take its place in the
+    /// kit (so that the kit holds the ring in use).
+    fn release(&mut self, gen: u32, current: u32) -> Option<RegisteredRing> {
+        if gen != self.kit {
+            self.more.retain(|(n, _)| *n != gen);
+            return None;
+        }
+        let i = self.more.iter().position(|(n, _)| *n == current)?;
+        let (n, ring) = self.more.swap_remove(i);
+        self.kit = n;
+        Some(ring)
+    }
 }
 
 impl Endpoint {
@@ -178,12 +227,7 @@ impl Endpoint {
     /// What this side advertises in its handshake message.
     pub fn local_params(&self) -> LocalParams {
         LocalParams {
-            ring: RingDesc {
-                addr: self.kit.rx.mr().addr() as u64,
-                rkey: self.kit.rx.mr().rkey(),
-                size: RingSize::new(self.kit.rx.size() as u64)
-                    .expect("the ring size was checked when it was mapped"),
-            },
+            ring: Self::desc_of(&self.kit.rx),
             recv_slots: self.recv_slots,
         }
     }
@@ -212,7 +256,7 @@ impl Endpoint {
 
     /// The receive ring of generation `gen` (offered to the peer) is this endpoint's.
     pub fn add_rx(&mut self, gen: u32, ring: RegisteredRing) {
-        self.moves.get_or_insert_default().rx_more.push((gen, ring));
+        self.moves.get_or_insert_default().rx.more.push((gen, ring));
     }
 
     /// A ring's description for the peer.
@@ -226,11 +270,11 @@ impl Endpoint {
 
     /// The receive ring of generation `gen`, if it is still here.
     pub fn rx_ring(&self, gen: u32) -> Option<&RegisteredRing> {
-        match &self.moves {
-            Some(m) if gen != m.rx_gen => m.rx_more.iter().find(|(g, _)| *g == gen).map(|(_, r)| r),
-            Some(_) => Some(&self.kit.rx),
-            None => (gen == 0).then_some(&self.kit.rx),
-        }
+        Gens::get(
+            self.moves.as_deref().map(|m| &m.rx),
+            gen,
+            Some(&self.kit.rx),
+        )
     }
 
     /// The receive ring of generation `gen` is read no more: it is freed. If it is the kit's,
@@ -238,14 +282,8 @@ impl Endpoint {
     /// holds the ring in use).
     pub fn release_rx(&mut self, gen: u32, current: u32) {
         let Some(m) = self.moves.as_mut() else { return };
-        if gen != m.rx_gen {
-            m.rx_more.retain(|(g, _)| *g != gen);
-            return;
-        }
-        if let Some(i) = m.rx_more.iter().position(|(g, _)| *g == current) {
-            let (g, ring) = m.rx_more.swap_remove(i);
+        if let Some(ring) = m.rx.release(gen, current) {
             drop(self.kit.replace_rx(ring));
-            m.rx_gen = g;
         }
     }
 
@@ -253,42 +291,29 @@ impl Endpoint {
     /// size), before any write of that generation.
     pub fn new_tx(&mut self, gen: u32, size: RingSize) -> Result<()> {
         let ring = RegisteredRing::new(&self.kit.pd, size.bytes() as usize, Access::LOCAL)?;
-        self.moves.get_or_insert_default().tx_more.push((gen, ring));
+        self.moves.get_or_insert_default().tx.more.push((gen, ring));
         Ok(())
     }
 
     /// The staging area of generation `gen`, if it is still here.
     pub fn tx_ring_mut(&mut self, gen: u32) -> Option<&mut RegisteredRing> {
-        match &mut self.moves {
-            Some(m) if gen != m.tx_gen => m
-                .tx_more
-                .iter_mut()
-                .find(|(g, _)| *g == gen)
-                .map(|(_, r)| r),
-            Some(_) => self.kit.tx.as_mut(),
-            None => self.kit.tx.as_mut().filter(|_| gen == 0),
-        }
+        let gens = self.moves.as_deref_mut().map(|m| &mut m.tx);
+        Gens::get_mut(gens, gen, self.kit.tx.as_mut())
     }
 
     fn tx_ring(&self, gen: u32) -> Option<&RegisteredRing> {
-        match &self.moves {
-            Some(m) if gen != m.tx_gen => m.tx_more.iter().find(|(g, _)| *g == gen).map(|(_, r)| r),
-            Some(_) => self.kit.tx.as_ref(),
-            None => self.kit.tx.as_ref().filter(|_| gen == 0),
-        }
+        Gens::get(
+            self.moves.as_deref().map(|m| &m.tx),
+            gen,
+            self.kit.tx.as_ref(),
+        )
     }
 
     /// The staging area of generation `gen` is needed no more: as [`Self::release_rx`].
     pub fn release_tx(&mut self, gen: u32, current: u32) {
         let Some(m) = self.moves.as_mut() else { return };
-        if gen != m.tx_gen {
-            m.tx_more.retain(|(g, _)| *g != gen);
-            return;
-        }
-        if let Some(i) = m.tx_more.iter().position(|(g, _)| *g == current) {
-            let (g, ring) = m.tx_more.swap_remove(i);
+        if let Some(ring) = m.tx.release(gen, current) {
             drop(self.kit.replace_tx(ring));
-            m.tx_gen = g;
         }
     }
 

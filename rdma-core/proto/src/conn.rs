@@ -1440,12 +1440,7 @@ impl Connection {
                         // (a direction that writes no more, or is going back to TCP, has no
                         // use for it: the offer stays unanswered, and the peer frees the ring
                         // with the connection)
-                        let writing = self.back.is_none()
-                            && !matches!(
-                                self.tx_state,
-                                TxState::Finishing(_) | TxState::Finished(_)
-                            );
-                        if writing {
+                        if Self::moves_writes(self.back, self.tx_state) {
                             // (the move itself once the transport has the staging area for
                             // it: `staging_ready`)
                             self.moves.peer_offer = Some(ring);
@@ -1520,6 +1515,13 @@ impl Connection {
             }
         }
         Ok(())
+    }
+
+    /// Whether this side's writes may move to another ring: it is still writing to the ring
+    /// (not shut down or closing, not switching back to TCP). (Fields, not `&self`: asked while
+    /// the peer's state is borrowed.)
+    fn moves_writes(back: Option<Back>, tx_state: TxState) -> bool {
+        back.is_none() && !matches!(tx_state, TxState::Finishing(_) | TxState::Finished(_))
     }
 
     /// The sender's old staging area goes once the peer acknowledged every byte in it.
@@ -1909,9 +1911,8 @@ impl Connection {
     /// accepted from now on are staged there). `false` if there is no such offer any more (the
     /// sending direction ended meanwhile): the staging area is not needed.
     pub fn staging_ready(&mut self, gen: u32) -> bool {
-        let writing = self.back.is_none()
-            && !matches!(self.tx_state, TxState::Finishing(_) | TxState::Finished(_))
-            && matches!(self.life, Life::Established);
+        let writing =
+            self.life == Life::Established && Self::moves_writes(self.back, self.tx_state);
         let Some(peer) = self.peer.as_mut() else {
             return false;
         };
