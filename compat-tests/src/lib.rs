@@ -508,6 +508,16 @@ fn socket_inodes(pid: u32) -> std::collections::HashSet<u64> {
     out
 }
 
+/// A figure of process `pid`'s `/proc/PID/status` given in kB (`VmPin`, `VmRSS`, ...), in KiB;
+/// `None` if the process or the field is gone.
+pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// Number of established TCP connections whose local port is `port` (a server's accepted
 /// connections, including those still in its backlog), without making one.
 pub fn count_established(port: u16) -> usize {

@@ -260,14 +260,7 @@ fn t6_flood_from_other_host() {
                 |pid| {
                     // The server's resident memory, at its largest while the flood lasts
                     // (it is over when B raises its flag).
-                    let rss = || {
-                        std::fs::read_to_string(format!("/proc/{pid}/status"))
-                            .unwrap_or_default()
-                            .lines()
-                            .find_map(|l| l.strip_prefix("VmRSS:"))
-                            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                            .unwrap_or(0u64)
-                    };
+                    let rss = || proc_status_kib(pid, "VmRSS").unwrap_or(0);
                     let until = Instant::now() + Duration::from_secs(600);
                     while !two_host::flag_up(BASE + 2) {
                         assert!(Instant::now() < until, "B's flood never ended");

@@ -80,17 +80,6 @@ fn the_servers_pinned_memory_cap() {
     assert_eq!(client.reason("resources"), 16 - client.upgraded(), "{sum}");
 }
 
-/// Process `pid`'s pinned memory (`VmPin`), bytes.
-fn vm_pin(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmPin:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmPin")
-        * 1024
-}
-
 /// The client's live counters: (upgraded, fallen back).
 fn decided(run_dir: &Path, pid: u32) -> Option<(u64, u64)> {
     let out = Command::new(&shim().launcher)
@@ -200,7 +189,7 @@ fn run(
     // (what the processes pin, held: never past a cap either has)
     for (pid, env) in [(cpid, client_env), (server.id(), server_env)] {
         if let Some((_, mib)) = env.iter().find(|(k, _)| *k == CAP.0) {
-            let pinned = vm_pin(pid);
+            let pinned = proc_status_kib(pid, "VmPin").expect("VmPin") * 1024;
             let cap = mib.parse::<u64>().unwrap() << 20;
             assert!(
                 pinned <= cap,

@@ -1,7 +1,8 @@
 //! RDMA tier: ring moves (protocol §6.4) over a real queue pair. Streams start with 16 KiB
 //! rings and may grow them to 1 MiB: each side's writes soon wait for the peer ring's space,
 //! it asks for the larger ring, the peer registers and offers it, and the writes move there
-//! mid-stream. 64 MiB each way at once, in random sizes, must arrive intact (SHA-256 of what
+//! mid-stream. 64 MiB each way at once, in random sizes from 1 B to 1 MiB
+//! (`support::exchange`, as `stream_integrity`'s), must arrive intact (SHA-256 of what
 //! each side sent equals that of what the other received), both directions must have moved,
 //! and the same transfer is timed with rings that stay at 16 KiB (printed; not asserted: the
 //! VM's timing is emulated).
@@ -10,13 +11,11 @@
 
 mod support;
 
-use std::collections::VecDeque;
 use std::thread;
 use std::time::Instant;
 
-use rdmashim_core::{Listener, SendHandle, Stream, StreamConfig};
+use rdmashim_core::{Listener, Stream, StreamConfig};
 use rdmashim_proto::RingSize;
-use sha2::{Digest, Sha256};
 
 fn total() -> usize {
     std::env::var("RDMASHIM_STREAM_MIB")
@@ -36,60 +35,19 @@ fn cfg(grow: bool) -> StreamConfig {
     c
 }
 
-/// Sends `total` pattern bytes (isend, up to 4 MiB queued) while receiving `total` bytes;
-/// returns (SHA-256 sent, SHA-256 received, the stream).
-fn both_ways(mut s: Stream, seed: u8, total: usize) -> ([u8; 32], [u8; 32], Stream) {
-    let (mut sent_hash, mut recv_hash) = (Sha256::new(), Sha256::new());
-    let (mut sent, mut received, mut in_flight) = (0usize, 0usize, 0usize);
-    let mut queued: VecDeque<(SendHandle, usize)> = VecDeque::new();
-    let mut buf = vec![0u8; 256 << 10];
-    let mut k = u64::from(seed);
-    while received < total || sent < total || !queued.is_empty() {
-        while sent < total && in_flight < 4 << 20 {
-            k = k
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let n = (((k >> 33) % 200_000) as usize + 1).min(total - sent);
-            let chunk: Vec<u8> = (0..n).map(|i| (sent + i) as u8 ^ seed).collect();
-            sent_hash.update(&chunk);
-            queued.push_back((s.isend(chunk), n));
-            in_flight += n;
-            sent += n;
-        }
-        while let Some((h, _)) = queued.front() {
-            if !s.test(h) {
-                break;
-            }
-            let (h, n) = queued.pop_front().unwrap();
-            s.wait_send(h).expect("isend failed");
-            in_flight -= n;
-        }
-        if received < total {
-            let n = s.recv(&mut buf).expect("recv failed");
-            assert!(n > 0, "EOF after {received} of {total} bytes");
-            recv_hash.update(&buf[..n]);
-            received += n;
-        } else if let Some((h, n)) = queued.pop_front() {
-            s.wait_send(h).expect("isend failed");
-            in_flight -= n;
-        }
-    }
-    (sent_hash.finalize().into(), recv_hash.finalize().into(), s)
-}
-
 fn transfer(grow: bool, total: usize) -> (f64, u64, u64) {
     let addr = support::addr(if grow { 11 } else { 12 });
     let listener = Listener::bind_with(addr, cfg(grow)).expect("bind");
     let t0 = Instant::now();
     let server = thread::spawn(move || {
-        let s = listener.accept().expect("accept");
-        let (sent, recv, s) = both_ways(s, 2, total);
+        let mut s = listener.accept().expect("accept");
+        let (sent, recv) = support::exchange(&mut s, 2, total);
         let st = s.stats();
         s.close().expect("close");
         (sent, recv, st)
     });
-    let c = Stream::connect_with(addr, cfg(grow)).expect("connect");
-    let (c_sent, c_recv, c) = both_ways(c, 1, total);
+    let mut c = Stream::connect_with(addr, cfg(grow)).expect("connect");
+    let (c_sent, c_recv) = support::exchange(&mut c, 1, total);
     let cst = c.stats();
     c.close().expect("close");
     let (s_sent, s_recv, sst) = server.join().expect("server");
