@@ -1,8 +1,12 @@
 /* sockbench.c -- a tiny TCP ping-pong, stream and connection-rate tool for scripts/bench.
  *
- *   sockbench server IP PORT
- *       serves connections one at a time until SIGTERM/SIGINT (then exits normally, so a
- *       preload's exit handlers run). The client's first 5 bytes select the mode and size.
+ *   sockbench server IP PORT [epoll]
+ *       serves connections until SIGTERM/SIGINT (then exits normally, so a preload's exit
+ *       handlers run). The client's first 5 bytes select the mode and size. A held connection
+ *       (hold, burst) gets a thread of its own; the others are served one at a time. With
+ *       epoll, one epoll loop echoes every held connection, as a server of many clients
+ *       would (rsocket's preload has no epoll: scripts/bench keeps the threads), and the
+ *       others get a thread each.
  *   sockbench client IP PORT pp SIZE SECONDS [WARMUP]
  *       ping-pong of SIZE-byte messages for SECONDS, after at least 100 and WARMUP seconds
  *       (default 0) of uncounted ones; prints one JSON line with the median and
@@ -20,8 +24,7 @@
  *       first (default 0) without being counted: a steady rate, apart from the once-per-process
  *       work that `first` measures.
  *   sockbench client IP PORT hold N SECONDS
- *       memory per connection: opens N connections (each served by a thread of its own,
- *       echoing 64 B messages), one echo on each, SECONDS idle (so that a preload can move
+ *       memory per connection: opens N connections (echoing 64 B messages), one echo on each, SECONDS idle (so that a preload can move
  *       them), then one more echo on each, and reports the proportional set size (Pss:
  *       shared pages split among the processes that map them) that the N connections added,
  *       in this process and in the server's (asked over a connection of its own before and
@@ -61,6 +64,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -198,10 +202,80 @@ static void serve(int c) {
     free(buf);
 }
 
-static void *hold_thread(void *arg) {
+/* The server's event loop. Every accepted connection joins it; its first byte tells its mode:
+ * a held connection ('H') is echoed by the loop itself, byte for byte, for as long as it
+ * lasts; any other leaves the loop and is served (blocking, one at a time, as before) by a
+ * thread of its own, so a held burst never waits behind it nor it behind the burst. */
+struct loop {
+    int ep;
+    size_t cap;
+    unsigned char *skip; /* per fd: header bytes of a held connection still to consume */
+};
+
+static struct loop *loop_new(void) {
+    struct rlimit r;
+    struct loop *lp = calloc(1, sizeof *lp);
+    if (!lp || getrlimit(RLIMIT_NOFILE, &r)) die("loop");
+    lp->cap = r.rlim_cur == RLIM_INFINITY || r.rlim_cur > (1u << 20) ? (1u << 20) : (size_t)r.rlim_cur;
+    lp->skip = calloc(lp->cap, 1);
+    lp->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (!lp->skip || lp->ep < 0) die("epoll_create1");
+    return lp;
+}
+
+static void loop_add(struct loop *lp, int c) {
+    struct epoll_event e = {.events = EPOLLIN, .data.fd = c};
+    if ((size_t)c >= lp->cap) { errno = EMFILE; die("accept: fd past RLIMIT_NOFILE"); }
+    lp->skip[c] = 0xff; /* (mode not known yet) */
+    if (epoll_ctl(lp->ep, EPOLL_CTL_ADD, c, &e)) die("epoll_ctl");
+}
+
+static void *serve_thread(void *arg) {
     int c = (int)(intptr_t)arg;
     serve(c);
     close(c);
+    return NULL;
+}
+
+static void *held_loop(void *arg) {
+    struct loop *lp = arg;
+    struct epoll_event ev[256];
+    char buf[4096];
+    for (;;) {
+        int n = epoll_wait(lp->ep, ev, 256, -1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) die("epoll_wait");
+        for (int i = 0; i < n; i++) {
+            int c = ev[i].data.fd;
+            if (lp->skip[c] == 0xff) {
+                unsigned char h;
+                ssize_t r = recv(c, &h, 1, MSG_PEEK | MSG_DONTWAIT);
+                if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+                if (r == 1 && h != 'H') {
+                    pthread_t t;
+                    epoll_ctl(lp->ep, EPOLL_CTL_DEL, c, NULL);
+                    if (pthread_create(&t, NULL, serve_thread, (void *)(intptr_t)c)) die("pthread_create");
+                    pthread_detach(t);
+                    continue;
+                }
+                lp->skip[c] = 5;
+            }
+            ssize_t r = recv(c, buf, sizeof buf, MSG_DONTWAIT);
+            if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            if (r <= 0) {
+                epoll_ctl(lp->ep, EPOLL_CTL_DEL, c, NULL);
+                close(c);
+                continue;
+            }
+            size_t k = (size_t)r < lp->skip[c] ? (size_t)r : lp->skip[c];
+            lp->skip[c] -= (unsigned char)k;
+            /* (the echo, blocking: 64 B messages always fit the send buffer) */
+            if (full(c, buf + k, (size_t)r - k, 0)) {
+                epoll_ctl(lp->ep, EPOLL_CTL_DEL, c, NULL);
+                close(c);
+            }
+        }
+    }
     return NULL;
 }
 
@@ -256,9 +330,11 @@ static int burst(const struct sockaddr_in *a, int n, double secs) {
     unsigned char msg[64] = {'H', 64, 0, 0, 0};
     if (!fd) die("calloc");
     double t0 = now();
-    for (int i = 0; i < n; i++) fd[i] = dial(a);
+    /* (the mode's header at once: a threaded server peeks at it before its next accept) */
     for (int i = 0; i < n; i++)
-        if (full(fd[i], msg, 5, 0) || full(fd[i], msg, 64, 0) || full(fd[i], msg, 64, 1)) die("echo");
+        if (full(fd[i] = dial(a), msg, 5, 0)) die("send");
+    for (int i = 0; i < n; i++)
+        if (full(fd[i], msg, 64, 0) || full(fd[i], msg, 64, 1)) die("echo");
     printf("{\"burst_ms\": %.1f, \"conns\": %d}\n", (now() - t0) * 1e3, n);
     fflush(stdout);
     idle(secs);
@@ -281,19 +357,25 @@ static int burst(const struct sockaddr_in *a, int n, double secs) {
 
 int main(int argc, char **argv) {
     int one = 1;
-    if (argc == 4 && !strcmp(argv[1], "server")) {
+    if ((argc == 4 || (argc == 5 && !strcmp(argv[4], "epoll"))) && !strcmp(argv[1], "server")) {
         struct sigaction sa = {0};
         sa.sa_handler = on_signal; /* no SA_RESTART: accept() returns EINTR */
         sigaction(SIGTERM, &sa, NULL);
         sigaction(SIGINT, &sa, NULL);
         struct sockaddr_in a = addr(argv[2], argv[3]);
+        int l = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (l < 0 || bind(l, (void *)&a, sizeof a) || listen(l, 65535)) die("listen");
+        struct loop *lp = NULL;
+        pthread_t t;
+        if (argc == 5) {
+            lp = loop_new();
+            if (pthread_create(&t, NULL, held_loop, lp)) die("pthread_create");
+        }
         /* (held connections' threads: thousands of them in a burst, each needing little) */
         pthread_attr_t small;
         pthread_attr_init(&small);
         pthread_attr_setstacksize(&small, 256 << 10);
-        int l = socket(AF_INET, SOCK_STREAM, 0);
-        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (l < 0 || bind(l, (void *)&a, sizeof a) || listen(l, 4096)) die("listen");
         while (!stop) {
             int c = accept(l, NULL, NULL);
             if (c < 0) {
@@ -301,11 +383,14 @@ int main(int argc, char **argv) {
                 die("accept");
             }
             setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            if (lp) {
+                loop_add(lp, c);
+                continue;
+            }
             /* (a held connection gets a thread: the others are served one at a time) */
             unsigned char h;
-            pthread_t t;
             if (recv(c, &h, 1, MSG_PEEK) == 1 && h == 'H' &&
-                !pthread_create(&t, &small, hold_thread, (void *)(intptr_t)c)) {
+                !pthread_create(&t, &small, serve_thread, (void *)(intptr_t)c)) {
                 pthread_detach(t);
                 continue;
             }
@@ -330,7 +415,7 @@ int main(int argc, char **argv) {
     int conn = argc >= 5 && !strcmp(argv[4], "conn"), first = argc >= 5 && !strcmp(argv[4], "first");
     if ((argc != 7 && !(!first && argc == 8)) || strcmp(argv[1], "client") ||
         (strcmp(argv[4], "pp") && strcmp(argv[4], "stream") && !conn && !first)) {
-        fprintf(stderr, "usage: sockbench server IP PORT | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP] | sockbench client IP PORT hold|burst N SECONDS\n");
+        fprintf(stderr, "usage: sockbench server IP PORT [epoll] | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP] | sockbench client IP PORT hold|burst N SECONDS\n");
         return 2;
     }
     int pp = !strcmp(argv[4], "pp");
