@@ -40,6 +40,31 @@ fn a_thousand_over_rdma() {
     burst(Rings::Rdma, 1000);
 }
 
+/// A server whose set-ups queue up: each answer takes it 1.5 s (`slow_answer`), so the last
+/// of twelve connections' requests are answered long after the client's 5 s dial deadline.
+/// Its host keeps answering the others meanwhile, so those dials wait on (up to 60 s from
+/// their start) and every connection upgrades, on both sides. Before, a burst that outran the
+/// server's set-ups left its tail on TCP (`upgrade_timeout` on the client, `no_upgrade_request`
+/// on the server).
+#[test]
+fn a_server_that_answers_late_but_answers() {
+    if !local_upgrades() {
+        return;
+    }
+    let (client, server) = run(
+        Rings::Shm,
+        12,
+        &[],
+        &[("RDMASHIM_FAULT", "slow_answer:1500")],
+    );
+    for st in [client, server] {
+        let sum = st.summary();
+        assert_eq!(st.upgraded(), 12, "{sum}");
+        assert_eq!(st.nonzero_reasons().len(), 0, "{sum}");
+        Rings::Shm.assert_at_least(&st, 12 * BYTES, 12 * BYTES);
+    }
+}
+
 /// A connection starts pinning 76 KiB (two 16 KiB rings registered over both views of their
 /// double mappings, and 12 KiB of buffers): under a 1 MiB cap thirteen fit. Near the cap a
 /// set-up under way counts twice for a moment (what it registered so far, and its share

@@ -1353,6 +1353,19 @@ impl Dialer {
         self.deadline
     }
 
+    /// Moves the deadline to `until` if that is later, while the request waits for its
+    /// answer (not before it was sent: address and route resolution keep their budget).
+    /// For a caller that knows the server is working through a queue of set-ups (its other
+    /// dials to that host are being answered): a late answer is no sign of a lost peer.
+    /// Returns whether the deadline moved.
+    pub fn wait_longer(&mut self, until: Instant) -> bool {
+        if matches!(self.state, Dial::Connect(_)) && until > self.deadline {
+            self.deadline = until;
+            return true;
+        }
+        false
+    }
+
     /// Advances on the pending rdma_cm events, without blocking: ADDR_RESOLVED starts route
     /// resolution; ROUTE_RESOLVED builds the endpoint and the core
     /// (`Connection::connect(.., client_port, dst.port(), nonce, tcp_received, now)`) and calls

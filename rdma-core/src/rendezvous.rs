@@ -548,6 +548,16 @@ impl ShmDialer {
         self.deadline
     }
 
+    /// Moves the deadline to `until` if that is later, while the request waits for its
+    /// answer (see [`crate::link::Dialer::wait_longer`]). Returns whether it moved.
+    pub fn wait_longer(&mut self, until: Instant) -> bool {
+        if self.state.is_some() && until > self.deadline {
+            self.deadline = until;
+            return true;
+        }
+        false
+    }
+
     /// Takes the answer if it came: the reply (checked by the core, then the server's inbox
     /// mapped) gives the established [`Link`]; a rejection, the server's end closing, an
     /// unusable reply or the deadline fail the dial. Spent once it returned `Connected` or

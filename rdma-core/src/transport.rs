@@ -71,6 +71,15 @@ impl UpgradeDialer {
         }
     }
 
+    /// A later deadline while the request waits for its answer ([`Dialer::wait_longer`],
+    /// [`ShmDialer::wait_longer`]). Returns whether it moved.
+    pub fn wait_longer(&mut self, until: Instant) -> bool {
+        match self {
+            UpgradeDialer::Rdma(d) => d.wait_longer(until),
+            UpgradeDialer::Shm(d) => d.wait_longer(until),
+        }
+    }
+
     /// One step without blocking ([`Dialer::poll`], [`ShmDialer::poll`]). `tcp_received` is
     /// used by an RDMA dial when it builds its request; a shared-memory dial sent its request
     /// when it started.

@@ -106,6 +106,12 @@ enum Done {
 /// waits its turn for ~40 s.
 const DIAL_QUEUE_MAX: Duration = Duration::from_secs(60);
 
+/// The longest a dial may wait for its answer while its server's host keeps answering this
+/// process's other dials (see [`State::answering_until`]): as long as the server's matcher
+/// keeps an accepted connection waiting for its request while the client's host keeps
+/// sending them (`MatcherConfig::accepted_wait_max`), counted from the dial's start.
+const DIAL_ANSWER_MAX: Duration = Duration::from_secs(60);
+
 fn run_job(job: Job) -> Done {
     // (a shim thread's work on this CPU, whichever runs it: see INTERNAL_WAKES)
     crate::spin::wait::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
@@ -958,6 +964,10 @@ struct State {
     uring_at: Instant,
     /// Bytes the set-ups over RDMA under way will pin ([`Self::reserve_pinned`]).
     reserved: usize,
+    /// When each peer host (canonical address) last answered a dial of this process's:
+    /// while it answers, a dial still waiting for its own answer waits on
+    /// ([`Self::answering_until`]).
+    answered: HashMap<std::net::IpAddr, Instant>,
 }
 
 /// The most bytes this process's connections over RDMA may pin (`RDMASHIM_PINNED_MIB`; by
@@ -1041,6 +1051,7 @@ fn run(epfd: c_int, wake: c_int) {
         sockets_at: Instant::now() + SOCKET_CHECK,
         uring_at: Instant::now(),
         reserved: 0,
+        answered: HashMap::new(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -1523,11 +1534,27 @@ impl State {
             return;
         };
         let c = t.conn.clone();
+        let since = t.dial_at;
         let mut g = c.lock();
         let tcp_received = g.tcp_received;
         let Phase::Dialing(d) = &mut g.phase else {
             return;
         };
+        // Its answer is late, but its server's host answers others: a queue of set-ups
+        // there (a burst), not a lost peer — the dial waits on.
+        let now = Instant::now();
+        if now >= d.deadline() {
+            if let Some(until) = self.answering_until(c.peer.ip(), since.unwrap_or(now)) {
+                if d.wait_longer(until) {
+                    shim_log!(
+                        Level::Debug,
+                        "dial {}: its host answers others: waits until {:?} from now",
+                        c.peer,
+                        until.saturating_duration_since(now)
+                    );
+                }
+            }
+        }
         let status = d.poll(tcp_received);
         self.dial_status(&c, &mut g, status);
         // Its route resolved: the endpoint is built by a setup thread (see `Job::Dial`), if
@@ -1554,9 +1581,34 @@ impl State {
         }
     }
 
+    /// Until when a dial to `ip` that started at `since` may wait for its answer: a
+    /// connect timeout past the host's last answer to a dial of this process, at most
+    /// [`DIAL_ANSWER_MAX`] after `since`; `None` if the host never answered.
+    fn answering_until(&self, ip: std::net::IpAddr, since: Instant) -> Option<Instant> {
+        let last = *self.answered.get(&net::canonical_ip(ip))?;
+        Some((last + super::link_config().connect_timeout).min(since + DIAL_ANSWER_MAX))
+    }
+
+    /// The host of `peer` answered a dial (accepted it, or its shim declined it).
+    fn host_answered(&mut self, peer: SocketAddr) {
+        let now = Instant::now();
+        if self.answered.len() >= 1024 {
+            // (hosts silent for longer than any dial waits are forgotten)
+            self.answered
+                .retain(|_, t| now.saturating_duration_since(*t) < DIAL_ANSWER_MAX);
+        }
+        self.answered.insert(net::canonical_ip(peer.ip()), now);
+    }
+
     /// Acts on what a dial's poll found.
     fn dial_status(&mut self, c: &Arc<Conn>, g: &mut Inner, status: DialStatus) {
         let tcp_received = g.tcp_received;
+        if matches!(
+            status,
+            DialStatus::Connected(_) | DialStatus::Failed(DialError::Rejected(_))
+        ) {
+            self.host_answered(c.peer);
+        }
         // (a probe that ends some other way goes stale: `PROBE_STALE`)
         if !matches!(status, DialStatus::Pending) {
             if let Some(t) = self.conns.get_mut(&c.slot) {
