@@ -1353,13 +1353,30 @@ impl Dialer {
         self.deadline
     }
 
-    /// Moves the deadline to `until` if that is later, while the request waits for its
-    /// answer (not before it was sent: address and route resolution keep their budget).
-    /// For a caller that knows the server is working through a queue of set-ups (its other
-    /// dials to that host are being answered): a late answer is no sign of a lost peer.
-    /// Returns whether the deadline moved.
+    /// What the dial waits for now (an rdma_cm event's name, or nothing), for logs.
+    pub fn waiting_for(&self) -> &'static str {
+        self.state.waiting_for()
+    }
+
+    /// Whether the dial waits for this host's rdma_cm to resolve the address or the route
+    /// (rather than for the server's answer).
+    pub fn resolving(&self) -> bool {
+        matches!(self.state, Dial::Address(_) | Dial::Route(_))
+    }
+
+    /// Moves the deadline to `until` if that is later, while the dial waits for an rdma_cm
+    /// event (the resolutions, or the server's answer to its request). For a caller that
+    /// knows the work is queued, not lost: this host's rdma_cm resolves others' addresses
+    /// and routes one after another (its work queue is ordered), and a server works through
+    /// its set-ups in order (its other dials to that host are being answered). The kernel's
+    /// own resolution timeout (the budget given to `rdma_resolve_addr`) still fails an
+    /// address it cannot resolve. Returns whether the deadline moved.
     pub fn wait_longer(&mut self, until: Instant) -> bool {
-        if matches!(self.state, Dial::Connect(_)) && until > self.deadline {
+        let waiting = matches!(
+            self.state,
+            Dial::Address(_) | Dial::Route(_) | Dial::Connect(_)
+        );
+        if waiting && until > self.deadline {
             self.deadline = until;
             return true;
         }

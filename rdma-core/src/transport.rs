@@ -71,7 +71,24 @@ impl UpgradeDialer {
         }
     }
 
-    /// A later deadline while the request waits for its answer ([`Dialer::wait_longer`],
+    /// What the dial waits for now, for logs.
+    pub fn waiting_for(&self) -> &'static str {
+        match self {
+            UpgradeDialer::Rdma(d) => d.waiting_for(),
+            UpgradeDialer::Shm(_) => "the server's answer",
+        }
+    }
+
+    /// Whether the dial waits for this host's address or route resolution
+    /// ([`Dialer::resolving`]; a shared-memory dial never does).
+    pub fn resolving(&self) -> bool {
+        match self {
+            UpgradeDialer::Rdma(d) => d.resolving(),
+            UpgradeDialer::Shm(_) => false,
+        }
+    }
+
+    /// A later deadline while the dial waits ([`Dialer::wait_longer`],
     /// [`ShmDialer::wait_longer`]). Returns whether it moved.
     pub fn wait_longer(&mut self, until: Instant) -> bool {
         match self {

@@ -106,6 +106,10 @@ enum Done {
 /// waits its turn for ~40 s.
 const DIAL_QUEUE_MAX: Duration = Duration::from_secs(60);
 
+/// How often, at most, the engine looks at every connection it tracks while events keep it
+/// awake ([`State::scan`]): a timer moved by an event is seen that much later at worst.
+const SCAN_EVERY: Duration = Duration::from_millis(10);
+
 /// The longest a dial may wait for its answer while its server's host keeps answering this
 /// process's other dials (see [`State::answering_until`]): as long as the server's matcher
 /// keeps an accepted connection waiting for its request while the client's host keeps
@@ -964,6 +968,18 @@ struct State {
     uring_at: Instant,
     /// Bytes the set-ups over RDMA under way will pin ([`Self::reserve_pinned`]).
     reserved: usize,
+    /// When the engine last looked at every connection it tracks ([`Self::scan`]).
+    scanned_at: Instant,
+    /// The earliest timer among them at that look (a dial's deadline, a link's, a close's
+    /// give-up time), if any.
+    conn_next: Option<Instant>,
+    /// Events or commands were handled since that look: timers may have moved, and
+    /// connections may be done.
+    stale: bool,
+    /// When a dial of this process's last ended its address or route resolution (or failed
+    /// it): while this host's rdma_cm resolves, a dial still waiting for its own waits on
+    /// ([`Self::resolving_until`]).
+    resolved_at: Option<Instant>,
     /// When each peer host (canonical address) last answered a dial of this process's:
     /// while it answers, a dial still waiting for its own answer waits on
     /// ([`Self::answering_until`]).
@@ -1051,6 +1067,10 @@ fn run(epfd: c_int, wake: c_int) {
         sockets_at: Instant::now() + SOCKET_CHECK,
         uring_at: Instant::now(),
         reserved: 0,
+        scanned_at: Instant::now(),
+        conn_next: None,
+        stale: false,
+        resolved_at: None,
         answered: HashMap::new(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
@@ -1083,6 +1103,7 @@ fn run(epfd: c_int, wake: c_int) {
         // accepted before it already in the matcher.
         st.commands();
         st.finished();
+        st.stale |= n > 0;
         for ev in &evs[..n] {
             let t = ev.u64;
             let (kind, value) = (t >> TOKEN_SHIFT, t & ((1 << TOKEN_SHIFT) - 1));
@@ -1107,7 +1128,6 @@ fn run(epfd: c_int, wake: c_int) {
         st.requests.serve();
         st.offers();
         st.timers();
-        st.reap();
     }
 }
 
@@ -1195,15 +1215,14 @@ impl State {
             let t = now + Duration::from_millis(super::BACK_NAP as u64);
             next = Some(next.map_or(t, |n| n.min(t)));
         }
-        for t in self.conns.values() {
-            let d = phase_timer(&t.conn.lock());
-            let d = match (d, t.closing) {
-                (a, Some((_, b))) => Some(a.map_or(b, |a| a.min(b))),
-                (a, None) => a,
-            };
-            if let Some(d) = d {
-                next = Some(next.map_or(d, |n| n.min(d)));
-            }
+        // (the connections' timers as of the last look at them all; after events, another
+        // look within SCAN_EVERY)
+        if let Some(d) = self.conn_next {
+            next = Some(next.map_or(d, |n| n.min(d)));
+        }
+        if self.stale {
+            let t = self.scanned_at + SCAN_EVERY;
+            next = Some(next.map_or(t, |n| n.min(t)));
         }
         match next {
             None => -1,
@@ -1218,6 +1237,7 @@ impl State {
         let Some(e) = engine() else { return };
         let cmds = std::mem::take(&mut *e.cmds.lock().unwrap_or_else(|p| p.into_inner()));
         self.busy |= !cmds.is_empty();
+        self.stale |= !cmds.is_empty();
         let now = Instant::now();
         if now >= self.uring_at
             && cmds
@@ -1540,22 +1560,47 @@ impl State {
         let Phase::Dialing(d) = &mut g.phase else {
             return;
         };
-        // Its answer is late, but its server's host answers others: a queue of set-ups
-        // there (a burst), not a lost peer — the dial waits on.
+        // Late, but the work it waits for is queued, not lost: this host's rdma_cm resolves
+        // others' addresses and routes (one after another), or its server's host answers
+        // others (a queue of set-ups there) — a burst. The dial waits on.
         let now = Instant::now();
+        let resolving = d.resolving();
         if now >= d.deadline() {
-            if let Some(until) = self.answering_until(c.peer.ip(), since.unwrap_or(now)) {
+            let since = since.unwrap_or(now);
+            let until = if resolving {
+                self.resolving_until(since)
+            } else {
+                self.answering_until(c.peer.ip(), since)
+            };
+            if let Some(until) = until {
                 if d.wait_longer(until) {
                     shim_log!(
                         Level::Debug,
-                        "dial {}: its host answers others: waits until {:?} from now",
+                        "dial {}: others' {} go on: waits until {:?} from now",
                         c.peer,
+                        if resolving { "resolutions" } else { "answers" },
                         until.saturating_duration_since(now)
                     );
                 }
             }
         }
+        let waiting = d.waiting_for();
         let status = d.poll(tcp_received);
+        if resolving
+            && !matches!(&g.phase, Phase::Dialing(d) if d.resolving())
+            && !matches!(status, DialStatus::Failed(DialError::Timeout))
+        {
+            // (this one's resolution ended, by an event: this host's rdma_cm makes progress)
+            self.resolved_at = Some(Instant::now());
+        }
+        if matches!(status, DialStatus::Failed(DialError::Timeout)) {
+            shim_log!(
+                Level::Debug,
+                "dial {}: timed out waiting for {waiting}, {:?} after its start",
+                c.peer,
+                since.map(|s| now.saturating_duration_since(s))
+            );
+        }
         self.dial_status(&c, &mut g, status);
         // Its route resolved: the endpoint is built by a setup thread (see `Job::Dial`), if
         // the process may pin its rings.
@@ -1586,6 +1631,14 @@ impl State {
     /// [`DIAL_ANSWER_MAX`] after `since`; `None` if the host never answered.
     fn answering_until(&self, ip: std::net::IpAddr, since: Instant) -> Option<Instant> {
         let last = *self.answered.get(&net::canonical_ip(ip))?;
+        Some((last + super::link_config().connect_timeout).min(since + DIAL_ANSWER_MAX))
+    }
+
+    /// Until when a dial that started at `since` may wait for this host's rdma_cm to resolve
+    /// its address or route: a connect timeout past the last resolution this process saw
+    /// end, at most [`DIAL_ANSWER_MAX`] after `since`; `None` if none ended yet.
+    fn resolving_until(&self, since: Instant) -> Option<Instant> {
+        let last = self.resolved_at?;
         Some((last + super::link_config().connect_timeout).min(since + DIAL_ANSWER_MAX))
     }
 
@@ -1782,6 +1835,7 @@ impl State {
     /// A connection's setup job ended. Unless it was decided meanwhile (still in
     /// [`Phase::Setup`]; else dropping the link undoes it on both ends), its link is watched.
     fn finish(&mut self, done: Done) {
+        self.stale = true;
         // (what the set-up pinned is among the process's registrations now, or it failed)
         match &done {
             Done::Dialed(..) => self.unreserve_pinned(),
@@ -2249,12 +2303,40 @@ impl State {
                 }
             }
         }
-        let due: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, t)| phase_timer(&t.conn.lock()).is_some_and(|d| d <= now))
-            .map(|(s, _)| *s)
-            .collect();
+        // Every connection looked at (each one's lock taken): when the earliest timer of the
+        // last look is due, or events came since it, at most every SCAN_EVERY — not at every
+        // wake, which under a burst of thousands of connections came thousands of times a
+        // second and took every connection's lock twice (issue 28).
+        let due_now = self.conn_next.is_some_and(|d| d <= now);
+        if due_now || (self.stale && now >= self.scanned_at + SCAN_EVERY) {
+            self.scan(now);
+        }
+    }
+
+    /// One look at every tracked connection: acts on the timers that are due, forgets the
+    /// connections that are done ([`Self::reap`]), and notes the earliest timer left.
+    fn scan(&mut self, now: Instant) {
+        self.stale = false;
+        self.scanned_at = now;
+        let mut next: Option<Instant> = None;
+        let mut due = Vec::new();
+        for (slot, t) in &self.conns {
+            let d = phase_timer(&t.conn.lock());
+            if d.is_some_and(|d| d <= now) {
+                due.push(*slot);
+                continue;
+            }
+            let d = match (d, t.closing) {
+                (a, Some((_, b))) => Some(a.map_or(b, |a| a.min(b))),
+                (a, None) => a,
+            };
+            if let Some(d) = d {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        self.conn_next = next;
+        // (those acted on have new timers: looked at again within SCAN_EVERY)
+        self.stale |= !due.is_empty();
         for slot in due {
             let Some(t) = self.conns.get(&slot) else {
                 continue;
@@ -2273,6 +2355,7 @@ impl State {
                 super::ready::after_change(&c, &mut g);
             }
         }
+        self.reap();
     }
 
     /// TCP_USER_TIMEOUT on the ring, for every upgraded connection ([`Conn::watch_acks`]).
