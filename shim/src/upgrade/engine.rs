@@ -116,6 +116,13 @@ const SCAN_EVERY: Duration = Duration::from_millis(10);
 /// sending them (`MatcherConfig::accepted_wait_max`), counted from the dial's start.
 const DIAL_ANSWER_MAX: Duration = Duration::from_secs(60);
 
+/// Until when a dial that started at `since` may wait on, the work it waits for having last
+/// been seen to progress at `last`: a connect timeout past that, at most [`DIAL_ANSWER_MAX`]
+/// after `since` (see [`State::answering_until`], [`State::resolving_until`]).
+fn waits_on_until(last: Instant, since: Instant) -> Instant {
+    (last + super::link_config().connect_timeout).min(since + DIAL_ANSWER_MAX)
+}
+
 fn run_job(job: Job) -> Done {
     // (a shim thread's work on this CPU, whichever runs it: see INTERNAL_WAKES)
     crate::spin::wait::INTERNAL_WAKES.fetch_add(1, Ordering::Relaxed);
@@ -1631,15 +1638,14 @@ impl State {
     /// [`DIAL_ANSWER_MAX`] after `since`; `None` if the host never answered.
     fn answering_until(&self, ip: std::net::IpAddr, since: Instant) -> Option<Instant> {
         let last = *self.answered.get(&net::canonical_ip(ip))?;
-        Some((last + super::link_config().connect_timeout).min(since + DIAL_ANSWER_MAX))
+        Some(waits_on_until(last, since))
     }
 
     /// Until when a dial that started at `since` may wait for this host's rdma_cm to resolve
     /// its address or route: a connect timeout past the last resolution this process saw
     /// end, at most [`DIAL_ANSWER_MAX`] after `since`; `None` if none ended yet.
     fn resolving_until(&self, since: Instant) -> Option<Instant> {
-        let last = self.resolved_at?;
-        Some((last + super::link_config().connect_timeout).min(since + DIAL_ANSWER_MAX))
+        Some(waits_on_until(self.resolved_at?, since))
     }
 
     /// The host of `peer` answered a dial (accepted it, or its shim declined it).
