@@ -13,7 +13,7 @@ use std::ffi::c_int;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,15 @@ pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 /// Receives chained into one `ibv_post_recv` call by [`CmId::post_recvs`].
 pub const RECV_BATCH: usize = 32;
+
+/// Queue pairs this process holds ([`queue_pairs`]).
+static QUEUE_PAIRS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many queue pairs the process holds now (made by [`CmId::create_qp`], not yet
+/// destroyed), whatever state they are in.
+pub fn queue_pairs() -> usize {
+    QUEUE_PAIRS.load(Ordering::Relaxed)
+}
 
 /// An rdma_cm event channel. Its fd is non-blocking, so it can sit in an event loop.
 pub struct EventChannel {
@@ -545,6 +554,7 @@ impl CmId {
             NonNull::new(unsafe { (*self.as_ptr()).qp })
                 .ok_or(Error::InvalidArgument("rdma_create_qp left no QP"))?
         };
+        QUEUE_PAIRS.fetch_add(1, Ordering::Relaxed);
         self.qp = Some(QpParts {
             raw,
             own,
@@ -625,6 +635,7 @@ impl CmId {
     fn destroy_qp(&mut self) {
         let lib = self.lib();
         if let Some(parts) = self.qp.take() {
+            QUEUE_PAIRS.fetch_sub(1, Ordering::Relaxed);
             if parts.own {
                 // SAFETY: a live QP made by ibv_create_qp, destroyed once.
                 unsafe { (lib.verbs.ibv_destroy_qp)(parts.raw.as_ptr()) };
@@ -648,6 +659,31 @@ impl CmId {
         // SAFETY: live id in the connect-response state.
         let rc = unsafe { (self.lib().cm.rdma_establish)(self.as_ptr()) };
         Self::check(rc, "rdma_establish")
+    }
+
+    /// The local ACK timeout of the id's queue pair (`rdma_set_option`,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`): a work request the peer's device has not acknowledged
+    /// within 4.096 µs × 2^`exponent` is sent again, and the queue pair fails after its retries
+    /// (seven tries). Set before `rdma_connect`/`rdma_accept`: rdma_cm applies it when it moves
+    /// the queue pair to RTS (ours too, through `rdma_init_qp_attr`). Without it rdma_cm takes
+    /// the path's packet lifetime + 1 (on RoCE a kernel constant: 17 or 19, 0.5 s or 2.1 s).
+    pub fn set_ack_timeout(&self, exponent: u8) -> Result<()> {
+        /// `RDMA_OPTION_ID` (rdma/rdma_cma.h).
+        const LEVEL_ID: c_int = 0;
+        /// `RDMA_OPTION_ID_ACK_TIMEOUT`.
+        const ACK_TIMEOUT: c_int = 3;
+        let mut v: u8 = exponent.min(31);
+        // SAFETY: live id; the option's value is one byte, read during the call.
+        let rc = unsafe {
+            (self.lib().cm.rdma_set_option)(
+                self.as_ptr(),
+                LEVEL_ID,
+                ACK_TIMEOUT,
+                (&mut v as *mut u8).cast(),
+                1,
+            )
+        };
+        Self::check(rc, "rdma_set_option(ACK_TIMEOUT)")
     }
 
     /// `rdma_migrate_id`: from now on this id's events (ESTABLISHED, DISCONNECTED, …) arrive
@@ -767,6 +803,28 @@ impl CmId {
         // SAFETY: live id.
         let rc = unsafe { (self.lib().cm.rdma_disconnect)(self.as_ptr()) };
         Self::check(rc, "rdma_disconnect")
+    }
+
+    /// The local ACK timeout exponent of the id's queue pair as the device has it
+    /// (`ibv_query_qp`; meaningful from RTS on: see [`Self::set_ack_timeout`]).
+    pub fn ack_timeout(&self) -> Result<u8> {
+        let qp = self.qp_ptr()?;
+        // SAFETY: all-zero is a valid ibv_qp_attr and ibv_qp_init_attr.
+        let (mut attr, mut init): (ffi::ibv_qp_attr, ffi::ibv_qp_init_attr) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        // SAFETY: live QP; both out-structures are writable and sized as the library expects.
+        let rc = unsafe {
+            (self.lib().verbs.ibv_query_qp)(
+                qp,
+                &mut attr,
+                ffi::ibv_qp_attr_mask::IBV_QP_TIMEOUT.0 as c_int,
+                &mut init,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::returned("ibv_query_qp", rc));
+        }
+        Ok(attr.timeout)
     }
 
     fn qp_ptr(&self) -> Result<*mut ffi::ibv_qp> {

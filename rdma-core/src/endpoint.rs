@@ -495,6 +495,16 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Whether the connection's device is software (see [`crate::verbs::Context::is_software`]).
+    pub fn software_device(&self) -> bool {
+        self.kit.pd.context().is_software()
+    }
+
+    /// The queue pair's local ACK timeout exponent, as the device has it.
+    pub fn ack_timeout(&self) -> Result<u8> {
+        self.id.ack_timeout()
+    }
+
     /// Local address of the connection.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.id.local_addr()

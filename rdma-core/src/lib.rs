@@ -56,3 +56,19 @@ pub use rendezvous::{ShmDialer, ShmIncoming, ShmListener};
 pub use stream::{barrier, Handle, Listener, LocalListener, RecvHandle, SendHandle, Stream};
 pub use transport::{Request, RequestListener, Transport, UpgradeDialer};
 pub use verbs::{registered_bytes, set_pinned_limit};
+
+/// The memory mappings a queue pair adds to its process, at most, beside its rings': its
+/// queues and completion queue as the provider maps them into the process (soft-RoCE maps
+/// each; measured there: 9.3 mappings per upgraded connection in all, 4 of them its two
+/// rings' views).
+pub const MAPPINGS_PER_QUEUE_PAIR: usize = 6;
+
+/// The memory mappings the transport holds in this process, as far as it counts them: two per
+/// double-mapped ring ([`ring::rings`], both transports'), [`MAPPINGS_PER_QUEUE_PAIR`] per
+/// queue pair ([`cm::queue_pairs`]), and the two a dial to a process of this host will map
+/// when answered (its peer's ring: [`rendezvous::dials`]). The kernel bounds a process's mappings
+/// (`vm.max_map_count`, 65,530 by default) and the application's count against the same
+/// bound: its `mmap` (a thread's stack, malloc's arena) fails with ENOMEM past it.
+pub fn mappings() -> usize {
+    2 * (ring::rings() + rendezvous::dials()) + MAPPINGS_PER_QUEUE_PAIR * cm::queue_pairs()
+}

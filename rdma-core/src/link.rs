@@ -84,9 +84,44 @@ pub struct StreamConfig {
     pub connect_timeout: Duration,
     /// How long a close waits for queued data and outstanding work requests (default 3 s).
     pub close_timeout: Duration,
+    /// The local ACK timeout of the connection's queue pair, as an exponent (a try lasts
+    /// 4.096 µs × 2^n; the queue pair fails after seven): 0 (the default) leaves rdma_cm's
+    /// (the path's packet lifetime + 1: on RoCE 17 or 19 by kernel, 0.5 s or 2.1 s a try) on
+    /// a NIC, and gives [`SOFTWARE_ACK_TIMEOUT`] on a software device.
+    pub ack_timeout: u8,
     /// Protocol tunables (credit thresholds, largest write, …).
     pub protocol: Config,
 }
+
+/// [`StreamConfig::ack_timeout_for`] for the setting `ack_timeout`.
+fn ack_timeout_for(ack_timeout: u8, software: bool) -> Option<u8> {
+    match ack_timeout {
+        0 if software => Some(SOFTWARE_ACK_TIMEOUT),
+        0 => None,
+        n => Some(n.min(31)),
+    }
+}
+
+/// Sets the ACK timeout [`ack_timeout_for`] gives on the endpoint's queue pair, before its
+/// `rdma_connect` or `rdma_accept`. A kernel that does not know the option (before Linux 4.17)
+/// keeps rdma_cm's: the connection is as good as without it.
+fn apply_ack_timeout(ep: &Endpoint, ack_timeout: u8) {
+    if let Some(t) = ack_timeout_for(ack_timeout, ep.software_device()) {
+        let _ = ep.id.set_ack_timeout(t);
+    }
+}
+
+/// The ACK timeout exponent a queue pair on a software device gets by default: 20, 4.3 s a
+/// try, 30 s before the queue pair fails (rdma_cm's: 2.1 s, 15 s, on the VM's kernel). A
+/// software device acknowledges from the host's CPU, and one carrying a burst of ten thousand
+/// connections' set-ups and first bytes (soft-RoCE, under emulation) left writes
+/// unacknowledged through all of rdma_cm's tries; a queue pair that fails before its peer
+/// confirmed our switch-over cannot fail over, and its connection is reset (protocol 8.6).
+/// With 20 (and with 22) the same burst reset none. The price: a dead path is found later on
+/// such a device, when the application has not set `TCP_USER_TIMEOUT` (which bounds it
+/// whatever this is, see `Link::check_acks`). A NIC acknowledges in its own hardware, in
+/// microseconds however loaded its host is, and keeps rdma_cm's.
+pub const SOFTWARE_ACK_TIMEOUT: u8 = 20;
 
 impl Default for StreamConfig {
     fn default() -> Self {
@@ -98,12 +133,19 @@ impl Default for StreamConfig {
             spin: Duration::from_micros(30),
             connect_timeout: Duration::from_secs(5),
             close_timeout: Duration::from_secs(3),
+            ack_timeout: 0,
             protocol: Config::default(),
         }
     }
 }
 
 impl StreamConfig {
+    /// The ACK timeout exponent to give a queue pair on a device that is software or not
+    /// (`None`: rdma_cm's), by [`Self::ack_timeout`].
+    pub fn ack_timeout_for(&self, software: bool) -> Option<u8> {
+        ack_timeout_for(self.ack_timeout, software)
+    }
+
     /// The memory one connection of this configuration registers (and the kernel pins): its
     /// receive ring and its send staging ring (the peer's size, taken to be this one), each
     /// registered over both views of its double mapping, and its receive and control-send
@@ -555,6 +597,16 @@ impl Link {
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         match &self.ep {
             Ep::Rdma(ep) => ep.peer_addr(),
+            Ep::Shm(_) => None,
+        }
+    }
+
+    /// The local ACK timeout exponent of the connection's queue pair, as the device has it
+    /// (see [`StreamConfig::ack_timeout`]); `None` over shared memory or if the device does
+    /// not say.
+    pub fn ack_timeout(&self) -> Option<u8> {
+        match &self.ep {
+            Ep::Rdma(ep) => ep.ack_timeout().ok(),
             Ep::Shm(_) => None,
         }
     }
@@ -1115,6 +1167,7 @@ impl Incoming {
             private_data: &reply.encode(),
             ..Default::default()
         };
+        apply_ack_timeout(&ep, cfg.ack_timeout);
         ep.id.accept(&param).map_err(|e| Refused::Peer(e.into()))?;
         Ok(Link::new(conn, ep, cfg.close_timeout))
     }
@@ -1143,6 +1196,8 @@ pub struct Dialer {
     sizes: EndpointSizes,
     protocol: Config,
     close_timeout: Duration,
+    /// `StreamConfig::ack_timeout`.
+    ack_timeout: u8,
     deadline: Instant,
     /// The whole dial's budget (`cfg.connect_timeout`).
     timeout: Duration,
@@ -1296,6 +1351,7 @@ impl Dialer {
             sizes,
             protocol: cfg.protocol,
             close_timeout: cfg.close_timeout,
+            ack_timeout: cfg.ack_timeout,
             deadline,
             timeout: cfg.connect_timeout,
             deferred: false,
@@ -1538,6 +1594,7 @@ impl Dialer {
             Instant::now(),
         )
         .map_err(|e| err(io::ErrorKind::InvalidInput, e.to_string()))?;
+        apply_ack_timeout(&ep, self.ack_timeout);
         ep.id.connect(&ConnParam {
             private_data: &req.encode(),
             ..Default::default()

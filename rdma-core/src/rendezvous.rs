@@ -11,6 +11,7 @@
 use std::fmt;
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rdmashim_proto::{
@@ -478,6 +479,23 @@ pub struct ShmDialer {
     close_timeout: Duration,
 }
 
+/// Dials to a process of this host under way ([`dials`]).
+static DIALS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many of this process's dials to a process of this host are under way: each has mapped
+/// its own ring and maps its peer's when answered (see [`crate::mappings`]).
+pub fn dials() -> usize {
+    DIALS.load(Ordering::Relaxed)
+}
+
+impl Drop for ShmDialer {
+    fn drop(&mut self) {
+        if self.state.is_some() {
+            DIALS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 impl fmt::Debug for ShmDialer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShmDialer")
@@ -531,6 +549,7 @@ impl ShmDialer {
         msg.extend_from_slice(&req.encode());
         send_msg(sock.raw(), &msg, &inbox.fds())?;
         inbox.passed();
+        DIALS.fetch_add(1, Ordering::Relaxed);
         Ok(ShmDialer {
             state: Some((conn, inbox, sock)),
             deadline: Instant::now() + cfg.connect_timeout,
@@ -593,6 +612,7 @@ impl ShmDialer {
             Err(e) => return self.end(DialError::Local(e)),
         };
         let (mut conn, inbox, sock) = self.state.take().expect("checked above");
+        DIALS.fetch_sub(1, Ordering::Relaxed);
         // (the server's side is established only by the confirmation, sent once this side
         // has everything it needs: a failure below closes the socket instead)
         match buf[..n].split_first() {
@@ -629,7 +649,9 @@ impl ShmDialer {
     }
 
     fn end(&mut self, e: DialError) -> DialStatus {
-        self.state = None;
+        if self.state.take().is_some() {
+            DIALS.fetch_sub(1, Ordering::Relaxed);
+        }
         DialStatus::Failed(e)
     }
 }

@@ -13,6 +13,7 @@
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::error::Error;
@@ -53,6 +54,15 @@ pub struct MagicRing {
 unsafe impl Send for MagicRing {}
 // SAFETY: see Send.
 unsafe impl Sync for MagicRing {}
+
+/// Double-mapped rings of the process ([`rings`]).
+static RINGS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many double-mapped rings the process holds now. Each is two of the process's memory
+/// mappings (its two views of one file), which the kernel bounds (`vm.max_map_count`).
+pub fn rings() -> usize {
+    RINGS.load(Ordering::Relaxed)
+}
 
 /// Checks a ring size: a power of two, at least one page, a multiple of the page size.
 pub fn check_size(size: usize) -> Result<(), RingError> {
@@ -143,6 +153,7 @@ impl MagicRing {
             return Err(RingError::Os("madvise(MADV_DONTFORK)", e));
         }
         let base = NonNull::new(base.cast::<u8>()).ok_or(RingError::BadSize(size))?;
+        RINGS.fetch_add(1, Ordering::Relaxed);
         Ok(Self { base, size })
     }
 
@@ -187,6 +198,7 @@ impl MagicRing {
 
 impl Drop for MagicRing {
     fn drop(&mut self) {
+        RINGS.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: both views and the reservation are ours; unmapped once.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.size * 2) };
     }

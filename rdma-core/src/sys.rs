@@ -280,6 +280,7 @@ fn_table! {
         ibv_fork_init: fn() -> c_int;
         ibv_create_qp: fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
         ibv_modify_qp: fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+        ibv_query_qp: fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int;
         ibv_destroy_qp: fn(*mut ibv_qp) -> c_int;
     }
 }
@@ -307,6 +308,7 @@ fn_table! {
         rdma_event_str: fn(ffi::rdma_cm_event_type::Type) -> *const c_char;
         rdma_init_qp_attr: fn(*mut rdma_cm_id, *mut ibv_qp_attr, *mut c_int) -> c_int;
         rdma_establish: fn(*mut rdma_cm_id) -> c_int;
+        rdma_set_option: fn(*mut rdma_cm_id, c_int, c_int, *mut c_void, usize) -> c_int;
     }
 }
 

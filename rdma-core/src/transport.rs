@@ -28,6 +28,16 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// The memory mappings one link of this transport adds to its process (counted as
+    /// [`crate::mappings`] counts them): its two rings' views (the receive ring and, over RDMA,
+    /// the staging ring; over shared memory, the peer's ring), and over RDMA its queue pair's.
+    pub fn mappings_per_link(self) -> usize {
+        match self {
+            Transport::Rdma => 4 + crate::MAPPINGS_PER_QUEUE_PAIR,
+            Transport::Shm => 4,
+        }
+    }
+
     /// The transport's name in stats and logs.
     pub fn name(self) -> &'static str {
         match self {

@@ -185,6 +185,26 @@ impl Context {
         }
     }
 
+    /// Whether the device is software (soft-RoCE, `rxe`; soft-iWARP, `siw`: by the vendor id
+    /// their drivers give, 0xffffff and 0x626d74): a host CPU, not the NIC's silicon, sends its
+    /// packets and acknowledges its peers', so under load (a burst of set-ups, a busy CPU) its
+    /// acknowledgements may lag by seconds. Asked of the device once per process.
+    pub fn is_software(&self) -> bool {
+        /// (the device, as an address; whether it is software)
+        static SEEN: std::sync::Mutex<Vec<(usize, bool)>> = std::sync::Mutex::new(Vec::new());
+        // SAFETY: a live context's `device` is valid for the process's life (libibverbs' list).
+        let dev = unsafe { (*self.raw.as_ptr()).device } as usize;
+        let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(_, soft)) = seen.iter().find(|(d, _)| *d == dev) {
+            return soft;
+        }
+        let soft = self
+            .query_device()
+            .is_ok_and(|a| matches!(a.vendor_id, 0x00ff_ffff | 0x0062_6d74));
+        seen.push((dev, soft));
+        soft
+    }
+
     /// `ibv_query_device`.
     pub fn query_device(&self) -> Result<ffi::ibv_device_attr> {
         // SAFETY: all-zero is a valid value of this plain C struct.

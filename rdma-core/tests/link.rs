@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
+use rdmashim_core::link::SOFTWARE_ACK_TIMEOUT;
 use rdmashim_core::verbs::poll_fds;
 use rdmashim_core::{DialError, DialStatus, Dialer, Link, StreamConfig, UpgradeListener};
 use rdmashim_proto::{
@@ -104,7 +105,17 @@ fn connect_pair(
     dst: SocketAddr,
     client_port: u16,
 ) -> (Link, Link, Seen) {
-    let cfg = cfg();
+    connect_pair_with(listener, dst, client_port, &cfg())
+}
+
+/// [`connect_pair`] with both ends configured by `cfg`.
+fn connect_pair_with(
+    listener: &UpgradeListener,
+    dst: SocketAddr,
+    client_port: u16,
+    cfg: &StreamConfig,
+) -> (Link, Link, Seen) {
+    let cfg = *cfg;
     let mut dialer = Dialer::start(src(), dst, client_port, proof(client_port, dst), &cfg)
         .expect("Dialer::start");
     let deadline = Instant::now() + PHASE;
@@ -375,6 +386,31 @@ fn dial_accept_switch_and_stream_both_ways_then_close() {
             e.link.failure()
         );
         assert_eq!(e.link.conn().state(), StreamState::Closed, "{}", e.name);
+    }
+}
+
+/// `StreamConfig::ack_timeout` reaches both ends' queue pairs (`rdma_set_option` before the
+/// connect and the accept; read back with `ibv_query_qp`); left at 0, a software device (the
+/// tier's soft-RoCE) gets `SOFTWARE_ACK_TIMEOUT` instead of rdma_cm's (the path's packet
+/// lifetime + 1: 17 or 19 on RoCE, by kernel).
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn the_configured_ack_timeout_is_the_queue_pairs() {
+    let _ = support::device();
+    let dst = support::addr(13);
+    let listener = UpgradeListener::bind(dst).expect("UpgradeListener::bind");
+    let (client, server, _) = connect_pair(&listener, dst, 41201);
+    assert_eq!(client.ack_timeout(), Some(SOFTWARE_ACK_TIMEOUT), "client");
+    assert_eq!(server.ack_timeout(), Some(SOFTWARE_ACK_TIMEOUT), "server");
+    drop((client, server));
+    for t in [14, 21] {
+        let c = StreamConfig {
+            ack_timeout: t,
+            ..cfg()
+        };
+        let (client, server, _) = connect_pair_with(&listener, dst, 41202 + u16::from(t), &c);
+        assert_eq!(client.ack_timeout(), Some(t), "client");
+        assert_eq!(server.ack_timeout(), Some(t), "server");
     }
 }
 

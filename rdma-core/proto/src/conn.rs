@@ -840,6 +840,21 @@ impl Connection {
         }
     }
 
+    /// Moves the handshake's deadline to `until` if that is later (a caller that knows the
+    /// peer is slow, not lost: its host keeps working through a queue of set-ups). Returns
+    /// whether it moved; never once the handshake is over.
+    pub fn wait_longer(&mut self, until: Instant) -> bool {
+        match &mut self.life {
+            Life::Connecting { deadline, .. } | Life::Accepted { deadline }
+                if until > *deadline =>
+            {
+                *deadline = until;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Timer expiry: abandons a handshake past its deadline.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.poll_timeout().is_some_and(|d| now >= d) {

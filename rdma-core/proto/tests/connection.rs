@@ -273,6 +273,33 @@ fn handshake_timeout() {
 }
 
 #[test]
+fn a_handshake_that_waits_longer() {
+    let now = Instant::now();
+    let ms = Duration::from_millis;
+    let cfg = Config {
+        handshake_timeout: ms(500),
+        ..Config::default()
+    };
+    let (mut a, _, mut b, _) = exchange(cfg, &proof(), now);
+    for c in [&mut a, &mut b] {
+        // (never earlier)
+        assert!(!c.wait_longer(now + ms(400)));
+        assert!(c.wait_longer(now + ms(2000)));
+        assert_eq!(c.poll_timeout(), Some(now + ms(2000)));
+        c.handle_timeout(now + ms(500));
+        assert_eq!(c.state(), StreamState::Handshaking);
+        c.handle_timeout(now + ms(2000));
+        assert_eq!(c.error(), Some(ErrorReason::HandshakeTimeout));
+        // (over: nothing to move)
+        assert!(!c.wait_longer(now + ms(9000)));
+        assert_eq!(c.poll_timeout(), None);
+    }
+    let (mut a, _) = established(12, 4, cfg);
+    assert!(!a.wait_longer(now + ms(9000)));
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
 fn tcp_ends_during_handshake() {
     let (mut a, _) = Connection::connect(
         Config::default(),
