@@ -12,7 +12,9 @@
 //!
 //! The same burst, of sixteen connections, checks the cap on what a process's rings pin
 //! (`RDMASHIM_PINNED_MIB`): on the side that has it, the connections that would take the
-//! process past it stay TCP (`resources`), and the others upgrade.
+//! process past it stay TCP (`resources`), and the others upgrade; and, of twelve over shared
+//! memory, the shim's share of the process's memory mappings (half of `vm.max_map_count`, taken
+//! lower for the test) likewise.
 
 use rdmashim_compat_tests::*;
 use serde_json::Value;
@@ -103,6 +105,54 @@ fn the_servers_pinned_memory_cap() {
     let sum = client.summary();
     assert_eq!(client.upgraded(), server.upgraded(), "{sum}");
     assert_eq!(client.reason("resources"), 16 - client.upgraded(), "{sum}");
+}
+
+/// The shim's share of its process's memory mappings, half of `vm.max_map_count` (the
+/// application's own count against the same bound: past it a thread's stack or an allocator's
+/// arena cannot be mapped): taken to be 40 here (`RDMASHIM_FAULT=map_count:40`, a share of
+/// 20), five connections over shared memory fit (two double-mapped rings each, two mappings a
+/// ring). A set-up under way counts twice for a moment (what it mapped, and its share
+/// reserved until it ends), so on a server up to one per setup thread fewer may upgrade;
+/// never more.
+const MAP_COUNT: (&str, &str) = ("RDMASHIM_FAULT", "map_count:40");
+const MAPS_FIT: u64 = 5;
+
+/// The server's share of mappings: it answers five requests and rejects the others
+/// (`resources` on both sides); every connection carries its bytes, over a ring or TCP.
+#[test]
+fn the_servers_share_of_mappings() {
+    if !local_upgrades() {
+        return;
+    }
+    let (client, server) = run(Rings::Shm, 12, &[], &[MAP_COUNT]);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4)) as u64;
+    let sum = server.summary();
+    let up = server.upgraded();
+    assert!(
+        (MAPS_FIT.saturating_sub(threads)..=MAPS_FIT).contains(&up),
+        "{sum}"
+    );
+    assert_eq!(server.reason("resources"), 12 - up, "{sum}");
+    let sum = client.summary();
+    assert_eq!(client.upgraded(), up, "{sum}");
+    assert_eq!(client.reason("resources"), 12 - up, "{sum}");
+    Rings::Shm.assert_at_least(&server, up * BYTES, up * BYTES);
+}
+
+/// The client's share of mappings: five of its twelve dials start (a dial to a process of
+/// this host maps its rings as it starts, on the engine's thread: exactly five), the others
+/// stay TCP before they dial (`resources`); the server upgrades those it is asked for.
+#[test]
+fn the_clients_share_of_mappings() {
+    if !local_upgrades() {
+        return;
+    }
+    let (client, server) = run(Rings::Shm, 12, &[MAP_COUNT], &[]);
+    let sum = client.summary();
+    assert_eq!(client.upgraded(), MAPS_FIT, "{sum}");
+    assert_eq!(client.reason("resources"), 12 - MAPS_FIT, "{sum}");
+    assert_eq!(server.upgraded(), MAPS_FIT, "{}", server.summary());
+    Rings::Shm.assert_at_least(&client, MAPS_FIT * BYTES, MAPS_FIT * BYTES);
 }
 
 /// The client's live counters: (upgraded, fallen back).

@@ -13,7 +13,8 @@
 //! with every byte. `slow_accept:N` and `slow_answer:N`, settings too, hold each request the
 //! setup thread answered `N` ms before the engine takes its link up, or `N` ms before it
 //! answers it, to check what a program that forks or closes meanwhile finds (the server's,
-//! the client's). Unset, a point costs one relaxed load.
+//! the client's). `map_count:N` takes the host's `vm.max_map_count` to be `N`, to check the
+//! shim's share of the process's mappings. Unset, a point costs one relaxed load.
 //!
 //! The panic hook: a panic inside the shim is caught (a hook's `catch_unwind`, a thread's)
 //! and reported by the shim's own log line. Rust's default hook would print its message and a
@@ -36,6 +37,15 @@ static VERSION: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new
 /// before (`slow_answer:N`); 0: none.
 static SLOW_ACCEPT_MS: AtomicU64 = AtomicU64::new(0);
 static SLOW_ANSWER_MS: AtomicU64 = AtomicU64::new(0);
+
+/// The `vm.max_map_count` taken instead of the host's (`map_count:N`); 0: the host's.
+static MAP_COUNT: AtomicU64 = AtomicU64::new(0);
+
+/// The `vm.max_map_count` the shim takes instead of the host's
+/// (`RDMASHIM_FAULT=map_count:N`), if set.
+pub fn map_count() -> Option<u64> {
+    Some(MAP_COUNT.load(Relaxed)).filter(|n| *n != 0)
+}
 
 fn delay(ms: &AtomicU64) -> Option<std::time::Duration> {
     Some(ms.load(Relaxed))
@@ -68,6 +78,7 @@ pub fn arm(f: Option<Fault>) {
         Point::Version => VERSION.store(u8::try_from(f.after).unwrap_or(0), Relaxed),
         Point::SlowAccept => SLOW_ACCEPT_MS.store(f.after, Relaxed),
         Point::SlowAnswer => SLOW_ANSWER_MS.store(f.after, Relaxed),
+        Point::MapCount => MAP_COUNT.store(f.after, Relaxed),
         _ => {
             let i = Point::ALL
                 .iter()

@@ -52,7 +52,7 @@ reasons! {
     UnsupportedOption = "unsupported_option": "the application set a socket option the upgrade cannot honour",
     NotUpgradableAddress = "not_upgradable_address": "the peer address cannot be reached over RDMA (loopback)",
     UpgradeTimeout = "upgrade_timeout": "the upgrade handshake did not finish within its deadline",
-    Resources = "resources": "out of RDMA resources (queue pairs, memory registrations, ring memory), or the process's rings would pin more than RDMASHIM_PINNED_MIB",
+    Resources = "resources": "out of RDMA resources (queue pairs, memory registrations, ring memory), or the process's rings would pin more than RDMASHIM_PINNED_MIB or take more than half of its memory mappings (vm.max_map_count)",
     ProtocolError = "protocol_error": "the peer sent a malformed or unsupported handshake",
     NegativeCache = "negative_cache": "a recent attempt to this peer failed; not retried yet",
     TransportUnavailable = "transport_unavailable": "the connection could not be handed to the upgrade engine",

@@ -73,6 +73,9 @@ pub struct Config {
     /// `RDMASHIM_PINNED_MIB`: the most memory the process's connections over RDMA may pin, MiB
     /// (0: a quarter of the host's memory).
     pub pinned_mib: u64,
+    /// `RDMASHIM_ACK_TIMEOUT`: the ACK timeout exponent of a connection's queue pair (0:
+    /// rdma_cm's on a NIC, 20 on a software device).
+    pub ack_timeout: u64,
     /// `RDMASHIM_TRACE` is set.
     pub trace: bool,
     /// `RDMASHIM_FAULT` (tests only).
@@ -182,6 +185,7 @@ impl Default for Config {
             spin_us: SPIN_US.default,
             negative_cache_secs: None,
             pinned_mib: PINNED_MIB.default,
+            ack_timeout: ACK_TIMEOUT.default,
             trace: false,
             fault: None,
             warnings: Vec::new(),
@@ -252,6 +256,7 @@ pub enum Key {
     SpinUs,
     NegativeCacheSecs,
     PinnedMib,
+    AckTimeout,
     Trace,
     Fault,
     Live,
@@ -259,7 +264,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 14] = [
+    pub const ALL: [Key; 15] = [
         Key::Disable,
         Key::Local,
         Key::Log,
@@ -270,6 +275,7 @@ impl Key {
         Key::SpinUs,
         Key::NegativeCacheSecs,
         Key::PinnedMib,
+        Key::AckTimeout,
         Key::Trace,
         Key::Fault,
         Key::Live,
@@ -289,6 +295,7 @@ impl Key {
             Key::SpinUs => SPIN_US.name,
             Key::NegativeCacheSecs => NEGATIVE_CACHE_SECS.name,
             Key::PinnedMib => PINNED_MIB.name,
+            Key::AckTimeout => ACK_TIMEOUT.name,
             Key::Trace => ENV_TRACE,
             Key::Fault => ENV_FAULT,
             Key::Live => ENV_LIVE,
@@ -309,6 +316,7 @@ impl Key {
             Key::SpinUs => "spin_us",
             Key::NegativeCacheSecs => "negative_cache_secs",
             Key::PinnedMib => "pinned_mib",
+            Key::AckTimeout => "ack_timeout",
             Key::Trace => "trace",
             Key::Fault => "fault",
             Key::Live => "live",
@@ -379,6 +387,19 @@ pub const PINNED_MIB: Number = Number {
     name: "RDMASHIM_PINNED_MIB",
     min: 0,
     max: 1 << 30,
+    default: 0,
+};
+/// The memory mappings a connection over RDMA adds to its process, as the shim counts them
+/// (`rdmashim_core::Transport::Rdma.mappings_per_link()`, which the launcher, without the
+/// transport, cannot ask): the shim takes at most half of `vm.max_map_count` for them.
+pub const MAPPINGS_PER_RDMA_LINK: u64 = 10;
+
+/// `RDMASHIM_ACK_TIMEOUT` (the default, 0: rdma_cm's on a NIC, 20 on a software device; see
+/// `StreamConfig::ack_timeout`).
+pub const ACK_TIMEOUT: Number = Number {
+    name: "RDMASHIM_ACK_TIMEOUT",
+    min: 0,
+    max: 31,
     default: 0,
 };
 pub const NEGATIVE_CACHE_SECS: Number = Number {
@@ -567,12 +588,14 @@ impl Config {
             | Key::DialDelayMs
             | Key::SpinUs
             | Key::NegativeCacheSecs
-            | Key::PinnedMib => {
+            | Key::PinnedMib
+            | Key::AckTimeout => {
                 let n = match key {
                     Key::RingKib => &RING_KIB,
                     Key::DialDelayMs => &DIAL_DELAY_MS,
                     Key::SpinUs => &SPIN_US,
                     Key::PinnedMib => &PINNED_MIB,
+                    Key::AckTimeout => &ACK_TIMEOUT,
                     _ => &NEGATIVE_CACHE_SECS,
                 };
                 let (v, w) = n.check(raw);
@@ -584,6 +607,7 @@ impl Config {
                     Key::DialDelayMs => self.dial_delay_ms = v,
                     Key::SpinUs => self.spin_us = v,
                     Key::PinnedMib => self.pinned_mib = v,
+                    Key::AckTimeout => self.ack_timeout = v,
                     _ => self.negative_cache_secs = Some(v),
                 }
             }
@@ -777,16 +801,20 @@ pub enum Point {
     /// Not a panic, not a pass: the setup thread holds each request `N` ms before it answers
     /// it (the client's dial stays under way that long).
     SlowAnswer,
+    /// Not a panic, not a pass: the process's `vm.max_map_count` is taken to be `N` (the shim
+    /// takes half of it for its connections' mappings), as on a host where it is low.
+    MapCount,
 }
 
 impl Point {
-    pub const ALL: [(Point, &'static str); 6] = [
+    pub const ALL: [(Point, &'static str); 7] = [
         (Point::RingRecv, "ring_recv"),
         (Point::EngineLink, "engine_link"),
         (Point::PathFail, "path_fail"),
         (Point::Version, "version"),
         (Point::SlowAccept, "slow_accept"),
         (Point::SlowAnswer, "slow_answer"),
+        (Point::MapCount, "map_count"),
     ];
 
     pub fn name(self) -> &'static str {
@@ -1105,7 +1133,7 @@ mod tests {
             "/etc/rdmashim.conf:2: spin_us = 99999: out of range (a whole number from 0 to 10000); using 10000",
             "/etc/rdmashim.conf:3: disable = perhaps: not a boolean (1/0, true/false, yes/no, on/off); upgrades are disabled",
             "/etc/rdmashim.conf:4: log = loud: unknown level (error, warn, info, debug, off); using warn",
-            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, pinned_mib, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
+            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, pinned_mib, ack_timeout, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:6: just some words: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored",
             "/etc/rdmashim.conf:7: permit port = 22: not a rule (allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:8: deny peer = 10.0.0.0/33: not an IPv4 or IPv6 address, optionally /PREFIX (0-32, 0-128); rule ignored",

@@ -16,7 +16,8 @@ use crate::json::Value;
 use crate::reason::{host_reason_from, FallbackReason};
 use crate::rules;
 use crate::settings::{
-    Config, FileRead, CONFIG_MAX, ENV_CONFIG, ENV_DISABLE, ENV_LOCAL, PINNED_MIB, RING_KIB,
+    Config, FileRead, CONFIG_MAX, ENV_CONFIG, ENV_DISABLE, ENV_LOCAL, MAPPINGS_PER_RDMA_LINK,
+    PINNED_MIB, RING_KIB,
 };
 use crate::sys;
 use std::ffi::OsString;
@@ -201,6 +202,8 @@ pub struct Facts {
     pub page: u64,
     /// The host's memory (`None`: unknown).
     pub phys: Option<u64>,
+    /// `vm.max_map_count`, the most memory mappings a process may hold (`None`: unknown).
+    pub max_map_count: Option<u64>,
 }
 
 fn read_trim(p: &Path) -> Option<String> {
@@ -307,6 +310,8 @@ impl Facts {
                 .and_then(|s| cap_ipc_lock(&s)),
             page: sys::page_size(),
             phys: sys::phys_mem_bytes(),
+            max_map_count: read_trim(Path::new("/proc/sys/vm/max_map_count"))
+                .and_then(|s| s.parse().ok()),
         }
     }
 }
@@ -383,6 +388,9 @@ pub struct Verdict {
     /// The shim's own cap on what a process's rings pin (`RDMASHIM_PINNED_MIB`), bytes, and
     /// how many connections over RDMA fit under it (`None`: no cap, the host's memory unknown).
     pub cap: Option<(u64, u64)>,
+    /// The shim's share of a process's memory mappings (half of `vm.max_map_count`), and how
+    /// many connections over RDMA fit in it (`None`: the bound is unknown).
+    pub maps: Option<(u64, u64)>,
     /// The program judged (`--program`).
     pub program: Option<String>,
 }
@@ -512,6 +520,9 @@ pub fn judge(f: &Facts) -> Verdict {
         pinned,
         room,
         cap,
+        maps: f
+            .max_map_count
+            .map(|m| (m / 2, m / 2 / MAPPINGS_PER_RDMA_LINK)),
         program: f.program.clone(),
     }
 }
@@ -669,6 +680,16 @@ fn report(f: &Facts, v: &Verdict) {
             PINNED_MIB.name
         ),
     }
+    match v.maps {
+        Some((share, n)) => println!(
+            "vm.max_map_count: {} -> the shim's share, half: room for {n} connections over RDMA \
+             per process ({MAPPINGS_PER_RDMA_LINK} mappings each; {} over shared memory, 4 \
+             each); past it new ones stay TCP (resources): the other half stays the program's",
+            share * 2,
+            share / 4
+        ),
+        None => println!("vm.max_map_count: unknown: no share of the shim's"),
+    }
     match &v.rdma {
         Err(w) if matches!(w.reason, FallbackReason::Disabled | FallbackReason::Policy) => {
             println!("to upgrade connections: {}", w.fix)
@@ -776,6 +797,11 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
         ("connections", Value::opt(v.cap.map(|c| c.1), Num)),
         ("host_memory", Value::opt(f.phys, Num)),
     ]);
+    let mappings = Obj(vec![
+        ("max_map_count", Value::opt(f.max_map_count, Num)),
+        ("shim_share", Value::opt(v.maps.map(|m| m.0), Num)),
+        ("connections", Value::opt(v.maps.map(|m| m.1), Num)),
+    ]);
     let (verdict, upgrade_devices, reason, detail, fix) = match &v.rdma {
         Ok(d) => (
             "upgrade",
@@ -849,6 +875,7 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
         ),
         ("memlock", memlock),
         ("pinned_cap", pinned_cap),
+        ("mappings", mappings),
         (
             "per_connection_bytes",
             Obj(vec![
@@ -936,6 +963,7 @@ mod tests {
             cap_ipc_lock: Some(false),
             page: 4096,
             phys: Some(16 << 30),
+            max_map_count: Some(65530),
         }
     }
 

@@ -95,6 +95,9 @@ yes/no or on/off in any case; anything else gets one warning and the default):
   RDMASHIM_SPIN_US=N            longest busy-poll of a blocked call ({spin})
   RDMASHIM_PINNED_MIB=N         most memory the process's RDMA rings may pin, MiB; past it
                                 connections stay TCP (default 0: a quarter of the host's)
+  RDMASHIM_ACK_TIMEOUT=N        ACK timeout of a connection's queue pair, 4.096 us x 2^N a
+                                try, seven tries (0 to 31; default 0: rdma_cm's on a NIC, 20
+                                on a software device such as soft-RoCE)
   RDMASHIM_NEGATIVE_CACHE_SECS=N  how long a peer whose upgrade failed is not tried again
                                 ({neg_min} to {neg_max}, 0: always tried; default unset: 60 s
                                 after a reject, 10 min after silence)

@@ -35,7 +35,7 @@ use rdmashim_proto::upgrade::{
     Expired, Matcher, MatcherConfig, NegativeCache, NegativeCacheConfig, PeerFailure,
     RequestOutcome, TupleKey,
 };
-use rdmashim_proto::{Flags, Proof, RejectReason, TcpTuple};
+use rdmashim_proto::{Flags, Proof, RejectReason, Side, TcpTuple};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -103,8 +103,8 @@ enum Done {
 /// stays TCP (`upgrade_timeout`). The queue's length is no fault of the peer's, and the
 /// connection carries its bytes over TCP meanwhile, so the wait is generous: a set-up takes
 /// ~8 ms of CPU under emulation, and a burst of ten thousand connections on two threads
-/// waits its turn for ~40 s.
-const DIAL_QUEUE_MAX: Duration = Duration::from_secs(60);
+/// waits its turn for ~40 s (more while the device and the kernel are busy with the burst).
+const DIAL_QUEUE_MAX: Duration = Duration::from_secs(300);
 
 /// How often, at most, the engine looks at every connection it tracks while events keep it
 /// awake ([`State::scan`]): a timer moved by an event is seen that much later at worst.
@@ -113,8 +113,12 @@ const SCAN_EVERY: Duration = Duration::from_millis(10);
 /// The longest a dial may wait for its answer while its server's host keeps answering this
 /// process's other dials (see [`State::answering_until`]): as long as the server's matcher
 /// keeps an accepted connection waiting for its request while the client's host keeps
-/// sending them (`MatcherConfig::accepted_wait_max`), counted from the dial's start.
-const DIAL_ANSWER_MAX: Duration = Duration::from_secs(60);
+/// sending them (`MatcherConfig::accepted_wait_max`), counted from the dial's start. The
+/// waits it bounds end a connect timeout after the work they wait for last moved, so it
+/// matters only to a burst whose set-ups go on that long: ten thousand connections, set up
+/// at ~45 a second under emulation (the kernel resolves their routes one by one), take
+/// ~220 s.
+const DIAL_ANSWER_MAX: Duration = Duration::from_secs(300);
 
 /// Until when a dial that started at `since` may wait on, the work it waits for having last
 /// been seen to progress at `last`: a connect timeout past that, at most [`DIAL_ANSWER_MAX`]
@@ -939,6 +943,10 @@ struct Tracked {
     /// Client: the server redirected the dial to this rdma_cm port (a fork child of the
     /// server's that took the connection over); followed once.
     redirect: Option<u16>,
+    /// When the engine took the connection up: the waits that grow with queued work end at
+    /// most [`DIAL_ANSWER_MAX`] after this (a server's handshake; a client's dial counts from
+    /// its own start, `dial_at`).
+    since: Instant,
 }
 
 impl Tracked {
@@ -952,6 +960,7 @@ impl Tracked {
             key: None,
             uses_seen: 0,
             redirect: None,
+            since: Instant::now(),
         }
     }
 }
@@ -973,8 +982,10 @@ struct State {
     /// When the engine next looks for an io_uring instance ([`Self::look_for_io_uring`]):
     /// before it takes up a new connection and while it has connections, when due.
     uring_at: Instant,
-    /// Bytes the set-ups over RDMA under way will pin ([`Self::reserve_pinned`]).
+    /// Bytes the set-ups over RDMA under way will pin ([`Self::reserve_link`]).
     reserved: usize,
+    /// Memory mappings the set-ups under way will add ([`Self::reserve_link`]).
+    reserved_maps: usize,
     /// When the engine last looked at every connection it tracks ([`Self::scan`]).
     scanned_at: Instant,
     /// The earliest timer among them at that look (a dial's deadline, a link's, a close's
@@ -991,6 +1002,12 @@ struct State {
     /// while it answers, a dial still waiting for its own answer waits on
     /// ([`Self::answering_until`]).
     answered: HashMap<std::net::IpAddr, Instant>,
+    /// When the engine last found more events waiting for it than it takes at a time (a full
+    /// batch from `epoll_wait`): while it is behind, the progress that the waits of dials and
+    /// handshakes look for may be sitting in its own queue, unread ([`Self::progress`]).
+    backlog_at: Option<Instant>,
+    /// How long the last look at every connection took ([`Self::next_scan`]).
+    scan_cost: Duration,
 }
 
 /// The most bytes this process's connections over RDMA may pin (`RDMASHIM_PINNED_MIB`; by
@@ -1004,6 +1021,34 @@ fn pinned_cap() -> Option<usize> {
         rdmashim_core::set_pinned_limit(cap);
         cap
     })
+}
+
+/// The shim's share of the process's memory mappings: half of `vm.max_map_count` (read once;
+/// `None` if it cannot be read). The kernel counts the application's mappings against the
+/// same bound, and a program whose `mmap` fails (a thread's stack, an allocator's arena)
+/// would be worse off than without the shim: past its share, new connections stay TCP
+/// (`resources`).
+fn mappings_cap() -> Option<usize> {
+    static CAP: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        let max = match crate::fault::map_count() {
+            Some(n) => n,
+            None => {
+                let max = std::fs::read_to_string("/proc/sys/vm/max_map_count").ok()?;
+                max.trim().parse::<u64>().ok()?
+            }
+        };
+        usize::try_from(max / 2).ok()
+    })
+}
+
+/// Which of the process's limits one more connection would pass ([`State::reserve_link`]).
+#[derive(Clone, Copy, Debug)]
+enum Short {
+    /// The shim's cap on pinned memory ([`pinned_cap`]).
+    Pinned,
+    /// The shim's share of the memory mappings ([`mappings_cap`]).
+    Mappings,
 }
 
 /// What the engine watches on the socket of a connection the application closed ([`SOCK`]):
@@ -1074,11 +1119,14 @@ fn run(epfd: c_int, wake: c_int) {
         sockets_at: Instant::now() + SOCKET_CHECK,
         uring_at: Instant::now(),
         reserved: 0,
+        reserved_maps: 0,
         scanned_at: Instant::now(),
         conn_next: None,
         stale: false,
         resolved_at: None,
         answered: HashMap::new(),
+        backlog_at: None,
+        scan_cost: Duration::ZERO,
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -1111,6 +1159,9 @@ fn run(epfd: c_int, wake: c_int) {
         st.commands();
         st.finished();
         st.stale |= n > 0;
+        if n == evs.len() {
+            st.backlog_at = Some(Instant::now());
+        }
         for ev in &evs[..n] {
             let t = ev.u64;
             let (kind, value) = (t >> TOKEN_SHIFT, t & ((1 << TOKEN_SHIFT) - 1));
@@ -1223,12 +1274,13 @@ impl State {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         // (the connections' timers as of the last look at them all; after events, another
-        // look within SCAN_EVERY)
+        // look within SCAN_EVERY; neither before the looks' spacing allows)
         if let Some(d) = self.conn_next {
+            let d = d.max(self.next_scan());
             next = Some(next.map_or(d, |n| n.min(d)));
         }
         if self.stale {
-            let t = self.scanned_at + SCAN_EVERY;
+            let t = (self.scanned_at + SCAN_EVERY).max(self.next_scan());
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         match next {
@@ -1479,6 +1531,15 @@ impl State {
         // A peer of this host is dialled on the rendezvous name of its port (or the one its
         // token names), and the request goes at once with the bytes read so far (the link
         // catches up with later reads, as an RDMA dial's does).
+        // (a dial to a process of this host maps its rings as it starts, on this thread: the
+        // shim's share of the mappings is looked at here; an RDMA dial's, before its build)
+        if c.transport == Transport::Shm {
+            if let Err(short) = self.room_for(Transport::Shm) {
+                shim_log!(Level::Info, "dial {}: {}", c.peer, self.short(short));
+                c.fall_back(&mut c.lock(), FallbackReason::Resources);
+                return;
+            }
+        }
         let t0 = Instant::now();
         let started = match c.transport {
             Transport::Rdma => crate::probe::load_libraries().then(|| {
@@ -1612,16 +1673,8 @@ impl State {
         // Its route resolved: the endpoint is built by a setup thread (see `Job::Dial`), if
         // the process may pin its rings.
         if matches!(&g.phase, Phase::Dialing(d) if d.needs_build()) {
-            if !self.reserve_pinned() {
-                shim_log!(
-                    Level::Info,
-                    "dial {}: its rings would take the process's pinned memory past {} ({} registered, {} idle in the pool, {} being set up)",
-                    c.peer,
-                    crate::settings::PINNED_MIB.name,
-                    rdmashim_core::registered_bytes(),
-                    rdmashim_core::pool::pooled().1,
-                    self.reserved
-                );
+            if let Err(short) = self.reserve_link(Transport::Rdma) {
+                shim_log!(Level::Info, "dial {}: {}", c.peer, self.short(short));
                 c.fall_back(&mut g, FallbackReason::Resources);
                 return;
             }
@@ -1637,15 +1690,64 @@ impl State {
     /// connect timeout past the host's last answer to a dial of this process, at most
     /// [`DIAL_ANSWER_MAX`] after `since`; `None` if the host never answered.
     fn answering_until(&self, ip: std::net::IpAddr, since: Instant) -> Option<Instant> {
-        let last = *self.answered.get(&net::canonical_ip(ip))?;
-        Some(waits_on_until(last, since))
+        let last = self.answered.get(&net::canonical_ip(ip)).copied();
+        Some(waits_on_until(self.progress(last)?, since))
+    }
+
+    /// The later of `last` (when the work a wait looks at last moved) and the last time the
+    /// engine was behind on its events ([`Self::backlog_at`]): a burst of thousands of
+    /// connections queues their rdma_cm events faster than one engine thread takes them up
+    /// (under emulation), and the resolutions, answers and establishments it waits for may
+    /// have come and be waiting there. Measured in the VM with ten thousand: dials whose
+    /// progress sat in the engine's queue timed out (4,515), and servers gave up on links
+    /// whose clients took their answers up late (4,705: the clients' rdma_cm then refused the
+    /// late establishment, `CONNECT_ERROR` EINVAL).
+    fn progress(&self, last: Option<Instant>) -> Option<Instant> {
+        match (last, self.backlog_at) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A server's link whose handshake is past its deadline (its client has not taken up the
+    /// answer yet: no ESTABLISHED) waits on while the client's host keeps sending requests
+    /// (the matcher's record of it) or this engine is behind on its events: up to a connect
+    /// timeout past that, at most [`DIAL_ANSWER_MAX`] after `since`. A client working through
+    /// a burst's set-ups takes each answer up late, and one given up on here is lost on both
+    /// sides (the client's rdma_cm refuses the late establishment).
+    fn handshake_waits_on(&self, c: &Conn, g: &mut Inner, since: Instant, now: Instant) {
+        if c.side != Side::Server {
+            return;
+        }
+        let Phase::Linked(l) = &mut g.phase else {
+            return;
+        };
+        if l.conn().poll_timeout().is_none_or(|d| d > now) {
+            return;
+        }
+        let host = self
+            .matcher
+            .last_request_from(net::canonical_ip(c.peer.ip()));
+        let Some(last) = self.progress(host) else {
+            return;
+        };
+        let until = waits_on_until(last, since);
+        if l.conn_mut().wait_longer(until) {
+            shim_log!(
+                Level::Debug,
+                "server {} <- {}: its client goes on with others: the handshake waits until {:?} from now",
+                c.local,
+                c.peer,
+                until.saturating_duration_since(now)
+            );
+        }
     }
 
     /// Until when a dial that started at `since` may wait for this host's rdma_cm to resolve
     /// its address or route: a connect timeout past the last resolution this process saw
     /// end, at most [`DIAL_ANSWER_MAX`] after `since`; `None` if none ended yet.
     fn resolving_until(&self, since: Instant) -> Option<Instant> {
-        Some(waits_on_until(self.resolved_at?, since))
+        Some(waits_on_until(self.progress(self.resolved_at)?, since))
     }
 
     /// The host of `peer` answered a dial (accepted it, or its shim declined it).
@@ -1796,29 +1898,66 @@ impl State {
         true
     }
 
-    /// Whether one more connection over RDMA may be set up under the process's cap on pinned
-    /// memory ([`pinned_cap`]): what its registrations hold now (idle pooled kits aside, which
-    /// the next set-up takes over), what the set-ups under way will add, and what one
-    /// connection pins. If so, its share is reserved until its set-up ends
-    /// ([`Self::unreserve_pinned`], in [`Self::finish`]): set-ups run on several threads at
-    /// once, and none has registered anything when the next is decided.
-    fn reserve_pinned(&mut self) -> bool {
-        let per = link_config().pinned_per_connection();
-        if let Some(cap) = pinned_cap() {
-            let idle = rdmashim_core::pool::pooled().1;
-            let held = rdmashim_core::registered_bytes().saturating_sub(idle);
-            if held + self.reserved + per > cap {
-                return false;
-            }
+    /// Whether one more connection over `t` may be set up: under the process's cap on pinned
+    /// memory ([`pinned_cap`], RDMA only): what its registrations hold now (idle pooled kits
+    /// aside, which the next set-up takes over), what the set-ups under way will add, and what
+    /// one connection pins; and under the shim's share of the process's memory mappings
+    /// ([`mappings_cap`]), counted likewise. If so, its share of both is reserved until its
+    /// set-up ends ([`Self::unreserve_link`], in [`Self::finish`]): set-ups run on several
+    /// threads at once, and none has registered or mapped anything when the next is decided.
+    fn reserve_link(&mut self, t: Transport) -> Result<(), Short> {
+        self.room_for(t)?;
+        if t == Transport::Rdma {
+            self.reserved += link_config().pinned_per_connection();
         }
-        self.reserved += per;
-        true
+        self.reserved_maps += t.mappings_per_link();
+        Ok(())
     }
 
-    /// A set-up over RDMA ended (see [`Self::reserve_pinned`]).
-    fn unreserve_pinned(&mut self) {
-        let per = link_config().pinned_per_connection();
-        self.reserved = self.reserved.saturating_sub(per);
+    /// Whether one more connection over `t` fits (see [`Self::reserve_link`]), without
+    /// reserving anything.
+    fn room_for(&self, t: Transport) -> Result<(), Short> {
+        if let (Some(cap), Transport::Rdma) = (pinned_cap(), t) {
+            let idle = rdmashim_core::pool::pooled().1;
+            let held = rdmashim_core::registered_bytes().saturating_sub(idle);
+            if held + self.reserved + link_config().pinned_per_connection() > cap {
+                return Err(Short::Pinned);
+            }
+        }
+        if let Some(cap) = mappings_cap() {
+            if rdmashim_core::mappings() + self.reserved_maps + t.mappings_per_link() > cap {
+                return Err(Short::Mappings);
+            }
+        }
+        Ok(())
+    }
+
+    /// A set-up over `t` ended (see [`Self::reserve_link`]).
+    fn unreserve_link(&mut self, t: Transport) {
+        if t == Transport::Rdma {
+            let per = link_config().pinned_per_connection();
+            self.reserved = self.reserved.saturating_sub(per);
+        }
+        self.reserved_maps = self.reserved_maps.saturating_sub(t.mappings_per_link());
+    }
+
+    /// Why one more connection may not be set up, for the log.
+    fn short(&self, short: Short) -> String {
+        match short {
+            Short::Pinned => format!(
+                "its rings would take the process's pinned memory past {} ({} registered, {} idle in the pool, {} being set up)",
+                crate::settings::PINNED_MIB.name,
+                rdmashim_core::registered_bytes(),
+                rdmashim_core::pool::pooled().1,
+                self.reserved
+            ),
+            Short::Mappings => format!(
+                "its rings would take the process's memory mappings past the shim's share, half of vm.max_map_count ({} held, {} being set up, {} allowed)",
+                rdmashim_core::mappings(),
+                self.reserved_maps,
+                mappings_cap().unwrap_or(0)
+            ),
+        }
     }
 
     /// Runs `job` on the setup thread (or here, if that thread cannot be started).
@@ -1844,9 +1983,8 @@ impl State {
         self.stale = true;
         // (what the set-up pinned is among the process's registrations now, or it failed)
         match &done {
-            Done::Dialed(..) => self.unreserve_pinned(),
-            Done::Accepted(c, _) if c.transport == Transport::Rdma => self.unreserve_pinned(),
-            Done::Accepted(..) => {}
+            Done::Dialed(..) => self.unreserve_link(Transport::Rdma),
+            Done::Accepted(c, _) => self.unreserve_link(c.transport),
         }
         match done {
             Done::Dialed(c, d, built) => {
@@ -2043,13 +2181,13 @@ impl State {
             self.offers();
             return;
         }
-        if c.transport == Transport::Rdma && !self.reserve_pinned() {
+        if let Err(short) = self.reserve_link(c.transport) {
             shim_log!(
                 Level::Info,
-                "server {} <- {}: its rings would take the process's pinned memory past {}",
+                "server {} <- {}: {}",
                 c.local,
                 c.peer,
-                crate::settings::PINNED_MIB.name
+                self.short(short)
             );
             c.fall_back(&mut g, FallbackReason::Resources);
             inc.reject(RejectReason::Resources);
@@ -2314,9 +2452,23 @@ impl State {
         // wake, which under a burst of thousands of connections came thousands of times a
         // second and took every connection's lock twice (issue 28).
         let due_now = self.conn_next.is_some_and(|d| d <= now);
-        if due_now || (self.stale && now >= self.scanned_at + SCAN_EVERY) {
+        if now >= self.next_scan()
+            && (due_now || (self.stale && now >= self.scanned_at + SCAN_EVERY))
+        {
+            let t0 = Instant::now();
             self.scan(now);
+            self.scan_cost = t0.elapsed();
         }
+    }
+
+    /// The earliest the next look at every connection may come: the looks take at most a
+    /// fifth of the engine's time. With ten thousand connections one look takes milliseconds
+    /// (tens under emulation) and, each dial having its deadline, one timer or another is
+    /// always due: looks back to back would leave the events — the resolutions, answers and
+    /// establishments the dials wait for — queued. A timer is acted on that much later at
+    /// worst (a fraction of a millisecond with a few hundred connections).
+    fn next_scan(&self) -> Instant {
+        self.scanned_at + self.scan_cost * 4
     }
 
     /// One look at every tracked connection: acts on the timers that are due, forgets the
@@ -2347,7 +2499,7 @@ impl State {
             let Some(t) = self.conns.get(&slot) else {
                 continue;
             };
-            let c = t.conn.clone();
+            let (c, since) = (t.conn.clone(), t.since);
             let dialing = matches!(c.lock().phase, Phase::Dialing(_));
             let unsure = c.lock().unsure.is_some();
             if unsure {
@@ -2356,6 +2508,7 @@ impl State {
                 self.dial_event(slot);
             } else {
                 let mut g = c.lock();
+                self.handshake_waits_on(&c, &mut g, since, now);
                 c.watch_acks(&mut g, now);
                 c.drive(&mut g, true);
                 super::ready::after_change(&c, &mut g);

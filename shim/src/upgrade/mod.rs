@@ -1977,6 +1977,8 @@ pub(crate) fn link_config() -> &'static StreamConfig {
         c.ring_size = START_RING.min(c.ring_size);
         c.protocol.ring_moves = true;
         c.protocol.ring_max = rdmashim_proto::RingSize::new(shm_config().ring_size as u64).ok();
+        // (0..=31 by the setting's range)
+        c.ack_timeout = crate::config::get().ack_timeout as u8;
         c
     })
 }
