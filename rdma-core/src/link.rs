@@ -93,7 +93,8 @@ pub struct StreamConfig {
     pub protocol: Config,
 }
 
-/// [`StreamConfig::ack_timeout_for`] for the setting `ack_timeout`.
+/// The ACK timeout exponent to give a queue pair on a device that is software or not, by the
+/// setting `ack_timeout` ([`StreamConfig::ack_timeout`]); `None`: rdma_cm's.
 fn ack_timeout_for(ack_timeout: u8, software: bool) -> Option<u8> {
     match ack_timeout {
         0 if software => Some(SOFTWARE_ACK_TIMEOUT),
@@ -140,12 +141,6 @@ impl Default for StreamConfig {
 }
 
 impl StreamConfig {
-    /// The ACK timeout exponent to give a queue pair on a device that is software or not
-    /// (`None`: rdma_cm's), by [`Self::ack_timeout`].
-    pub fn ack_timeout_for(&self, software: bool) -> Option<u8> {
-        ack_timeout_for(self.ack_timeout, software)
-    }
-
     /// The memory one connection of this configuration registers (and the kernel pins): its
     /// receive ring and its send staging ring (the peer's size, taken to be this one), each
     /// registered over both views of its double mapping, and its receive and control-send

@@ -1934,7 +1934,7 @@ impl State {
     /// set-up ends ([`unreserve_link`], by the setup thread as the job ends): set-ups run on
     /// several threads at once, and none has registered or mapped anything when the next is
     /// decided.
-    fn reserve_link(&mut self, t: Transport) -> Result<(), Short> {
+    fn reserve_link(&self, t: Transport) -> Result<(), Short> {
         self.room_for(t)?;
         if t == Transport::Rdma {
             RESERVED.fetch_add(link_config().pinned_per_connection(), Ordering::AcqRel);
