@@ -36,6 +36,20 @@
  *       each one's round trip: median and 99th percentile):
  *       {"echo_ms":..,"rtt_p50_us":..,"rtt_p99_us":..,"pinned_kib":..,"rss_kib":..} (this
  *       process's VmPin and VmRSS then), and it closes them. The server is not asked anything: it serves exactly N.
+ *   sockbench client IP PORT multi K SIZE SECONDS up|down|both [WARMUP]
+ *       busy connections side by side (scripts/bench-scale's traffic patterns): opens K
+ *       connections and one more for a 64 B ping-pong, then, for WARMUP (default 2) seconds
+ *       uncounted and SECONDS counted, streams SIZE-byte writes on every one of the K: `up`
+ *       from this process to the server (N-to-1 at the server), `down` from the server to this
+ *       process (1-to-N), `both` ways at once (N-to-N). Each receiver counts the bytes it
+ *       received within the counted window (the window is sent to the server as wall-clock
+ *       times: one host's clock, or hosts kept in step); the server sends its count when this process
+ *       shuts its sending side. The ping-pong runs through the same window:
+ *       {"mode":..,"conns":K,"gbit_s":..,"up_gbit_s":..,"down_gbit_s":..,"min_conn_gbit_s":..,
+ *        "max_conn_gbit_s":..,"p50_us":..,"p99_us":..,"samples":..,"tsc":0|1}
+ *       (aggregate rates; one connection's slowest and fastest, both ways added; the
+ *       ping-pong's one-way latency as in pp, null if no round trip started in the window
+ *       finished: a ping-pong starved by the busy ones)
  *   sockbench client IP PORT first SIZE SECONDS
  *       a fresh process's one short connection (as conn), then SECONDS idle, so that work a
  *       preload does in the background for it is done: the connection's time and the CPU time
@@ -77,6 +91,14 @@ static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* How far the wall clock is ahead of now()'s: a time both ends of a connection understand (one
+ * host's clock, or hosts kept in step) is now() + wall_offset(). */
+static double wall_offset(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec + t.tv_nsec / 1e9 - now();
 }
 
 /* The ping-pong's clock: the CPU's time-stamp counter on x86-64 (as perftest times
@@ -171,6 +193,68 @@ static void one_conn(const struct sockaddr_in *a, char *msg, uint32_t size) {
     if (close(c)) die("close");
 }
 
+/* The busy modes' sending side: SIZE-byte writes until the window's end (or the peer is gone). */
+struct sender {
+    int c;
+    uint32_t size;
+    double until;
+    char *buf;
+};
+
+static void *send_until(void *arg) {
+    struct sender *s = arg;
+    while (now() < s->until)
+        if (full(s->c, s->buf, s->size, 0)) break;
+    return NULL;
+}
+
+/* A busy connection's receiving side (both ends): every byte until the end of the stream,
+ * those received within [from, until) counted; the last 8 bytes kept (the server's count,
+ * which follows the window). */
+struct received {
+    uint64_t counted, total, last8;
+    int error; /* the stream ended with an error, not its end */
+};
+
+static struct received receive_counting(int c, char *buf, uint32_t size, double from, double until) {
+    struct received v = {0};
+    ssize_t r;
+    while ((r = recv(c, buf, size, 0)) > 0 || (r < 0 && errno == EINTR)) {
+        if (r <= 0) continue;
+        double t = now();
+        if (t >= from && t < until) v.counted += (uint64_t)r;
+        v.total += (uint64_t)r;
+        /* (the last 8 bytes of the stream, across recv boundaries) */
+        for (ssize_t i = r > 8 ? r - 8 : 0; i < r; i++) v.last8 = v.last8 << 8 | (unsigned char)buf[i];
+    }
+    v.error = r < 0;
+    return v;
+}
+
+/* The server's end of a busy connection ('U' up, 'D' down, 'B' both): the window follows the
+ * header, as wall-clock times (a server's thread that starts late still counts what arrives
+ * within the client's window); its count of received bytes goes back once the client has shut
+ * its sending side (big-endian, 8 bytes: the client reads the stream's last 8). */
+static void serve_busy(int c, unsigned char mode, uint32_t size, char *buf) {
+    double w[2];
+    if (full(c, w, sizeof w, 1)) return;
+    double off = wall_offset(), from = w[0] - off, until = w[1] - off;
+    if (!(until > from && until < now() + 3600)) return;
+    struct sender s = {c, size, until, NULL};
+    pthread_t th;
+    int sending = 0;
+    if (mode != 'U') {
+        s.buf = calloc(1, size);
+        sending = s.buf && !pthread_create(&th, NULL, send_until, &s);
+    }
+    uint64_t got = receive_counting(c, buf, size, from, until).counted;
+    if (sending) pthread_join(th, NULL);
+    free(s.buf);
+    unsigned char be[8];
+    for (int i = 0; i < 8; i++) be[i] = (unsigned char)(got >> (56 - 8 * i));
+    full(c, be, 8, 0);
+}
+
 static void serve(int c) {
     unsigned char hdr[5];
     if (full(c, hdr, 5, 1)) return;
@@ -179,7 +263,9 @@ static void serve(int c) {
     if (size == 0 || size > (1u << 24)) return;
     char *buf = malloc(size);
     if (!buf) return;
-    if (hdr[0] == 'C') {
+    if (hdr[0] == 'U' || hdr[0] == 'D' || hdr[0] == 'B') {
+        serve_busy(c, hdr[0], size, buf);
+    } else if (hdr[0] == 'C') {
         if (!full(c, buf, size, 1)) full(c, buf, size, 0);
     } else if (hdr[0] == 'P' || hdr[0] == 'H') {
         double cpu0 = cpu_now();
@@ -355,6 +441,135 @@ static int burst(const struct sockaddr_in *a, int n, double secs) {
     return 0;
 }
 
+/* multi: see the top. One connection's two sides in this process. */
+struct busy {
+    int c, sends;
+    uint32_t size;
+    double from, until; /* the counted window, this process's clock */
+    struct received got; /* .counted: bytes from the server within it; .last8: the server's count */
+};
+
+static void *busy_send(void *arg) {
+    struct busy *b = arg;
+    char *buf = calloc(1, b->size);
+    if (!buf) die("calloc");
+    if (b->sends) {
+        while (now() < b->until)
+            if (full(b->c, buf, b->size, 0)) die("send");
+    } else {
+        idle(b->until - now());
+    }
+    if (shutdown(b->c, SHUT_WR)) die("shutdown");
+    free(buf);
+    return NULL;
+}
+
+static void *busy_recv(void *arg) {
+    struct busy *b = arg;
+    char *buf = malloc(b->size);
+    if (!buf) die("malloc");
+    b->got = receive_counting(b->c, buf, b->size, b->from, b->until);
+    errno = 0;
+    if (b->got.error || b->got.total < 8) die("a busy connection's stream");
+    free(buf);
+    return NULL;
+}
+
+/* The ping-pong among the busy connections: 64 B round trips through the window, those that
+ * start within it timed (the time-stamp counter as in pp, its rate taken over the window). */
+struct pingpong {
+    int c;
+    double from, until;
+    double *rtt;
+    size_t n;
+    int tsc;
+};
+
+static void *pingpong_run(void *arg) {
+    struct pingpong *p = arg;
+    char msg[64] = {0};
+    size_t cap = 1 << 16;
+    double t_first = 0, t_last = 0;
+    uint64_t k_first = 0, k_last = 0;
+    p->rtt = malloc(cap * sizeof *p->rtt);
+    if (!p->rtt) die("malloc");
+    for (;;) {
+        double t = now();
+        uint64_t k = ticks();
+        if (t >= p->until) { t_last = t, k_last = k; break; }
+        if (full(p->c, msg, sizeof msg, 0) || full(p->c, msg, sizeof msg, 1)) die("the ping-pong");
+        if (t < p->from) continue;
+        if (t_first == 0) t_first = t, k_first = k;
+        if (p->n == cap && !(p->rtt = realloc(p->rtt, (cap *= 2) * sizeof *p->rtt))) die("realloc");
+        p->rtt[p->n++] = p->tsc ? (double)(ticks() - k) : now() - t;
+    }
+    if (p->tsc && p->n) {
+        double hz = (double)(k_last - k_first) / (t_last - t_first);
+        if (!(hz > 5e7 && hz < 2e10)) {
+            errno = 0;
+            fprintf(stderr, "sockbench: the time-stamp counter's rate (%.0f Hz) is not believable: run with SOCKBENCH_CLOCK=mono\n", hz);
+            exit(1);
+        }
+        for (size_t i = 0; i < p->n; i++) p->rtt[i] /= hz;
+    }
+    return NULL;
+}
+
+static int multi(const struct sockaddr_in *a, int k, uint32_t size, double secs, char mode, double warmup) {
+    struct busy *b = calloc((size_t)k, sizeof *b);
+    pthread_t *th = calloc((size_t)k * 2 + 1, sizeof *th);
+    if (!b || !th) die("calloc");
+    for (int i = 0; i < k; i++) b[i].c = dial(a);
+    struct pingpong pp = {.c = dial(a), .tsc = tsc_wanted()};
+    unsigned char php[5] = {'P', 64, 0, 0, 0};
+    if (full(pp.c, php, 5, 0)) die("send");
+    /* (the window starts once all are open: dialling is not counted) */
+    double from = now() + warmup, until = from + secs, off = wall_offset();
+    pthread_attr_t small;
+    pthread_attr_init(&small);
+    pthread_attr_setstacksize(&small, 256 << 10);
+    /* (every header before any stream starts: the streams would slow the later headers) */
+    for (int i = 0; i < k; i++) {
+        unsigned char hdr[5 + 2 * sizeof(double)] = {(unsigned char)mode};
+        double w[2] = {from + off, until + off};
+        memcpy(hdr + 1, &size, 4);
+        memcpy(hdr + 5, w, sizeof w);
+        if (full(b[i].c, hdr, sizeof hdr, 0)) die("send");
+        b[i].size = size, b[i].from = from, b[i].until = until, b[i].sends = mode != 'D';
+    }
+    for (int i = 0; i < k; i++) {
+        if (pthread_create(&th[2 * i], &small, busy_send, &b[i]) ||
+            pthread_create(&th[2 * i + 1], &small, busy_recv, &b[i]))
+            die("pthread_create");
+    }
+    pp.from = from, pp.until = until;
+    if (pthread_create(&th[2 * k], &small, pingpong_run, &pp)) die("pthread_create");
+    for (int i = 0; i < 2 * k + 1; i++) pthread_join(th[i], NULL);
+    close(pp.c);
+    uint64_t up = 0, down = 0;
+    double lo = 0, hi = 0;
+    for (int i = 0; i < k; i++) {
+        double g = (double)(b[i].got.last8 + b[i].got.counted) * 8 / secs / 1e9;
+        up += b[i].got.last8, down += b[i].got.counted;
+        if (i == 0 || g < lo) lo = g;
+        if (i == 0 || g > hi) hi = g;
+        close(b[i].c);
+    }
+    /* (a ping-pong starved of every round trip in the window is a result, not an error:
+     * its latencies are null) */
+    char p50[32] = "null", p99[32] = "null";
+    if (pp.n) {
+        qsort(pp.rtt, pp.n, sizeof *pp.rtt, cmp);
+        snprintf(p50, sizeof p50, "%.3f", pp.rtt[pp.n / 2] / 2 * 1e6);
+        snprintf(p99, sizeof p99, "%.3f", pp.rtt[(size_t)(pp.n * 0.99)] / 2 * 1e6);
+    }
+    printf("{\"mode\": \"%s\", \"conns\": %d, \"gbit_s\": %.4f, \"up_gbit_s\": %.4f, \"down_gbit_s\": %.4f, "
+           "\"min_conn_gbit_s\": %.4f, \"max_conn_gbit_s\": %.4f, \"p50_us\": %s, \"p99_us\": %s, \"samples\": %zu, \"tsc\": %d}\n",
+           mode == 'U' ? "up" : mode == 'D' ? "down" : "both", k, (double)(up + down) * 8 / secs / 1e9,
+           (double)up * 8 / secs / 1e9, (double)down * 8 / secs / 1e9, lo, hi, p50, p99, pp.n, pp.tsc);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int one = 1;
     if ((argc == 4 || (argc == 5 && !strcmp(argv[4], "epoll"))) && !strcmp(argv[1], "server")) {
@@ -362,6 +577,7 @@ int main(int argc, char **argv) {
         sa.sa_handler = on_signal; /* no SA_RESTART: accept() returns EINTR */
         sigaction(SIGTERM, &sa, NULL);
         sigaction(SIGINT, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN); /* (a busy client gone mid-stream: its send fails, no more) */
         struct sockaddr_in a = addr(argv[2], argv[3]);
         int l = socket(AF_INET, SOCK_STREAM, 0);
         setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -387,9 +603,9 @@ int main(int argc, char **argv) {
                 loop_add(lp, c);
                 continue;
             }
-            /* (a held connection gets a thread: the others are served one at a time) */
+            /* (a held or busy connection gets a thread: the others are served one at a time) */
             unsigned char h;
-            if (recv(c, &h, 1, MSG_PEEK) == 1 && h == 'H' &&
+            if (recv(c, &h, 1, MSG_PEEK) == 1 && strchr("HUDB", h) && h &&
                 !pthread_create(&t, &small, serve_thread, (void *)(intptr_t)c)) {
                 pthread_detach(t);
                 continue;
@@ -412,10 +628,24 @@ int main(int argc, char **argv) {
         if (n <= 0) { errno = EINVAL; die("burst: N"); }
         return burst(&a, n, atof(argv[6]));
     }
+    if ((argc == 9 || argc == 10) && !strcmp(argv[1], "client") && !strcmp(argv[4], "multi")) {
+        struct sockaddr_in a = addr(argv[2], argv[3]);
+        int k = atoi(argv[5]);
+        long size = atol(argv[6]);
+        double secs = atof(argv[7]), warmup = argc == 10 ? atof(argv[9]) : 2;
+        const char *m = argv[8];
+        char mode = !strcmp(m, "up") ? 'U' : !strcmp(m, "down") ? 'D' : !strcmp(m, "both") ? 'B' : 0;
+        errno = EINVAL;
+        if (k <= 0 || k > 10000) die("multi: K");
+        if (size <= 0 || size > (1 << 24)) die("multi: SIZE");
+        if (!(secs > 0 && secs < 3000) || !(warmup >= 0 && warmup < 600)) die("multi: SECONDS, WARMUP");
+        if (!mode) die("multi: up, down or both");
+        return multi(&a, k, (uint32_t)size, secs, mode, warmup);
+    }
     int conn = argc >= 5 && !strcmp(argv[4], "conn"), first = argc >= 5 && !strcmp(argv[4], "first");
     if ((argc != 7 && !(!first && argc == 8)) || strcmp(argv[1], "client") ||
         (strcmp(argv[4], "pp") && strcmp(argv[4], "stream") && !conn && !first)) {
-        fprintf(stderr, "usage: sockbench server IP PORT [epoll] | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP] | sockbench client IP PORT hold|burst N SECONDS\n");
+        fprintf(stderr, "usage: sockbench server IP PORT [epoll] | sockbench client IP PORT pp|stream|conn|first SIZE SECONDS [WARMUP] | sockbench client IP PORT hold|burst N SECONDS | sockbench client IP PORT multi K SIZE SECONDS up|down|both [WARMUP]\n");
         return 2;
     }
     int pp = !strcmp(argv[4], "pp");
