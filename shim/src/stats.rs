@@ -13,7 +13,7 @@
 //! `{"pid":N,"ppid":N,"program":"<name>"|null,"version":"<crate version>","started_unix_ms":N,
 //! "ended_unix_ms":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"path_failed":N,"fallback":N,
 //! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N,"shm_tx":N,"shm_rx":N},
-//! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N},"output":{"log_dropped":N},
+//! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N,"spin_crowded":N},"output":{"log_dropped":N},
 //! "security":{"unproven_requests":N},"fds":{"missed_closes":N}}`
 //! Every hook and every reason is always present (zeros included), in a fixed order. The
 //! program's name is the only text that comes from outside; it is escaped as JSON needs.
@@ -75,6 +75,9 @@ impl Bytes {
     }
 }
 
+/// How many kinds of [`Wait`].
+const WAITS: usize = 5;
+
 /// How the blocked data calls on upgraded connections waited: the end of each busy-poll
 /// (see `spin::wait::limit`) and each sleep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,14 +87,18 @@ pub enum Wait {
     SpinMiss = 1,
     SpinPreempted = 2,
     Slept = 3,
+    /// A wait its connection's gate would have spun that did not, since as many of the
+    /// process's threads as may were spinning already (`spin::wait::spinners_max`).
+    SpinCrowded = 4,
 }
 
 impl Wait {
-    pub const ALL: [Wait; 4] = [
+    pub const ALL: [Wait; WAITS] = [
         Wait::SpinHit,
         Wait::SpinMiss,
         Wait::SpinPreempted,
         Wait::Slept,
+        Wait::SpinCrowded,
     ];
     pub const fn name(self) -> &'static str {
         match self {
@@ -99,6 +106,7 @@ impl Wait {
             Wait::SpinMiss => "spin_miss",
             Wait::SpinPreempted => "spin_preempted",
             Wait::Slept => "slept",
+            Wait::SpinCrowded => "spin_crowded",
         }
     }
 }
@@ -109,7 +117,7 @@ impl Wait {
 pub struct Shard {
     calls: [AtomicU64; Hook::COUNT],
     bytes: [AtomicU64; BYTES],
-    waits: [AtomicU64; 4],
+    waits: [AtomicU64; WAITS],
 }
 
 impl Shard {
@@ -117,7 +125,7 @@ impl Shard {
         Shard {
             calls: [const { AtomicU64::new(0) }; Hook::COUNT],
             bytes: [const { AtomicU64::new(0) }; BYTES],
-            waits: [const { AtomicU64::new(0) }; 4],
+            waits: [const { AtomicU64::new(0) }; WAITS],
         }
     }
 }
@@ -353,7 +361,7 @@ pub struct Snapshot {
     pub fallback: u64,
     pub reasons: [u64; FallbackReason::COUNT],
     pub bytes: [u64; BYTES],
-    pub waits: [u64; 4],
+    pub waits: [u64; WAITS],
     pub log_dropped: u64,
     pub unproven_requests: u64,
     pub missed_closes: u64,
@@ -375,7 +383,7 @@ impl Snapshot {
             fallback: 0,
             reasons: [0; FallbackReason::COUNT],
             bytes: [0; BYTES],
-            waits: [0; 4],
+            waits: [0; WAITS],
             log_dropped: 0,
             unproven_requests: 0,
             missed_closes: 0,
@@ -618,7 +626,7 @@ mod tests {
         s.calls = [u64::MAX; Hook::COUNT];
         s.reasons = [u64::MAX; FallbackReason::COUNT];
         s.bytes = [u64::MAX; BYTES];
-        s.waits = [u64::MAX; 4];
+        s.waits = [u64::MAX; WAITS];
         s.upgraded = u64::MAX;
         s.fallback = u64::MAX;
         s.log_dropped = u64::MAX;
