@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 const IN_SHIM: u32 = 1 << 31;
 const RESOLVING: u32 = 1 << 30;
+/// One of the shim's own threads (the engine, a setup thread): see [`internal_thread`].
+const INTERNAL: u32 = 1 << 29;
 const SHARD_MASK: u32 = 0xffff;
 
 thread_local! {
@@ -81,7 +83,13 @@ pub fn after_fork_child() {
 /// threads: the fast paths it may still take only pass through fds the table does not track
 /// as upgraded (the engine's own calls on its own fds), at the cost of being counted.
 pub fn mark_internal_thread() {
-    store(load() | IN_SHIM);
+    store(load() | IN_SHIM | INTERNAL);
+}
+
+/// Whether the calling thread is one of the shim's own ([`mark_internal_thread`]), not an
+/// application's thread inside a [`Section`].
+pub fn internal_thread() -> bool {
+    load() & INTERNAL != 0
 }
 
 /// RAII: the current thread is running shim-internal code; hooks it reaches pass through.

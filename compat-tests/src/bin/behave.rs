@@ -4090,7 +4090,7 @@ mod burst {
     /// What each connection carries after the go.
     pub const BYTES: usize = 16 * 1024;
 
-    fn conns() -> usize {
+    pub(super) fn conns() -> usize {
         std::env::var("BEHAVE_CONNS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -4099,7 +4099,7 @@ mod burst {
 
     /// As many descriptors as the hard limit allows: a thousand connections take a few
     /// thousand (the shim's own among them).
-    fn raise_nofile() {
+    pub(super) fn raise_nofile() {
         let mut l = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -4113,7 +4113,7 @@ mod burst {
         }
     }
 
-    fn spawn_small<F: FnOnce() + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
+    pub(super) fn spawn_small<F: FnOnce() + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
         std::thread::Builder::new()
             .stack_size(256 * 1024)
             .spawn(f)
@@ -4188,6 +4188,126 @@ mod burst {
         for (i, mut s) in ss.into_iter().enumerate() {
             s.shutdown(Shutdown::Write).unwrap();
             assert_eq!(read_to_eof(&mut s), b"", "connection {i}");
+        }
+    }
+}
+
+/// Connections that stream from their first byte (issue 28's traffic patterns): the client
+/// opens `BEHAVE_CONNS` connections, and on each at once a thread of its own writes its
+/// index, then 64 KiB blocks of a pattern of its own, for as long as it takes (until the
+/// `BEHAVE_GO` file appears), while another waits to read: their upgrades are set up while
+/// every connection keeps its lock busy. Then it shuts its side, and the server, which checked
+/// the blocks' numbers and patterns (see `block`), answers with the count, which must be what
+/// was sent.
+mod streams {
+    use super::*;
+
+    const BLOCK: usize = 64 * 1024;
+
+    /// The servers' counts, as each connection's reader got them: (connection, bytes).
+    static SENT_COUNTS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+    /// Connection `i`'s block number `k`: its number and the connection's, then a pattern of
+    /// the connection's own. (The reader checks the numbers of every block, and the whole of
+    /// one block in 64: it must keep pace with the writers, or they would wait on full
+    /// buffers, letting go of their connections' locks.)
+    fn block(i: u64, k: u64, b: &mut [u8]) {
+        if k == 0 {
+            b.copy_from_slice(&pattern(BLOCK, (i * 7 + 1) as u8));
+        }
+        b[..8].copy_from_slice(&k.to_le_bytes());
+        b[8..16].copy_from_slice(&i.to_le_bytes());
+    }
+
+    /// Fills `buf` from `s`: false at the stream's end before its first byte.
+    fn read_block(s: &mut TcpStream, buf: &mut [u8]) -> bool {
+        let mut got = 0;
+        while got < buf.len() {
+            match s.read(&mut buf[got..]).expect("read") {
+                0 if got == 0 => return false,
+                0 => panic!("the stream ended inside a block ({got} of {})", buf.len()),
+                k => got += k,
+            }
+        }
+        true
+    }
+
+    pub fn serve(l: TcpListener) {
+        burst::raise_nofile();
+        let threads: Vec<_> = (0..burst::conns())
+            .map(|_| {
+                let (mut s, _) = l.accept().expect("accept");
+                burst::spawn_small(move || {
+                    s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
+                    let mut idx = [0u8; 8];
+                    s.read_exact(&mut idx).expect("the connection's index");
+                    let i = u64::from_le_bytes(idx);
+                    let (mut want, mut got) = (vec![0u8; BLOCK], vec![0u8; BLOCK]);
+                    let mut k = 0u64;
+                    while read_block(&mut s, &mut got) {
+                        block(i, k, &mut want);
+                        let whole = k.is_multiple_of(64);
+                        assert!(
+                            got[..16] == want[..16] && (!whole || got == want),
+                            "connection {i}: block {k} came different"
+                        );
+                        k += 1;
+                    }
+                    s.write_all(&(k * BLOCK as u64).to_le_bytes())
+                        .expect("write the count");
+                    s.shutdown(Shutdown::Write).unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a connection's thread failed");
+        }
+    }
+
+    pub fn client(addr: SocketAddr) {
+        burst::raise_nofile();
+        let go = std::env::var_os("BEHAVE_GO")
+            .map(std::path::PathBuf::from)
+            .expect("BEHAVE_GO");
+        let threads: Vec<_> = (0..burst::conns() as u64)
+            .map(|i| {
+                let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {i}: {e}"));
+                let go = go.clone();
+                // (a thread already waits for the server's count, as a full-duplex
+                // application's reader would, while the writer streams)
+                let mut r = s.try_clone().expect("try_clone");
+                let reader = burst::spawn_small(move || {
+                    r.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
+                    let mut count = [0u8; 8];
+                    r.read_exact(&mut count).expect("the server's count");
+                    assert_eq!(read_to_eof(&mut r), b"", "connection {i}");
+                    SENT_COUNTS
+                        .lock()
+                        .unwrap()
+                        .push((i, u64::from_le_bytes(count)));
+                });
+                burst::spawn_small(move || {
+                    s.write_all(&i.to_le_bytes()).expect("write the index");
+                    let until = Instant::now() + Duration::from_secs(600);
+                    let mut b = vec![0u8; BLOCK];
+                    let mut k = 0u64;
+                    while !go.exists() {
+                        assert!(Instant::now() < until, "no go within 10 minutes");
+                        block(i, k, &mut b);
+                        s.write_all(&b).expect("write");
+                        k += 1;
+                    }
+                    s.shutdown(Shutdown::Write).unwrap();
+                    reader.join().expect("the reader");
+                    let counts = SENT_COUNTS.lock().unwrap();
+                    let got = counts.iter().find(|(j, _)| *j == i).map(|(_, c)| *c);
+                    assert_eq!(got, Some(k * BLOCK as u64), "connection {i}: bytes lost");
+                })
+            })
+            .collect();
+        ready();
+        for t in threads {
+            t.join().expect("a connection's thread failed");
         }
     }
 }
@@ -4307,6 +4427,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
 const LISTENER_SCENARIOS: &[(&str, ListenerServer, Client)] = &[
     ("prefork", prefork::serve, prefork::client),
     ("burst", burst::serve, burst::client),
+    ("streams", streams::serve, streams::client),
     ("epoll_reuse", epoll_reuse::serve, epoll_reuse::client),
     ("fork_dial", fork_dial::serve, fork_dial::client),
     ("setuid", setuid::serve, setuid::client),
