@@ -39,7 +39,7 @@ use rdmashim_proto::{Flags, Proof, RejectReason, Side, TcpTuple};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Token kinds of the engine's epoll set (kind << 48 | value: a listener id, or a slot
@@ -981,6 +981,38 @@ struct Tracked {
     /// most [`DIAL_ANSWER_MAX`] after this (a server's handshake; a client's dial counts from
     /// its own start, `dial_at`).
     since: Instant,
+    /// Since when the engine's looks at every connection found its lock taken, each time
+    /// (see [`look`]).
+    busy_since: Option<Instant>,
+}
+
+/// The longest the engine's looks at every connection pass one by whose lock an application
+/// thread holds each time (see [`look`]).
+const BUSY_LOOK_MAX: Duration = Duration::from_secs(1);
+
+/// A connection's lock for one of the engine's looks at every connection ([`State::scan`], its
+/// ack watch, its reaping): not waited for while an application thread holds it — that
+/// thread is using the connection, and the look comes again within [`SCAN_EVERY`] — unless
+/// every look found it taken for [`BUSY_LOOK_MAX`]. Under emulation an application thread
+/// holds its connection's lock across a TCP send or receive of tens of milliseconds (a system
+/// call, and the thread preempted in it): thirty streaming connections made each look wait
+/// on one lock after the other, seconds in all, while replies to other upgrades waited in the
+/// engine's queue and their servers gave them up.
+fn look<'a>(
+    conn: &'a Conn,
+    busy_since: &mut Option<Instant>,
+    now: Instant,
+) -> Option<MutexGuard<'a, Inner>> {
+    if let Some(g) = conn.try_lock() {
+        *busy_since = None;
+        return Some(g);
+    }
+    let since = *busy_since.get_or_insert(now);
+    if now.saturating_duration_since(since) < BUSY_LOOK_MAX {
+        return None;
+    }
+    *busy_since = None;
+    Some(conn.lock())
 }
 
 impl Tracked {
@@ -995,6 +1027,7 @@ impl Tracked {
             uses_seen: 0,
             redirect: None,
             since: Instant::now(),
+            busy_since: None,
         }
     }
 }
@@ -2495,8 +2528,15 @@ impl State {
         self.scanned_at = now;
         let mut next: Option<Instant> = None;
         let mut due = Vec::new();
-        for (slot, t) in &self.conns {
-            let d = phase_timer(&t.conn.lock());
+        for (slot, t) in self.conns.iter_mut() {
+            let Some(g) = look(&t.conn, &mut t.busy_since, now) else {
+                // (in use: looked at again at the next look)
+                let again = now + SCAN_EVERY;
+                next = Some(next.map_or(again, |n| n.min(again)));
+                continue;
+            };
+            let d = phase_timer(&g);
+            drop(g);
             if d.is_some_and(|d| d <= now) {
                 due.push(*slot);
                 continue;
@@ -2536,9 +2576,12 @@ impl State {
 
     /// TCP_USER_TIMEOUT on the ring, for every upgraded connection ([`Conn::watch_acks`]).
     fn watch_acks(&mut self, now: Instant) {
-        for t in self.conns.values() {
+        for t in self.conns.values_mut() {
             let c = &t.conn;
-            let mut g = c.lock();
+            // (one in use is watched at the next check)
+            let Some(mut g) = look(c, &mut t.busy_since, now) else {
+                continue;
+            };
             if c.watch_acks(&mut g, now) {
                 super::ready::after_change(c, &mut g);
             }
@@ -2554,7 +2597,8 @@ impl State {
             .conns
             .iter()
             .filter_map(|(slot, t)| {
-                let g = t.conn.lock();
+                // (one in use is not done: looked at again at the next look)
+                let g = t.conn.try_lock()?;
                 match t.closing {
                     // Closed by the application: done once torn down (or past its deadline).
                     Some((_, deadline)) => {
