@@ -991,13 +991,13 @@ struct Tracked {
 const BUSY_LOOK_MAX: Duration = Duration::from_secs(1);
 
 /// A connection's lock for one of the engine's looks at every connection ([`State::scan`], its
-/// ack watch, its reaping): not waited for while an application thread holds it — that
-/// thread is using the connection, and the look comes again within [`SCAN_EVERY`] — unless
-/// every look found it taken for [`BUSY_LOOK_MAX`]. Under emulation an application thread
-/// holds its connection's lock across a TCP send or receive of tens of milliseconds (a system
-/// call, and the thread preempted in it): thirty streaming connections made each look wait
-/// on one lock after the other, seconds in all, while replies to other upgrades waited in the
-/// engine's queue and their servers gave them up.
+/// ack watch; the reaping only tries the lock): not waited for while an application thread
+/// holds it — that thread is using the connection, and the look comes again within
+/// [`SCAN_EVERY`] — unless every look found it taken for [`BUSY_LOOK_MAX`]. Under emulation
+/// an application thread holds its connection's lock across a TCP send or receive of tens of
+/// milliseconds (a system call, and the thread preempted in it): thirty streaming
+/// connections made each look wait on one lock after the other, seconds in all, while
+/// replies to other upgrades waited in the engine's queue and their servers gave them up.
 fn look<'a>(
     conn: &'a Conn,
     busy_since: &mut Option<Instant>,
@@ -2529,14 +2529,11 @@ impl State {
         let mut next: Option<Instant> = None;
         let mut due = Vec::new();
         for (slot, t) in self.conns.iter_mut() {
-            let Some(g) = look(&t.conn, &mut t.busy_since, now) else {
-                // (in use: looked at again at the next look)
-                let again = now + SCAN_EVERY;
-                next = Some(next.map_or(again, |n| n.min(again)));
-                continue;
+            // (one in use: its timer unread, looked at again at the next look)
+            let d = match look(&t.conn, &mut t.busy_since, now) {
+                Some(g) => phase_timer(&g),
+                None => Some(now + SCAN_EVERY),
             };
-            let d = phase_timer(&g);
-            drop(g);
             if d.is_some_and(|d| d <= now) {
                 due.push(*slot);
                 continue;
