@@ -417,7 +417,9 @@ fn doctor_finds_the_rdma_device_in_the_vm() {
 /// both ends of a connection over rxe0 (same-host upgrades off); once both are upgraded, the
 /// kernel's count of its pinned memory (`VmPin`, what RLIMIT_MEMLOCK limits) is twice
 /// doctor's per-connection bytes at the start; after a bulk transfer each way has grown both
-/// directions' rings (ring moves), twice its bytes grown — at two ring sizes.
+/// directions' rings (ring moves), twice its bytes grown — at two ring sizes; and once the
+/// connection has stood still for `RDMASHIM_RING_IDLE_SECS` (1 s here), both grown rings are
+/// given back, with the staging areas of their size, and it pins what it pinned at the start.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn doctor_memory_is_what_a_connection_pins() {
@@ -444,7 +446,11 @@ fn doctor_memory_is_what_a_connection_pins() {
                 w = threading.Thread(target=a.sendall, args=(b's' * n,)); w.start()\n\
                 c.sendall(b'c' * n); w.join()\n\
                 for r in readers: r.join()\n\
-                print(first, ping_until(grown))";
+                def quiet_until(want):\n\
+                \x20   end = time.time() + 15\n\
+                \x20   while pinned() != want and time.time() < end: time.sleep(0.1)\n\
+                \x20   return pinned()\n\
+                print(first, ping_until(grown), quiet_until(start))";
     for kib in ["512", "64"] {
         let mut c = launcher();
         c.args(["doctor", "--json"]).env("RDMASHIM_RING_KIB", kib);
@@ -462,15 +468,87 @@ fn doctor_memory_is_what_a_connection_pins() {
             .arg((2 * start).to_string())
             .arg((2 * grown).to_string())
             .arg(&ip)
-            .env("RDMASHIM_RING_KIB", kib);
+            .env("RDMASHIM_RING_KIB", kib)
+            .env("RDMASHIM_RING_IDLE_SECS", "1");
         let out = run_ok(c, T);
         let pinned: Vec<u64> = out.split_whitespace().map(|v| v.parse().unwrap()).collect();
         assert_eq!(s.one_stats("pin").upgraded(), 2, "both ends upgraded");
         assert_eq!(
             pinned,
-            [2 * start, 2 * grown],
-            "RDMASHIM_RING_KIB={kib}: VmPin at the start and grown, doctor says {start} and \
-             {grown} per connection"
+            [2 * start, 2 * grown, 2 * start],
+            "RDMASHIM_RING_KIB={kib}: VmPin at the start, grown and after the quiet, doctor \
+             says {start} and {grown} per connection"
         );
     }
+}
+
+/// RDMA tier: with a pool of huge pages on the host (`vm.nr_hugepages`, set here: the tier
+/// runs as root in its VM) and rings of 2 MiB, doctor says grown rings will be made of them,
+/// and they are: one process holds both ends of a connection over rxe0, a transfer each way
+/// grows both directions' rings, and then its four rings (each side's receive ring and staging
+/// area) are eight mappings of 2 MiB pages (`KernelPageSize` in `/proc/self/smaps`: both views
+/// of each), the bytes intact; with `RDMASHIM_HUGE_PAGES=0`, none are.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn grown_rings_are_made_of_huge_pages_where_the_host_has_them() {
+    let ip = std::env::var("RDMASHIM_TEST_IP")
+        .expect("RDMASHIM_TEST_IP not set: run RDMA tests in the VM tier (scripts/rdma-vm)");
+    std::fs::write("/proc/sys/vm/nr_hugepages", "32")
+        .expect("vm.nr_hugepages (the RDMA tier runs as root in its VM)");
+    let code = "import hashlib, socket, sys, threading\n\
+                s = socket.create_server((sys.argv[1], 0))\n\
+                c = socket.create_connection(s.getsockname()); a, _ = s.accept()\n\
+                n = 16 << 20\n\
+                got = {}\n\
+                def take(name, sock):\n\
+                \x20   h, left = hashlib.sha256(), n\n\
+                \x20   while left:\n\
+                \x20       b = sock.recv(min(left, 65536)); h.update(b); left -= len(b)\n\
+                \x20   got[name] = h.hexdigest()\n\
+                readers = [threading.Thread(target=take, args=x) for x in (('a', a), ('c', c))]\n\
+                for r in readers: r.start()\n\
+                w = threading.Thread(target=a.sendall, args=(b's' * n,)); w.start()\n\
+                c.sendall(b'c' * n); w.join()\n\
+                for r in readers: r.join()\n\
+                assert got['a'] == hashlib.sha256(b'c' * n).hexdigest(), 'client to server'\n\
+                assert got['c'] == hashlib.sha256(b's' * n).hexdigest(), 'server to client'\n\
+                huge, name = 0, ''\n\
+                for l in open('/proc/self/smaps'):\n\
+                \x20   f = l.split()\n\
+                \x20   if '-' in f[0] and len(f) >= 5: name = ' '.join(f[5:])\n\
+                \x20   elif f[0] == 'KernelPageSize:' and 'rdmashim-ring' in name and f[1] == '2048':\n\
+                \x20       huge += 1\n\
+                print(huge)";
+    for (setting, want) in [("1", 8), ("0", 0)] {
+        let mut c = launcher();
+        c.args(["doctor", "--json"])
+            .env("RDMASHIM_RING_KIB", "2048")
+            .env("RDMASHIM_HUGE_PAGES", setting);
+        let j: serde_json::Value = serde_json::from_str(&run_ok(c, T)).unwrap();
+        assert_eq!(
+            j["huge_pages"]["grown_rings_use_them"],
+            setting == "1",
+            "{}",
+            j["huge_pages"]
+        );
+        let s = Scratch::new("huge-pages");
+        let mut c = launcher();
+        c.arg("run")
+            .arg("--stats")
+            .arg(s.stats_pattern("huge"))
+            .args(["--no-local", "--"])
+            .arg(python())
+            .args(["-c", code])
+            .arg(&ip)
+            .env("RDMASHIM_RING_KIB", "2048")
+            .env("RDMASHIM_HUGE_PAGES", setting);
+        let out = run_ok(c, T);
+        assert_eq!(s.one_stats("huge").upgraded(), 2, "both ends upgraded");
+        assert_eq!(
+            out.trim(),
+            want.to_string(),
+            "RDMASHIM_HUGE_PAGES={setting}: mappings of the rings on 2 MiB pages"
+        );
+    }
+    std::fs::write("/proc/sys/vm/nr_hugepages", "0").unwrap();
 }

@@ -6,7 +6,8 @@
 //!   rdma-core gets an error, never a failed start).
 //! - [`verbs`]: owners of device contexts, PDs, completion channels, CQs, memory regions.
 //! - [`cm`]: rdma_cm event channels and ids, RC QPs, and the work requests rdmashim posts.
-//! - [`ring`]: the double-mapped ("magic") receive ring.
+//! - [`ring`]: the double-mapped ("magic") receive ring, of huge pages where it can be
+//!   ([`huge`]: the host's pool).
 //! - [`probe`]: what this host can do, in one call.
 //! - [`sockaddr`]: the one conversion between C socket addresses and `SocketAddr`.
 //! - [`shm`]: the carriage of the same links between two processes of one host: rings and
@@ -34,6 +35,7 @@ pub mod cm;
 mod endpoint;
 pub mod error;
 pub mod fds;
+pub mod huge;
 pub mod link;
 pub mod pool;
 pub mod probe;

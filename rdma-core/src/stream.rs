@@ -777,6 +777,11 @@ fn block_many(
         if timeout == Some(Duration::ZERO) {
             return Ok(false);
         }
+        // (a grown ring whose stream stood still long enough is given back; what that posted
+        // wakes the sleep below when it completes)
+        for s in ss.iter_mut() {
+            s.link.check_idle(now);
+        }
         for s in ss.iter() {
             if let Some(w) = s
                 .link

@@ -19,7 +19,7 @@
 //! | `RDMASHIM_LOCAL=1\|0` | connections between processes of this host move to shared-memory rings (`1`, the default), or stay TCP (`0`: reason `not_upgradable_address`) |
 //! | `RDMASHIM_LIVE=1\|0` | keep the live view's file (`live.rs`; default `1`) |
 //! | `RDMASHIM_RUN_DIR=DIR` | where the live view's files go (default: `settings::run_dirs`) |
-//! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_PINNED_MIB`, `RDMASHIM_ACK_TIMEOUT`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
+//! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_PINNED_MIB`, `RDMASHIM_ACK_TIMEOUT`, `RDMASHIM_RING_IDLE_SECS`, `RDMASHIM_HUGE_PAGES`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
 //! | `RDMASHIM_FAULT=POINT:N` | tests only: panic the `N`th time the shim passes `POINT` (`ring_recv`, `engine_link`; see `fault.rs`) |
 //!
 //! A relative `RDMASHIM_STATS`, `RDMASHIM_LOG_FILE` or `RDMASHIM_RUN_DIR` is made absolute here, once, against

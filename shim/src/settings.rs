@@ -76,6 +76,12 @@ pub struct Config {
     /// `RDMASHIM_ACK_TIMEOUT`: the ACK timeout exponent of a connection's queue pair (0:
     /// rdma_cm's on a NIC, 20 on a software device).
     pub ack_timeout: u64,
+    /// `RDMASHIM_RING_IDLE_SECS`: how long a grown ring of a connection over RDMA may stand
+    /// still before it is given back (0: never).
+    pub ring_idle_secs: u64,
+    /// `RDMASHIM_HUGE_PAGES`: rings of a multiple of the huge page size may be made of the
+    /// host's huge pages, while its pool has them free.
+    pub huge_pages: bool,
     /// `RDMASHIM_TRACE` is set.
     pub trace: bool,
     /// `RDMASHIM_FAULT` (tests only).
@@ -186,6 +192,8 @@ impl Default for Config {
             negative_cache_secs: None,
             pinned_mib: PINNED_MIB.default,
             ack_timeout: ACK_TIMEOUT.default,
+            ring_idle_secs: RING_IDLE_SECS.default,
+            huge_pages: HUGE_PAGES_DEFAULT,
             trace: false,
             fault: None,
             warnings: Vec::new(),
@@ -210,9 +218,15 @@ pub const ENV_FAULT: &str = "RDMASHIM_FAULT";
 pub const ENV_LOCAL: &str = "RDMASHIM_LOCAL";
 pub const ENV_LIVE: &str = "RDMASHIM_LIVE";
 pub const ENV_RUN_DIR: &str = "RDMASHIM_RUN_DIR";
+pub const ENV_HUGE_PAGES: &str = "RDMASHIM_HUGE_PAGES";
 
 /// Whether the live view is kept unless `RDMASHIM_LIVE` says.
 pub const LIVE_DEFAULT: bool = true;
+
+/// Whether rings may be made of the host's free huge pages unless `RDMASHIM_HUGE_PAGES` says
+/// (`rdmashim_core::ring`: only rings of a multiple of their size, only while the pool has
+/// them free and not promised to another mapping).
+pub const HUGE_PAGES_DEFAULT: bool = true;
 
 /// The system-wide run directory, used by processes that may write there (root's).
 pub const SYSTEM_RUN_DIR: &str = "/run/rdmashim";
@@ -257,6 +271,8 @@ pub enum Key {
     NegativeCacheSecs,
     PinnedMib,
     AckTimeout,
+    RingIdleSecs,
+    HugePages,
     Trace,
     Fault,
     Live,
@@ -264,7 +280,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 15] = [
+    pub const ALL: [Key; 17] = [
         Key::Disable,
         Key::Local,
         Key::Log,
@@ -276,6 +292,8 @@ impl Key {
         Key::NegativeCacheSecs,
         Key::PinnedMib,
         Key::AckTimeout,
+        Key::RingIdleSecs,
+        Key::HugePages,
         Key::Trace,
         Key::Fault,
         Key::Live,
@@ -296,6 +314,8 @@ impl Key {
             Key::NegativeCacheSecs => NEGATIVE_CACHE_SECS.name,
             Key::PinnedMib => PINNED_MIB.name,
             Key::AckTimeout => ACK_TIMEOUT.name,
+            Key::RingIdleSecs => RING_IDLE_SECS.name,
+            Key::HugePages => ENV_HUGE_PAGES,
             Key::Trace => ENV_TRACE,
             Key::Fault => ENV_FAULT,
             Key::Live => ENV_LIVE,
@@ -317,6 +337,8 @@ impl Key {
             Key::NegativeCacheSecs => "negative_cache_secs",
             Key::PinnedMib => "pinned_mib",
             Key::AckTimeout => "ack_timeout",
+            Key::RingIdleSecs => "ring_idle_secs",
+            Key::HugePages => "huge_pages",
             Key::Trace => "trace",
             Key::Fault => "fault",
             Key::Live => "live",
@@ -401,6 +423,15 @@ pub const ACK_TIMEOUT: Number = Number {
     min: 0,
     max: 31,
     default: 0,
+};
+/// `RDMASHIM_RING_IDLE_SECS`: a connection over RDMA whose receive ring grew gives it back
+/// (offers its peer a ring of the size it started with, protocol §6.4) once nothing has
+/// arrived in it or been read from it for this long; 0: a grown ring stays.
+pub const RING_IDLE_SECS: Number = Number {
+    name: "RDMASHIM_RING_IDLE_SECS",
+    min: 0,
+    max: 86_400,
+    default: 10,
 };
 pub const NEGATIVE_CACHE_SECS: Number = Number {
     name: "RDMASHIM_NEGATIVE_CACHE_SECS",
@@ -584,18 +615,26 @@ impl Config {
                     false
                 })
             }
+            Key::HugePages => {
+                self.huge_pages = parse_bool(trim_blank(raw)).unwrap_or_else(|| {
+                    warn(format!("{BOOL}; no huge pages"));
+                    false
+                })
+            }
             Key::RingKib
             | Key::DialDelayMs
             | Key::SpinUs
             | Key::NegativeCacheSecs
             | Key::PinnedMib
-            | Key::AckTimeout => {
+            | Key::AckTimeout
+            | Key::RingIdleSecs => {
                 let n = match key {
                     Key::RingKib => &RING_KIB,
                     Key::DialDelayMs => &DIAL_DELAY_MS,
                     Key::SpinUs => &SPIN_US,
                     Key::PinnedMib => &PINNED_MIB,
                     Key::AckTimeout => &ACK_TIMEOUT,
+                    Key::RingIdleSecs => &RING_IDLE_SECS,
                     _ => &NEGATIVE_CACHE_SECS,
                 };
                 let (v, w) = n.check(raw);
@@ -608,6 +647,7 @@ impl Config {
                     Key::SpinUs => self.spin_us = v,
                     Key::PinnedMib => self.pinned_mib = v,
                     Key::AckTimeout => self.ack_timeout = v,
+                    Key::RingIdleSecs => self.ring_idle_secs = v,
                     _ => self.negative_cache_secs = Some(v),
                 }
             }
@@ -1133,7 +1173,7 @@ mod tests {
             "/etc/rdmashim.conf:2: spin_us = 99999: out of range (a whole number from 0 to 10000); using 10000",
             "/etc/rdmashim.conf:3: disable = perhaps: not a boolean (1/0, true/false, yes/no, on/off); upgrades are disabled",
             "/etc/rdmashim.conf:4: log = loud: unknown level (error, warn, info, debug, off); using warn",
-            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, pinned_mib, ack_timeout, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
+            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, pinned_mib, ack_timeout, ring_idle_secs, huge_pages, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:6: just some words: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored",
             "/etc/rdmashim.conf:7: permit port = 22: not a rule (allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:8: deny peer = 10.0.0.0/33: not an IPv4 or IPv6 address, optionally /PREFIX (0-32, 0-128); rule ignored",

@@ -1967,10 +1967,8 @@ impl Connection {
 
     fn poll_credit(&mut self) -> Option<Action> {
         let owed_slots = self.rx_slots.owed();
-        if !self
-            .policy
-            .due(self.rx.owed(), owed_slots, self.peer_wants_credit)
-        {
+        let wanted = self.peer_wants_credit || self.rx.move_credit_due();
+        if !self.policy.due(self.rx.owed(), owed_slots, wanted) {
             return None;
         }
         let peer = self.peer.as_mut()?;

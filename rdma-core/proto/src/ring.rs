@@ -448,6 +448,15 @@ impl RxCursors {
         }
     }
 
+    /// Whether bytes before the last move's cursor are read and not credited yet: their
+    /// credit is due at once, whatever the thresholds (the peer's old staging area stays
+    /// registered, and no further move can begin, until the move's cursor is credited; on a
+    /// connection that goes idle after the move a lazy credit might never come).
+    pub fn move_credit_due(&self) -> bool {
+        self.moved
+            .is_some_and(|m| self.credited < m.at && self.tail > self.credited)
+    }
+
     /// Where stream cursor `cursor` is.
     pub fn place(&self, cursor: u64) -> Place {
         Move::place(self.moved, self.gen, self.size, cursor)

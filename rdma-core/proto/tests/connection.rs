@@ -1760,6 +1760,59 @@ fn a_move_step_by_step() {
     }
 }
 
+/// A move to a smaller ring on a quiet stream (a grown ring given back): the few bytes before
+/// the move are below every credit threshold, yet once read they are credited at once, so the
+/// writer's old staging area goes and the next move may begin — on a stream that then stays
+/// idle no lazy credit would ever come.
+#[test]
+fn a_moves_cursor_is_credited_once_read_whatever_the_threshold() {
+    let (mut a, mut b) = open(14, 8, moves());
+    assert_eq!(a.send(100).unwrap().len, 100);
+    let w = a.poll_action().unwrap();
+    assert!(matches!(w, Action::WriteData { len: 100, .. }), "{w:?}");
+    deliver(&w, &mut b).unwrap();
+    assert_eq!(b.offer_ring(ring(0x9000, 12)), Ok(1));
+    let (_, from_a) = settle(&mut b, &mut a);
+    let size = RingSize::from_log2(12).unwrap();
+    assert!(
+        from_a.contains(&Action::NewStaging { gen: 1, size }),
+        "{from_a:?}"
+    );
+    assert!(a.staging_ready(1));
+    let (from_b, from_a) = settle(&mut b, &mut a);
+    assert!(from_a.contains(&Action::Send(ControlMsg::RingMoved { at: 100 })));
+    assert!(
+        !from_b
+            .iter()
+            .any(|x| matches!(x, Action::WriteCredit { .. })),
+        "nothing read yet: nothing owed ({from_b:?})"
+    );
+    assert_eq!(b.offer_ring(ring(0xa000, 12)), Err(OfferError::Busy));
+    // the application reads the 100 bytes: far below a 16 KiB ring's threshold
+    b.consume(100).unwrap();
+    let (from_b, from_a) = settle(&mut b, &mut a);
+    assert!(
+        from_b.contains(&Action::ReleaseRing { gen: 0 }),
+        "{from_b:?}"
+    );
+    assert!(
+        from_b.iter().any(|x| matches!(
+            x,
+            Action::WriteCredit {
+                imm: Imm::Credit { bytes: 100, .. },
+                ..
+            }
+        )),
+        "the move's cursor credited: {from_b:?}"
+    );
+    assert!(
+        from_a.contains(&Action::ReleaseStaging { gen: 0 }),
+        "{from_a:?}"
+    );
+    assert_eq!(b.rx_cursors().size(), size);
+    assert_eq!(b.offer_ring(ring(0xb000, 14)), Ok(2), "the move is over");
+}
+
 /// Ring move messages a side must refuse: any of them when moves were not both announced, a
 /// second offer while one is under way, a RingMoved without an offer or at the wrong cursor.
 #[test]

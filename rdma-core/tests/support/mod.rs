@@ -141,7 +141,8 @@ pub fn exchange(s: &mut Stream, seed: u64, total: usize) -> ([u8; 32], [u8; 32])
             in_flight -= n;
         }
         if received < total {
-            let want = io_size(&mut rng);
+            // (never past `total`: what the peer sends after its transfer is not the transfer's)
+            let want = io_size(&mut rng).min(total - received);
             let n = s.recv(&mut buf[..want]).expect("recv failed");
             assert!(n > 0, "EOF after {received} of {total} bytes");
             recv_hash.update(&buf[..n]);

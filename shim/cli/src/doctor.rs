@@ -12,12 +12,13 @@
 //! Exit status: 0 if connections can be upgraded (over RDMA, or between processes of this
 //! host over shared memory), 1 if every connection will stay on TCP.
 
+use crate::huge::HugePages;
 use crate::json::Value;
 use crate::reason::{host_reason_from, FallbackReason};
 use crate::rules;
 use crate::settings::{
-    Config, FileRead, CONFIG_MAX, ENV_CONFIG, ENV_DISABLE, ENV_LOCAL, MAPPINGS_PER_RDMA_LINK,
-    PINNED_MIB, RING_KIB,
+    Config, FileRead, CONFIG_MAX, ENV_CONFIG, ENV_DISABLE, ENV_HUGE_PAGES, ENV_LOCAL,
+    MAPPINGS_PER_RDMA_LINK, PINNED_MIB, RING_KIB,
 };
 use crate::sys;
 use std::ffi::OsString;
@@ -204,6 +205,8 @@ pub struct Facts {
     pub phys: Option<u64>,
     /// `vm.max_map_count`, the most memory mappings a process may hold (`None`: unknown).
     pub max_map_count: Option<u64>,
+    /// The host's huge pages (`None`: the kernel has none).
+    pub huge: Option<HugePages>,
 }
 
 fn read_trim(p: &Path) -> Option<String> {
@@ -312,6 +315,7 @@ impl Facts {
             phys: sys::phys_mem_bytes(),
             max_map_count: read_trim(Path::new("/proc/sys/vm/max_map_count"))
                 .and_then(|s| s.parse().ok()),
+            huge: HugePages::read(),
         }
     }
 }
@@ -360,6 +364,52 @@ impl Pinned {
     /// At the start (what an upgrade needs to fit).
     pub fn start_total(&self) -> u64 {
         2 * 2 * self.start_ring + self.buffers
+    }
+}
+
+/// Whether a connection's grown rings are made of the host's huge pages (`rdmashim_core::ring`:
+/// a ring of a multiple of their size, while the pool has them free), and the doctor's line
+/// about it.
+pub fn huge_pages(f: &Facts, p: &Pinned) -> (bool, String) {
+    let Some(hp) = f.huge.filter(|h| h.size > 0) else {
+        return (
+            false,
+            "huge pages: none on this kernel: rings take ordinary pages".into(),
+        );
+    };
+    let pool = format!(
+        "huge pages: {} each, {} of {} free and not promised",
+        mib(hp.size as u64),
+        hp.available,
+        hp.total
+    );
+    let ring = usize::try_from(p.ring).unwrap_or(usize::MAX);
+    if !f.config.huge_pages {
+        (false, format!("{pool}; not used ({ENV_HUGE_PAGES} is off)"))
+    } else if hp.total == 0 {
+        (
+            false,
+            format!("{pool}: none set aside (vm.nr_hugepages): rings take ordinary pages"),
+        )
+    } else if !ring.is_multiple_of(hp.size) {
+        (
+            false,
+            format!(
+                "{pool}; not used: a grown ring ({}, {}) is smaller than a huge page",
+                mib(p.ring),
+                RING_KIB.name
+            ),
+        )
+    } else {
+        let rings = hp.available / (p.ring / hp.size as u64).max(1);
+        (
+            true,
+            format!(
+                "{pool}: grown rings of {} are made of them, room for {rings} such rings now \
+                 (then ordinary pages; {ENV_HUGE_PAGES}=off: never)",
+                mib(p.ring)
+            ),
+        )
     }
 }
 
@@ -680,6 +730,7 @@ fn report(f: &Facts, v: &Verdict) {
             PINNED_MIB.name
         ),
     }
+    println!("{}", huge_pages(f, &p).1);
     match v.maps {
         Some((share, n)) => println!(
             "vm.max_map_count: {} -> the shim's share, half: room for {n} connections over RDMA \
@@ -797,6 +848,13 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
         ("connections", Value::opt(v.cap.map(|c| c.1), Num)),
         ("host_memory", Value::opt(f.phys, Num)),
     ]);
+    let huge = Obj(vec![
+        ("page_bytes", Value::opt(f.huge.map(|h| h.size as u64), Num)),
+        ("total", Value::opt(f.huge.map(|h| h.total), Num)),
+        ("available", Value::opt(f.huge.map(|h| h.available), Num)),
+        ("enabled", Bool(f.config.huge_pages)),
+        ("grown_rings_use_them", Bool(huge_pages(f, &v.pinned).0)),
+    ]);
     let mappings = Obj(vec![
         ("max_map_count", Value::opt(f.max_map_count, Num)),
         ("shim_share", Value::opt(v.maps.map(|m| m.0), Num)),
@@ -876,6 +934,7 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
         ("memlock", memlock),
         ("pinned_cap", pinned_cap),
         ("mappings", mappings),
+        ("huge_pages", huge),
         (
             "per_connection_bytes",
             Obj(vec![
@@ -964,11 +1023,54 @@ mod tests {
             page: 4096,
             phys: Some(16 << 30),
             max_map_count: Some(65530),
+            huge: Some(HugePages {
+                size: 2 << 20,
+                total: 0,
+                available: 0,
+            }),
         }
     }
 
     fn reason(v: &Verdict) -> Option<&'static str> {
         v.rdma.as_ref().err().map(|w| w.reason.name())
+    }
+
+    #[test]
+    fn huge_pages_for_grown_rings() {
+        let pool = |total, available| {
+            Some(HugePages {
+                size: 2 << 20,
+                total,
+                available,
+            })
+        };
+        // the default 512 KiB rings are smaller than a huge page
+        let mut f = facts(&[]);
+        f.huge = pool(64, 64);
+        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096));
+        assert!(!used && line.contains("smaller than a huge page"), "{line}");
+        // 4 MiB rings: two huge pages each
+        let mut f = facts(&[("RDMASHIM_RING_KIB", "4096")]);
+        f.huge = pool(64, 10);
+        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096));
+        assert!(used, "{line}");
+        assert!(
+            line.contains("10 of 64 free") && line.contains("room for 5 such rings"),
+            "{line}"
+        );
+        // no pool set aside, turned off, no huge pages at all
+        f.huge = pool(0, 0);
+        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096));
+        assert!(!used && line.contains("vm.nr_hugepages"), "{line}");
+        let mut f = facts(&[("RDMASHIM_RING_KIB", "4096"), ("RDMASHIM_HUGE_PAGES", "0")]);
+        f.huge = pool(64, 64);
+        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096));
+        assert!(
+            !used && line.contains("RDMASHIM_HUGE_PAGES is off"),
+            "{line}"
+        );
+        f.huge = None;
+        assert!(!huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096)).0);
     }
 
     #[test]

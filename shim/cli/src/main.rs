@@ -11,6 +11,9 @@
 
 mod doctor;
 mod elf;
+#[path = "../../../rdma-core/src/huge.rs"]
+#[allow(dead_code)]
+mod huge;
 mod json;
 mod live;
 #[path = "../../src/live_layout.rs"]
@@ -28,7 +31,7 @@ mod rules;
 mod settings;
 mod sys;
 
-use settings::{DIAL_DELAY_MS, NEGATIVE_CACHE_SECS, RING_KIB, SPIN_US};
+use settings::{DIAL_DELAY_MS, NEGATIVE_CACHE_SECS, RING_IDLE_SECS, RING_KIB, SPIN_US};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::unix::process::CommandExt;
@@ -98,6 +101,10 @@ yes/no or on/off in any case; anything else gets one warning and the default):
   RDMASHIM_ACK_TIMEOUT=N        ACK timeout of a connection's queue pair, 4.096 us x 2^N a
                                 try, seven tries (0 to 31; default 0: rdma_cm's on a NIC, 20
                                 on a software device such as soft-RoCE)
+  RDMASHIM_RING_IDLE_SECS=N     a grown ring is given back after this long without traffic
+                                ({idle}; 0: never)
+  RDMASHIM_HUGE_PAGES=BOOL      rings of 2 MiB and more take the host's free huge pages
+                                (default on)
   RDMASHIM_NEGATIVE_CACHE_SECS=N  how long a peer whose upgrade failed is not tried again
                                 ({neg_min} to {neg_max}, 0: always tried; default unset: 60 s
                                 after a reject, 10 min after silence)
@@ -114,6 +121,7 @@ The launcher reads RDMASHIM_LIB=PATH: the library, unless --lib is given.
         ring = num(&RING_KIB),
         dial = num(&DIAL_DELAY_MS),
         spin = num(&SPIN_US),
+        idle = num(&RING_IDLE_SECS),
         neg_min = NEGATIVE_CACHE_SECS.min,
         neg_max = NEGATIVE_CACHE_SECS.max,
     )
@@ -506,7 +514,7 @@ mod tests {
                 "{n} missing from the usage"
             );
         }
-        for n in [RING_KIB, DIAL_DELAY_MS, SPIN_US] {
+        for n in [RING_KIB, DIAL_DELAY_MS, SPIN_US, RING_IDLE_SECS] {
             assert!(
                 text.contains(&format!("{} to {}, default {}", n.min, n.max, n.default)),
                 "{}",

@@ -990,11 +990,11 @@ pub(crate) const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
 /// its handshake or being set up is waited for, then switched back; one on the ring switches
 /// back (protocol §8.5: one round trip, then the continuation is written). Waits until all
 /// are plain TCP, at most [`HAND_BACK_WAIT`] (longer while a dial is under way: until its own
-/// deadline); a connection that cannot go back (its peer cannot switch back, or closed on the
+/// deadline, and the whole wait again from then); a connection that cannot go back (its peer cannot switch back, or closed on the
 /// ring, or it failed) or did not in time is reset: the new image sees a dead socket rather
 /// than a stream with a hole.
 pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str, reason: FallbackReason) {
-    let deadline = Instant::now() + HAND_BACK_WAIT;
+    let mut deadline = Instant::now() + HAND_BACK_WAIT;
     let mut left: Vec<&(Arc<Conn>, c_int)> = conns.iter().collect();
     loop {
         let mut dialing = false;
@@ -1010,7 +1010,14 @@ pub fn hand_back_all(conns: &[(Arc<Conn>, c_int)], what: &str, reason: FallbackR
                 }
             }
         });
-        if left.is_empty() || (Instant::now() >= deadline && !dialing) {
+        if left.is_empty() {
+            break;
+        }
+        // (a connection whose dial is under way gets the whole wait for its switch back once
+        // the dial has ended: a dial that outlasted the wait would otherwise leave it none)
+        if dialing {
+            deadline = Instant::now() + HAND_BACK_WAIT;
+        } else if Instant::now() >= deadline {
             break;
         }
         net::nap_ms(1);

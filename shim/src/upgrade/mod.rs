@@ -457,8 +457,9 @@ impl Conn {
                 crate::live_layout::ConnState::Ring,
                 None,
             );
-            if self.side == Side::Client {
-                engine::upgraded_to(self.peer);
+            match self.side {
+                Side::Client => engine::upgraded_to(self.peer),
+                Side::Server => engine::upgraded_from(self.peer),
             }
             shim_log!(
                 Level::Debug,
@@ -1123,6 +1124,15 @@ impl Conn {
             FallbackReason::Forked
         } else {
             FallbackReason::ClosedEarly
+        }
+    }
+
+    /// A grown ring of the link is given back once its stream has stood still
+    /// (`RDMASHIM_RING_IDLE_SECS`, [`Link::check_idle`]); the engine calls it when the link's
+    /// timer is due, before it drives the link (which posts the offer).
+    pub(crate) fn check_idle(&self, g: &mut Inner, now: Instant) {
+        if let Phase::Linked(l) = &mut g.phase {
+            l.check_idle(now);
         }
     }
 
@@ -2016,7 +2026,9 @@ pub(crate) const START_RING: usize = 16 << 10;
 
 /// Tunables of the shim's links over RDMA (environment, read once): rings start at
 /// [`START_RING`] and grow to `RDMASHIM_RING_KIB`'s (ring moves, protocol §6.4) when the
-/// peer's shim takes part in moves.
+/// peer's shim takes part in moves, and go back to [`START_RING`] once their stream has stood
+/// still for `RDMASHIM_RING_IDLE_SECS` (the engine looks at the link's timer:
+/// `Link::check_idle`).
 pub(crate) fn link_config() -> &'static StreamConfig {
     static CFG: OnceLock<StreamConfig> = OnceLock::new();
     CFG.get_or_init(|| {
@@ -2026,6 +2038,10 @@ pub(crate) fn link_config() -> &'static StreamConfig {
         c.protocol.ring_max = rdmashim_proto::RingSize::new(shm_config().ring_size as u64).ok();
         // (0..=31 by the setting's range)
         c.ack_timeout = crate::config::get().ack_timeout as u8;
+        let idle = crate::config::get().ring_idle_secs;
+        c.ring_idle = (idle > 0).then(|| std::time::Duration::from_secs(idle));
+        // (before the first ring over RDMA is made: this is read on the way to it)
+        rdmashim_core::ring::set_huge_pages(crate::config::get().huge_pages);
         c
     })
 }
