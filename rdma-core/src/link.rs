@@ -89,6 +89,14 @@ pub struct StreamConfig {
     /// (the path's packet lifetime + 1: on RoCE 17 or 19 by kernel, 0.5 s or 2.1 s a try) on
     /// a NIC, and gives [`SOFTWARE_ACK_TIMEOUT`] on a software device.
     pub ack_timeout: u8,
+    /// With ring moves (`protocol.ring_moves`): how long a receive ring grown past
+    /// `ring_size` may go without a byte arriving or being read before this side offers its
+    /// peer a ring of `ring_size` again and gives the larger one back (protocol §6.4: a move
+    /// goes either way). Looked at by the owner ([`Link::check_idle`]; a [`Stream`] does so
+    /// while one of its calls waits). `None` (the default): a grown ring stays.
+    ///
+    /// [`Stream`]: crate::Stream
+    pub ring_idle: Option<Duration>,
     /// Protocol tunables (credit thresholds, largest write, …).
     pub protocol: Config,
 }
@@ -135,6 +143,7 @@ impl Default for StreamConfig {
             connect_timeout: Duration::from_secs(5),
             close_timeout: Duration::from_secs(3),
             ack_timeout: 0,
+            ring_idle: None,
             protocol: Config::default(),
         }
     }
@@ -151,6 +160,17 @@ impl StreamConfig {
         2 * 2 * self.ring_size
             + pages(usize::from(self.recv_slots) * rdmashim_proto::MAX_CONTROL_LEN)
             + pages(self.sq_depth as usize * rdmashim_proto::MAX_CONTROL_LEN)
+    }
+
+    /// How a link of this configuration gives a grown ring back, if it does.
+    fn shrink(&self) -> Option<Shrink> {
+        let to = RingSize::new(self.ring_size as u64).ok()?;
+        let after = self.ring_idle.filter(|_| self.protocol.ring_moves)?;
+        Some(Shrink {
+            to,
+            after,
+            watch: None,
+        })
     }
 
     pub(crate) fn sizes(&self) -> io::Result<EndpointSizes> {
@@ -252,6 +272,9 @@ pub struct Link {
     /// `progress(false)` then never reads the channel (nor the clock, once the handshake is
     /// over; under an emulated CPU a clock read can be a system call).
     cm_watched: bool,
+    /// The owner acts on the handshake's deadline itself ([`Link::own_handshake_deadline`]):
+    /// `progress` leaves it alone.
+    deadline_owned: bool,
     /// Arms of the CQ since the completion channel was last read: an arm raises at most one
     /// event, so [`take_events`](Self::take_events) reads that many (at least one) instead
     /// of reading until EAGAIN — the read that finds nothing is a system call per message.
@@ -260,6 +283,20 @@ pub struct Link {
     /// [`Link::check_acks`]'s watch: the send WRs known complete when it first found some
     /// outstanding, since when, and the limit it was given.
     acks: Option<AckWatch>,
+    /// How a grown receive ring is given back ([`StreamConfig::ring_idle`]); `None`: never.
+    shrink: Option<Shrink>,
+}
+
+/// Giving a grown receive ring back when its stream goes idle ([`Link::check_idle`]).
+#[derive(Debug, Clone, Copy)]
+struct Shrink {
+    /// The ring size offered again: the one the link started with.
+    to: RingSize,
+    /// How long the ring's cursors must stand still first.
+    after: Duration,
+    /// The receive ring's cursors (head, tail) when last seen to move, and when; kept while
+    /// the ring is larger than `to` (from the move that grew it on).
+    watch: Option<(u64, u64, Instant)>,
 }
 
 /// Work requests outstanding on the queue pair with no completion since `since`
@@ -297,8 +334,16 @@ const _: fn() = || {
 const MAX_ARMS: u8 = 4;
 
 impl Link {
-    fn new(conn: Connection, ep: Endpoint, close_timeout: Duration) -> Link {
-        Self::with(conn, Ep::Rdma(ep), close_timeout)
+    fn new(
+        conn: Connection,
+        ep: Endpoint,
+        close_timeout: Duration,
+        shrink: Option<Shrink>,
+    ) -> Link {
+        Link {
+            shrink,
+            ..Self::with(conn, Ep::Rdma(ep), close_timeout)
+        }
     }
 
     /// A link over shared memory (made by `crate::shm`'s handshake).
@@ -321,9 +366,11 @@ impl Link {
             failure: None,
             cm_check: tick::Periodic::new(CM_CHECK_EVERY),
             cm_watched: false,
+            deadline_owned: false,
             arms: 0,
             close_timeout,
             acks: None,
+            shrink: None,
         }
     }
 
@@ -332,6 +379,23 @@ impl Link {
     /// rdma_cm channel alone, which saves the data path a clock read and a system call.
     pub fn set_cm_watched(&mut self) {
         self.cm_watched = true;
+    }
+
+    /// The owner decides when the handshake is past its deadline (it may move the deadline
+    /// on, [`Connection::wait_longer`], when it knows the peer is slow, not lost): from now
+    /// on `progress` never fails the handshake by its clock; the owner calls
+    /// [`expire_handshake`](Self::expire_handshake) once it has decided, with the instant it
+    /// decided at. (Two clock reads, one for the decision to wait on and one for the
+    /// expiry, let a handshake whose deadline fell between them fail unextended; and a
+    /// `progress` by another thread could act on the deadline before the owner looked.)
+    pub fn own_handshake_deadline(&mut self) {
+        self.deadline_owned = true;
+    }
+
+    /// Fails the handshake if it is past its deadline at `now` (see
+    /// [`own_handshake_deadline`](Self::own_handshake_deadline)); `progress` then acts on it.
+    pub fn expire_handshake(&mut self, now: Instant) {
+        self.conn.handle_timeout(now);
     }
 
     /// The protocol core (state, readiness, `recv()`, counters).
@@ -467,15 +531,68 @@ impl Link {
     }
 
     /// When [`progress`](Self::progress) must run again even without events, if ever: the
-    /// handshake deadline, or the next re-check of a draining teardown (every 10 ms).
+    /// handshake deadline, or the next re-check of a draining teardown (every 10 ms); and when
+    /// [`check_acks`](Self::check_acks) or [`check_idle`](Self::check_idle) has something to
+    /// decide.
     pub fn next_timer(&self) -> Option<Instant> {
         let t = match self.teardown {
             Td::Draining { .. } => Some(Instant::now() + DRAIN_RECHECK),
             _ => self.conn.poll_timeout(),
         };
-        match (t, self.ack_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [t, self.ack_deadline(), self.idle_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// When a grown receive ring will have stood still long enough to be given back
+    /// ([`check_idle`](Self::check_idle)), if it is watched.
+    pub fn idle_deadline(&self) -> Option<Instant> {
+        let s = self.shrink.as_ref()?;
+        s.watch.map(|(_, _, since)| since + s.after)
+    }
+
+    /// Gives a grown receive ring back once its stream has gone idle (protocol §6.4; see
+    /// [`StreamConfig::ring_idle`]): if nothing arrived in it and nothing was read from it
+    /// since the last look for `ring_idle`, this side offers its peer a ring of the size the
+    /// link started with (registered here: a few KiB), and the peer's next write moves there;
+    /// the larger ring, and the peer's staging area of its size, are released when the move is
+    /// over — what the connection pins goes back to what it pinned at its start. The owner calls
+    /// it at [`next_timer`](Self::next_timer) (and may call it any time: it decides nothing
+    /// before the deadline). A ring that cannot be offered now (another move under way, the
+    /// direction ended) is looked at again a whole `ring_idle` later.
+    pub fn check_idle(&mut self, now: Instant) {
+        let Some(s) = self.shrink.as_mut() else {
+            return;
+        };
+        let Some((head, tail, since)) = s.watch else {
+            return;
+        };
+        let rx = self.conn.rx_cursors();
+        let cursors = (rx.head(), rx.tail());
+        if rx.size().bytes() <= s.to.bytes() || self.teardown != Td::Running {
+            s.watch = None;
+            return;
+        }
+        if cursors != (head, tail) {
+            s.watch = Some((cursors.0, cursors.1, now));
+            return;
+        }
+        if now.saturating_duration_since(since) < s.after {
+            return;
+        }
+        let to = s.to;
+        s.watch = Some((cursors.0, cursors.1, now));
+        // (everything arrived was read: the application holds no bytes of the larger ring)
+        if cursors.0 != cursors.1 || self.conn.offer_outstanding() {
+            return;
+        }
+        let Ep::Rdma(ep) = &mut self.ep else { return };
+        // (one that cannot be registered now: the connection goes on with the larger one)
+        let Ok(ring) = ep.new_rx(to) else { return };
+        if let Ok(gen) = self.conn.offer_ring(Endpoint::desc_of(&ring)) {
+            ep.add_rx(gen, ring);
+            self.act();
         }
     }
 
@@ -614,7 +731,7 @@ impl Link {
         if force_cm || (!self.cm_watched && self.cm_check.due()) {
             any |= self.poll_cm();
         }
-        if self.conn.poll_timeout().is_some() {
+        if !self.deadline_owned && self.conn.poll_timeout().is_some() {
             self.conn.handle_timeout(Instant::now());
         }
         any
@@ -673,7 +790,16 @@ impl Link {
                 let current = self.conn.tx_cursors().map_or(0, |t| t.gen());
                 ep.release_tx(gen, current);
             }
-            Action::ReleaseRing { gen } => ep.release_rx(gen, self.conn.rx_cursors().gen()),
+            Action::ReleaseRing { gen } => {
+                let rx = self.conn.rx_cursors();
+                ep.release_rx(gen, rx.gen());
+                // (a ring grown past the link's first size is watched from now on, to be
+                // given back once idle: check_idle)
+                if let Some(s) = self.shrink.as_mut() {
+                    s.watch = (rx.size().bytes() > s.to.bytes())
+                        .then(|| (rx.head(), rx.tail(), Instant::now()));
+                }
+            }
             _ => {}
         }
         Ok(())
@@ -1164,7 +1290,7 @@ impl Incoming {
         };
         apply_ack_timeout(&ep, cfg.ack_timeout);
         ep.id.accept(&param).map_err(|e| Refused::Peer(e.into()))?;
-        Ok(Link::new(conn, ep, cfg.close_timeout))
+        Ok(Link::new(conn, ep, cfg.close_timeout, cfg.shrink()))
     }
 }
 
@@ -1193,6 +1319,8 @@ pub struct Dialer {
     close_timeout: Duration,
     /// `StreamConfig::ack_timeout`.
     ack_timeout: u8,
+    /// How the link gives a grown ring back (`StreamConfig::ring_idle`).
+    shrink: Option<Shrink>,
     deadline: Instant,
     /// The whole dial's budget (`cfg.connect_timeout`).
     timeout: Duration,
@@ -1347,6 +1475,7 @@ impl Dialer {
             protocol: cfg.protocol,
             close_timeout: cfg.close_timeout,
             ack_timeout: cfg.ack_timeout,
+            shrink: cfg.shrink(),
             deadline,
             timeout: cfg.connect_timeout,
             deferred: false,
@@ -1444,6 +1573,13 @@ impl Dialer {
     /// `Failed` the dialer is spent: it fails at once and never reads the channel again (a
     /// connected link owns it).
     pub fn poll(&mut self, tcp_received: u64) -> DialStatus {
+        self.poll_at(tcp_received, Instant::now())
+    }
+
+    /// As [`poll`](Self::poll), the deadline judged at `now`: the instant a caller decided
+    /// at whether to let the dial wait longer ([`wait_longer`](Self::wait_longer)). (Read
+    /// again here, the clock could pass a deadline the caller saw ahead and did not move.)
+    pub fn poll_at(&mut self, tcp_received: u64, now: Instant) -> DialStatus {
         if matches!(self.state, Dial::Ended) {
             // The channel is the link's now: its events are not ours to take.
             return DialStatus::Failed(DialError::Local(err(
@@ -1454,7 +1590,7 @@ impl Dialer {
         loop {
             let ev = match self.ch.try_event() {
                 Ok(Some(ev)) => ev,
-                Ok(None) if Instant::now() >= self.deadline => return self.end(DialError::Timeout),
+                Ok(None) if now >= self.deadline => return self.end(DialError::Timeout),
                 Ok(None) => return DialStatus::Pending,
                 Err(e) => return self.end(DialError::Local(e.into())),
             };
@@ -1610,6 +1746,6 @@ impl Dialer {
             .peer_ring()
             .ok_or_else(|| err(io::ErrorKind::InvalidData, "no peer ring after the reply"))?;
         ep.ensure_peer_ring(peer.size)?;
-        Ok(Link::new(conn, ep, self.close_timeout))
+        Ok(Link::new(conn, ep, self.close_timeout, self.shrink))
     }
 }

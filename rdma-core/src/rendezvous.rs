@@ -582,6 +582,13 @@ impl ShmDialer {
     /// unusable reply or the deadline fail the dial. Spent once it returned `Connected` or
     /// `Failed`.
     pub fn poll(&mut self) -> DialStatus {
+        self.poll_at(Instant::now())
+    }
+
+    /// As [`poll`](Self::poll), the deadline judged at `now` (see [`Dialer::poll_at`]).
+    ///
+    /// [`Dialer::poll_at`]: crate::link::Dialer::poll_at
+    pub fn poll_at(&mut self, now: Instant) -> DialStatus {
         let Some((_, _, sock)) = &self.state else {
             return DialStatus::Failed(DialError::Local(err(
                 io::ErrorKind::InvalidInput,
@@ -591,7 +598,7 @@ impl ShmDialer {
         let mut buf = [0u8; 256];
         let got = recv_msg(sock.raw(), &mut buf);
         let (n, fds) = match got {
-            Ok(Got::Nothing) if Instant::now() < self.deadline => return DialStatus::Pending,
+            Ok(Got::Nothing) if now < self.deadline => return DialStatus::Pending,
             Ok(Got::Nothing) => return self.end(DialError::Timeout),
             // (the name had a listener, which closed the request unanswered: its shim gave up
             // on it, typically as its application closed the connection; not a host without

@@ -107,13 +107,14 @@ impl UpgradeDialer {
         }
     }
 
-    /// One step without blocking ([`Dialer::poll`], [`ShmDialer::poll`]). `tcp_received` is
-    /// used by an RDMA dial when it builds its request; a shared-memory dial sent its request
-    /// when it started.
-    pub fn poll(&mut self, tcp_received: u64) -> DialStatus {
+    /// One step without blocking ([`Dialer::poll_at`], [`ShmDialer::poll_at`]), the deadline
+    /// judged at `now`: the instant the caller decided at whether to let the dial wait longer
+    /// ([`Self::wait_longer`]). `tcp_received` is used by an RDMA dial when it builds its
+    /// request; a shared-memory dial sent its request when it started.
+    pub fn poll_at(&mut self, tcp_received: u64, now: Instant) -> DialStatus {
         match self {
-            UpgradeDialer::Rdma(d) => d.poll(tcp_received),
-            UpgradeDialer::Shm(d) => d.poll(),
+            UpgradeDialer::Rdma(d) => d.poll_at(tcp_received, now),
+            UpgradeDialer::Shm(d) => d.poll_at(now),
         }
     }
 

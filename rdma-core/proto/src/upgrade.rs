@@ -306,13 +306,16 @@ pub struct MatcherConfig {
     /// connect completes; address resolution under load can take a while).
     pub accepted_wait: Duration,
     /// How long an accepted connection may wait in all while its client's host makes
-    /// progress: as long as requests keep coming from that host (one within the last
-    /// `accepted_wait`), its wait goes on, up to this. A client that dials a burst of
+    /// progress: as long as requests keep coming from that host, or it keeps taking up
+    /// answers to its requests (one or the other within the last `accepted_wait`), its wait
+    /// goes on, up to this. A client that dials a burst of
     /// connections sets them up one after another (or a few at a time); the last ones' requests
     /// come long after their connections were accepted, and with no sign of a host that
-    /// stopped trying. Default 300 s (a burst of ten thousand, set up at ~45 a second under
-    /// emulation, takes ~220 s; the wait ends `accepted_wait` after the host's last request
-    /// whatever this allows).
+    /// stopped trying. Default 1800 s (a burst of ten thousand, set up at ~45 a second under
+    /// emulation, took ~220 s on one host and more than 300 s, the bound before, on a slower
+    /// one; the wait ends `accepted_wait` after the host's last request whatever this allows,
+    /// so the bound only keeps a host that never stops sending requests from holding a
+    /// connection's wait for ever).
     pub accepted_wait_max: Duration,
     /// Most pending requests (a flood of bogus requests is rejected, not stored). Default 1024.
     pub max_requests: usize,
@@ -323,7 +326,7 @@ impl Default for MatcherConfig {
         MatcherConfig {
             request_wait: Duration::from_secs(3),
             accepted_wait: Duration::from_secs(5),
-            accepted_wait_max: Duration::from_secs(300),
+            accepted_wait_max: Duration::from_secs(1800),
             max_requests: 1024,
         }
     }
@@ -376,7 +379,7 @@ pub struct Matcher<R, C> {
     pending: usize,
     /// Accepted connections: the connection, when its wait ends, when it was accepted.
     accepted: HashMap<TupleKey, (C, Instant, Instant)>,
-    /// When a request last came from each client host (within the last `accepted_wait`).
+    /// When each client host last made progress (within the last `accepted_wait`).
     progress: HashMap<IpAddr, Instant>,
 }
 
@@ -394,11 +397,7 @@ impl<R, C> Matcher<R, C> {
 
     /// A connect request for `key` arrived at `now`.
     pub fn on_request(&mut self, key: TupleKey, req: R, now: Instant) -> RequestOutcome<R, C> {
-        // (its host makes progress: see `accepted_wait_max`; the map is pruned by `expire`,
-        // and never holds more hosts than requests may be pending)
-        if self.progress.len() < self.cfg.max_requests || self.progress.contains_key(&key.peer_ip) {
-            self.progress.insert(key.peer_ip, now);
-        }
+        self.host_progress(key.peer_ip, now);
         if let Some((conn, ..)) = self.accepted.remove(&key) {
             return RequestOutcome::Matched { req, conn };
         }
@@ -418,6 +417,18 @@ impl<R, C> Matcher<R, C> {
             .push((req, now + self.cfg.request_wait));
         self.pending += 1;
         RequestOutcome::Pending
+    }
+
+    /// The client host `ip` was seen to make progress at `now`: a request of its came, or it
+    /// took up an answer to one (the server's end of that connection saw it established). A
+    /// client busy taking up a burst's answers sends no requests meanwhile, and its later
+    /// requests are on their way all the same (see `accepted_wait_max`). The map is pruned by
+    /// `expire`, and never holds more hosts than requests may be pending.
+    pub fn host_progress(&mut self, ip: IpAddr, now: Instant) {
+        if self.progress.len() < self.cfg.max_requests || self.progress.contains_key(&ip) {
+            let t = self.progress.entry(ip).or_insert(now);
+            *t = (*t).max(now);
+        }
     }
 
     /// The application accepted the TCP connection `key` at `now` (or the caller hands it
@@ -458,7 +469,7 @@ impl<R, C> Matcher<R, C> {
     }
 
     /// Everything whose wait ended at or before `now`. An accepted connection whose client's
-    /// host sent a request within the last `accepted_wait` waits on (see `accepted_wait_max`).
+    /// host made progress within the last `accepted_wait` waits on (see `accepted_wait_max`).
     pub fn expire(&mut self, now: Instant) -> Vec<Expired<R, C>> {
         let mut out = Vec::new();
         let wait = self.cfg.accepted_wait;
@@ -503,9 +514,10 @@ impl<R, C> Matcher<R, C> {
         out
     }
 
-    /// When a request last came from the host `ip`, if within the last `accepted_wait` (as of
-    /// the last [`expire`](Self::expire)): its client works through a queue of set-ups.
-    pub fn last_request_from(&self, ip: IpAddr) -> Option<Instant> {
+    /// When the host `ip` was last seen to make progress ([`host_progress`](Self::host_progress)),
+    /// if within the last `accepted_wait` (as of the last [`expire`](Self::expire)): its client
+    /// works through a queue of set-ups.
+    pub fn last_progress_of(&self, ip: IpAddr) -> Option<Instant> {
         self.progress.get(&ip).copied()
     }
 
@@ -867,7 +879,7 @@ mod tests {
         m.on_accepted(key(1), 1, t0);
         let mut now = t0;
         let mut expired = Vec::new();
-        while expired.is_empty() && now - t0 < Duration::from_secs(600) {
+        while expired.is_empty() && now - t0 < Duration::from_secs(3600) {
             now += s(1);
             let busy = key(2);
             let _ = m.on_request(busy, 0, now);
@@ -879,6 +891,41 @@ mod tests {
                 .collect();
         }
         assert_eq!(now - t0, MatcherConfig::default().accepted_wait_max);
+    }
+
+    /// A client busy taking up the answers to its burst's first requests sends none for a
+    /// while: the connections whose requests are still to come wait on as long as it takes
+    /// answers up (the server sees each of those connections established), and no longer.
+    #[test]
+    fn an_accepted_connection_waits_on_while_its_host_takes_answers_up() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut m: Matcher<u16, u16> = Matcher::new(MatcherConfig::default());
+        let host = key(1).peer_ip;
+        assert_eq!(m.on_accepted(key(1), 1, t0), None);
+        assert_eq!(m.on_accepted(key(2), 2, t0), None);
+        // established connections of this host, no requests: at 3 s, 6 s and 9 s
+        for at in [3, 6, 9] {
+            m.host_progress(host, t0 + s(at));
+            assert!(m.expire(t0 + s(at) + Duration::from_millis(500)).is_empty());
+        }
+        assert_eq!(m.last_progress_of(host), Some(t0 + s(9)));
+        // (a late sign never moves the record back)
+        m.host_progress(host, t0 + s(8));
+        assert_eq!(m.last_progress_of(host), Some(t0 + s(9)));
+        // another host's progress is no sign of this one's
+        m.host_progress(ip("10.9.9.9"), t0 + s(12));
+        // (each wait is moved on as it ends: at 11 s, to 5 s past the last sign, at 9 s)
+        assert_eq!(m.poll_timeout(), Some(t0 + s(11)));
+        assert!(m.expire(t0 + s(11)).is_empty());
+        assert_eq!(m.poll_timeout(), Some(t0 + s(14)));
+        assert_eq!(
+            m.on_request(key(1), 1, t0 + s(13)),
+            RequestOutcome::Matched { req: 1, conn: 1 }
+        );
+        // quiet for a wait after its last request: the other one's wait ends
+        assert!(m.expire(t0 + s(17)).is_empty());
+        assert_eq!(m.expire(t0 + s(18)), vec![Expired::Accepted(key(2), 2)]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The server's request/accept rendezvous never loses or duplicates either side: under any
 //! interleaving of requests, accepts, closes and clock steps, every request ends exactly once
 //! (matched, refused, or expired) and so does every accepted connection (matched, expired or
-//! forgotten), and nothing waits longer than its bound.
+//! forgotten), and nothing waits longer than its bound, nor less while its host makes progress.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -15,6 +15,8 @@ enum Op {
     Request(u8),
     Accept(u8),
     Close(u8),
+    /// A connection of the client host was established (it took an answer up).
+    Established,
     Advance(u16),
 }
 
@@ -23,6 +25,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..12).prop_map(Op::Request),
         (0u8..12).prop_map(Op::Accept),
         (0u8..12).prop_map(Op::Close),
+        Just(Op::Established),
         (0u16..1500).prop_map(Op::Advance),
     ]
 }
@@ -48,8 +51,9 @@ proptest! {
         let mut live_conns: HashSet<u32> = HashSet::new();
         let mut ended: HashSet<u32> = HashSet::new();
         let mut born: std::collections::HashMap<u32, Instant> = Default::default();
-        // (every tuple is of one client host: its requests extend the accepted ones' waits)
-        let mut last_request: Option<Instant> = None;
+        // (every tuple is of one client host: its requests and its connections established
+        // extend the accepted ones' waits)
+        let mut last_progress: Option<Instant> = None;
         let mut end = |id: u32, live: &mut HashSet<u32>| {
             prop_assert!(live.remove(&id), "{} ended but was not live", id);
             prop_assert!(ended.insert(id), "{} ended twice", id);
@@ -58,7 +62,7 @@ proptest! {
         for o in ops {
             match o {
                 Op::Request(p) => {
-                    last_request = Some(now);
+                    last_progress = Some(now);
                     let id = next_req; next_req += 1;
                     live_reqs.insert(id); born.insert(id, now);
                     match m.on_request(key(p), id, now) {
@@ -84,6 +88,10 @@ proptest! {
                 Op::Close(p) => {
                     if let Some(c) = m.forget_accepted(&key(p)) { end(c, &mut live_conns)?; }
                 }
+                Op::Established => {
+                    last_progress = Some(now);
+                    m.host_progress(key(0).peer_ip, now);
+                }
                 Op::Advance(ms) => {
                     now += Duration::from_millis(ms as u64);
                     for e in m.expire(now) {
@@ -95,7 +103,7 @@ proptest! {
                             Expired::Accepted(_, c) => {
                                 prop_assert!(now - born[&c] >= cfg.accepted_wait);
                                 // it waited on while its host made progress, up to the cap
-                                let idle = last_request.is_none_or(|t| now - t >= cfg.accepted_wait);
+                                let idle = last_progress.is_none_or(|t| now - t >= cfg.accepted_wait);
                                 prop_assert!(idle || now - born[&c] >= cfg.accepted_wait_max);
                                 end(c, &mut live_conns)?;
                             }

@@ -311,7 +311,8 @@ impl Requests {
     /// Takes up new requests and serves them all: each asked connection is returned to plain
     /// TCP (an undecided one settles there with reason `forked`, one on the ring is switched
     /// back), then the child is told to use the socket; one that cannot go back, or not within
-    /// [`data::HAND_BACK_WAIT`], is reset and the child told so.
+    /// [`data::HAND_BACK_WAIT`] (of the request, or of the end of the dial it waited for), is
+    /// reset and the child told so.
     pub(crate) fn serve(&mut self) {
         let Some(w) = super::world_if_created() else {
             return;
@@ -332,7 +333,7 @@ impl Requests {
             }
         }
         let now = Instant::now();
-        self.asked.retain(|a| {
+        self.asked.retain_mut(|a| {
             let c = match w.at(a.index) {
                 Some(c) if c.attrs.born() == a.born => c,
                 // (no longer there: closed by this process, which switched it back first)
@@ -347,7 +348,12 @@ impl Requests {
                     b.answer(a.index, a.born, TCP);
                     return false;
                 }
-                Step::Dialing => return true,
+                // (the switch back gets its whole wait from the dial's end: a dial that took
+                // longer than the wait would otherwise leave it none)
+                Step::Dialing => {
+                    a.until = now + data::HAND_BACK_WAIT;
+                    return true;
+                }
                 Step::Wait if now < a.until => return true,
                 Step::Wait => "not back on TCP in time".to_string(),
                 Step::Cannot(why) => why,

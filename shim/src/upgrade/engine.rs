@@ -77,6 +77,9 @@ enum Cmd {
     /// An application thread decided a client's wait for the token (it read the first bytes
     /// of the server's direction): stop watching, and dial if the token came and it is time.
     Token(Arc<Conn>),
+    /// A server's connection from the client host `ip` was established at the given time (its
+    /// client took up the answer): that host makes progress ([`Matcher::host_progress`]).
+    HostProgress(std::net::IpAddr, Instant),
 }
 
 /// Work for the setup thread (see the module's documentation). The connection is in
@@ -103,8 +106,10 @@ enum Done {
 /// stays TCP (`upgrade_timeout`). The queue's length is no fault of the peer's, and the
 /// connection carries its bytes over TCP meanwhile, so the wait is generous: a set-up takes
 /// ~8 ms of CPU under emulation, and a burst of ten thousand connections on two threads
-/// waits its turn for ~40 s (more while the device and the kernel are busy with the burst).
-const DIAL_QUEUE_MAX: Duration = Duration::from_secs(300);
+/// waits its turn for ~40 s (more while the device and the kernel are busy with the burst:
+/// past 300 s, the bound before, on a slower emulated host). As long as the server's matcher
+/// waits (`MatcherConfig::accepted_wait_max`).
+const DIAL_QUEUE_MAX: Duration = Duration::from_secs(1800);
 
 /// How often, at most, the engine looks at every connection it tracks while events keep it
 /// awake ([`State::scan`]): a timer moved by an event is seen that much later at worst.
@@ -116,9 +121,10 @@ const SCAN_EVERY: Duration = Duration::from_millis(10);
 /// sending them (`MatcherConfig::accepted_wait_max`), counted from the dial's start. The
 /// waits it bounds end a connect timeout after the work they wait for last moved, so it
 /// matters only to a burst whose set-ups go on that long: ten thousand connections, set up
-/// at ~45 a second under emulation (the kernel resolves their routes one by one), take
-/// ~220 s.
-const DIAL_ANSWER_MAX: Duration = Duration::from_secs(300);
+/// at ~45 a second under emulation (the kernel resolves their routes one by one), took
+/// ~220 s on one host, and more than 300 s (the bound before, when 60% of them stayed TCP)
+/// on a slower one.
+const DIAL_ANSWER_MAX: Duration = Duration::from_secs(1800);
 
 /// Until when a dial that started at `since` may wait on, the work it waits for having last
 /// been seen to progress at `last`: a connect timeout past that, at most [`DIAL_ANSWER_MAX`]
@@ -435,6 +441,16 @@ pub fn plain_peer(peer: SocketAddr) {
 pub fn upgraded_to(peer: SocketAddr) {
     if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
         e.proven(peer);
+    }
+}
+
+/// A connection from the client `peer` was upgraded on this, its server's side: the client's
+/// host took up an answer, so the accepted connections still waiting for its requests wait on
+/// ([`Matcher::host_progress`]). Not urgent: the engine takes it up before it next gives up on
+/// a wait.
+pub fn upgraded_from(peer: SocketAddr) {
+    if let Some(e) = super::world_if_created().and_then(|w| w.engine_if_started()) {
+        e.push(Cmd::HostProgress(peer.ip(), Instant::now()), false);
     }
 }
 
@@ -1400,6 +1416,7 @@ impl State {
                 }
                 Cmd::Closed(c, sock) => self.on_closed(c, sock),
                 Cmd::Token(c) => self.token_event(c.slot),
+                Cmd::HostProgress(ip, at) => self.matcher.host_progress(net::canonical_ip(ip), at),
             }
         }
     }
@@ -1714,7 +1731,8 @@ impl State {
             }
         }
         let waiting = d.waiting_for();
-        let status = d.poll(tcp_received);
+        // (judged at the instant the wait was decided at: see `UpgradeDialer::poll_at`)
+        let status = d.poll_at(tcp_received, now);
         if resolving
             && !matches!(&g.phase, Phase::Dialing(d) if d.resolving())
             && !matches!(status, DialStatus::Failed(DialError::Timeout))
@@ -1770,38 +1788,41 @@ impl State {
         }
     }
 
-    /// A server's link whose handshake is past its deadline (its client has not taken up the
-    /// answer yet: no ESTABLISHED) waits on while the client's host keeps sending requests
-    /// (the matcher's record of it) or this engine is behind on its events: up to a connect
-    /// timeout past that, at most [`DIAL_ANSWER_MAX`] after `since`. A client working through
-    /// a burst's set-ups takes each answer up late, and one given up on here is lost on both
-    /// sides (the client's rdma_cm refuses the late establishment).
-    fn handshake_waits_on(&self, c: &Conn, g: &mut Inner, since: Instant, now: Instant) {
-        if c.side != Side::Server {
-            return;
-        }
+    /// A link whose handshake is past its deadline at `now` fails (the engine owns the
+    /// deadline: [`Link::own_handshake_deadline`]), unless it is a server's that waits on: its
+    /// client has not taken up the answer yet (no ESTABLISHED), and the client's host keeps
+    /// making progress (the matcher's record of its requests and of its connections
+    /// established) or this engine is behind on its events — up to a connect timeout past
+    /// that, at most [`DIAL_ANSWER_MAX`] after `since`. A client working through a burst's
+    /// set-ups takes each answer up late, and one given up on here is lost on both sides
+    /// (the client's rdma_cm refuses the late establishment). The wait and the expiry are
+    /// judged at the same instant, here only: a deadline cannot pass unextended between
+    /// two clock reads, nor be acted on by an application thread's drive first.
+    fn handshake_deadline(&self, c: &Conn, g: &mut Inner, since: Instant, now: Instant) {
         let Phase::Linked(l) = &mut g.phase else {
             return;
         };
         if l.conn().poll_timeout().is_none_or(|d| d > now) {
             return;
         }
-        let host = self
-            .matcher
-            .last_request_from(net::canonical_ip(c.peer.ip()));
-        let Some(last) = self.progress(host) else {
-            return;
-        };
-        let until = waits_on_until(last, since);
-        if l.conn_mut().wait_longer(until) {
-            shim_log!(
-                Level::Debug,
-                "server {} <- {}: its client goes on with others: the handshake waits until {:?} from now",
-                c.local,
-                c.peer,
-                until.saturating_duration_since(now)
-            );
+        if c.side == Side::Server {
+            let host = self
+                .matcher
+                .last_progress_of(net::canonical_ip(c.peer.ip()));
+            if let Some(last) = self.progress(host) {
+                let until = waits_on_until(last, since);
+                if l.conn_mut().wait_longer(until) {
+                    shim_log!(
+                        Level::Debug,
+                        "server {} <- {}: its client goes on with others: the handshake waits until {:?} from now",
+                        c.local,
+                        c.peer,
+                        until.saturating_duration_since(now)
+                    );
+                }
+            }
         }
+        l.expire_handshake(now);
     }
 
     /// Until when a dial that started at `since` may wait for this host's rdma_cm to resolve
@@ -2139,8 +2160,10 @@ impl State {
             }
         }
         let mut link = Box::new(link);
-        // The engine reads the rdma_cm channel whenever it is readable (`cm_event`).
+        // The engine reads the rdma_cm channel whenever it is readable (`cm_event`), and
+        // decides when the handshake is past its deadline (`State::handshake_deadline`).
         link.set_cm_watched();
+        link.own_handshake_deadline();
         link.arm();
         g.phase = Phase::Linked(link);
         c.drive(g, true);
@@ -2449,6 +2472,11 @@ impl State {
                 super::check_sockets();
                 self.watch_acks(now);
                 super::publish_live();
+                // (and a look at every connection's timers below: a link's timer may have been
+                // set by an application thread since the last look — a grown ring's idle watch
+                // starts in whichever thread drives the move that grew it — and no event of
+                // the engine's would bring it to the engine's notice)
+                self.stale = true;
             } else if crate::live::dirty() {
                 super::publish_live();
             }
@@ -2562,8 +2590,9 @@ impl State {
                 self.dial_event(slot);
             } else {
                 let mut g = c.lock();
-                self.handshake_waits_on(&c, &mut g, since, now);
+                self.handshake_deadline(&c, &mut g, since, now);
                 c.watch_acks(&mut g, now);
+                c.check_idle(&mut g, now);
                 c.drive(&mut g, true);
                 super::ready::after_change(&c, &mut g);
             }
