@@ -210,3 +210,53 @@ fn no_sigpipe_from_the_shims_writes() {
     let st = Stats::load(&s.dir.join("st.json"));
     assert!(st.raw["output"]["log_dropped"].as_u64().unwrap() >= 1);
 }
+
+/// A log file's records start with their time, UTC to the microsecond, then the record as
+/// standard error has it (`rdmashim[PID] LEVEL: ...`); the same process's records on standard
+/// error carry no time (a terminal or a journal stamps them).
+#[test]
+fn log_file_records_start_with_their_utc_time() {
+    let s = Scratch::new("files-log-time");
+    let log = s.dir.join("log");
+    let before = std::time::SystemTime::now();
+    let out = run(shimmed_true(&s.dir.join("st.json"), Some(&log)), T);
+    assert!(out.status.success(), "{:?}", out);
+    let after = std::time::SystemTime::now();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.is_empty(), "no debug record in the file");
+    let secs =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    for line in text.lines() {
+        let (time, rest) = line.split_once(' ').unwrap_or_else(|| panic!("{line}"));
+        let b = time.as_bytes();
+        let shape = time.len() == 27
+            && b.iter().enumerate().all(|(i, c)| match i {
+                4 | 7 => *c == b'-',
+                10 => *c == b'T',
+                13 | 16 => *c == b':',
+                19 => *c == b'.',
+                26 => *c == b'Z',
+                _ => c.is_ascii_digit(),
+            });
+        assert!(shape, "not a UTC time: {line}");
+        assert!(
+            rest.starts_with("rdmashim[") && rest.contains("] debug: "),
+            "{line}"
+        );
+        // (the day and the time of day, against the clock around the run)
+        let n = |r: std::ops::Range<usize>| time[r].parse::<u64>().unwrap();
+        let of_day = n(11..13) * 3600 + n(14..16) * 60 + n(17..19);
+        let days = [secs(before) / 86_400, secs(after) / 86_400];
+        let at = [secs(before) % 86_400, secs(after) % 86_400 + 1];
+        assert!(
+            (days[0] != days[1]) || (at[0]..=at[1]).contains(&of_day),
+            "{time} is not between the run's start and end"
+        );
+    }
+    let out = run(shimmed_true(&s.dir.join("st2.json"), None), T);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines().count() > 0 && err.lines().all(|l| l.starts_with("rdmashim[")),
+        "{err}"
+    );
+}

@@ -57,6 +57,11 @@ pub fn getppid() -> u32 {
 /// Wall-clock time, milliseconds since the Unix epoch (`CLOCK_REALTIME`: no lock, no
 /// allocation, async-signal-safe — the fork child's handler calls it). 0 if the clock fails.
 pub fn unix_ms() -> u64 {
+    unix_us() / 1000
+}
+
+/// Wall-clock time, microseconds since the Unix epoch (as [`unix_ms`]). 0 if the clock fails.
+pub fn unix_us() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -66,8 +71,8 @@ pub fn unix_ms() -> u64 {
         return 0;
     }
     (ts.tv_sec as u64)
-        .saturating_mul(1000)
-        .saturating_add(ts.tv_nsec as u64 / 1_000_000)
+        .saturating_mul(1_000_000)
+        .saturating_add(ts.tv_nsec as u64 / 1000)
 }
 
 /// The base name of this process's executable: the name it was executed as, remembered at
