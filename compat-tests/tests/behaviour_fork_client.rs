@@ -3,7 +3,7 @@
 //! reads the server's 2 MiB to the end. The scenario (src/bin/behave.rs, `fork_client`)
 //! asserts what Linux TCP does.
 //!
-//! Under the shim the client's dial is under way when its process forks (300 ms after the
+//! Under the shim the client's dial is under way when its process forks (1 s after the
 //! connect: over RDMA the dial starts only after its address is resolved, and a fork before
 //! that settles the connection on TCP, `forked`) and closes its copy: the server's shim holds
 //! the request two seconds before it answers (`RDMASHIM_FAULT=slow_answer:2000`, a loaded

@@ -14,6 +14,14 @@
 //! stream's backlog of several megabytes is still being read seconds later. A receiver's ring
 //! bytes are therefore bounded below by what it reported beyond everything the peer ever wrote
 //! to TCP, and each data-carrying direction's sender must have written through its ring.
+//!
+//! A ring over RDMA starts small (16 KiB) and grows only as its reader takes bytes from it, so
+//! a sender whose peer is still reading the TCP backlog can put little in it. The backlog is
+//! what the kernel's socket buffers held at the switch; left to autotuning they reach several
+//! megabytes, which the starved reverse stream of `--bidir` took longer than the measured
+//! seconds to read on a slow host. The bidirectional cases therefore fix the socket buffers
+//! (`-w`), as an application that sizes its buffers does: the backlog is then bounded, and the
+//! rest of the test is on the rings.
 
 use rdmashim_compat_tests::*;
 use serde_json::Value;
@@ -23,6 +31,10 @@ use std::time::{Duration, Instant};
 /// the control connection's traffic (a few hundred bytes), far below what a stream moves in
 /// iperf3's measured seconds over the ring.
 const RING_DATA_MIN: u64 = 64 * 1024;
+
+/// The bidirectional cases' socket buffers (iperf3 `-w`, set on both ends' data sockets): the
+/// kernel doubles it, so at most about 1 MiB of a direction is on TCP after the switch.
+const BIDIR_WINDOW: &str = "256K";
 
 fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via, rings: Rings) {
     let ip = rings.ip();
@@ -102,12 +114,18 @@ fn case(name: &str, client_args: &[&str], data_streams: u64, via: Via, rings: Ri
     rings.assert_at_least(&srv, down.0, up.1.saturating_sub(cli.bytes("tcp_tx")));
     // Every direction that carries a data stream carried it through the sender's ring (beyond
     // the control connection's few hundred bytes).
-    for (dir, reported, sender) in [("client->server", up, &cli), ("server->client", down, &srv)] {
+    for (dir, reported, sender, receiver) in [
+        ("client->server", up, &cli, &srv),
+        ("server->client", down, &srv, &cli),
+    ] {
         if reported.1 > 0 {
             assert!(
                 rings.tx(sender) >= RING_DATA_MIN,
-                "{name} {dir}: the sender wrote only {} ring bytes: {}",
+                "{name} {dir}: the sender wrote only {} ring bytes (the receiver read {} of its \
+                 {} TCP bytes): {}",
                 rings.tx(sender),
+                receiver.bytes("tcp_rx"),
+                sender.bytes("tcp_tx"),
                 sender.summary()
             );
         }
@@ -138,7 +156,13 @@ fn reverse_over_shm() {
 /// Over shared memory: both directions at once.
 #[test]
 fn bidir_over_shm() {
-    case("bidir-shm", &["--bidir"], 2, Via::Launcher, Rings::Shm);
+    case(
+        "bidir-shm",
+        &["--bidir", "-w", BIDIR_WINDOW],
+        2,
+        Via::Launcher,
+        Rings::Shm,
+    );
 }
 
 #[test]
@@ -156,5 +180,11 @@ fn reverse_over_rdma() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn bidir_over_rdma() {
-    case("bidir", &["--bidir"], 2, Via::Launcher, Rings::Rdma);
+    case(
+        "bidir",
+        &["--bidir", "-w", BIDIR_WINDOW],
+        2,
+        Via::Launcher,
+        Rings::Rdma,
+    );
 }

@@ -1079,8 +1079,10 @@ mod fork_client {
     pub fn client(addr: SocketAddr) {
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(b"hello").unwrap();
-        // (a moment before the fork: the shim's dial of the connection, if any, has started)
-        sleep_ms(300);
+        // (a moment before the fork: the shim's dial of the connection, if any, has started —
+        // over RDMA after its address and route are resolved, which took over 300 ms under
+        // emulation on a loaded host; the server's shim in the test holds its answer 2 s)
+        sleep_ms(1000);
         let fd = s.into_raw_fd();
         // SAFETY: the child uses the connection and leaves with _exit.
         let pid = unsafe { libc::fork() };
@@ -3832,7 +3834,9 @@ mod uring_late {
         handover::settle();
         let fd = handover::first_part(s);
         let ring = uring::Ring::new().unwrap_or_else(|e| panic!("io_uring_setup: {e}"));
-        sleep_ms(2500);
+        // (the engine looks once a second, or less often where a look costs more than a
+        // millisecond of CPU: 2.5 s was too short for it under emulation on a loaded host)
+        sleep_ms(5000);
         handover::rest_then_again(fd, &l);
         // SAFETY: the instance's descriptor, closed once (its mappings stay: the process ends).
         unsafe { libc::close(ring.fd) };
