@@ -10,7 +10,8 @@
 //!
 //! Server and client are two threads of one process (perftest runs two processes on the same
 //! device: the data path is the same). Both busy-poll (`spin` = 10 s), as perftest does;
-//! `RING_BENCH_SPIN_US` overrides that.
+//! `RING_BENCH_SPIN_US` overrides that. `RING_BENCH_RING` (bytes), `RING_BENCH_SQ` (the send
+//! queue's depth) and `RING_BENCH_MAX_WRITE` set the stream's.
 //!
 //! Built with `--features timeline`, `lat` also prints where its round trips went (the wire
 //! each way, each side's software; see `rdma-core/src/timeline.rs`).
@@ -39,6 +40,12 @@ fn cfg() -> StreamConfig {
         .and_then(|v| v.parse().ok())
     {
         c.ring_size = r;
+    }
+    if let Some(q) = std::env::var("RING_BENCH_SQ")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        c.sq_depth = q;
     }
     if let Some(m) = std::env::var("RING_BENCH_MAX_WRITE")
         .ok()

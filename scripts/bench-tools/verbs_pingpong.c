@@ -2,20 +2,35 @@
  * arrived, for scripts/bench-transport: what the wire pattern costs on the device, apart from
  * any protocol or software around it.
  *
- *   verbs_pingpong server IP PORT MODE ITERS
- *   verbs_pingpong client IP PORT MODE ITERS      prints one_way_us=<median round trip / 2>
+ *   verbs_pingpong server IP PORT MODE ITERS [SIZE]
+ *   verbs_pingpong client IP PORT MODE ITERS [SIZE]
+ *                          prints one_way_us=<median round trip / 2> and p99_us=<99th / 2>
  *
- * MODE write: RDMA WRITE of 64 bytes into the peer's buffer; the receiver spins on the last
- *             byte of the slot (ib_write_lat's way; no receive is consumed, no completion).
- * MODE imm:   RDMA WRITE WITH IMMEDIATE of 64 bytes; the receiver spins on its completion
- *             queue and posts the consumed receive again at once (the ring stream's wire
- *             pattern, protocol.md section 3, with nothing else around it).
- * Both: inline sends, one signaled every 16 (its completion awaited, so the send queue never
- * fills), separate send and receive CQs, never armed. Slot i mod 1000 of a 64 KiB buffer
- * carries tag i mod 251 + 1 in its last byte, so a slot's previous tag never matches. Round
- * trips are timed with the time-stamp counter (as perftest times ib_write_lat), its rate taken
- * from CLOCK_MONOTONIC over the run: under the VM's HPET clocksource a clock read is a system
- * call. The first tenth of the iterations are a warm-up. Errors: a message and exit status 1.
+ * Each MODE is the wire pattern of one kind of connection (issue 29), SIZE bytes a message
+ * (default 64):
+ * MODE write: RDMA WRITE into the peer's buffer; the receiver spins on the last byte of the
+ *             slot (ib_write_lat's way; no receive is consumed, no completion): the pattern of
+ *             a ring written with plain WRITEs whose receiver polls a trailer in ring memory.
+ * MODE imm:   RDMA WRITE WITH IMMEDIATE; the receiver spins on its completion queue and posts
+ *             the consumed receive again at once (the ring stream's wire pattern, protocol.md
+ *             section 3, with nothing else around it).
+ * MODE send:  SEND into one of the receiver's posted buffers (64 of SIZE bytes); the receiver
+ *             spins on its completion queue, copies the message out of the buffer (as a
+ *             stream over posted buffers must, into its reader's memory) and posts the buffer
+ *             again (ib_send_lat's pattern plus the copy).
+ * MODE srq:   as send, the buffers posted to a shared receive queue instead of the QP's own.
+ * MODE read:  the sender puts the message in its own registered buffer and tells the
+ *             receiver with a zero-length WRITE WITH IMMEDIATE (the slot in the immediate);
+ *             the receiver pulls it with an RDMA READ into its buffer, waits for the READ's
+ *             completion, and answers the same way (a reader that pulls when told).
+ * All: sends inline when SIZE <= 64, one signaled every 16 (its completion awaited, so the
+ * send queue never fills; a READ is always signaled), separate send and receive CQs, never
+ * armed. Slot i mod S (S = buffer / SIZE, at most 1000, never a multiple of 251) of a 64 KiB
+ * (or 16 x SIZE) buffer carries tag i mod 251 + 1 in its last byte, so a slot's previous tag
+ * never matches; every received message's tag is checked. Round trips are timed with the
+ * time-stamp counter (as perftest times ib_write_lat), its rate taken from CLOCK_MONOTONIC
+ * over the run: under the VM's HPET clocksource a clock read is a system call. The first tenth
+ * of the iterations are a warm-up. Errors: a message and exit status 1.
  *
  * Knobs (environment, both ends alike), to move the setup towards rdmashim's own endpoint one
  * difference at a time: VPP_SIGNAL=N (a signaled send every N, default 16; rdmashim: its send
@@ -37,9 +52,12 @@
 #include <unistd.h>
 #include <x86intrin.h>
 
-#define MSG 64
-#define SLOTS 1000
+#define INLINE_MAX 64
+#define SLOTS_MAX 1000
 #define RECVS 64
+
+enum mode { WRITE, IMM, SEND, SRQ, READ };
+static const char *const mode_names[] = {"write", "imm", "send", "srq", "read"};
 
 static long knob(const char *name, long dflt) {
     const char *v = getenv(name);
@@ -62,9 +80,13 @@ static double mono(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* what a side tells its peer: its receiving buffer (WRITE targets) and its sending one (READ
+ * sources) */
 struct area {
     uint64_t addr;
+    uint64_t src;
     uint32_t rkey;
+    uint32_t src_rkey;
 };
 
 static struct rdma_cm_id *id;
@@ -80,19 +102,31 @@ static void work(void) {
         ;
 }
 
-static struct ibv_mr *src_mr;
-static char *src, *dst;
+static struct ibv_mr *src_mr, *dst_mr, *bufs_mr;
+static char *src, *dst, *bufs, *app;
 static struct area peer;
-static int imm;
+static enum mode mode;
+static long size, slots;
+static struct ibv_srq *srq;
 
+/* posts receive `wr_id`: for send and srq, buffer wr_id of `bufs` (SIZE bytes); otherwise no
+ * buffer (a WRITE WITH IMMEDIATE's receive takes no bytes) */
 static void post_recv(uint64_t wr_id) {
+    struct ibv_sge sge = {(uintptr_t)(bufs + wr_id * size), (uint32_t)size, bufs_mr ? bufs_mr->lkey : 0};
     struct ibv_recv_wr wr = {.wr_id = wr_id}, *bad;
-    if (ibv_post_recv(id->qp, &wr, &bad)) die("ibv_post_recv");
+    if (mode == SEND || mode == SRQ) {
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+    }
+    if (srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(id->qp, &wr, &bad)) die("ibv_post_recv");
 }
+
+/* the last receive's completion: its buffer (wr_id), immediate and length */
+static struct ibv_wc last_recv;
 
 /* completions seen and not yet waited for: sends, receives (with a shared CQ, either may
  * turn up while the other is waited for) */
-static long sends_done, recvs_done;
+static long sends_done, recvs_done, reads_done;
 
 /* takes one completion from `cq`, if any: counts it (a receive is posted again at once) */
 static void take(struct ibv_cq *cq) {
@@ -106,7 +140,13 @@ static void take(struct ibv_cq *cq) {
     }
     if (wc.opcode & IBV_WC_RECV) {
         recvs_done++;
+        last_recv = wc;
+        /* (a data receive without bytes goes back at once; one with bytes once they are
+         * copied out, by recv_msg) */
         if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) post_recv(wc.wr_id);
+    } else if (wc.opcode == IBV_WC_RDMA_READ) {
+        /* (apart from the sends: a signaled notice's completion must not stand for it) */
+        reads_done++;
     } else {
         sends_done++;
     }
@@ -117,46 +157,104 @@ static void await_send(void) {
     sends_done--;
 }
 
+static void await_read(void) {
+    while (reads_done == 0) take(send_cq);
+    reads_done--;
+}
+
 static void await_recv(void) {
     while (recvs_done == 0) take(recv_cq);
     recvs_done--;
 }
 
+/* the tag message i carries in its last byte */
+static char tag(long i) { return (char)(i % 251 + 1); }
+
+static void check(const char *where, char got, long i) {
+    if (got != tag(i)) {
+        fprintf(stderr, "verbs_pingpong: message %ld: tag %d in %s, %d expected\n", i, got, where, tag(i));
+        exit(1);
+    }
+}
+
 static void send_msg(long i) {
-    int slot = i % SLOTS;
-    src[slot * MSG + MSG - 1] = (char)(i % 251 + 1);
-    struct ibv_sge sge = {(uintptr_t)(src + slot * MSG), MSG, src_mr->lkey};
+    long slot = i % slots;
+    src[slot * size + size - 1] = tag(i);
+    struct ibv_sge sge = {(uintptr_t)(src + slot * size), (uint32_t)size, src_mr->lkey};
     struct ibv_send_wr wr = {0}, *bad;
     wr.wr_id = i;
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-    wr.imm_data = htonl((uint32_t)i);
-    wr.send_flags = IBV_SEND_INLINE | (i % signal_every == signal_every - 1 ? IBV_SEND_SIGNALED : 0);
-    wr.wr.rdma.remote_addr = peer.addr + slot * MSG;
+    wr.opcode = mode == WRITE                ? IBV_WR_RDMA_WRITE
+              : mode == IMM || mode == READ ? IBV_WR_RDMA_WRITE_WITH_IMM
+                                             : IBV_WR_SEND;
+    wr.imm_data = htonl((uint32_t)(mode == READ ? slot : i));
+    if (mode == READ) wr.num_sge = 0; /* (the notice: no bytes, the slot in the immediate) */
+    wr.send_flags = (size <= INLINE_MAX ? IBV_SEND_INLINE : 0) |
+                    (i % signal_every == signal_every - 1 ? IBV_SEND_SIGNALED : 0);
+    wr.wr.rdma.remote_addr = peer.addr + slot * size;
     wr.wr.rdma.rkey = peer.rkey;
     if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send");
     if (wr.send_flags & IBV_SEND_SIGNALED) await_send();
 }
 
 static void recv_msg(long i) {
-    if (imm) {
-        await_recv();
-    } else {
-        volatile char *last = dst + (i % SLOTS) * MSG + MSG - 1;
-        while (*last != (char)(i % 251 + 1))
+    long slot = i % slots;
+    switch (mode) {
+    case WRITE: {
+        volatile char *last = dst + slot * size + size - 1;
+        while (*last != tag(i))
             ;
+        break;
+    }
+    case IMM:
+        await_recv();
+        check("the ring", dst[slot * size + size - 1], i);
+        break;
+    case SEND:
+    case SRQ: {
+        await_recv();
+        if (last_recv.byte_len != (uint32_t)size) {
+            fprintf(stderr, "verbs_pingpong: a receive of %u bytes, %ld expected\n", last_recv.byte_len, size);
+            exit(1);
+        }
+        memcpy(app, bufs + last_recv.wr_id * size, size);
+        post_recv(last_recv.wr_id);
+        check("the copy", app[size - 1], i);
+        break;
+    }
+    case READ: {
+        await_recv();
+        long at = ntohl(last_recv.imm_data);
+        struct ibv_sge sge = {(uintptr_t)(dst + at * size), (uint32_t)size, dst_mr->lkey};
+        struct ibv_send_wr wr = {0}, *bad;
+        wr.wr_id = i;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_READ;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = peer.src + at * size;
+        wr.wr.rdma.rkey = peer.src_rkey;
+        if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send (READ)");
+        await_read();
+        check("the read", dst[at * size + size - 1], i);
+        break;
+    }
     }
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6 || (strcmp(argv[1], "server") && strcmp(argv[1], "client")) ||
-        (strcmp(argv[4], "write") && strcmp(argv[4], "imm")) || atol(argv[5]) < 10) {
-        fprintf(stderr, "usage: verbs_pingpong server|client IP PORT write|imm ITERS (>= 10)\n");
+    int m = -1;
+    for (int k = 0; argc >= 6 && k < 5; k++)
+        if (!strcmp(argv[4], mode_names[k])) m = k;
+    size = argc == 7 ? atol(argv[6]) : 64;
+    if ((argc != 6 && argc != 7) || (strcmp(argv[1], "server") && strcmp(argv[1], "client")) || m < 0 ||
+        atol(argv[5]) < 10 || size < 1 || size > (1 << 20)) {
+        fprintf(stderr, "usage: verbs_pingpong server|client IP PORT write|imm|send|srq|read ITERS (>= 10) [SIZE (1..1048576)]\n");
         return 1;
     }
+    mode = (enum mode)m;
     int server = !strcmp(argv[1], "server");
-    imm = !strcmp(argv[4], "imm");
     long iters = atol(argv[5]), warm = iters / 10;
 
     struct rdma_addrinfo hints = {0}, *res;
@@ -164,7 +262,7 @@ int main(int argc, char **argv) {
     if (server) hints.ai_flags = RAI_PASSIVE;
     if (rdma_getaddrinfo(argv[2], argv[3], &hints, &res)) die("rdma_getaddrinfo");
     signal_every = knob("VPP_SIGNAL", 16);
-    long sq = knob("VPP_SQ", 2 * signal_every), buf = knob("VPP_BUF", 65536);
+    long sq = knob("VPP_SQ", 2 * signal_every), buf = knob("VPP_BUF", 65536 > 16 * size ? 65536 : 16 * size);
     int shared = knob("VPP_SHARED_CQ", 0) != 0;
     long work_ns = knob("VPP_WORK_NS", 0);
     if (work_ns > 0) {
@@ -175,8 +273,10 @@ int main(int argc, char **argv) {
             ;
         work_ticks = (uint64_t)((__rdtsc() - c0) / (mono() - m0) * work_ns / 1e9);
     }
-    if (signal_every < 1 || sq < signal_every + 1 || buf < SLOTS * MSG) {
-        fprintf(stderr, "verbs_pingpong: need VPP_SIGNAL >= 1, VPP_SQ > VPP_SIGNAL, VPP_BUF >= %d\n", SLOTS * MSG);
+    slots = buf / size > SLOTS_MAX ? SLOTS_MAX : buf / size;
+    if (slots % 251 == 0) slots--;
+    if (signal_every < 1 || sq < signal_every + 1 || slots < 2) {
+        fprintf(stderr, "verbs_pingpong: need VPP_SIGNAL >= 1, VPP_SQ > VPP_SIGNAL, VPP_BUF >= 2 x SIZE\n");
         return 1;
     }
     if (server) {
@@ -197,30 +297,48 @@ int main(int argc, char **argv) {
         recv_cq = ibv_create_cq(id->verbs, cqe, NULL, NULL, 0);
     }
     if (!send_cq || !recv_cq) die("ibv_create_cq");
+    if (mode == SRQ) {
+        struct ibv_srq_init_attr sa = {0};
+        sa.attr.max_wr = RECVS + 1;
+        sa.attr.max_sge = 1;
+        if (!(srq = ibv_create_srq(id->pd, &sa))) die("ibv_create_srq");
+    }
     struct ibv_qp_init_attr attr = {0};
+    attr.srq = srq;
     attr.send_cq = send_cq;
     attr.recv_cq = recv_cq;
     attr.cap.max_send_wr = sq;
     attr.cap.max_recv_wr = RECVS;
     attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-    attr.cap.max_inline_data = MSG;
+    attr.cap.max_inline_data = INLINE_MAX;
     attr.qp_type = IBV_QPT_RC;
     if (rdma_create_qp(id, NULL, &attr)) die("rdma_create_qp");
 
-    src = aligned_alloc(4096, (buf + 4095) / 4096 * 4096);
-    dst = aligned_alloc(4096, (buf + 4095) / 4096 * 4096);
-    if (!src || !dst) die("aligned_alloc");
+    long pages = (buf + 4095) / 4096 * 4096, bufs_len = (RECVS + 1) * size;
+    src = aligned_alloc(4096, pages);
+    dst = aligned_alloc(4096, pages);
+    bufs = aligned_alloc(4096, (bufs_len + 4095) / 4096 * 4096);
+    app = malloc(size);
+    if (!src || !dst || !bufs || !app) die("aligned_alloc");
     memset(src, 0, buf);
     memset(dst, 0, buf);
-    src_mr = ibv_reg_mr(id->pd, src, buf, IBV_ACCESS_LOCAL_WRITE);
-    struct ibv_mr *dst_mr = ibv_reg_mr(id->pd, dst, buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    struct area mine = {(uintptr_t)dst, dst_mr ? dst_mr->rkey : 0};
+    memset(bufs, 0, bufs_len);
+    src_mr = ibv_reg_mr(id->pd, src, buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    dst_mr = ibv_reg_mr(id->pd, dst, buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    bufs_mr = ibv_reg_mr(id->pd, bufs, bufs_len, IBV_ACCESS_LOCAL_WRITE);
+    if (!src_mr || !dst_mr || !bufs_mr) die("ibv_reg_mr");
+    struct area mine = {(uintptr_t)dst, (uintptr_t)src, dst_mr->rkey, src_mr->rkey};
     struct ibv_mr *mine_mr = ibv_reg_mr(id->pd, &mine, sizeof mine, IBV_ACCESS_LOCAL_WRITE);
     struct ibv_mr *peer_mr = ibv_reg_mr(id->pd, &peer, sizeof peer, IBV_ACCESS_LOCAL_WRITE);
-    if (!src_mr || !dst_mr || !mine_mr || !peer_mr) die("ibv_reg_mr");
+    if (!mine_mr || !peer_mr) die("ibv_reg_mr");
 
-    /* exchange the buffers' addresses with a SEND each way, then post the data receives */
-    if (rdma_post_recv(id, NULL, &peer, sizeof peer, peer_mr)) die("rdma_post_recv");
+    /* exchange the buffers' addresses with a SEND each way (received into the QP's own queue,
+     * or the SRQ, wr_id RECVS: not a data buffer), then post the data receives */
+    {
+        struct ibv_sge sge = {(uintptr_t)&peer, sizeof peer, peer_mr->lkey};
+        struct ibv_recv_wr wr = {.wr_id = RECVS, .sg_list = &sge, .num_sge = 1}, *bad;
+        if (srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(id->qp, &wr, &bad)) die("ibv_post_recv");
+    }
     if (server ? rdma_accept(id, NULL) : rdma_connect(id, NULL)) die(server ? "rdma_accept" : "rdma_connect");
     for (int i = 0; i < RECVS - 1; i++) post_recv(i);
     if (rdma_post_send(id, NULL, &mine, sizeof mine, mine_mr, IBV_SEND_SIGNALED)) die("rdma_post_send");
@@ -251,6 +369,7 @@ int main(int argc, char **argv) {
     if (!server) {
         qsort(rtt, iters, sizeof *rtt, cmp);
         printf("one_way_us=%.2f\n", rtt[iters / 2] / hz / 2 * 1e6);
+        printf("p99_us=%.2f\n", rtt[iters * 99 / 100] / hz / 2 * 1e6);
     }
     rdma_disconnect(id);
     return 0;
