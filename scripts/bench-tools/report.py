@@ -460,6 +460,16 @@ def lat_rounds_line(e):
 
 # ---- SVG --------------------------------------------------------------------------------------
 
+def step_125(top):
+    """The step of a linear axis from 0 to `top` > 0: 1, 2 or 5 times a power of ten, the
+    smallest that takes at most six steps."""
+    step = 10 ** math.floor(math.log10(top / 5))
+    for m in (1, 2, 5):
+        if top / (step * m) <= 6:
+            return step * m
+    return step * 10
+
+
 def svg_bars(title, unit, groups, series, log, note=""):
     """groups: [(label, {system: (median, p99, failed_msg) or None})]; series: [(sys, label)]."""
     W, H, L, R, T, B = 900, 440, 78, 20, 78, 70
@@ -478,11 +488,7 @@ def svg_bars(title, unit, groups, series, log, note=""):
         ticks = [lo * 10 ** i for i in range(int(round(math.log10(hi / lo))) + 1)]
     else:
         top = max(vals) * 1.15
-        step = 10 ** math.floor(math.log10(top / 5))
-        for m in (1, 2, 5, 10):
-            if top / (step * m) <= 6:
-                step *= m
-                break
+        step = step_125(top)
         hi = math.ceil(top / step) * step
 
         def y(v):

@@ -13,7 +13,11 @@ kernel TCP's). A figure a run did not give is left out of its line. Standard lib
 import html
 import json
 import math
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import step_125  # noqa: E402
 
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f", "#d62728"]
 
@@ -25,11 +29,7 @@ def nice_ticks(lo, hi, log):
         b = max(b, a + 1)
         return [10.0 ** e for e in range(a, b + 1)]
     top = hi * 1.1 if hi > 0 else 1.0
-    step = 10 ** math.floor(math.log10(top / 5))
-    for m in (1, 2, 5, 10):
-        if top / (step * m) <= 6:
-            step *= m
-            break
+    step = step_125(top)
     return [i * step for i in range(int(math.ceil(top / step)) + 1)]
 
 

@@ -46,6 +46,15 @@ def write_raw(path, rows):
             f.write("\t".join(map(str, r)) + "\n")
 
 
+class AxisStep(unittest.TestCase):
+    def test_one_two_five_steps_of_at_most_six(self):
+        for top, want in [(1.0, 0.2), (5.9, 1.0), (6.1, 2.0), (12.0, 2.0), (13.0, 5.0),
+                          (30.0, 5.0), (31.0, 10.0), (0.05, 0.01), (850.0, 200.0)]:
+            step = report.step_125(top)
+            self.assertTrue(math.isclose(step, want), (top, step, want))
+            self.assertLessEqual(top / step, 6 + 1e-9)
+
+
 class LatencyRounds(unittest.TestCase):
     def rounds(self, dev, shim, failed_shim=()):
         ok = {("device", "lr_devlat_64", "p50_us"): dict(enumerate(dev, 1)),
