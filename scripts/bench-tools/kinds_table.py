@@ -23,6 +23,7 @@ NAMES = {
     "send": "SEND into posted buffers + copy",
     "srq": "SEND into a shared receive queue + copy",
     "read": "told, then RDMA READ pull",
+    "mailbox": "WRITE + cursor WRITE, cursor polled",
 }
 
 

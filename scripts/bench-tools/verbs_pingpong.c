@@ -19,6 +19,12 @@
  *             stream over posted buffers must, into its reader's memory) and posts the buffer
  *             again (ib_send_lat's pattern plus the copy).
  * MODE srq:   as send, the buffers posted to a shared receive queue instead of the QP's own.
+ * MODE mailbox: RDMA WRITE of the message into the peer's buffer, then, chained in the same
+ *             post, an 8-byte WRITE of the count of messages sent so far into a word of the
+ *             peer's (its "mailbox", apart from the buffer); the receiver spins on that word,
+ *             then checks the message's tag (the two WRITEs placed in order). The pattern of a
+ *             byte-stream ring written with plain WRITEs whose receiver polls a cursor: unlike
+ *             `write`'s trailer in the slot, the receiver need not know where a message ends.
  * MODE read:  the sender puts the message in its own registered buffer and tells the
  *             receiver with a zero-length WRITE WITH IMMEDIATE (the slot in the immediate);
  *             the receiver pulls it with an RDMA READ into its buffer, waits for the READ's
@@ -56,8 +62,9 @@
 #define SLOTS_MAX 1000
 #define RECVS 64
 
-enum mode { WRITE, IMM, SEND, SRQ, READ };
-static const char *const mode_names[] = {"write", "imm", "send", "srq", "read"};
+enum mode { WRITE, IMM, SEND, SRQ, READ, MAILBOX };
+static const char *const mode_names[] = {"write", "imm", "send", "srq", "read", "mailbox"};
+#define MODES 6
 
 static long knob(const char *name, long dflt) {
     const char *v = getenv(name);
@@ -85,9 +92,17 @@ static double mono(void) {
 struct area {
     uint64_t addr;
     uint64_t src;
+    uint64_t mbox;
     uint32_t rkey;
     uint32_t src_rkey;
+    uint32_t mbox_rkey;
 };
+
+/* the mailbox (mode mailbox): the peer writes its count of messages sent here; this side's
+ * count for the peer's is sent inline (copied at the post: the next count cannot overtake it) */
+static volatile uint64_t mbox_in __attribute__((aligned(64)));
+static uint64_t mbox_out __attribute__((aligned(64)));
+static struct ibv_mr *mbox_in_mr, *mbox_out_mr;
 
 static struct rdma_cm_id *id;
 static struct ibv_cq *send_cq, *recv_cq;
@@ -194,7 +209,23 @@ static void send_msg(long i) {
                     (i % signal_every == signal_every - 1 ? IBV_SEND_SIGNALED : 0);
     wr.wr.rdma.remote_addr = peer.addr + slot * size;
     wr.wr.rdma.rkey = peer.rkey;
+    struct ibv_sge msge = {(uintptr_t)&mbox_out, sizeof mbox_out, mbox_out_mr ? mbox_out_mr->lkey : 0};
+    struct ibv_send_wr mwr = {0};
+    if (mode == MAILBOX) {
+        /* (the message's WRITE is unsignaled: the chain's last completion stands for both) */
+        mbox_out = (uint64_t)i + 1;
+        mwr.wr_id = i;
+        mwr.sg_list = &msge;
+        mwr.num_sge = 1;
+        mwr.opcode = IBV_WR_RDMA_WRITE;
+        mwr.send_flags = IBV_SEND_INLINE | (wr.send_flags & IBV_SEND_SIGNALED);
+        mwr.wr.rdma.remote_addr = peer.mbox;
+        mwr.wr.rdma.rkey = peer.mbox_rkey;
+        wr.send_flags &= ~IBV_SEND_SIGNALED;
+        wr.next = &mwr;
+    }
     if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send");
+    if (mode == MAILBOX) wr.send_flags |= mwr.send_flags & IBV_SEND_SIGNALED;
     if (wr.send_flags & IBV_SEND_SIGNALED) await_send();
 }
 
@@ -207,6 +238,11 @@ static void recv_msg(long i) {
             ;
         break;
     }
+    case MAILBOX:
+        while (mbox_in < (uint64_t)i + 1)
+            ;
+        check("the buffer, once the mailbox said", dst[slot * size + size - 1], i);
+        break;
     case IMM:
         await_recv();
         check("the ring", dst[slot * size + size - 1], i);
@@ -245,12 +281,12 @@ static void recv_msg(long i) {
 
 int main(int argc, char **argv) {
     int m = -1;
-    for (int k = 0; argc >= 6 && k < 5; k++)
+    for (int k = 0; argc >= 6 && k < MODES; k++)
         if (!strcmp(argv[4], mode_names[k])) m = k;
     size = argc == 7 ? atol(argv[6]) : 64;
     if ((argc != 6 && argc != 7) || (strcmp(argv[1], "server") && strcmp(argv[1], "client")) || m < 0 ||
         atol(argv[5]) < 10 || size < 1 || size > (1 << 20)) {
-        fprintf(stderr, "usage: verbs_pingpong server|client IP PORT write|imm|send|srq|read ITERS (>= 10) [SIZE (1..1048576)]\n");
+        fprintf(stderr, "usage: verbs_pingpong server|client IP PORT write|imm|send|srq|read|mailbox ITERS (>= 10) [SIZE (1..1048576)]\n");
         return 1;
     }
     mode = (enum mode)m;
@@ -327,7 +363,10 @@ int main(int argc, char **argv) {
     dst_mr = ibv_reg_mr(id->pd, dst, buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     bufs_mr = ibv_reg_mr(id->pd, bufs, bufs_len, IBV_ACCESS_LOCAL_WRITE);
     if (!src_mr || !dst_mr || !bufs_mr) die("ibv_reg_mr");
-    struct area mine = {(uintptr_t)dst, (uintptr_t)src, dst_mr->rkey, src_mr->rkey};
+    mbox_in_mr = ibv_reg_mr(id->pd, (void *)&mbox_in, sizeof mbox_in, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    mbox_out_mr = ibv_reg_mr(id->pd, &mbox_out, sizeof mbox_out, IBV_ACCESS_LOCAL_WRITE);
+    if (!mbox_in_mr || !mbox_out_mr) die("ibv_reg_mr (mailbox)");
+    struct area mine = {(uintptr_t)dst, (uintptr_t)src, (uintptr_t)&mbox_in, dst_mr->rkey, src_mr->rkey, mbox_in_mr->rkey};
     struct ibv_mr *mine_mr = ibv_reg_mr(id->pd, &mine, sizeof mine, IBV_ACCESS_LOCAL_WRITE);
     struct ibv_mr *peer_mr = ibv_reg_mr(id->pd, &peer, sizeof peer, IBV_ACCESS_LOCAL_WRITE);
     if (!mine_mr || !peer_mr) die("ibv_reg_mr");
