@@ -200,7 +200,7 @@ static void send_msg(long i) {
     wr.wr_id = i;
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = mode == WRITE                ? IBV_WR_RDMA_WRITE
+    wr.opcode = mode == WRITE || mode == MAILBOX ? IBV_WR_RDMA_WRITE
               : mode == IMM || mode == READ ? IBV_WR_RDMA_WRITE_WITH_IMM
                                              : IBV_WR_SEND;
     wr.imm_data = htonl((uint32_t)(mode == READ ? slot : i));
