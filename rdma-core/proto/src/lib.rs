@@ -3,7 +3,7 @@
 //! This crate holds everything about the upgrade of a TCP connection to RDMA ring buffers that
 //! can be decided without touching the OS: the rdma_cm private-data codec ([`handshake`]), the
 //! immediate encoding of RDMA WRITE WITH IMMEDIATE ([`imm`]), control messages ([`control`]),
-//! ring cursors ([`ring`]), receive-slot credits ([`credit`]), the per-direction stream state
+//! ring cursors ([`ring`]), the records of the polled ring kind ([`framing`]), receive-slot credits ([`credit`]), the per-direction stream state
 //! machines ([`state`]), the [`Connection`] driver that ties them together ([`conn`]), and the
 //! upgrade's own decisions: upgradable addresses, the negative cache, request matching
 //! ([`upgrade`]), and the binding of an upgrade to its TCP connection ([`binding`]: the
@@ -18,6 +18,7 @@ pub mod control;
 pub mod credit;
 pub mod error;
 pub mod failover;
+pub mod framing;
 pub mod handshake;
 pub mod hostcache;
 pub mod imm;
