@@ -3,7 +3,8 @@
 //! This crate holds everything about the upgrade of a TCP connection to RDMA ring buffers that
 //! can be decided without touching the OS: the rdma_cm private-data codec ([`handshake`]), the
 //! immediate encoding of RDMA WRITE WITH IMMEDIATE ([`imm`]), control messages ([`control`]),
-//! ring cursors ([`ring`]), the records of the polled ring kind ([`framing`]), receive-slot credits ([`credit`]), the per-direction stream state
+//! ring cursors ([`ring`]), the records of the polled ring kind ([`framing`]) and the wake-up of its sleeping
+//! readers ([`wake`]), receive-slot credits ([`credit`]), the per-direction stream state
 //! machines ([`state`]), the [`Connection`] driver that ties them together ([`conn`]), and the
 //! upgrade's own decisions: upgradable addresses, the negative cache, request matching
 //! ([`upgrade`]), and the binding of an upgrade to its TCP connection ([`binding`]: the
@@ -25,6 +26,7 @@ pub mod imm;
 pub mod ring;
 pub mod state;
 pub mod upgrade;
+pub mod wake;
 mod wire;
 
 pub use binding::{BindingKey, Proof, Tag, TcpTuple};
