@@ -3,9 +3,12 @@ host tier): medians, per-round ratios to ib_write_lat, their interval, and missi
 import os
 import sys
 import unittest
+import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kinds_table  # noqa: E402
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 def row(lines, name):
@@ -38,6 +41,37 @@ class Table(unittest.TestCase):
         fig.update({(4096, "send", r): (220.0 + 20 * r, None) for r in (0, 1)})
         s = row(kinds_table.table(fig, "k", "rxe0", 2, 1000), "SEND into posted buffers + copy")
         self.assertEqual(s[3:6], ["1.150", "–", "1.10–1.20"])
+
+
+class Plot(unittest.TestCase):
+    def test_a_dot_per_figure_placed_by_its_ratio(self):
+        fig = {}
+        for r in range(6):
+            for size, dev in ((64, 20.0), (4096, 100.0)):
+                fig[(size, "dev_write", r)] = (dev, None)
+                fig[(size, "write", r)] = (dev * (0.95 + r / 100), None)
+                fig[(size, "imm", r)] = (dev * 1.2, None)
+                fig[(size, "read", r)] = (dev * 6, None)
+        fig[(64, "mailbox", 0)] = (57.0, None)
+        text = kinds_table.svg(fig, "t")
+        root = ET.fromstring(text)
+        dots = {(c.get("data-size"), c.get("data-pattern")): (float(c.get("data-ratio")), float(c.get("cx")))
+                for c in root.iter(SVG + "circle") if c.get("class") == "median"}
+        self.assertEqual(set(dots), {(s, p) for s in ("64", "4096") for p in ("write", "imm", "read")} |
+                         {("64", "mailbox")})
+        self.assertAlmostEqual(dots[("64", "imm")][0], 1.2)
+        self.assertAlmostEqual(dots[("64", "mailbox")][0], 57.0 / 20)
+        # (one panel: the further right, the slower; the two sizes side by side)
+        xs = [dots[("64", p)][1] for p in ("write", "imm", "mailbox", "read")]
+        self.assertEqual(xs, sorted(xs))
+        self.assertGreater(dots[("4096", "write")][1], dots[("64", "read")][1])
+        # the device's line and the target's are drawn in each panel
+        ticks = [t for t in root.iter(SVG + "line") if t.get("class") == "tick"]
+        self.assertEqual(sum(1 for t in ticks if t.get("stroke") == "black"), 2)
+        self.assertEqual(sum(1 for t in ticks if t.get("stroke") == "#d62728"), 2)
+        # a size with no figure of a pattern says so; no figures at all: no plot
+        self.assertIn("no figure", text)
+        self.assertIsNone(kinds_table.svg({}, "t"))
 
 
 if __name__ == "__main__":
