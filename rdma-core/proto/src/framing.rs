@@ -1,8 +1,8 @@
 //! Records: the on-ring format of the polled kind (protocol §14; docs/bench/kinds.md, "What
 //! the figures decide"), with which a receiver learns of new bytes by polling ring memory,
-//! without a receive completion. One RDMA WRITE carries one record; the receiver polls the word at its
-//! read position, then the word at the end that word gives. Not yet negotiated: no transport
-//! writes records yet (the kind is being built on this format).
+//! without a receive completion. One RDMA WRITE carries one record; the receiver polls the
+//! word at its read position, then the word at the end that word gives. Not yet negotiated: no
+//! transport writes records yet (the kind is being built on this format).
 //!
 //! ```text
 //!  at                  at + 8                      at + 8 + pad8(len)
