@@ -36,6 +36,12 @@ def figures(rows):
             (float(r["one_way_us"]), float(r["p99_us"]) if r["p99_us"] else None) for r in rows}
 
 
+def round_ratios(fig, size, pattern):
+    """The pattern's one-way figure over ib_write_lat's, for each round of `size` that has both."""
+    return [v[0] / fig[(size, "dev_write", r)][0] for (s, p, r), v in fig.items()
+            if s == size and p == pattern and (size, "dev_write", r) in fig]
+
+
 def table(fig, kernel, device, rounds, iters):
     """results.md's lines."""
     lines = [f"# The connection kinds' wire patterns, side by side ({kernel}, device {device})", "",
@@ -55,11 +61,11 @@ def table(fig, kernel, device, rounds, iters):
             one = statistics.median(v[0] for v in runs.values())
             p99s = [v[1] for v in runs.values() if v[1] is not None]
             p99 = f"{statistics.median(p99s):.2f}" if p99s else "–"
-            ratios = [v[0] / fig[(s, "dev_write", r)][0] for r, v in runs.items() if (s, "dev_write", r) in fig]
+            rs = round_ratios(fig, s, p)
             rat = rng = ci = "–"
-            if ratios:
-                rat, rng = f"{statistics.median(ratios):.3f}", f"{min(ratios):.2f}–{max(ratios):.2f}"
-                iv = median_interval(ratios)
+            if rs:
+                rat, rng = f"{statistics.median(rs):.3f}", f"{min(rs):.2f}–{max(rs):.2f}"
+                iv = median_interval(rs)
                 if iv:
                     ci = f"{iv[0]:.2f}–{iv[1]:.2f}"
             lines.append(f"| {name} | {one:.2f} | {p99} | {rat} | {ci} | {rng} | {len(runs)} |")
@@ -73,8 +79,7 @@ def ratios(fig):
     out = {}
     for s in sorted({k[0] for k in fig}):
         for p in NAMES:
-            rs = [v[0] / fig[(s, "dev_write", r)][0] for (ks, kp, r), v in fig.items()
-                  if ks == s and kp == p and (s, "dev_write", r) in fig]
+            rs = round_ratios(fig, s, p)
             if rs:
                 iv = median_interval(rs) or (min(rs), max(rs))
                 out[(s, p)] = (statistics.median(rs), iv[0], iv[1], len(rs))
