@@ -32,16 +32,91 @@ pub enum Role {
     B,
 }
 
-/// This host's part, from `RDMASHIM_TWO_HOST_ROLE`. Panics outside the two-host tier.
+/// This host's part, from `RDMASHIM_TWO_HOST_ROLE`. Panics outside the two-host tier, and
+/// when the link to the other host carries nothing ([`link_alive`]): every test begins here.
 pub fn role() -> Role {
-    match std::env::var("RDMASHIM_TWO_HOST_ROLE").as_deref() {
+    let role = match std::env::var("RDMASHIM_TWO_HOST_ROLE").as_deref() {
         Ok("a") => Role::A,
         Ok("b") => Role::B,
         other => panic!(
             "RDMASHIM_TWO_HOST_ROLE={other:?}: a two-host test runs in scripts/two-host-tier \
              (scripts/test), once as a and once as b"
         ),
-    }
+    };
+    link_alive();
+    role
+}
+
+/// Set once the link to the other host was found dead: every later test of this run fails at
+/// once instead of spending its waits on it (scripts/two-host-tier runs them again in two new
+/// VMs).
+static LINK_DEAD: AtomicBool = AtomicBool::new(false);
+
+/// How long the other host may give no answer at all before the link counts as dead: longer
+/// than any cut a test makes on purpose (two_hosts.rs's `CUT_MAX`, 120 s), so that a host
+/// whose peer is still in such a test only waits.
+pub const LINK_WAIT: Duration = Duration::from_secs(180);
+
+/// A port no test listens on: a live peer's kernel answers a connect to it with a reset.
+const PROBE_PORT: u16 = 9;
+
+/// Checks, at a test's start, that the other host's kernel answers (a connect to a closed
+/// port is refused, or succeeds): the virtual link has been seen to stop carrying anything
+/// for good on a loaded machine, and then every test after would wait out its bounds. Waits
+/// up to [`LINK_WAIT`]; on a dead link, prints what this host's side of it looks like and
+/// panics (as does every later call).
+pub fn link_alive() {
+    assert!(
+        !LINK_DEAD.load(Ordering::Relaxed),
+        "the link to the other host died in an earlier test of this run: not run here \
+         (scripts/two-host-tier runs it again in two new VMs)"
+    );
+    let addr: SocketAddr = format!("{}:{PROBE_PORT}", peer_ip()).parse().unwrap();
+    let until = Instant::now() + LINK_WAIT;
+    let last = loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Ok(_) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return,
+            Err(e) if Instant::now() >= until => break e,
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    };
+    link_died(&format!(
+        "the other host gave no answer for {LINK_WAIT:?} (a connect to {addr}: {last})"
+    ));
+}
+
+/// Marks the link dead for the rest of this run and panics with `why` and this host's view of
+/// its link (interface counters, queueing, the kernel's last messages) — what tells a guest's
+/// stuck queue from a host's lost datagrams.
+fn link_died(why: &str) -> ! {
+    LINK_DEAD.store(true, Ordering::Relaxed);
+    let show = |cmd: &str, args: &[&str]| {
+        Command::new(cmd).args(args).output().map_or_else(
+            |e| format!("$ {cmd} {}: {e}", args.join(" ")),
+            |o| {
+                format!(
+                    "$ {cmd} {}\n{}{}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            },
+        )
+    };
+    let dmesg = show("dmesg", &["--ctime"]);
+    // (rxe asks the link's speed at every turn: the kernel's answer fills the log)
+    let tail: Vec<&str> = (dmesg.lines().rev())
+        .filter(|l| !l.contains("speed is unknown"))
+        .take(30)
+        .collect();
+    panic!(
+        "the link to the other host is dead: {why}\n{}\n{}\n{}\n$ dmesg (last lines)\n{}",
+        show("ip", &["-s", "link", "show", "eth0"]),
+        show("tc", &["-s", "qdisc", "show", "dev", "eth0"]),
+        show("ip", &["neigh", "show", "dev", "eth0"]),
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    );
 }
 
 fn env_ip(name: &str) -> String {
@@ -104,11 +179,23 @@ pub fn flag_up(port: u16) -> bool {
 pub fn wait_flag(port: u16, within: Duration) {
     let addr: SocketAddr = format!("{}:{port}", peer_ip()).parse().unwrap();
     let until = Instant::now() + within;
+    // (since when every connect went unanswered: a refusal means the other host is alive,
+    // only not there yet)
+    let mut silent_since = None;
     loop {
         let e = match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
             Ok(_) => return,
             Err(e) => e,
         };
+        let silent = *silent_since.get_or_insert_with(Instant::now);
+        if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            silent_since = None;
+        } else if silent.elapsed() >= LINK_WAIT {
+            link_died(&format!(
+                "waiting for its flag {addr}, no connect was answered for {LINK_WAIT:?} (the \
+                 last: {e})"
+            ));
+        }
         assert!(
             Instant::now() < until,
             "the other host's flag {addr} did not come up within {within:?} (the last \
