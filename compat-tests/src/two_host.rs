@@ -187,10 +187,9 @@ pub fn wait_flag(port: u16, within: Duration) {
             Ok(_) => return,
             Err(e) => e,
         };
-        let silent = *silent_since.get_or_insert_with(Instant::now);
         if e.kind() == std::io::ErrorKind::ConnectionRefused {
             silent_since = None;
-        } else if silent.elapsed() >= LINK_WAIT {
+        } else if silent_since.get_or_insert_with(Instant::now).elapsed() >= LINK_WAIT {
             link_died(&format!(
                 "waiting for its flag {addr}, no connect was answered for {LINK_WAIT:?} (the \
                  last: {e})"
