@@ -53,6 +53,8 @@ fn cfg() -> StreamConfig {
     {
         c.protocol.max_write = m;
     }
+    // (the ring kind: records, protocol §14, or WRITE WITH IMMEDIATE)
+    c.protocol.records = std::env::var("RING_BENCH_RECORDS").is_ok_and(|v| v == "1");
     c
 }
 
@@ -60,7 +62,13 @@ fn pair(addr: SocketAddr) -> (Stream, Stream) {
     let l = Listener::bind_with(addr, cfg()).expect("bind");
     let t = thread::spawn(move || l.accept().expect("accept"));
     let c = Stream::connect_with(addr, cfg()).expect("connect");
-    (c, t.join().unwrap())
+    let s = t.join().unwrap();
+    assert_eq!(
+        c.records(),
+        cfg().protocol.records,
+        "the ring kind asked for was not negotiated"
+    );
+    (c, s)
 }
 
 fn lat(addr: SocketAddr, iters: usize, size: usize) {
@@ -116,6 +124,7 @@ fn lat(addr: SocketAddr, iters: usize, size: usize) {
         "ring lat: {iters} round trips of {size} B, one-way median {med:.2} us, p99 {p99:.2} us"
     );
     println!("lat_us={med:.3}");
+    println!("p99_us={p99:.3}");
     drop((c, s));
 }
 

@@ -53,6 +53,9 @@ pub(crate) struct EndpointSizes {
     pub sq_depth: u32,
     /// Bytes to ask for as `max_inline_data`.
     pub max_inline: u32,
+    /// Zero the receive ring before it is advertised (a link that offers records: a pooled
+    /// ring may hold its last connection's, protocol §14).
+    pub zero_rx: bool,
 }
 
 struct Resources {
@@ -163,10 +166,15 @@ impl Endpoint {
         sz: EndpointSizes,
     ) -> std::result::Result<Self, Box<(Error, CmId)>> {
         match Self::resources(&mut id, sz) {
-            Ok(r) => Ok(Self {
+            Ok(mut r) => Ok(Self {
+                kit: {
+                    if sz.zero_rx {
+                        r.kit.rx.ring_mut().zero();
+                    }
+                    r.kit
+                },
                 id,
                 moves: None,
-                kit: r.kit,
                 cq: r.cq,
                 comp: r.comp,
                 ch,
@@ -427,7 +435,47 @@ impl Endpoint {
                 )?;
                 self.posted(signaled);
             }
-            Action::WriteCredit { remote_addr, imm } => {
+            Action::WriteRecord {
+                len,
+                gen,
+                ring_offset,
+                remote_addr,
+                rkey,
+                header,
+                trailer_at,
+                imm,
+                ..
+            } => {
+                let (seq, signaled) = self.next_wr(false);
+                {
+                    // The header and the trailer around the payload the sends staged (the
+                    // double mapping keeps a record that wraps contiguous); the trailer is the
+                    // last word the WRITE places, and the receiver reads nothing before it.
+                    let tx = self
+                        .tx_ring_mut(gen)
+                        .ok_or(Error::InvalidArgument("no send staging ring"))?
+                        .ring_mut();
+                    let word = header.to_le_bytes();
+                    tx.slice_mut(ring_offset, 8).copy_from_slice(&word);
+                    tx.slice_mut(ring_offset + trailer_at, 8)
+                        .copy_from_slice(&word);
+                }
+                let tx = self
+                    .tx_ring(gen)
+                    .ok_or(Error::InvalidArgument("no send staging ring"))?;
+                self.id.post_write(
+                    SEND_TAG | seq,
+                    tx.mr(),
+                    ring_offset,
+                    len,
+                    remote_addr,
+                    rkey,
+                    imm.map(|i| i.encode()),
+                    signaled,
+                )?;
+                self.posted(signaled);
+            }
+            Action::WriteCredit { remote_addr, imm } | Action::Doorbell { remote_addr, imm } => {
                 let (seq, signaled) = self.next_wr(false);
                 self.id.post_write(
                     SEND_TAG | seq,
@@ -561,6 +609,7 @@ mod isolation {
             recv_slots: 16,
             sq_depth: 16,
             max_inline: 64,
+            zero_rx: false,
         }
     }
 

@@ -194,6 +194,7 @@ impl StreamConfig {
             recv_slots: self.recv_slots,
             sq_depth: self.sq_depth,
             max_inline: self.max_inline,
+            zero_rx: self.protocol.records,
         })
     }
 }
@@ -810,7 +811,25 @@ impl Link {
         self.cm_check.now();
     }
 
-    /// Polls the CQ dry; returns whether anything completed.
+    /// Records (protocol §14): looks for the peer's records in the receive ring (one word
+    /// read when there is none); returns whether it found any, or the ring failed the
+    /// connection.
+    fn poll_records(&mut self) -> bool {
+        if !self.conn.records() {
+            return false;
+        }
+        let Ep::Rdma(ep) = &self.ep else { return false };
+        let Some(rx) = ep.rx_ring(self.conn.rx_cursors().gen()) else {
+            return false;
+        };
+        let ring = rx.ring();
+        self.conn
+            .poll_ring(|offset| ring.load_word(offset))
+            .unwrap_or(true)
+    }
+
+    /// Polls the CQ dry, and the receive ring where records arrive; returns whether anything
+    /// completed or arrived.
     pub(crate) fn poll_cq(&mut self) -> bool {
         if let Ep::Shm(s) = &mut self.ep {
             return match s.poll(&mut self.conn) {
@@ -822,7 +841,7 @@ impl Link {
             };
         }
         let mut wcs = [empty_wc(); 16];
-        let mut any = false;
+        let mut any = self.poll_records();
         loop {
             let Ep::Rdma(ep) = &self.ep else { return any };
             let n = match ep.cq.poll(&mut wcs) {
@@ -843,6 +862,11 @@ impl Link {
     }
 
     fn on_completion(&mut self, wc: &ffi::ibv_wc) {
+        if wc.wr_id & SEND_TAG == 0 {
+            // (records: the WRITEs before a message are placed before its completion, and a
+            // ShutdownWrite or Close counts them: the ring is looked at first)
+            self.poll_records();
+        }
         let Ep::Rdma(ep) = &mut self.ep else { return };
         let ok = wc.status == ffi::ibv_wc_status::IBV_WC_SUCCESS;
         if wc.wr_id & SEND_TAG != 0 {

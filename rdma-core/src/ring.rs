@@ -23,7 +23,7 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::error::Error;
@@ -275,6 +275,29 @@ impl MagicRing {
         self.check(offset, len);
         // SAFETY: as in `slice`; &mut self excludes other slices of this ring.
         unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(offset), len) }
+    }
+
+    /// The little-endian word at ring offset `offset` (a multiple of 8 below the size), read
+    /// as one aligned load with acquire ordering: the way a reader of records (protocol §14)
+    /// polls what its peer's RDMA WRITEs place, so that no read of the payload after it is
+    /// moved before it. Panics outside those bounds.
+    pub fn load_word(&self, offset: usize) -> u64 {
+        assert!(
+            offset.is_multiple_of(8) && offset < self.size,
+            "ring word at {offset} in a ring of {}",
+            self.size
+        );
+        // SAFETY: offset + 8 <= size, inside our live mapping, and 8-aligned (the mapping is
+        // page-aligned); the word may change under us (the device, another process), which an
+        // atomic load allows.
+        let word = unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(offset).cast::<u64>()) };
+        u64::from_le(word.load(Ordering::Acquire))
+    }
+
+    /// Fills the ring with zeros (a ring of records must hold no earlier ring's: protocol
+    /// §14).
+    pub fn zero(&mut self) {
+        self.slice_mut(0, self.size).fill(0);
     }
 }
 

@@ -601,11 +601,13 @@ impl ShmEndpoint {
                 self.outbox.push(KIND_CONTROL, 0, bytes.len() as u32, bytes);
             }
             Action::Teardown => {}
-            // (a shared-memory link does not announce ring moves: the core never asks for
-            // these)
+            // (a shared-memory link does not announce ring moves or offer records: the core
+            // never asks for these)
             Action::NewStaging { .. }
             | Action::ReleaseStaging { .. }
-            | Action::ReleaseRing { .. } => {}
+            | Action::ReleaseRing { .. }
+            | Action::WriteRecord { .. }
+            | Action::Doorbell { .. } => {}
         }
     }
 

@@ -397,10 +397,16 @@ impl Stream {
                 Some(Ok(()))
             } else {
                 match self.link.conn().recv() {
-                    Recv::Ring { gen, offset, len } => {
-                        let n = len.min(p.want - p.buf.len());
-                        p.buf.extend_from_slice(self.link.ring(gen, offset, n));
-                        let _ = self.link.conn_mut().consume(n);
+                    Recv::Ring { .. } => {
+                        // (records come one at a time: take as many as the receive wants)
+                        while let Recv::Ring { gen, offset, len } = self.link.conn().recv() {
+                            let n = len.min(p.want - p.buf.len());
+                            p.buf.extend_from_slice(self.link.ring(gen, offset, n));
+                            let _ = self.link.conn_mut().consume(n);
+                            if p.buf.len() == p.want || !self.link.conn().records() {
+                                break;
+                            }
+                        }
                         (p.buf.len() == p.want).then_some(Ok(()))
                     }
                     Recv::Eof => Some(Ok(())),
@@ -486,16 +492,22 @@ impl Stream {
                 return false;
             }
             match s.conn().recv() {
-                Recv::Ring { gen, offset, len } => {
-                    let n = len.min(buf.len());
-                    buf[..n].copy_from_slice(s.link.ring(gen, offset, n));
-                    out = Some(
-                        s.link
-                            .conn_mut()
-                            .consume(n)
-                            .map(|()| n)
-                            .map_err(|e| err(io::ErrorKind::InvalidData, e.to_string())),
-                    );
+                Recv::Ring { .. } => {
+                    // (records come one at a time: a read takes as many as it has room for)
+                    let mut n = 0;
+                    while let Recv::Ring { gen, offset, len } = s.conn().recv() {
+                        let k = len.min(buf.len() - n);
+                        buf[n..n + k].copy_from_slice(s.link.ring(gen, offset, k));
+                        if let Err(e) = s.link.conn_mut().consume(k) {
+                            out = Some(Err(err(io::ErrorKind::InvalidData, e.to_string())));
+                            return true;
+                        }
+                        n += k;
+                        if n == buf.len() || !s.conn().records() {
+                            break;
+                        }
+                    }
+                    out = Some(Ok(n));
                     true
                 }
                 Recv::Eof => {
@@ -679,6 +691,12 @@ impl Stream {
         self.conn().stats()
     }
 
+    /// Whether the connection carries records (both sides offered them: protocol §14), the
+    /// ring kind whose reader polls ring memory instead of taking a completion per write.
+    pub fn records(&self) -> bool {
+        self.conn().records()
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &StreamConfig {
         &self.cfg
@@ -764,8 +782,10 @@ fn block_many(
             std::hint::spin_loop();
         }
         // Arm, then look once more: a completion between the last poll and the arm raised no
-        // event.
+        // event. (With records a reader tells its peer first that it sleeps, and the look
+        // catches a record written before the notice left: protocol §14.)
         for s in ss.iter_mut() {
+            s.link.conn_mut().prepare_sleep();
             s.link.arm();
             s.progress();
         }

@@ -2,6 +2,7 @@
 //! end with an error or EOF within a second: never a hang.
 //!
 //! The peer is a separate process, `stream-peer` (src/bin/stream-peer.rs), SIGKILLed by the test.
+//! Over both ring kinds.
 
 mod support;
 
@@ -16,9 +17,10 @@ const LIMIT: Duration = Duration::from_secs(1);
 
 /// The peer process (src/bin/stream-peer.rs): `writer` streams bytes forever, `sleeper`
 /// connects and never reads.
-fn spawn_helper(role: &str, addr: SocketAddr) -> Child {
+fn spawn_helper(role: &str, addr: SocketAddr, records: bool) -> Child {
+    let kind = if records { "records" } else { "imm" };
     Command::new(env!("CARGO_BIN_EXE_stream-peer"))
-        .args([role, &addr.to_string()])
+        .args([role, &addr.to_string(), kind])
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn stream-peer")
@@ -27,11 +29,22 @@ fn spawn_helper(role: &str, addr: SocketAddr) -> Child {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying() {
+    writer_dies(6, false);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_records() {
+    writer_dies(8, true);
+}
+
+fn writer_dies(port: u16, records: bool) {
     let _ = support::device();
-    let addr = support::addr(6);
-    let listener = Listener::bind(addr).expect("bind");
-    let mut child = spawn_helper("writer", addr);
+    let addr = support::addr(port);
+    let listener = Listener::bind_with(addr, support::kind(records)).expect("bind");
+    let mut child = spawn_helper("writer", addr, records);
     let mut s = listener.accept().expect("accept the helper");
+    assert_eq!(s.records(), records);
     let mut buf = vec![0u8; 256 * 1024];
     let mut got = 0usize;
     while got < 4 << 20 {
@@ -65,11 +78,22 @@ fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying() {
+    reader_dies(7, false);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_records() {
+    reader_dies(9, true);
+}
+
+fn reader_dies(port: u16, records: bool) {
     let _ = support::device();
-    let addr = support::addr(7);
-    let listener = Listener::bind(addr).expect("bind");
-    let mut child = spawn_helper("sleeper", addr);
+    let addr = support::addr(port);
+    let listener = Listener::bind_with(addr, support::kind(records)).expect("bind");
+    let mut child = spawn_helper("sleeper", addr, records);
     let mut s = listener.accept().expect("accept the helper");
+    assert_eq!(s.records(), records);
     // Fill the helper's ring (it never reads), so the next send blocks on credit.
     let chunk = vec![1u8; 64 * 1024];
     let t = Instant::now();

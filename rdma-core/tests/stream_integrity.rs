@@ -1,6 +1,6 @@
 //! RDMA tier: a ring stream carries 256 MiB each way at once, written and read in random
 //! sizes from 1 B to 1 MiB, and every byte arrives in order (SHA-256 of what each side sent
-//! equals SHA-256 of what the other received).
+//! equals SHA-256 of what the other received) — over WRITE WITH IMMEDIATE and over records.
 //!
 //! `RDMASHIM_STREAM_MIB` overrides the size per direction (for quick runs).
 
@@ -31,21 +31,34 @@ fn run_side(mut s: Stream, seed: u64, total: usize) -> ([u8; 32], [u8; 32]) {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn random_sized_io_both_ways_arrives_intact() {
+    both_ways(3, false);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn random_sized_io_both_ways_arrives_intact_over_records() {
+    both_ways(4, true);
+}
+
+fn both_ways(port: u16, records: bool) {
     let _ = support::device();
-    let addr = support::addr(3);
+    let addr = support::addr(port);
     let total = total();
-    let listener = Listener::bind(addr).expect("Listener::bind");
+    let listener = Listener::bind_with(addr, support::kind(records)).expect("Listener::bind");
     let t0 = std::time::Instant::now();
     let server = thread::spawn(move || {
         let s = listener.accept().expect("accept");
+        assert_eq!(s.records(), records);
         run_side(s, 2, total)
     });
-    let c = Stream::connect(addr).expect("Stream::connect");
+    let c = Stream::connect_with(addr, support::kind(records)).expect("Stream::connect");
+    assert_eq!(c.records(), records, "records negotiated as offered");
     let (c_sent, c_recv) = run_side(c, 1, total);
     let (s_sent, s_recv) = server.join().expect("server thread");
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "{} MiB each way in {secs:.1} s ({:.1} MB/s per direction)",
+        "{}{} MiB each way in {secs:.1} s ({:.1} MB/s per direction)",
+        if records { "records: " } else { "" },
         total >> 20,
         total as f64 / secs / 1e6
     );

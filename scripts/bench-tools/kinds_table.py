@@ -27,6 +27,8 @@ NAMES = {
     "srq": "SEND into a shared receive queue + copy",
     "read": "told, then RDMA READ pull",
     "mailbox": "WRITE + cursor WRITE, cursor polled",
+    "ring_imm": "ring stream, WRITE WITH IMM (native API)",
+    "ring_records": "ring stream, records (native API)",
 }
 
 

@@ -21,13 +21,16 @@ use crate::binding::{BindingKey, Proof, Tag};
 use crate::control::ControlMsg;
 use crate::credit::{CreditPolicy, RxSlots, TxSlots};
 use crate::failover::{Incoming, Next, Record, RECORD_LEN};
+use crate::framing;
 use crate::handshake::{AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RingDesc};
 use crate::imm::Imm;
+use crate::records::{Records, MIN_RECORD};
 use crate::ring::{RingSize, RxCursors, TxCursors};
 use crate::state::{
     ErrorReason, Fin, InvalidTransition, PeerFin, RxEvent, RxState, StreamState, TxEvent, TxState,
     Violation,
 };
+use crate::wake::{Notice, OnNotice};
 use crate::MIN_RECV_SLOTS;
 
 /// Tunables. `Default` gives the documented protocol defaults.
@@ -55,6 +58,12 @@ pub struct Config {
     /// has carried four of its sizes already (a busy connection, not one large message).
     /// `None` (the default): it never asks.
     pub ring_max: Option<RingSize>,
+    /// Offer records (protocol §14): the ring kind whose receiver learns of new bytes by
+    /// polling ring memory ([`Connection::poll_ring`]) instead of taking a completion per
+    /// write. Used when both sides offer it; a connection that carries records does not (yet)
+    /// take part in ring moves, switch-backs or failover, and says so in its handshake.
+    /// Default false.
+    pub records: bool,
 }
 
 impl Default for Config {
@@ -67,6 +76,7 @@ impl Default for Config {
             handshake_timeout: Duration::from_secs(3),
             ring_moves: false,
             ring_max: None,
+            records: false,
         }
     }
 }
@@ -137,6 +147,41 @@ pub enum Action {
         rkey: u32,
         /// Immediate: post `imm.encode()` (host order; converted to network order once, where
         /// `ibv_send_wr.imm_data` is filled).
+        imm: Imm,
+    },
+    /// Records (protocol §14): one RDMA WRITE of the whole record, the staged ring bytes
+    /// `[cursor, cursor + len)` (index the staging area as for [`Action::WriteData`]), to
+    /// `remote_addr`. Before posting it the transport puts `header` (a little-endian word) at
+    /// the record's start in the staging area and again at `trailer_at` bytes from it: the
+    /// payload was copied in between by the application's sends. A plain WRITE, or with
+    /// `imm` a WRITE WITH IMMEDIATE (a wake-up of a sleeping reader, or a request for
+    /// credit), which takes a receive at the peer.
+    WriteRecord {
+        /// Ring cursor of the record's header.
+        cursor: u64,
+        /// Ring bytes of the whole record (header, payload, pad, trailer).
+        len: usize,
+        /// The generation of the peer's ring and of the staging area (0: records do not move).
+        gen: u32,
+        /// Offset in the peer's ring (`cursor mod peer ring size`).
+        ring_offset: usize,
+        /// Remote address to write to.
+        remote_addr: u64,
+        /// The peer ring's remote key.
+        rkey: u32,
+        /// The header word, written at the record's start and at `trailer_at`.
+        header: u64,
+        /// Offset of the trailer from the record's start.
+        trailer_at: usize,
+        /// Post as WRITE WITH IMMEDIATE with this immediate (host order), if given.
+        imm: Option<Imm>,
+    },
+    /// Records (protocol §14): a zero-length RDMA WRITE WITH IMMEDIATE that wakes the peer's
+    /// sleeping reader (the ring's base is given as the address).
+    Doorbell {
+        /// Remote address (the peer ring's base).
+        remote_addr: u64,
+        /// Immediate: post `imm.encode()` (host order).
         imm: Imm,
     },
     /// Zero-length RDMA WRITE WITH IMMEDIATE carrying a CREDIT (any valid remote address; the
@@ -362,6 +407,11 @@ pub struct Stats {
     pub moves_out: u64,
     /// Ring moves of the receiving direction (to a ring this side offered).
     pub moves_in: u64,
+    /// Records: wake-ups sent to the peer's sleeping reader (doorbells and records with an
+    /// immediate).
+    pub wakes_sent: u64,
+    /// Records: times this side's reader went to sleep (Sleeping notices).
+    pub sleeps: u64,
 }
 
 /// Why [`Connection::switch_back`] cannot return the connection to TCP.
@@ -593,6 +643,8 @@ pub struct Connection {
     incoming: Option<Incoming>,
     /// Ring moves (§6.4).
     moves: Moves,
+    /// Records (§14).
+    records: Records,
     stats: Stats,
 }
 
@@ -653,6 +705,7 @@ impl Connection {
             switch_seq: None,
             incoming: None,
             moves: Moves::default(),
+            records: Records::new(local.ring.size),
             stats: Stats::default(),
         })
     }
@@ -682,11 +735,14 @@ impl Connection {
             recv_slots: local.recv_slots,
             tag: Tag::ZERO,
         };
-        let moves = if cfg.ring_moves {
+        let mut moves = if cfg.ring_moves {
             Flags::RING_MOVES
         } else {
             Flags::empty()
         };
+        if cfg.records {
+            moves = moves.with(Flags::RECORDS_OFFERED);
+        }
         let (request, key) = match proof {
             Proof::Native => (
                 ConnectRequest {
@@ -737,7 +793,10 @@ impl Connection {
             deadline: now + cfg.handshake_timeout,
         };
         let mut conn = Self::new(cfg, Side::Server, local, request.nonce, life, tcp_received)?;
-        conn.peer_switch_back = request.flags.contains(Flags::SWITCH_BACK);
+        // (records leave out the features not built for them yet: moves, switch-backs and
+        // failover count ring cursors as stream offsets)
+        let records = cfg.records && request.flags.contains(Flags::RECORDS_OFFERED);
+        conn.peer_switch_back = request.flags.contains(Flags::SWITCH_BACK) && !records;
         let peer_failover = request.flags.contains(Flags::FAILOVER);
         conn.peer = Some(Peer {
             ring: request.ring,
@@ -745,12 +804,17 @@ impl Connection {
             tx: TxCursors::new(request.ring.size),
             slots: TxSlots::new(request.recv_slots),
         });
-        let moves = if cfg.ring_moves {
+        let moves = if records {
+            Flags::RECORDS
+        } else if cfg.ring_moves {
             Flags::RING_MOVES
         } else {
             Flags::empty()
         };
-        conn.moves.on = cfg.ring_moves && request.flags.contains(Flags::RING_MOVES);
+        conn.moves.on = cfg.ring_moves && request.flags.contains(Flags::RING_MOVES) && !records;
+        if records {
+            conn.records.start(false, request.nonce, local.ring.size);
+        }
         let reply = AcceptReply {
             flags: Flags::empty(),
             nonce: request.nonce,
@@ -763,6 +827,11 @@ impl Connection {
                 flags: Flags::NATIVE.with(moves),
                 ..reply
             },
+            Proof::Bound { key, .. } if records => AcceptReply {
+                flags: moves,
+                ..reply
+            }
+            .bound(key, &request.tag),
             Proof::Bound { key, .. } => AcceptReply {
                 flags: Flags::SWITCH_BACK.with(Flags::FAILOVER).with(moves),
                 ..reply
@@ -801,16 +870,27 @@ impl Connection {
         if !proven {
             return Err(self.fail(ErrorReason::Handshake(HandshakeError::Unproven)));
         }
+        let records = reply.flags.contains(Flags::RECORDS);
+        if records && !request.flags.contains(Flags::RECORDS_OFFERED) {
+            return Err(self.fail(ErrorReason::Handshake(HandshakeError::RecordsUnoffered)));
+        }
+        if records {
+            self.records
+                .start(true, request.nonce, self.local.ring.size);
+        }
         self.peer = Some(Peer {
             ring: reply.ring,
             old_ring: None,
             tx: TxCursors::new(reply.ring.size),
             slots: TxSlots::new(reply.recv_slots),
         });
-        self.moves.on =
-            request.flags.contains(Flags::RING_MOVES) && reply.flags.contains(Flags::RING_MOVES);
-        self.peer_switch_back = key.is_some() && reply.flags.contains(Flags::SWITCH_BACK);
-        self.failover = key.is_some()
+        self.moves.on = !records
+            && request.flags.contains(Flags::RING_MOVES)
+            && reply.flags.contains(Flags::RING_MOVES);
+        self.peer_switch_back =
+            !records && key.is_some() && reply.flags.contains(Flags::SWITCH_BACK);
+        self.failover = !records
+            && key.is_some()
             && request.flags.contains(Flags::FAILOVER)
             && reply.flags.contains(Flags::FAILOVER);
         self.life = Life::Established;
@@ -922,7 +1002,18 @@ impl Connection {
         if len == 0 {
             return Ok(SendGrant { cursor, len: 0 });
         }
-        let n = peer.tx.accept(len as u64) as usize;
+        let (cursor, n) = if self.records.on {
+            // (a record's payload is at most what one WRITE of `max_write` carries)
+            let max = u64::from(framing::max_payload(peer.tx.size()));
+            let max = match self.cfg.max_write {
+                0 => max,
+                m => max.min(m.saturating_sub(framing::FRAMING).max(8)),
+            };
+            let (at, n) = self.records.accept(&mut peer.tx, len as u64, max);
+            (at, n as usize)
+        } else {
+            (cursor, peer.tx.accept(len as u64) as usize)
+        };
         if n < len {
             self.send_blocked = true;
             // (the writes wait for the peer ring's space, and the stream has carried four
@@ -1013,6 +1104,7 @@ impl Connection {
                 if drop_unsent {
                     if let Some(p) = self.peer.as_mut() {
                         p.tx.discard_unposted();
+                        self.records.discard_unposted();
                     }
                 }
                 if let Ok(s) = self.tx_state.on(TxEvent::Close { reset }) {
@@ -1214,8 +1306,18 @@ impl Connection {
                 limit: Some(remaining),
             },
             RxState::Ring | RxState::Finished { .. } => {
+                if let Some(&rec) = self.records.ready.front() {
+                    // (records: the first one's payload, past its header and what was read)
+                    let at = self.rx.read_place();
+                    let taken = u64::from(self.records.taken);
+                    return Recv::Ring {
+                        gen: at.gen,
+                        offset: self.rx.size().offset(self.rx.tail() + 8 + taken),
+                        len: (rec - self.records.taken) as usize,
+                    };
+                }
                 let len = self.rx.readable() as usize;
-                if len > 0 {
+                if len > 0 && !self.records.on {
                     let at = self.rx.read_place();
                     Recv::Ring {
                         gen: at.gen,
@@ -1238,7 +1340,31 @@ impl Connection {
             Recv::Ring { len, .. } => len,
             _ => 0,
         };
-        if n > readable || !self.rx.consume(n as u64) {
+        if n > readable {
+            return Err(ConsumeError {
+                requested: n,
+                readable,
+            });
+        }
+        if self.records.on {
+            // (a record's ring bytes are freed, and so credited, once it is read whole)
+            if n > 0 {
+                self.records.taken += n as u32;
+                if let Some(&rec) = self
+                    .records
+                    .ready
+                    .front()
+                    .filter(|&&r| r == self.records.taken)
+                {
+                    self.records.ready.pop_front();
+                    self.records.taken = 0;
+                    let freed = self.rx.consume(framing::record_bytes(rec));
+                    debug_assert!(freed, "a found record's bytes are received");
+                }
+            }
+            return Ok(());
+        }
+        if !self.rx.consume(n as u64) {
             return Err(ConsumeError {
                 requested: n,
                 readable,
@@ -1317,6 +1443,7 @@ impl Connection {
                 }
         ) {
             self.rx.discard_unread();
+            self.records.discard_unread();
         }
     }
 
@@ -1364,6 +1491,14 @@ impl Connection {
                                 byte_len: b,
                             }));
                         }
+                        if self.records.on {
+                            // A record with a wake-up or a credit request: its bytes are found
+                            // by polling the ring, not counted here. It ends the reader's
+                            // notice (one whose notice is not out takes it as a late one).
+                            self.records.reader_wake.woken();
+                            self.peer_wants_credit |= credit_wanted;
+                            return Ok(());
+                        }
                         self.rx_state = self.rx_state.on(RxEvent::Data).map_err(v)?;
                         self.rx
                             .on_data(u64::from(len))
@@ -1385,6 +1520,18 @@ impl Connection {
                             .map_err(|e| v(Violation::BadCredit(e)))?;
                         peer.slots.restore(u32::from(slots)).map_err(v)?;
                         Self::retire_tx_move(peer, &mut self.moves);
+                    }
+                    Imm::Wake => {
+                        if let Some(b) = byte_len.filter(|&b| b != 0) {
+                            return Err(v(Violation::ImmLengthMismatch {
+                                imm: 0,
+                                byte_len: b,
+                            }));
+                        }
+                        if !self.records.on {
+                            return Err(v(Violation::UnannouncedRecords));
+                        }
+                        self.records.reader_wake.woken();
                     }
                 }
             }
@@ -1525,6 +1672,17 @@ impl Connection {
                         back.peer_read = Some(read_cursor);
                     }
                     ControlMsg::Barrier { .. } => self.barriers.received += 1,
+                    ControlMsg::Sleeping { seen } => {
+                        if !self.records.on {
+                            return Err(v(Violation::UnannouncedRecords));
+                        }
+                        let notice = Notice { seen };
+                        if self.records.writer_wake.on_notice(notice, peer.tx.posted())
+                            == OnNotice::Ring
+                        {
+                            self.records.doorbell = true;
+                        }
+                    }
                     ControlMsg::Ignored { .. } => {}
                 }
             }
@@ -1715,6 +1873,9 @@ impl Connection {
         if let Some(a) = self.poll_move_message() {
             return Some(a);
         }
+        if let Some(a) = self.poll_sleeping() {
+            return Some(a);
+        }
         let peer = self.peer.as_mut()?;
         if let Some(b) = self.back.as_mut() {
             // Switching back: the SwitchBack is the last stream message (credits still go
@@ -1747,6 +1908,17 @@ impl Connection {
         if !self.switch_posted {
             return None;
         }
+        if self.records.doorbell {
+            if !peer.slots.can_post_message() {
+                return None;
+            }
+            peer.slots.take();
+            self.records.doorbell = false;
+            return Some(Action::Doorbell {
+                remote_addr: peer.ring.addr,
+                imm: Imm::Wake,
+            });
+        }
         if self.barriers.posted < self.barriers.requested
             && peer.tx.posted() >= self.barriers.after
             && !matches!(self.tx_state, TxState::Finished(_))
@@ -1774,6 +1946,48 @@ impl Connection {
                 self.stats.control_sent += 1;
                 return Some(Action::Send(ControlMsg::RingMoved { at }));
             }
+        }
+        if let Some(&rec) = self.records.unposted.front() {
+            // Records: one WRITE each, sealed first if it is the open one.
+            if self.records.unposted.len() == 1 {
+                self.records.seal(&mut peer.tx);
+            }
+            let wake = self.records.writer_wake.armed();
+            let credit_wanted = self.send_blocked || peer.tx.free() < MIN_RECORD;
+            if (wake || credit_wanted) && !peer.slots.can_post_message() {
+                return None;
+            }
+            let frame = framing::frame(rec.at, rec.len, peer.tx.size(), self.records.tx_salt)
+                .expect("records are accepted word-aligned and within the ring");
+            let imm = (wake || credit_wanted).then(|| {
+                peer.slots.take();
+                Imm::Data {
+                    len: frame.bytes as u32,
+                    credit_wanted,
+                }
+            });
+            self.records.writer_wake.on_post();
+            self.records.unposted.pop_front();
+            debug_assert_eq!(peer.tx.posted(), rec.at, "records are posted in order");
+            peer.tx.mark_posted(frame.bytes);
+            if credit_wanted {
+                self.send_blocked = false;
+                self.stats.credit_wanted += 1;
+            }
+            self.stats.data_writes += 1;
+            self.stats.data_bytes += u64::from(rec.len);
+            let place = peer.tx.place(rec.at);
+            return Some(Action::WriteRecord {
+                cursor: rec.at,
+                len: frame.bytes as usize,
+                gen: place.gen,
+                ring_offset: place.offset,
+                remote_addr: peer.ring.addr.wrapping_add(place.offset as u64),
+                rkey: peer.ring.rkey,
+                header: frame.header,
+                trailer_at: frame.trailer_at,
+                imm,
+            });
         }
         let place = peer.tx.place(peer.tx.posted());
         let max = match self.cfg.max_write {
@@ -1856,6 +2070,98 @@ impl Connection {
         }
         self.stats.control_sent += 1;
         Some(Action::Send(msg))
+    }
+
+    /// Records: the reader's Sleeping notice, due since [`Self::prepare_sleep`] (a control
+    /// message, a slot of the peer's).
+    fn poll_sleeping(&mut self) -> Option<Action> {
+        let seen = self.records.notice_due?;
+        let peer = self.peer.as_mut()?;
+        if !peer.slots.can_post_message() {
+            return None;
+        }
+        peer.slots.take();
+        self.records.notice_due = None;
+        self.stats.control_sent += 1;
+        Some(Action::Send(ControlMsg::Sleeping { seen }))
+    }
+
+    // ----- records (§14) ---------------------------------------------------------------------
+
+    /// Whether both sides write records ([`Config::records`]): the transport then polls the
+    /// local ring with [`Self::poll_ring`].
+    pub fn records(&self) -> bool {
+        self.records.on
+    }
+
+    /// Records: looks for whole records in the local ring from where the last look ended, and
+    /// makes their payloads readable ([`Self::recv`]). `word(offset)` is the little-endian
+    /// word at ring offset `offset` (a multiple of 8 below the ring's size), read once as an
+    /// aligned 8-byte load. Returns whether it found any. `Err`: the ring held what the peer
+    /// cannot have written, and the connection has just failed.
+    ///
+    /// Call it in the transport's poll loop, and before every [`Self::handle_completion`]:
+    /// a ShutdownWrite or Close states the ring bytes written before it, and only the records
+    /// found so far count (the WRITEs before a SEND are placed before its completion).
+    pub fn poll_ring(&mut self, word: impl Fn(usize) -> u64) -> Result<bool, ErrorReason> {
+        // (the peer's records follow its SwitchOver; none come after its end)
+        if !self.records.on
+            || self.life != Life::Established
+            || self.back.is_some()
+            || matches!(self.rx_state, RxState::Tcp { .. })
+            || self.rx_state.is_finished()
+        {
+            return Ok(false);
+        }
+        let v = ErrorReason::Protocol;
+        let mut found = false;
+        loop {
+            let len = match self.records.scan.poll(&word) {
+                Err(e) => return Err(self.fail(v(Violation::Framing(e)))),
+                Ok(framing::Poll::Empty) => break,
+                Ok(framing::Poll::Ready { len, .. }) => len,
+            };
+            let freed = self
+                .records
+                .scan
+                .consume(len)
+                .expect("the whole payload of the record just found");
+            if let Err(e) = self.rx.on_data(freed) {
+                return Err(self.fail(v(Violation::RingOverrun(e))));
+            }
+            self.rx_state = match self.rx_state.on(RxEvent::Data) {
+                Ok(s) => s,
+                Err(e) => return Err(self.fail(v(e))),
+            };
+            self.records.ready.push_back(len as u32);
+            found = true;
+        }
+        if found && self.local_read_shut {
+            self.discard_readable();
+        }
+        Ok(found)
+    }
+
+    /// Records: the reader found nothing to read and is about to wait for the peer's bytes.
+    /// Returns whether it may sleep on its completion channel: a Sleeping notice is out or
+    /// queued ([`Self::poll_action`]), and the peer's next record, or a doorbell, will make a
+    /// completion. The transport polls the ring once more after queueing it and before it
+    /// sleeps: the peer may have written just before the notice left. Without records, or
+    /// while nothing is due on the ring (the peer's stream is still on TCP, or has ended),
+    /// every awaited event makes a completion or is on the socket, and it returns `true`
+    /// without a notice. `false`: records are readable already ([`Self::recv`]).
+    pub fn prepare_sleep(&mut self) -> bool {
+        let reading = self.records.on
+            && self.life == Life::Established
+            && self.back.is_none()
+            && self.rx_state == RxState::Ring
+            && self.records.ready.is_empty();
+        if reading {
+            if let Some(n) = self.records.reader_wake.sleep(self.rx.head()) {
+                self.records.notice_due = Some(n.seen);
+            }
+        }
+        self.records.ready.is_empty()
     }
 
     // ----- ring moves (§6.4) -----------------------------------------------------------------
@@ -2048,6 +2354,7 @@ impl Connection {
             self.peer_read_closed = true;
             if let Some(p) = self.peer.as_mut() {
                 p.tx.discard_unposted();
+                self.records.discard_unposted();
             }
         }
         let done = matches!(self.tx_state, TxState::Finished(Fin::Close { .. }))
@@ -2068,6 +2375,7 @@ impl Connection {
         self.back = Some(b);
         // Unread ring bytes are the peer's to send again; nothing is read from the ring now.
         self.rx.discard_unread();
+        self.records.discard_unread();
         self.tx_state = TxState::Tcp;
         self.rx_state = if b.tcp_eof {
             RxState::Finished {
@@ -2294,10 +2602,12 @@ impl Connection {
         let rx_fin = self.rx_state.is_finished();
         let readable = !read_via_tcp && (self.rx.readable() > 0 || rx_fin || self.local_read_shut);
         let write_via_tcp = self.tx_state == TxState::Tcp;
+        // (records: room for one more record at least)
+        let least = if self.records.on { MIN_RECORD } else { 1 };
         let space = self.peer.as_ref().is_some_and(|p| {
             let free = p.tx.free();
             let used = p.tx.size().bytes() - free;
-            free > 0 && free * 2 >= used
+            free >= least && free * 2 >= used
         });
         let writable = !write_via_tcp
             && (self.tx_state.is_shut()
@@ -2372,6 +2682,10 @@ impl Connection {
 
     /// Counters.
     pub fn stats(&self) -> Stats {
-        self.stats
+        Stats {
+            wakes_sent: self.records.writer_wake.wakes(),
+            sleeps: self.records.reader_wake.notices(),
+            ..self.stats
+        }
     }
 }

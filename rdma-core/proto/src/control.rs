@@ -18,13 +18,15 @@
 //! | 5    | SwitchBack    | ring_bytes: u64, read_cursor: u64     | -           | 20     |
 //! | 6    | RingOffer     | addr: u64, rkey: u32, size_log2: u8, 3 reserved | -  | 20     |
 //! | 7    | RingMoved     | at: u64 (first stream cursor in the offered ring) | - | 12     |
-//! | 8-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
+//! | 8    | Sleeping      | seen: u64 (the reader's ring cursor)  | -           | 12     |
+//! | 9-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
 //! | 128   | Barrier       | epoch: u64 (1, 2, … per direction)    | -           | 12     |
 //! | 129   | RingWanted    | size_log2: u8, 3 reserved             | -           | 8      |
 //! | 130-255 | (may ignore → [`ControlMsg::Ignored`], any body)   |          |             | ≤ 64   |
 //!
 //! RingOffer, RingMoved and RingWanted (protocol §6.4) go only to a peer that announced
-//! [`crate::Flags::RING_MOVES`].
+//! [`crate::Flags::RING_MOVES`]; Sleeping (§14) only on a connection that carries records
+//! ([`crate::Flags::RECORDS`]).
 //!
 //! Barrier is a may-ignore kind on purpose: it only means something to a peer that takes part
 //! in a barrier itself, and a peer that does not know it loses nothing by ignoring it.
@@ -45,6 +47,7 @@ const KIND_CREDIT_UPDATE: u8 = 4;
 const KIND_SWITCH_BACK: u8 = 5;
 const KIND_RING_OFFER: u8 = 6;
 const KIND_RING_MOVED: u8 = 7;
+const KIND_SLEEPING: u8 = 8;
 const KIND_RING_WANTED: u8 = 129;
 /// Kind byte of [`ControlMsg::Barrier`] (a may-ignore kind).
 pub const KIND_BARRIER: u8 = 128;
@@ -118,6 +121,13 @@ pub enum ControlMsg {
         /// The size asked for.
         size: crate::RingSize,
     },
+    /// The reader of a direction that carries records stops polling its ring and sleeps until
+    /// a completion wakes it (protocol §14, [`crate::wake`]): it found nothing at ring cursor
+    /// `seen`. The writer answers with a wake-up once it has written, or has written, past it.
+    Sleeping {
+        /// The reader's ring cursor (everything before it was found).
+        seen: u64,
+    },
     /// A may-ignore message from a newer peer; it still used a receive slot.
     Ignored {
         /// Its kind, at least [`FIRST_IGNORABLE_KIND`].
@@ -187,6 +197,9 @@ impl ControlMsg {
             ControlMsg::RingMoved { at } => {
                 w.u8(KIND_RING_MOVED).u8(0).u16(0).u64(at);
             }
+            ControlMsg::Sleeping { seen } => {
+                w.u8(KIND_SLEEPING).u8(0).u16(0).u64(seen);
+            }
             ControlMsg::RingWanted { size } => {
                 w.u8(KIND_RING_WANTED)
                     .u8(0)
@@ -221,7 +234,8 @@ impl ControlMsg {
             return Ok(ControlMsg::Ignored { kind });
         }
         let (len, allowed_flags) = match kind {
-            KIND_SWITCH_OVER | KIND_SHUTDOWN_WRITE | KIND_BARRIER | KIND_RING_MOVED => (12, 0),
+            KIND_SWITCH_OVER | KIND_SHUTDOWN_WRITE | KIND_BARRIER | KIND_RING_MOVED
+            | KIND_SLEEPING => (12, 0),
             KIND_CLOSE => (12, CLOSE_RESET),
             KIND_CREDIT_UPDATE => (16, 0),
             KIND_SWITCH_BACK | KIND_RING_OFFER => (20, 0),
@@ -261,6 +275,7 @@ impl ControlMsg {
                 }
             }
             KIND_RING_MOVED => ControlMsg::RingMoved { at: r.u64()? },
+            KIND_SLEEPING => ControlMsg::Sleeping { seen: r.u64()? },
             KIND_RING_WANTED => {
                 let log2 = r.u8()?;
                 r.reserved(3)?;

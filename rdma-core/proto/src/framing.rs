@@ -1,8 +1,9 @@
 //! Records: the on-ring format of the polled kind (protocol §14; docs/bench/kinds.md, "What
 //! the figures decide"), with which a receiver learns of new bytes by polling ring memory,
 //! without a receive completion. One RDMA WRITE carries one record; the receiver polls the
-//! word at its read position, then the word at the end that word gives. Not yet negotiated: no
-//! transport writes records yet (the kind is being built on this format).
+//! word at its read position, then the word at the end that word gives. [`crate::Connection`]
+//! writes and reads them when both ends offer them ([`crate::Config::records`]); no transport
+//! offers them yet.
 //!
 //! ```text
 //!  at                  at + 8                      at + 8 + pad8(len)
@@ -20,7 +21,10 @@
 //! - the trailer, the last word the WRITE places, equals the header. The format relies on a
 //!   WRITE's bytes becoming visible in address order, as last-byte polling does everywhere
 //!   (FaRM's rings, perftest's `ib_write_lat`): until the trailer is there the record is not
-//!   read, so a partly placed record is never delivered.
+//!   read, so a partly placed record is never delivered. (A trailer partly placed may already
+//!   match, its last bytes those of a word an earlier lap left at that offset, whose high
+//!   bytes a new trailer's share; in address order the payload is whole before the trailer's
+//!   first byte lands, so that is harmless.)
 //!
 //! A ring's memory must be zeroed before its first record: memory reused from another ring
 //! could hold that ring's records, the salt making a match unlikely but not impossible.
@@ -44,6 +48,18 @@ pub fn max_payload(size: RingSize) -> u32 {
 
 fn pad8(n: u64) -> u64 {
     (n + 7) & !7
+}
+
+/// The salt of the records the client (`client_writes`) or the server writes on the
+/// connection of `nonce`: both ends derive it, the two directions differ, and another
+/// connection's records left in reused ring memory carry another salt.
+pub fn salt(nonce: u64, client_writes: bool) -> u32 {
+    let n = (nonce ^ (nonce >> 32)) as u32;
+    if client_writes {
+        n
+    } else {
+        !n.rotate_left(16)
+    }
 }
 
 /// The tag of a record at ring cursor `at` in a ring salted `salt`.
@@ -100,7 +116,7 @@ pub fn frame(at: u64, len: u32, size: RingSize, salt: u32) -> Result<Frame, Fram
 }
 
 /// A violation a reader found in ring memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FramingError {
     /// A header with this position's tag whose length does not fit the ring.
     BadLength {
@@ -119,6 +135,29 @@ pub enum FramingError {
         trailer: u64,
     },
 }
+
+impl std::fmt::Display for FramingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FramingError::BadLength { at, len } => {
+                write!(
+                    f,
+                    "record at ring cursor {at} gives a length of {len} bytes"
+                )
+            }
+            FramingError::TrailerMismatch {
+                at,
+                header,
+                trailer,
+            } => write!(
+                f,
+                "record at ring cursor {at}: trailer {trailer:#x} differs from header {header:#x}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FramingError {}
 
 /// What the reader's position holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,8 +12,10 @@
 //! Flags: the low byte of the 16-bit flags field holds "must understand" bits, the high byte
 //! "may ignore" bits. A decoder rejects unknown must-understand bits
 //! ([`DecodeError::UnknownFlags`]) and keeps unknown may-ignore bits as they are (so re-encoding
-//! a decoded message reproduces it byte for byte). Version 2 defines one must-understand flag,
-//! [`Flags::NATIVE`], and two may-ignore flags, [`Flags::SWITCH_BACK`] and [`Flags::REDIRECT`].
+//! a decoded message reproduces it byte for byte). Version 2 defines two must-understand flags,
+//! [`Flags::NATIVE`] and [`Flags::RECORDS`] (replies only), and the may-ignore flags
+//! [`Flags::SWITCH_BACK`], [`Flags::REDIRECT`], [`Flags::FAILOVER`], [`Flags::RING_MOVES`] and
+//! [`Flags::RECORDS_OFFERED`] (requests only).
 //!
 //! Version 2 (`docs/protocol.md` 2.9) appends a [`Tag`] to the request and the reply: an HMAC
 //! under the key the server sent in-band on the TCP connection ([`crate::binding`]), which
@@ -58,7 +60,7 @@ impl Flags {
     /// Bits a receiver must understand: unknown ones make it reject the message.
     pub const REQUIRED_MASK: u16 = 0x00ff;
     /// Must-understand bits defined by this version.
-    pub const KNOWN_REQUIRED: u16 = Self::NATIVE.0;
+    pub const KNOWN_REQUIRED: u16 = Self::NATIVE.0 | Self::RECORDS.0;
     /// A native stream's handshake: no TCP connection behind it, so nothing to bind to and a
     /// zero tag. A shim's listener rejects such a request; a native listener accepts only them.
     pub const NATIVE: Flags = Flags(0x0001);
@@ -75,6 +77,16 @@ impl Flags {
     /// May ignore: the sender takes part in ring moves (protocol §6.4): it moves its writes
     /// to a ring the peer offers, and may offer its own. Used only if both set it.
     pub const RING_MOVES: Flags = Flags(0x0800);
+    /// May ignore (requests): the client can write and read records, the ring kind whose
+    /// receiver polls ring memory instead of taking a completion per message (protocol §14).
+    /// A server that ignores it answers without [`Flags::RECORDS`], and the connection uses
+    /// WRITE WITH IMMEDIATE as before.
+    pub const RECORDS_OFFERED: Flags = Flags(0x1000);
+    /// Must understand (replies): both directions carry records (protocol §14). A server sets
+    /// it only in reply to a request with [`Flags::RECORDS_OFFERED`]; a client that did not
+    /// offer them refuses such a reply ([`HandshakeError::RecordsUnoffered`]), and one that
+    /// cannot read records at all cannot decode it, rather than misread its ring.
+    pub const RECORDS: Flags = Flags(0x0002);
 
     /// No flag set.
     pub const fn empty() -> Self {
@@ -285,6 +297,8 @@ pub enum HandshakeError {
     /// The reply's tag does not verify: its sender is not the server that holds the TCP
     /// connection (or a native reply answered a bound request, or the other way round).
     Unproven,
+    /// The reply chose records ([`Flags::RECORDS`]) for a request that did not offer them.
+    RecordsUnoffered,
 }
 
 impl fmt::Display for HandshakeError {
@@ -299,6 +313,12 @@ impl fmt::Display for HandshakeError {
             }
             HandshakeError::Unproven => {
                 write!(f, "the reply does not prove it comes from the TCP peer")
+            }
+            HandshakeError::RecordsUnoffered => {
+                write!(
+                    f,
+                    "the reply chose records, which the request did not offer"
+                )
             }
         }
     }
@@ -659,10 +679,10 @@ mod tests {
             })
         );
         let mut b = good;
-        b[7] = 0x02; // must-understand bit 1 (bit 0 is NATIVE)
+        b[7] = 0x04; // must-understand bit 2 (bit 0 is NATIVE, bit 1 RECORDS)
         assert_eq!(
             ConnectRequest::decode(&b),
-            Err(DecodeError::UnknownFlags(2))
+            Err(DecodeError::UnknownFlags(4))
         );
         let mut b = good;
         b[7] = 0x01;

@@ -4,7 +4,8 @@
 //!  31 30 | 29 | 28 ........ 24 | 23 ...................... 0
 //!  0  1  | W  | reserved (0)   | len: bytes just written        DATA
 //!  1  0  | slots (0..=63)      | bytes freed (0..=2^24-1)       CREDIT
-//!  0  0 / 1  1: reserved kinds, rejected (an all-zero immediate is never valid)
+//!  1  1  | 0 ..................................................0  WAKE
+//!  0  0: a reserved kind, rejected (an all-zero immediate is never valid)
 //! ```
 //!
 //! * DATA: `len` bytes were written at the sender's tx cursor, i.e. the receiver's `rx_head`
@@ -13,6 +14,11 @@
 //!   thresholds.
 //! * CREDIT (a zero-length write): the receiver consumed `bytes` more bytes and re-posted `slots`
 //!   more receives since its previous credit. At least one of them is non-zero.
+//! * WAKE (a zero-length write, records only, protocol §14): a doorbell for a reader that
+//!   sleeps — its completion is the message. Its other bits are zero.
+//! * With records, a DATA immediate comes with a record's WRITE (a wake-up, or `W`): `len` is
+//!   the record's ring bytes, which the receiver finds by polling its ring, not by counting
+//!   immediates.
 //!
 //! On the verbs boundary the immediate is big-endian (`__be32`). [`Imm::encode`] and
 //! [`Imm::decode`] work on the host-order value; the transport converts exactly once, where it
@@ -24,6 +30,7 @@ use crate::error::DecodeError;
 const KIND_SHIFT: u32 = 30;
 const KIND_DATA: u32 = 0b01;
 const KIND_CREDIT: u32 = 0b10;
+const KIND_WAKE: u32 = 0b11;
 const WANT_BIT: u32 = 1 << 29;
 const DATA_RESERVED: u32 = 0x1f << 24;
 const SLOTS_SHIFT: u32 = 24;
@@ -51,6 +58,8 @@ pub enum Imm {
         /// Receives re-posted since the previous credit, `0..=`[`Imm::MAX_CREDIT_SLOTS`].
         slots: u8,
     },
+    /// Records: the writer wakes the reader that told it it sleeps.
+    Wake,
 }
 
 impl Imm {
@@ -77,6 +86,7 @@ impl Imm {
                     | (u32::from(slots & 0x3f) << SLOTS_SHIFT)
                     | (bytes & LOW24)
             }
+            Imm::Wake => KIND_WAKE << KIND_SHIFT,
         }
     }
 
@@ -104,6 +114,8 @@ impl Imm {
                 }
                 Ok(Imm::Credit { bytes, slots })
             }
+            KIND_WAKE if v == KIND_WAKE << KIND_SHIFT => Ok(Imm::Wake),
+            KIND_WAKE => Err(DecodeError::ImmReservedBits(v)),
             k => Err(DecodeError::UnknownKind(k as u8)),
         }
     }
@@ -159,7 +171,12 @@ mod tests {
     #[test]
     fn rejects() {
         assert_eq!(Imm::decode(0), Err(DecodeError::UnknownKind(0)));
-        assert_eq!(Imm::decode(0xc000_0001), Err(DecodeError::UnknownKind(3)));
+        assert_eq!(
+            Imm::decode(0xc000_0001),
+            Err(DecodeError::ImmReservedBits(0xc000_0001))
+        );
+        assert_eq!(Imm::decode(0xc000_0000), Ok(Imm::Wake));
+        assert_eq!(Imm::Wake.encode(), 0xc000_0000);
         assert_eq!(Imm::decode(0x4000_0000), Err(DecodeError::ZeroLengthData));
         assert_eq!(
             Imm::decode(0x4100_0001),

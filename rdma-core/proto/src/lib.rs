@@ -23,6 +23,7 @@ pub mod framing;
 pub mod handshake;
 pub mod hostcache;
 pub mod imm;
+mod records;
 pub mod ring;
 pub mod state;
 pub mod upgrade;

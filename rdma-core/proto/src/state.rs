@@ -9,6 +9,7 @@
 use std::fmt;
 
 use crate::error::DecodeError;
+use crate::framing::FramingError;
 use crate::handshake::{HandshakeError, RejectReason};
 use crate::ring::{CreditError, OverrunError};
 
@@ -279,6 +280,11 @@ pub enum Violation {
         /// Stream bytes received so far.
         received: u64,
     },
+    /// A record in the ring that its writer cannot have written (protocol §14).
+    Framing(FramingError),
+    /// A message of the records kind (a Sleeping, a WAKE immediate) on a connection that does
+    /// not carry them.
+    UnannouncedRecords,
 }
 
 impl fmt::Display for Violation {
@@ -343,6 +349,10 @@ impl fmt::Display for Violation {
                 f,
                 "RingMoved at cursor {declared}, {received} bytes received"
             ),
+            Violation::Framing(e) => write!(f, "{e}"),
+            Violation::UnannouncedRecords => {
+                write!(f, "a Sleeping or a wake-up on a connection without records")
+            }
         }
     }
 }

@@ -14,6 +14,12 @@
 //! the first posted after it carries the wake-up; the writer's WRITEs reach the reader in the
 //! order they were posted, so the ring or the doorbell it woke for holds every byte. A late
 //! wake-up (of an earlier notice) only makes a reader look once more and sleep again.
+//!
+//! Only a wake-up (a record with an immediate, a doorbell) ends a notice. Another completion
+//! (a credit, a control message) wakes the reader's thread too, but the writer still owes the
+//! wake-up the notice asked for, so the reader sleeps again without a new notice: if it sent
+//! one, that notice would wake the peer's own sleeping reader, whose new notice would wake
+//! this one, and two idle peers would trade notices for ever.
 //! `tests/wake_model.rs` checks this against every interleaving of a small model.
 
 /// The reader's word that it sleeps, having read the ring up to `seen`.
@@ -75,7 +81,7 @@ impl WriterWake {
 /// What the reader knows of its own sleep.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ReaderWake {
-    /// Asleep since its notice; a completion wakes it.
+    /// Its notice is out, and no wake-up came since.
     asleep: bool,
     /// Notices sent so far (for the stats).
     notices: u64,
@@ -93,8 +99,9 @@ impl ReaderWake {
         Some(Notice { seen })
     }
 
-    /// A completion came (a doorbell, a record with an immediate, or anything else): the
-    /// reader polls again, and must send a new notice before it sleeps again.
+    /// A wake-up came (a doorbell, or a record with an immediate): the reader polls again,
+    /// and must send a new notice before it sleeps again. (Other completions leave the notice
+    /// out: see the module's docs.)
     pub fn woken(&mut self) {
         self.asleep = false;
     }

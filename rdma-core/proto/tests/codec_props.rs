@@ -105,6 +105,7 @@ fn control() -> impl Strategy<Value = ControlMsg> {
         }),
         ring_desc().prop_map(|ring| ControlMsg::RingOffer { ring }),
         any::<u64>().prop_map(|at| ControlMsg::RingMoved { at }),
+        any::<u64>().prop_map(|seen| ControlMsg::Sleeping { seen }),
         ring_size().prop_map(|size| ControlMsg::RingWanted { size }),
         // (129 is RingWanted's)
         (FIRST_IGNORABLE_KIND + 2..=255).prop_map(|kind| ControlMsg::Ignored { kind }),

@@ -19,6 +19,12 @@
 //!   its generation at the right address and key, never over unread bytes of that ring, from a
 //!   staging area that is still there; every read comes from a ring that is still there; a
 //!   staging area or ring is given back only once nothing can touch it (a later touch fails);
+//! * with records (§14: each side offers them in about half the runs, and they are used when
+//!   both do), a record's WRITE lands a few bytes at a time in address order, the reader
+//!   polling the ring between the pieces: it never takes a record before its last byte landed;
+//!   a WRITE without an immediate takes no receive; a reader that found nothing may go to sleep
+//!   (`prepare_sleep`), after which it polls nothing until a completion wakes it — a lost
+//!   wake-up leaves bytes unread and the run deadlocks;
 //! * both ends reach EOF and `Closed`, each emits `Teardown` exactly once, and no run deadlocks.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -108,7 +114,10 @@ enum Msg {
         remote_addr: u64,
         rkey: u32,
         len: usize,
-        imm: Imm,
+        /// A plain WRITE (a record's) makes no completion and takes no receive.
+        imm: Option<Imm>,
+        /// A record: its payload's length (its bytes land piecemeal).
+        record: Option<u64>,
     },
     Credit {
         imm: Imm,
@@ -168,6 +177,16 @@ struct Endpoint {
     back_asked: bool,
     /// The CM reported DISCONNECTED (the peer destroyed its queue pair).
     disconnected: bool,
+    /// Records: the reader sleeps (its notice is out or queued) until a completion comes.
+    asleep: bool,
+    /// Records delivered to this side and not read whole, oldest first: (ring bytes,
+    /// payload bytes) — the simulator's own count of what the reader frees.
+    records_in: VecDeque<(u64, u64)>,
+    /// Payload bytes of the first of `records_in` read so far.
+    record_read: u64,
+    /// Records this side posted, and how many of them with an immediate.
+    records_out: u64,
+    records_imm: u64,
 }
 
 impl Endpoint {
@@ -214,6 +233,11 @@ impl Endpoint {
             failed: None,
             back_asked: false,
             disconnected: false,
+            asleep: false,
+            records_in: VecDeque::new(),
+            record_read: 0,
+            records_out: 0,
+            records_imm: 0,
             conn: None,
             p,
         }
@@ -277,6 +301,8 @@ struct Sim {
     handshake_weight: u64,
     /// Applications end their sides (shutdown/close); off for the idle test.
     finishing: bool,
+    /// Readers of records go to sleep when they find nothing (else they spin).
+    sleeping: bool,
     /// Errors are expected (abort scenarios).
     expect_failure: bool,
     abort_at: Option<usize>,
@@ -314,6 +340,7 @@ impl Sim {
             progress: 0,
             handshake_weight: sc.handshake_weight,
             finishing: true,
+            sleeping: true,
             expect_failure: sc.abort_at.is_some(),
             abort_at: sc.abort_at,
             switch_back: sc.switch_back,
@@ -494,6 +521,10 @@ impl Sim {
             // Before the server's connection object exists: plain TCP reads.
             return read_tcp(me, peer, n_want as u64, None) || tcp_read_eof(me, peer, None);
         };
+        if !me.asleep {
+            // (a reader of records polls its ring; one asleep waits for a completion)
+            poll_ring(conn, &me.rings, me.name, expect_failure);
+        }
         match conn.recv() {
             Recv::Tcp { limit } if conn.switching_back() => {
                 if read_tcp(me, peer, n_want as u64, limit) {
@@ -544,8 +575,21 @@ impl Sim {
                 for k in 0..n {
                     me.in_stream.push(ring.bytes[(offset + k) % size]);
                 }
-                me.conn.as_mut().unwrap().consume(n).unwrap();
-                me.ring_consumed += n as u64;
+                let c = me.conn.as_mut().unwrap();
+                c.consume(n).unwrap();
+                if c.records() {
+                    // (a record's ring bytes are free once its payload is read whole)
+                    me.record_read += n as u64;
+                    let (bytes, payload) = me.records_in[0];
+                    assert!(me.record_read <= payload, "{}: read past a record", me.name);
+                    if me.record_read == payload {
+                        me.records_in.pop_front();
+                        me.record_read = 0;
+                        me.ring_consumed += bytes;
+                    }
+                } else {
+                    me.ring_consumed += n as u64;
+                }
                 true
             }
             Recv::WouldBlock => false,
@@ -768,8 +812,56 @@ impl Sim {
                         remote_addr,
                         rkey,
                         len,
-                        imm,
+                        imm: Some(imm),
+                        record: None,
                     });
+                }
+                Action::WriteRecord {
+                    cursor,
+                    len,
+                    gen,
+                    ring_offset,
+                    remote_addr,
+                    rkey,
+                    header,
+                    trailer_at,
+                    imm,
+                } => {
+                    assert!(conn.records(), "{}: a record without records", me.name);
+                    let at = conn.tx_place(cursor).unwrap();
+                    assert_eq!((gen, ring_offset), (at.gen, at.offset));
+                    assert!(
+                        cursor % 8 == 0 && len % 8 == 0 && len >= 24,
+                        "{cursor} {len}"
+                    );
+                    assert!(len as u64 <= at.size.bytes() && trailer_at == len - 8);
+                    let payload = header as u32 as usize;
+                    assert_eq!(len, 16 + payload.div_ceil(8) * 8, "{header:#x}");
+                    // The transport puts the header and the trailer around the staged payload.
+                    let staging = me.stagings.get_mut(&gen).expect("staging area exists");
+                    let ssize = staging.len();
+                    for (k, b) in header.to_le_bytes().into_iter().enumerate() {
+                        staging[(at.offset + k) % ssize] = b;
+                        staging[(at.offset + trailer_at + k) % ssize] = b;
+                    }
+                    me.records_out += 1;
+                    me.records_imm += u64::from(imm.is_some());
+                    me.outbound.push_back(Msg::Write {
+                        cursor,
+                        gen,
+                        ring_offset,
+                        remote_addr,
+                        rkey,
+                        len,
+                        imm,
+                        record: Some(u64::from(header as u32)),
+                    });
+                }
+                Action::Doorbell { remote_addr, imm } => {
+                    assert!(conn.records(), "{}: a doorbell without records", me.name);
+                    assert_eq!(remote_addr, conn.peer_ring().unwrap().addr);
+                    assert_eq!(imm, Imm::Wake);
+                    me.outbound.push_back(Msg::Credit { imm });
                 }
                 Action::NewStaging { gen, size } => {
                     // (made at once, or later: `staging_ready`)
@@ -806,17 +898,23 @@ impl Sim {
             return false;
         }
         let expect_failure = self.expect_failure;
+        // (how a record's bytes land: in pieces of random sizes)
+        let mut pieces = Rng(self.rng.next());
         let (me, peer) = pair(self, i);
         let Some(msg) = me.outbound.pop_front() else {
             return false;
         };
-        assert!(
-            peer.posted_recvs > 0,
-            "{} → {}: RNR, no receive posted",
-            me.name,
-            peer.name
-        );
-        peer.posted_recvs -= 1;
+        // A plain WRITE (a record's without an immediate) takes no receive.
+        let completes = !matches!(msg, Msg::Write { imm: None, .. });
+        if completes {
+            assert!(
+                peer.posted_recvs > 0,
+                "{} → {}: RNR, no receive posted",
+                me.name,
+                peer.name
+            );
+            peer.posted_recvs -= 1;
+        }
         let peer_conn = peer.conn.as_mut().expect("peer QP exists");
         let res = match msg {
             Msg::Write {
@@ -827,6 +925,7 @@ impl Sim {
                 rkey,
                 len,
                 imm,
+                record,
             } => {
                 // The HCA reads the staging area now, not at post time.
                 if peer.aborted || peer.close_called {
@@ -863,18 +962,56 @@ impl Sim {
                     )
                 });
                 let ssize = staging.len();
-                for k in 0..len {
-                    ring.bytes[(ring_offset + k) % size] = staging[(cursor as usize + k) % ssize];
+                let mut k = 0;
+                while k < len {
+                    let piece = if record.is_some() {
+                        pieces.range(1, len - k)
+                    } else {
+                        len
+                    };
+                    let ring = peer.rings.get_mut(&gen).unwrap();
+                    for j in k..k + piece {
+                        ring.bytes[(ring_offset + j) % size] =
+                            staging[(cursor as usize + j) % ssize];
+                    }
+                    k += piece;
+                    if record.is_some() && k < len && !peer.asleep {
+                        // The reader polls between the pieces: it must not take the record
+                        // (nor anything after it) before its payload landed — before a byte
+                        // of its trailer did (in address order, the payload is whole then).
+                        poll_ring(peer_conn, &peer.rings, peer.name, expect_failure);
+                        assert!(
+                            peer_conn.rx_cursors().head() <= cursor || k > len - 8,
+                            "{}: took a record of which {k} of {len} bytes landed",
+                            peer.name
+                        );
+                    }
                 }
+                if let Some(payload) = record {
+                    peer.records_in.push_back((len as u64, payload));
+                }
+                match imm {
+                    Some(imm) => {
+                        // (a completion wakes a sleeping reader, which polls its ring first:
+                        // what was written before the completion's message is placed)
+                        peer.asleep = false;
+                        poll_ring(peer_conn, &peer.rings, peer.name, expect_failure);
+                        peer_conn.handle_completion(Completion::WriteImm {
+                            imm: imm.encode(),
+                            byte_len: Some(len as u32),
+                        })
+                    }
+                    None => Ok(()),
+                }
+            }
+            Msg::Credit { imm } => {
+                peer.asleep = false;
+                poll_ring(peer_conn, &peer.rings, peer.name, expect_failure);
                 peer_conn.handle_completion(Completion::WriteImm {
                     imm: imm.encode(),
-                    byte_len: Some(len as u32),
+                    byte_len: Some(0),
                 })
             }
-            Msg::Credit { imm } => peer_conn.handle_completion(Completion::WriteImm {
-                imm: imm.encode(),
-                byte_len: Some(0),
-            }),
             Msg::Send(bytes) => {
                 if let Ok(ControlMsg::RingMoved { at }) = ControlMsg::decode(&bytes) {
                     // (the ring the peer offered last: its first cursor is known now)
@@ -882,6 +1019,8 @@ impl Sim {
                         r.start = at;
                     }
                 }
+                peer.asleep = false;
+                poll_ring(peer_conn, &peer.rings, peer.name, expect_failure);
                 peer_conn.handle_completion(Completion::Recv { payload: &bytes })
             }
         };
@@ -893,10 +1032,39 @@ impl Sim {
                 me.name
             );
         }
-        // The transport re-posts the receive before the next credit that returns slots: the
-        // peer can only use the slot after that.
-        peer.deferred_recvs += 1;
+        if completes {
+            // The transport re-posts the receive before the next credit that returns slots:
+            // the peer can only use the slot after that.
+            peer.deferred_recvs += 1;
+        }
         assert!(peer.posted_recvs + peer.deferred_recvs <= u32::from(peer.p.recv_slots));
+        true
+    }
+
+    /// Side `i`'s reader of records found nothing and goes to sleep: it queues its notice,
+    /// polls its ring once more, and then waits for a completion (`deliver` wakes it).
+    fn sleep(&mut self, i: usize) -> bool {
+        if !self.sleeping {
+            return false;
+        }
+        let expect_failure = self.expect_failure;
+        let (me, _) = pair(self, i);
+        if me.asleep || me.eof || me.app_finished() {
+            return false;
+        }
+        let Some(c) = me.conn.as_mut().filter(|c| c.records()) else {
+            return false;
+        };
+        if c.recv() != Recv::WouldBlock {
+            return false;
+        }
+        if !c.prepare_sleep() {
+            return false;
+        }
+        if poll_ring(c, &me.rings, me.name, expect_failure) {
+            return true;
+        }
+        me.asleep = true;
         true
     }
 
@@ -1094,6 +1262,11 @@ impl Sim {
                 me.back_asked = true;
                 true
             }
+            // (a connection that carries records does not switch back yet: it stays on them)
+            Err(SwitchBackError::Unsupported) if c.records() => {
+                me.back_asked = true;
+                true
+            }
             Err(SwitchBackError::Unsupported) => panic!("both sides announce SwitchBack"),
         }
     }
@@ -1116,6 +1289,7 @@ impl Sim {
             23 | 24 => self.offer((ev - 23) as usize),
             25 | 26 => self.want((ev - 25) as usize),
             27 | 28 => self.staging_ready((ev - 27) as usize),
+            29 | 30 => self.sleep((ev - 29) as usize),
             _ => unreachable!(),
         };
         if r {
@@ -1180,7 +1354,7 @@ impl Sim {
         let hs = self.handshake_weight;
         let weights = [
             hs, hs, hs, 3, 3, 3, 3, 2, 2, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-            1,
+            1, 1, 1,
         ];
         let total: u64 = weights.iter().sum();
         for step in 0..random_steps {
@@ -1213,7 +1387,7 @@ impl Sim {
             }
             let before = self.progress;
             self.kill_path();
-            for ev in 0..29 {
+            for ev in 0..31 {
                 let mut guard = 0;
                 while self.step(ev) {
                     guard += 1;
@@ -1294,6 +1468,34 @@ impl Sim {
     }
 }
 
+/// The transport polls its ring of records (`Connection::poll_ring`, a no-op without them):
+/// returns whether it found any.
+fn poll_ring(
+    c: &mut Connection,
+    rings: &BTreeMap<u32, SimRing>,
+    name: &str,
+    expect_failure: bool,
+) -> bool {
+    if !c.records() {
+        return false;
+    }
+    let ring = &rings[&c.rx_cursors().gen()].bytes;
+    let word = |offset: usize| {
+        assert!(
+            offset.is_multiple_of(8) && offset < ring.len(),
+            "{name}: word at {offset}"
+        );
+        u64::from_le_bytes(ring[offset..offset + 8].try_into().unwrap())
+    };
+    match c.poll_ring(word) {
+        Ok(found) => found,
+        Err(e) => {
+            assert!(expect_failure, "{name}: the ring's records refused: {e}");
+            false
+        }
+    }
+}
+
 /// Reads up to `want` bytes (and at most `limit`) of the peer's TCP stream.
 fn read_tcp(me: &mut Endpoint, peer: &mut Endpoint, want: u64, limit: Option<u64>) -> bool {
     let n = want
@@ -1369,15 +1571,19 @@ fn config() -> impl Strategy<Value = Config> {
         prop_oneof![Just(0u64), 1u64..5000],
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(shift, slot_thr, max_write, split, moves)| Config {
-            credit_byte_shift: shift,
-            credit_slot_threshold: slot_thr,
-            max_write,
-            split_at_wrap: split,
-            ring_moves: moves,
-            ..Config::default()
-        })
+        .prop_map(
+            |(shift, slot_thr, max_write, split, moves, records)| Config {
+                credit_byte_shift: shift,
+                credit_slot_threshold: slot_thr,
+                max_write,
+                split_at_wrap: split,
+                ring_moves: moves,
+                records,
+                ..Config::default()
+            },
+        )
 }
 
 fn side(finish: Finish) -> impl Strategy<Value = SideParams> {
@@ -1735,5 +1941,87 @@ fn ring_moves_need_both_sides() {
         let c = e.conn.as_ref().unwrap();
         assert!(!c.ring_moves());
         assert_eq!((c.stats().moves_in, c.stats().moves_out), (0, 0));
+    }
+}
+
+/// Both sides offer records, with streams both ways, small and large writes, readers that go
+/// to sleep whenever they find nothing (or, in every other run, spin): every byte arrives
+/// once, in order, over records; a record carries an immediate only to wake a reader or to ask
+/// for credit, so spinning readers take no wake-up at all and most records make no completion.
+#[test]
+fn records_keep_every_byte_and_wake_their_readers() {
+    let (mut writes, mut wakes, mut sleeps, mut plain) = (0, 0, 0, 0);
+    for seed in 0..60 {
+        let mut sc = fixed(
+            Finish::ShutdownThenClose,
+            Finish::ShutdownThenClose,
+            12,
+            8,
+            60_000,
+        );
+        sc.seed = seed;
+        sc.a.commit_at = (seed as usize * 997) % 60_000;
+        sc.random_steps = 6000;
+        for side in [&mut sc.a, &mut sc.b] {
+            side.cfg.records = true;
+            side.max_chunk = if seed % 3 == 0 { 40 } else { 3000 };
+            side.max_read = if seed % 5 == 0 { 7 } else { 2000 };
+        }
+        let mut sim = Sim::new(&sc);
+        sim.sleeping = seed % 2 == 0;
+        sim.run(sc.random_steps);
+        sim.check();
+        for e in [&sim.a, &sim.b] {
+            let c = e.conn.as_ref().unwrap();
+            assert!(c.records(), "{}: records not negotiated", e.name);
+            assert!(!c.ring_moves() && !c.peer_can_switch_back() && !c.fails_over());
+            let st = c.stats();
+            assert_eq!(st.data_writes, e.records_out);
+            // (a record with an immediate woke the reader, asked for credit, or both)
+            assert!(e.records_imm <= st.wakes_sent + st.credit_wanted, "{st:?}");
+            if !sim.sleeping {
+                assert_eq!((st.sleeps, st.wakes_sent), (0, 0), "spinning readers");
+                assert_eq!(e.records_imm, st.credit_wanted, "{st:?}");
+            }
+            writes += st.data_writes;
+            wakes += st.wakes_sent;
+            sleeps += st.sleeps;
+            plain += e.records_out - e.records_imm;
+        }
+    }
+    assert!(writes >= 2_000, "only {writes} records");
+    assert!(
+        sleeps >= 100 && wakes >= 100,
+        "{sleeps} sleeps, {wakes} wake-ups"
+    );
+    assert!(
+        plain * 2 > writes,
+        "{plain} of {writes} records without an immediate"
+    );
+}
+
+/// Records are used only when both sides offer them: one side alone keeps the WRITE WITH
+/// IMMEDIATE kind, and the streams still arrive whole.
+#[test]
+fn records_need_both_sides() {
+    for offer in [(true, false), (false, true)] {
+        let mut sc = fixed(
+            Finish::ShutdownThenClose,
+            Finish::CloseAfterEof,
+            12,
+            8,
+            20_000,
+        );
+        sc.a.cfg.records = offer.0;
+        sc.b.cfg.records = offer.1;
+        let mut sim = Sim::new(&sc);
+        sim.run(sc.random_steps);
+        sim.check();
+        for e in [&sim.a, &sim.b] {
+            let c = e.conn.as_ref().unwrap();
+            assert!(!c.records());
+            assert!(c.peer_can_switch_back(), "today's kind keeps its features");
+            assert_eq!((c.stats().sleeps, c.stats().wakes_sent), (0, 0));
+        }
     }
 }

@@ -1,9 +1,13 @@
 //! The polled kind's wake-up (`wake`), checked against every interleaving of a small model: a
 //! writer posting K records, the two directions of the queue pair as FIFOs (records and
 //! doorbells one way, the reader's notices the other), and a reader that polls, goes to sleep
-//! when it finds nothing, and wakes only on a completion. In no reachable state may the reader
-//! sleep for good with a record it has not read; and the model finds that state when the
-//! writer is made to forget the doorbell a notice behind its posts asks for.
+//! when it finds nothing, and wakes only on a completion. The writer's side also sends up to
+//! two other messages (credits, control) whose completions wake the reader's thread without
+//! being a wake-up it asked for: the reader then sleeps again on the notice it has out,
+//! without a new one (a new notice per completion would wake the peer in turn, and two idle
+//! peers would trade notices for ever). In no reachable state may the reader sleep for good
+//! with a record it has not read; and the model finds that state when the writer is made to
+//! forget the doorbell a notice behind its posts asks for.
 
 use rdmashim_proto::wake::{Notice, OnNotice, ReaderWake, WriterWake};
 use std::collections::{HashSet, VecDeque};
@@ -14,6 +18,8 @@ enum ToReader {
     Record { imm: bool },
     /// A zero-length WRITE WITH IMMEDIATE.
     Doorbell,
+    /// Any other message that makes a completion (a credit, a control message).
+    Other,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -27,8 +33,15 @@ struct State {
     landed: u64,
     /// Records the reader has read.
     read: u64,
-    /// Completions in the reader's CQ, not yet taken.
+    /// Wake-up completions (records with an immediate, doorbells) in the reader's CQ, not yet
+    /// taken.
     cq: u32,
+    /// Other completions in the reader's CQ.
+    cq_other: u32,
+    /// Other messages the writer's side may still send.
+    others_left: u32,
+    /// The reader's thread waits on its completion channel.
+    sleeping: bool,
 }
 
 /// Every state reachable from the start with `k` records to write; `ring_when_past`: whether
@@ -43,6 +56,9 @@ fn explore(k: u64, ring_when_past: bool) -> Vec<State> {
         landed: 0,
         read: 0,
         cq: 0,
+        cq_other: 0,
+        others_left: 2,
+        sleeping: false,
     };
     let mut seen = HashSet::new();
     let mut todo = vec![start];
@@ -60,6 +76,13 @@ fn explore(k: u64, ring_when_past: bool) -> Vec<State> {
             t.posted += 1;
             next.push(t);
         }
+        // the writer's side sends something else
+        if s.others_left > 0 {
+            let mut t = s.clone();
+            t.others_left -= 1;
+            t.to_reader.push_back(ToReader::Other);
+            next.push(t);
+        }
         // the next WRITE lands at the reader
         if let Some(&m) = s.to_reader.front() {
             let mut t = s.clone();
@@ -70,6 +93,7 @@ fn explore(k: u64, ring_when_past: bool) -> Vec<State> {
                     t.cq += u32::from(imm);
                 }
                 ToReader::Doorbell => t.cq += 1,
+                ToReader::Other => t.cq_other += 1,
             }
             next.push(t);
         }
@@ -83,27 +107,40 @@ fn explore(k: u64, ring_when_past: bool) -> Vec<State> {
             }
             next.push(t);
         }
-        if s.reader.asleep() {
-            // only a completion wakes it
+        if s.sleeping {
+            // only a completion wakes it; only a wake-up ends its notice
             if s.cq > 0 {
                 let mut t = s.clone();
                 t.cq -= 1;
                 t.reader.woken();
+                t.sleeping = false;
+                next.push(t);
+            }
+            if s.cq_other > 0 {
+                let mut t = s.clone();
+                t.cq_other -= 1;
+                t.sleeping = false;
                 next.push(t);
             }
         } else {
             // it polls its ring (and takes what its CQ holds), or, finding nothing, sleeps
-            if s.read < s.landed || s.cq > 0 {
+            if s.read < s.landed || s.cq > 0 || s.cq_other > 0 {
                 let mut t = s.clone();
                 t.read = t.landed;
+                if t.cq > 0 {
+                    t.reader.woken();
+                }
                 t.cq = 0;
+                t.cq_other = 0;
                 next.push(t);
             }
             if s.read == s.landed {
                 let mut t = s.clone();
                 let seen = t.read;
-                let n = t.reader.sleep(seen).expect("awake");
-                t.to_writer.push_back(n);
+                if let Some(n) = t.reader.sleep(seen) {
+                    t.to_writer.push_back(n);
+                }
+                t.sleeping = true;
                 next.push(t);
             }
         }
@@ -122,7 +159,7 @@ fn no_run_leaves_a_sleeping_reader_with_a_record_unread() {
     for k in 0..=4 {
         for end in explore(k, true) {
             assert!(
-                end.reader.asleep(),
+                end.sleeping && end.reader.asleep(),
                 "a run ended with the reader awake: {end:?}"
             );
             assert_eq!(

@@ -1,8 +1,10 @@
 //! A ring-stream peer for the RDMA tier's process-death tests (tests/peer_death.rs): connects
 //! to ADDR and plays ROLE until it is killed.
 //!
-//!   stream-peer writer ADDR    streams bytes (0x5a) forever
-//!   stream-peer sleeper ADDR   connects and never reads
+//!   stream-peer writer ADDR [records]    streams bytes (0x5a) forever
+//!   stream-peer sleeper ADDR [records]   connects and never reads
+//!
+//! With `records` it offers records (protocol §14).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,11 +12,13 @@ use std::time::Duration;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(role), Some(addr)) = (args.get(1), args.get(2)) else {
-        eprintln!("usage: stream-peer writer|sleeper ADDR");
+        eprintln!("usage: stream-peer writer|sleeper ADDR [records]");
         std::process::exit(2);
     };
     let addr: SocketAddr = addr.parse().expect("ADDR is ip:port");
-    let mut s = rdmashim_core::Stream::connect(addr).expect("connect");
+    let mut cfg = rdmashim_core::StreamConfig::default();
+    cfg.protocol.records = args.get(3).is_some_and(|a| a == "records");
+    let mut s = rdmashim_core::Stream::connect_with(addr, cfg).expect("connect");
     match role.as_str() {
         "writer" => {
             let chunk = vec![0x5a; 64 * 1024];

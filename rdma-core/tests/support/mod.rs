@@ -45,6 +45,14 @@ pub fn port(n: u16) -> u16 {
     20000 + (std::process::id() % 1000) as u16 * 16 + n
 }
 
+/// The default configuration, offering records (protocol §14) when `records`: the stream
+/// tests run over both ring kinds.
+pub fn kind(records: bool) -> rdmashim_core::StreamConfig {
+    let mut cfg = rdmashim_core::StreamConfig::default();
+    cfg.protocol.records = records;
+    cfg
+}
+
 /// `ip():port`.
 pub fn addr(n: u16) -> SocketAddr {
     SocketAddr::new(ip(), port(n))
