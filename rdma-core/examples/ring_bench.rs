@@ -53,6 +53,12 @@ fn cfg() -> StreamConfig {
     {
         c.protocol.max_write = m;
     }
+    if let Some(i) = std::env::var("RING_BENCH_INLINE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        c.max_inline = i;
+    }
     // (the ring kind: records, protocol §14, or WRITE WITH IMMEDIATE)
     c.protocol.records = std::env::var("RING_BENCH_RECORDS").is_ok_and(|v| v == "1");
     c
@@ -123,6 +129,7 @@ fn lat(addr: SocketAddr, iters: usize, size: usize) {
     eprintln!(
         "ring lat: {iters} round trips of {size} B, one-way median {med:.2} us, p99 {p99:.2} us"
     );
+    eprintln!("ring lat: client {:?}", c.stats());
     println!("lat_us={med:.3}");
     println!("p99_us={p99:.3}");
     drop((c, s));

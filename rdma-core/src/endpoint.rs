@@ -449,16 +449,17 @@ impl Endpoint {
                 let (seq, signaled) = self.next_wr(false);
                 {
                     // The header and the trailer around the payload the sends staged (the
-                    // double mapping keeps a record that wraps contiguous); the trailer is the
-                    // last word the WRITE places, and the receiver reads nothing before it.
+                    // double mapping keeps a record that wraps contiguous for the WRITE; the
+                    // trailer of one that wraps is written in the first view); the trailer is
+                    // the last word the WRITE places, and the receiver reads nothing before it.
                     let tx = self
                         .tx_ring_mut(gen)
                         .ok_or(Error::InvalidArgument("no send staging ring"))?
                         .ring_mut();
                     let word = header.to_le_bytes();
+                    let trailer = (ring_offset + trailer_at) % tx.size();
                     tx.slice_mut(ring_offset, 8).copy_from_slice(&word);
-                    tx.slice_mut(ring_offset + trailer_at, 8)
-                        .copy_from_slice(&word);
+                    tx.slice_mut(trailer, 8).copy_from_slice(&word);
                 }
                 let tx = self
                     .tx_ring(gen)

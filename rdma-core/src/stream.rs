@@ -782,10 +782,9 @@ fn block_many(
             std::hint::spin_loop();
         }
         // Arm, then look once more: a completion between the last poll and the arm raised no
-        // event. (With records a reader tells its peer first that it sleeps, and the look
-        // catches a record written before the notice left: protocol §14.)
+        // event. (With records the arm tells the peer first that this side sleeps, and the
+        // look catches a record written before the notice left: protocol §14.)
         for s in ss.iter_mut() {
-            s.link.conn_mut().prepare_sleep();
             s.link.arm();
             s.progress();
         }

@@ -39,7 +39,7 @@ pub enum Mark {
     PostCalled = 0,
     /// That post call returned.
     PostReturned = 1,
-    /// A DATA receive completion was polled.
+    /// A DATA receive completion was polled (with records: a record was found in the ring).
     DataSeen = 2,
     /// The application's read returned (stamped by the bench).
     ReadReturned = 3,

@@ -61,7 +61,9 @@ pub struct Config {
     /// Offer records (protocol §14): the ring kind whose receiver learns of new bytes by
     /// polling ring memory ([`Connection::poll_ring`]) instead of taking a completion per
     /// write. Used when both sides offer it; a connection that carries records does not (yet)
-    /// take part in ring moves, switch-backs or failover, and says so in its handshake.
+    /// take part in ring moves, switch-backs or failover, and says so in its handshake. The
+    /// transport zeroes its receive ring before it advertises it, and its staging area is
+    /// double-mapped: a record is one WRITE, which `split_at_wrap` does not split.
     /// Default false.
     pub records: bool,
 }
