@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use rdmashim_proto::{Action, ControlMsg, LocalParams, RingDesc, RingSize, MAX_CONTROL_LEN};
+use rdmashim_proto::{Action, ControlMsg, Imm, LocalParams, RingDesc, RingSize, MAX_CONTROL_LEN};
 
 use crate::cm::{CmId, EventChannel, QpCaps};
 use crate::error::{Error, Result};
@@ -418,23 +418,7 @@ impl Endpoint {
                 rkey,
                 imm,
                 ..
-            } => {
-                let (seq, signaled) = self.next_wr(false);
-                let tx = self
-                    .tx_ring(gen)
-                    .ok_or(Error::InvalidArgument("no send staging ring"))?;
-                self.id.post_write(
-                    SEND_TAG | seq,
-                    tx.mr(),
-                    ring_offset,
-                    len,
-                    remote_addr,
-                    rkey,
-                    Some(imm.encode()),
-                    signaled,
-                )?;
-                self.posted(signaled);
-            }
+            } => self.post_staged(gen, ring_offset, len, remote_addr, rkey, Some(imm))?,
             Action::WriteRecord {
                 len,
                 gen,
@@ -446,35 +430,19 @@ impl Endpoint {
                 imm,
                 ..
             } => {
-                let (seq, signaled) = self.next_wr(false);
-                {
-                    // The header and the trailer around the payload the sends staged (the
-                    // double mapping keeps a record that wraps contiguous for the WRITE; the
-                    // trailer of one that wraps is written in the first view); the trailer is
-                    // the last word the WRITE places, and the receiver reads nothing before it.
-                    let tx = self
-                        .tx_ring_mut(gen)
-                        .ok_or(Error::InvalidArgument("no send staging ring"))?
-                        .ring_mut();
-                    let word = header.to_le_bytes();
-                    let trailer = (ring_offset + trailer_at) % tx.size();
-                    tx.slice_mut(ring_offset, 8).copy_from_slice(&word);
-                    tx.slice_mut(trailer, 8).copy_from_slice(&word);
-                }
+                // The header and the trailer around the payload the sends staged (the double
+                // mapping keeps a record that wraps contiguous for the WRITE; the trailer of one
+                // that wraps is written in the first view); the trailer is the last word the
+                // WRITE places, and the receiver reads nothing before it.
                 let tx = self
-                    .tx_ring(gen)
-                    .ok_or(Error::InvalidArgument("no send staging ring"))?;
-                self.id.post_write(
-                    SEND_TAG | seq,
-                    tx.mr(),
-                    ring_offset,
-                    len,
-                    remote_addr,
-                    rkey,
-                    imm.map(|i| i.encode()),
-                    signaled,
-                )?;
-                self.posted(signaled);
+                    .tx_ring_mut(gen)
+                    .ok_or(Error::InvalidArgument("no send staging ring"))?
+                    .ring_mut();
+                let word = header.to_le_bytes();
+                let trailer = (ring_offset + trailer_at) % tx.size();
+                tx.slice_mut(ring_offset, 8).copy_from_slice(&word);
+                tx.slice_mut(trailer, 8).copy_from_slice(&word);
+                self.post_staged(gen, ring_offset, len, remote_addr, rkey, imm)?;
             }
             Action::WriteCredit { remote_addr, imm } | Action::Doorbell { remote_addr, imm } => {
                 let (seq, signaled) = self.next_wr(false);
@@ -501,6 +469,35 @@ impl Endpoint {
                 return Err(Error::InvalidArgument("not a work request"))
             }
         }
+        Ok(())
+    }
+
+    /// One RDMA WRITE (WITH IMMEDIATE when `imm` is given) of the staging area of generation
+    /// `gen`'s `len` bytes at `ring_offset` (the peer's ring's offset too) to `remote_addr`.
+    fn post_staged(
+        &mut self,
+        gen: u32,
+        ring_offset: usize,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+        imm: Option<Imm>,
+    ) -> Result<()> {
+        let (seq, signaled) = self.next_wr(false);
+        let tx = self
+            .tx_ring(gen)
+            .ok_or(Error::InvalidArgument("no send staging ring"))?;
+        self.id.post_write(
+            SEND_TAG | seq,
+            tx.mr(),
+            ring_offset,
+            len,
+            remote_addr,
+            rkey,
+            imm.map(Imm::encode),
+            signaled,
+        )?;
+        self.posted(signaled);
         Ok(())
     }
 
