@@ -135,7 +135,7 @@ pub const SOFTWARE_ACK_TIMEOUT: u8 = 20;
 
 /// The inline size a link that offers records asks for at least: a record adds 16 to 23 bytes
 /// of framing to its payload (protocol §14), so the 64 bytes of [`StreamConfig::max_inline`]'s
-/// default would leave a 64-byte write's record (88 bytes) out. Under soft-RoCE a write that
+/// default would leave a 64-byte write's record (80 bytes) out. Under soft-RoCE a write that
 /// is not inline costs its copy from the registered memory: 64-byte ping-pongs over records
 /// took 17.4 µs one way with 64 and 16.7 µs with 128 (median of three runs each, one VM run).
 pub const RECORDS_INLINE: u32 = 128;

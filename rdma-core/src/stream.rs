@@ -715,6 +715,9 @@ impl Stream {
     }
 }
 
+/// The longest nap of a reader of records whose notice is out (see `block_many`).
+const RECORDS_NAP_MAX_MS: u64 = 64;
+
 /// The blocking engine shared by single-stream calls and [`barrier`]: drive every stream,
 /// spin on their CQs, then arm and sleep on all their fds.
 fn block_many(
@@ -739,6 +742,7 @@ fn block_many(
     if finished(ss) {
         return Ok(true);
     }
+    let mut nap = 1u64;
     loop {
         for s in ss.iter_mut() {
             s.progress();
@@ -809,6 +813,16 @@ fn block_many(
             {
                 timeout = Some(timeout.map_or(w, |t| t.min(w)));
             }
+        }
+        // (records: the peer answers our Sleeping notice only when its owner next drives its
+        // end; one that wrote its last record and went idle before the notice came never
+        // does. A reader with its notice out looks at its ring again after a nap that doubles
+        // from 1 ms to 64 ms while nothing comes: never a hang, and a bounded delay in that
+        // case alone — protocol §14)
+        if ss.iter().any(|s| s.conn().notice_out()) {
+            let n = Duration::from_millis(nap);
+            timeout = Some(timeout.map_or(n, |t| t.min(n)));
+            nap = (nap * 2).min(RECORDS_NAP_MAX_MS);
         }
         let ms = timeout.map_or(-1, poll_ms);
         let fds: Vec<RawFd> = ss.iter().flat_map(|s| s.wait_fds()).collect();

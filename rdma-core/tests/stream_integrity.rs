@@ -65,3 +65,46 @@ fn both_ways(port: u16, records: bool) {
     assert_eq!(c_sent, s_recv, "client → server bytes differ");
     assert_eq!(s_sent, c_recv, "server → client bytes differ");
 }
+
+/// Records (protocol §14): a reader that sleeps has told its writer so, and the writer answers
+/// only when its owner next drives its end. Here the writer's notice sits unread in its queue
+/// while it writes one record (a send that finds room posts at once, polling nothing) and then
+/// goes idle for seconds before it closes: the reader still gets the record long before the
+/// writer wakes (it looks at its ring again after a nap while its notice is out), instead of
+/// when the writer's close finally makes a completion.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_sleeping_reader_gets_the_record_of_a_writer_gone_idle() {
+    let _ = support::device();
+    let addr = support::addr(10);
+    let mut cfg = support::kind(true);
+    cfg.spin = std::time::Duration::ZERO; // (both ends sleep at once)
+    let listener = Listener::bind_with(addr, cfg).expect("bind");
+    let idle = std::time::Duration::from_secs(5);
+    let server = thread::spawn(move || {
+        let mut s = listener.accept().expect("accept");
+        // (the client's notice arrives meanwhile, and stays unread)
+        thread::sleep(std::time::Duration::from_millis(300));
+        s.write_all(b"last").expect("write");
+        thread::sleep(idle);
+        // (its close makes a completion: a reader that waited for the writer wakes here)
+        s.close().expect("close");
+    });
+    let mut c = Stream::connect_with(addr, cfg).expect("connect");
+    assert!(c.records());
+    let t0 = std::time::Instant::now();
+    let mut buf = [0u8; 4];
+    std::io::Read::read_exact(&mut c, &mut buf).expect("read");
+    let took = t0.elapsed();
+    eprintln!("the record came {took:?} after the read began");
+    assert_eq!(&buf, b"last");
+    assert!(
+        took < idle - std::time::Duration::from_secs(1),
+        "the reader waited {took:?}: for the idle writer, not for the record"
+    );
+    assert!(
+        c.stats().sleeps > 0,
+        "the reader never slept: the test tested nothing"
+    );
+    server.join().expect("server thread");
+}

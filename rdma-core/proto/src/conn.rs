@@ -2144,6 +2144,14 @@ impl Connection {
         Ok(found)
     }
 
+    /// Records: this side's Sleeping notice is out (queued or sent) and no wake-up has ended
+    /// it. The peer answers it only when its owner next drives its end: a transport whose
+    /// peer may go idle right after its last write looks at the ring again now and then
+    /// while this holds.
+    pub fn notice_out(&self) -> bool {
+        self.records.on && self.records.reader_wake.asleep()
+    }
+
     /// Records: the reader found nothing to read and is about to wait for the peer's bytes.
     /// Returns whether it may sleep on its completion channel: a Sleeping notice is out or
     /// queued ([`Self::poll_action`]), and the peer's next record, or a doorbell, will make a
