@@ -25,6 +25,7 @@ use rdmashim_core::sys::cycles;
 #[cfg(feature = "timeline")]
 use rdmashim_core::timeline;
 use rdmashim_core::{Listener, Stream, StreamConfig};
+use rdmashim_proto::Kind;
 
 fn cfg() -> StreamConfig {
     let spin = std::env::var("RING_BENCH_SPIN_US")
@@ -59,8 +60,13 @@ fn cfg() -> StreamConfig {
     {
         c.max_inline = i;
     }
-    // (the ring kind: records, protocol §14, or WRITE WITH IMMEDIATE)
-    c.protocol.records = std::env::var("RING_BENCH_RECORDS").is_ok_and(|v| v == "1");
+    // (the connection kind: RING_BENCH_KIND imm, records (protocol §14) or sends (§15);
+    // RING_BENCH_RECORDS=1 is records)
+    c.protocol.kind = match std::env::var("RING_BENCH_KIND") {
+        Ok(k) => Kind::from_name(&k).unwrap_or_else(|| panic!("unknown kind {k}")),
+        Err(_) if std::env::var("RING_BENCH_RECORDS").is_ok_and(|v| v == "1") => Kind::Records,
+        Err(_) => Kind::WriteImm,
+    };
     c
 }
 
@@ -70,9 +76,9 @@ fn pair(addr: SocketAddr) -> (Stream, Stream) {
     let c = Stream::connect_with(addr, cfg()).expect("connect");
     let s = t.join().unwrap();
     assert_eq!(
-        c.records(),
-        cfg().protocol.records,
-        "the ring kind asked for was not negotiated"
+        c.kind(),
+        cfg().protocol.kind,
+        "the connection kind asked for was not negotiated"
     );
     (c, s)
 }

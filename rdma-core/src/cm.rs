@@ -902,13 +902,15 @@ impl CmId {
         self.post(&mut wr)
     }
 
-    /// Posts a SEND of `len` bytes at `offset` in `local`.
+    /// Posts a SEND of `len` bytes at `offset` in `local` (WITH IMMEDIATE when `imm` is
+    /// given; `len` may then be 0), inline when it fits the granted inline size.
     pub fn post_send(
         &self,
         wr_id: u64,
         local: &Mr,
         offset: usize,
         len: usize,
+        imm: Option<u32>,
         signaled: bool,
     ) -> Result<()> {
         let mut sge = local.sge(offset, len)?;
@@ -916,15 +918,22 @@ impl CmId {
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+        wr.num_sge = if len == 0 { 0 } else { 1 };
+        wr.opcode = match imm {
+            Some(imm) => {
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM
+            }
+            None => ffi::ibv_wr_opcode::IBV_WR_SEND,
+        };
         let mut flags = 0;
         if signaled {
             flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
-        if self
-            .qp_caps()
-            .is_some_and(|c| len <= c.max_inline_data as usize)
+        if len > 0
+            && self
+                .qp_caps()
+                .is_some_and(|c| len <= c.max_inline_data as usize)
         {
             flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }

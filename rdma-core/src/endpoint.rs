@@ -17,7 +17,8 @@
 //!   by `cursor mod size` (the protocol core never lets a staged byte be overwritten before the
 //!   peer has credited it, which implies its write completed);
 //! - `R` receive slots of [`MAX_CONTROL_LEN`] bytes (every message consumes one receive; only
-//!   control SENDs use its buffer);
+//!   control SENDs use its buffer), or of [`SENDS_BUF`](rdmashim_proto::SENDS_BUF) bytes on a link that offers the sends
+//!   kind (protocol §15: its peer's DATA arrive there, and are copied into the ring);
 //! - a small registered buffer for control SENDs that do not fit the granted inline size.
 //!
 //! Send-queue accounting: every send WR gets a sequence number (its `wr_id`, tagged with
@@ -49,6 +50,9 @@ pub(crate) struct EndpointSizes {
     pub ring_size: usize,
     /// Receives posted (≥ 4).
     pub recv_slots: u16,
+    /// Bytes of each receive's buffer: [`MAX_CONTROL_LEN`], or [`SENDS_BUF`](rdmashim_proto::SENDS_BUF) on a link that
+    /// offers the sends kind.
+    pub recv_buf: usize,
     /// Send queue depth.
     pub sq_depth: u32,
     /// Bytes to ask for as `max_inline_data`.
@@ -82,6 +86,8 @@ pub(crate) struct Endpoint {
     pub comp: Arc<CompChannel>,
     pub ch: Arc<EventChannel>,
     recv_slots: u16,
+    /// Bytes of each receive's buffer ([`EndpointSizes::recv_buf`]).
+    recv_buf: usize,
     sq_depth: u32,
     signal_every: u64,
     /// Sequence number of the next send WR.
@@ -179,6 +185,7 @@ impl Endpoint {
                 comp: r.comp,
                 ch,
                 recv_slots: sz.recv_slots,
+                recv_buf: sz.recv_buf,
                 sq_depth: sz.sq_depth.min(r.granted.max_send_wr),
                 signal_every: u64::from((sz.sq_depth / 4).max(1)),
                 sq_posted: 0,
@@ -199,7 +206,7 @@ impl Endpoint {
             &ctx,
             KitSizes {
                 ring: sz.ring_size,
-                recv: usize::from(sz.recv_slots) * MAX_CONTROL_LEN,
+                recv: usize::from(sz.recv_slots) * sz.recv_buf,
                 ctl: sz.sq_depth as usize * MAX_CONTROL_LEN,
             },
         )?;
@@ -218,7 +225,7 @@ impl Endpoint {
         )?;
         let granted = id.qp_caps().unwrap_or_default();
         let slots: Vec<u16> = (0..sz.recv_slots).collect();
-        if let Err(e) = id.post_recvs(&slots, kit.recv_bufs.mr(), MAX_CONTROL_LEN) {
+        if let Err(e) = id.post_recvs(&slots, kit.recv_bufs.mr(), sz.recv_buf) {
             // The id (and its QP on the kit's PD) goes back to the caller and lives on: the kit
             // must not serve another connection beside it.
             kit.discard();
@@ -344,15 +351,34 @@ impl Endpoint {
         }
         let r = self
             .id
-            .post_recvs(&self.reposts, self.kit.recv_bufs.mr(), MAX_CONTROL_LEN);
+            .post_recvs(&self.reposts, self.kit.recv_bufs.mr(), self.recv_buf);
         self.reposts.clear();
         r
     }
 
-    /// The payload of a control message received in `slot`.
+    /// The bytes a SEND left in receive `slot`: a control message, or a DATA of the sends
+    /// kind (at most the buffer's size: the device fails a longer one).
     pub fn recv_payload(&self, slot: u16, len: u32) -> &[u8] {
-        let start = usize::from(slot) * MAX_CONTROL_LEN;
-        &self.kit.recv_bufs.as_slice()[start..start + (len as usize).min(MAX_CONTROL_LEN)]
+        let start = usize::from(slot) * self.recv_buf;
+        &self.kit.recv_bufs.as_slice()[start..start + (len as usize).min(self.recv_buf)]
+    }
+
+    /// Sends (protocol §15): copies the `len` bytes a DATA SEND left in receive `slot` into
+    /// the receive ring of generation `gen` at `offset` (where the core says they belong; the
+    /// double mapping takes a copy across the ring's end). Returns whether that ring is here.
+    pub fn land_send(&mut self, slot: u16, len: u32, gen: u32, offset: usize) -> bool {
+        let start = usize::from(slot) * self.recv_buf;
+        let len = (len as usize).min(self.recv_buf);
+        let kit: &mut Kit = &mut self.kit;
+        let rx = Gens::get_mut(
+            self.moves.as_deref_mut().map(|m| &mut m.rx),
+            gen,
+            Some(&mut kit.rx),
+        );
+        let Some(rx) = rx else { return false };
+        let bytes = &kit.recv_bufs.as_slice()[start..start + len];
+        rx.ring_mut().slice_mut(offset, len).copy_from_slice(bytes);
+        true
     }
 
     /// Whether `wr_id` belongs to a receive slot of this endpoint.
@@ -402,14 +428,36 @@ impl Endpoint {
     }
 
     /// Posts one action of the protocol core (not `Teardown`). The caller checked
-    /// [`Self::sq_room`].
-    pub fn post(&mut self, action: &Action, peer_rkey: u32) -> Result<()> {
+    /// [`Self::sq_room`]. `sends`: the connection carries the sends kind (protocol §15), whose
+    /// DATA, credits and doorbells are SENDs WITH IMMEDIATE instead of WRITEs.
+    pub fn post(&mut self, action: &Action, peer_rkey: u32, sends: bool) -> Result<()> {
         // (the receives a credit returns are posted before it is; nothing else needs them, and
         // a ping-pong would pay a post per message on its critical path)
         if action.returns_slots() {
             self.flush_reposts()?;
         }
         match *action {
+            Action::WriteData {
+                len,
+                gen,
+                ring_offset,
+                imm,
+                ..
+            } if sends => {
+                let (seq, signaled) = self.next_wr(false);
+                let tx = self
+                    .tx_ring(gen)
+                    .ok_or(Error::InvalidArgument("no send staging ring"))?;
+                self.id.post_send(
+                    SEND_TAG | seq,
+                    tx.mr(),
+                    ring_offset,
+                    len,
+                    Some(imm.encode()),
+                    signaled,
+                )?;
+                self.posted(signaled);
+            }
             Action::WriteData {
                 len,
                 gen,
@@ -443,6 +491,13 @@ impl Endpoint {
                 tx.slice_mut(ring_offset, 8).copy_from_slice(&word);
                 tx.slice_mut(trailer, 8).copy_from_slice(&word);
                 self.post_staged(gen, ring_offset, len, remote_addr, rkey, imm)?;
+            }
+            Action::WriteCredit { imm, .. } | Action::Doorbell { imm, .. } if sends => {
+                let (seq, signaled) = self.next_wr(false);
+                let ctl = self.kit.ctl_bufs.mr();
+                self.id
+                    .post_send(SEND_TAG | seq, ctl, 0, 0, Some(imm.encode()), signaled)?;
+                self.posted(signaled);
             }
             Action::WriteCredit { remote_addr, imm } | Action::Doorbell { remote_addr, imm } => {
                 let (seq, signaled) = self.next_wr(false);
@@ -516,6 +571,7 @@ impl Endpoint {
             self.kit.ctl_bufs.mr(),
             off,
             bytes.len(),
+            None,
             signaled,
         )?;
         self.posted(signaled);
@@ -605,6 +661,7 @@ mod isolation {
         EndpointSizes {
             ring_size: RING,
             recv_slots: 16,
+            recv_buf: rdmashim_proto::MAX_CONTROL_LEN,
             sq_depth: 16,
             max_inline: 64,
             zero_rx: false,

@@ -55,7 +55,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmashim_proto::{
-    Action, Completion, Config, ConfigError, ConnectRequest, Connection, ErrorReason, Proof,
+    Action, Completion, Config, ConfigError, ConnectRequest, Connection, ErrorReason, Kind, Proof,
     Reject, RejectReason, RingSize, SendError,
 };
 
@@ -200,14 +200,20 @@ impl StreamConfig {
         Ok(EndpointSizes {
             ring_size: self.ring_size,
             recv_slots: self.recv_slots,
+            // (a link that offers sends takes its peer's DATA into its receives)
+            recv_buf: if self.protocol.kind == Kind::Sends {
+                rdmashim_proto::SENDS_BUF
+            } else {
+                rdmashim_proto::MAX_CONTROL_LEN
+            },
             sq_depth: self.sq_depth,
             // (a link that offers records asks for room for a 64-byte write's record inline)
-            max_inline: if self.protocol.records {
+            max_inline: if self.protocol.kind == Kind::Records {
                 self.max_inline.max(RECORDS_INLINE)
             } else {
                 self.max_inline
             },
-            zero_rx: self.protocol.records,
+            zero_rx: self.protocol.kind == Kind::Records,
         })
     }
 }
@@ -925,8 +931,39 @@ impl Link {
                 byte_len: Some(wc.byte_len),
             });
         } else if wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV {
-            let payload = ep.recv_payload(slot, wc.byte_len);
-            let _ = self.conn.handle_completion(Completion::Recv { payload });
+            match wc_imm_data(wc) {
+                // Sends (protocol §15): a SEND WITH IMMEDIATE is a DATA, a credit or a
+                // doorbell; a DATA's bytes go into the ring where its next ones belong (the
+                // core says where, inside the credit it returned) before the core hears of
+                // them, as a WRITE would have left them.
+                Some(raw) => {
+                    let len = wc.byte_len;
+                    if len > 0 && !self.conn.sends() {
+                        // (a peer that did not choose sends has no business sending bytes
+                        // with an immediate: the core would take stale ring bytes for them)
+                        self.transport_failed(format!(
+                            "a SEND WITH IMMEDIATE of {len} bytes on a connection of the {} kind",
+                            self.conn.kind().name()
+                        ));
+                        return;
+                    }
+                    if let Some(at) = self.conn.landing(len).filter(|_| len > 0) {
+                        ep.land_send(slot, len, at.gen, at.offset);
+                    }
+                    #[cfg(feature = "timeline")]
+                    if len > 0 {
+                        crate::timeline::mark(crate::timeline::Mark::DataSeen);
+                    }
+                    let _ = self.conn.handle_completion(Completion::WriteImm {
+                        imm: u32::from_be(raw),
+                        byte_len: Some(len),
+                    });
+                }
+                None => {
+                    let payload = ep.recv_payload(slot, wc.byte_len);
+                    let _ = self.conn.handle_completion(Completion::Recv { payload });
+                }
+            }
         }
         // Re-posted after the core saw the completion, before the credit that returns it.
         if self.teardown != Td::Disconnected && self.conn.error().is_none() {
@@ -1073,7 +1110,7 @@ impl Link {
                 crate::timeline::mark(crate::timeline::Mark::PostCalled);
             }
             let posted = match &mut self.ep {
-                Ep::Rdma(ep) => ep.post(&a, rkey),
+                Ep::Rdma(ep) => ep.post(&a, rkey, self.conn.sends()),
                 Ep::Shm(s) => {
                     s.post(&a);
                     Ok(())

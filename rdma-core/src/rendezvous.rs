@@ -433,7 +433,7 @@ impl ShmIncoming {
             }
         };
         let (conn, reply) = match Connection::accept(
-            cfg.protocol,
+            shm_protocol(cfg),
             inbox.params(),
             &self.request,
             proof,
@@ -531,7 +531,7 @@ impl ShmDialer {
         let sock = seqpacket_at(name, libc::SYS_connect, "connect")?;
         let mut inbox = Inbox::new(sizes.ring_size, sizes.recv_slots)?;
         let (conn, req) = Connection::connect(
-            cfg.protocol,
+            shm_protocol(cfg),
             inbox.params(),
             &proof,
             client.port(),
@@ -660,5 +660,15 @@ impl ShmDialer {
             DIALS.fetch_sub(1, Ordering::Relaxed);
         }
         DialStatus::Failed(e)
+    }
+}
+
+/// The protocol configuration of a shared-memory link: `cfg`'s, asking for the WRITE WITH
+/// IMMEDIATE kind whatever `cfg` asks for (the other kinds are ways of using an RDMA device;
+/// shared memory has its own carriage, and its peer is told nothing else).
+fn shm_protocol(cfg: &StreamConfig) -> rdmashim_proto::Config {
+    rdmashim_proto::Config {
+        kind: rdmashim_proto::Kind::WriteImm,
+        ..cfg.protocol
     }
 }

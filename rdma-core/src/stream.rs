@@ -697,6 +697,12 @@ impl Stream {
         self.conn().records()
     }
 
+    /// The connection kind it carries ([`Kind`](rdmashim_proto::Kind): the one both sides
+    /// asked for in `protocol.kind`, else WRITE WITH IMMEDIATE).
+    pub fn kind(&self) -> rdmashim_proto::Kind {
+        self.conn().kind()
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &StreamConfig {
         &self.cfg

@@ -1,6 +1,6 @@
 //! RDMA tier: half-close. The client sends, shuts its write side down and keeps reading; the
 //! server reads to EOF, then answers on the still-open direction and closes; the client reads
-//! the answer to EOF. Sends after the shutdown fail with BrokenPipe. Over both ring kinds.
+//! the answer to EOF. Sends after the shutdown fail with BrokenPipe. Over every connection kind.
 
 mod support;
 
@@ -9,28 +9,35 @@ use std::net::Shutdown;
 use std::thread;
 
 use rdmashim_core::{Listener, Stream};
+use rdmashim_proto::Kind;
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn shutdown_write_then_read_to_eof_both_ways() {
-    half_close(5, false);
+    half_close(5, Kind::WriteImm);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn shutdown_write_then_read_to_eof_both_ways_over_records() {
-    half_close(8, true);
+    half_close(8, Kind::Records);
 }
 
-fn half_close(port: u16, records: bool) {
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn shutdown_write_then_read_to_eof_both_ways_over_sends() {
+    half_close(9, Kind::Sends);
+}
+
+fn half_close(port: u16, kind: Kind) {
     let _ = support::device();
     let addr = support::addr(port);
     let request: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let expect = request.clone();
-    let listener = Listener::bind_with(addr, support::kind(records)).expect("bind");
+    let listener = Listener::bind_with(addr, support::kind(kind)).expect("bind");
     let server = thread::spawn(move || {
         let mut s = listener.accept().expect("accept");
-        assert_eq!(s.records(), records);
+        assert_eq!(s.kind(), kind);
         let mut got = Vec::new();
         s.read_to_end(&mut got).expect("server reads to EOF");
         assert!(got == expect, "request bytes differ ({} read)", got.len());
@@ -43,8 +50,8 @@ fn half_close(port: u16, records: bool) {
         s.close().expect("server close");
         answer
     });
-    let mut c = Stream::connect_with(addr, support::kind(records)).expect("connect");
-    assert_eq!(c.records(), records);
+    let mut c = Stream::connect_with(addr, support::kind(kind)).expect("connect");
+    assert_eq!(c.kind(), kind);
     c.write_all(&request).expect("client sends");
     c.shutdown(Shutdown::Write).expect("shutdown(Write)");
     let e = c.send(b"late").expect_err("send after shutdown must fail");

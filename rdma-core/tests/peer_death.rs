@@ -2,7 +2,7 @@
 //! end with an error or EOF within a second: never a hang.
 //!
 //! The peer is a separate process, `stream-peer` (src/bin/stream-peer.rs), SIGKILLed by the test.
-//! Over both ring kinds.
+//! Over every connection kind.
 
 mod support;
 
@@ -12,15 +12,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdmashim_core::Listener;
+use rdmashim_proto::Kind;
 
 const LIMIT: Duration = Duration::from_secs(1);
 
 /// The peer process (src/bin/stream-peer.rs): `writer` streams bytes forever, `sleeper`
 /// connects and never reads.
-fn spawn_helper(role: &str, addr: SocketAddr, records: bool) -> Child {
-    let kind = if records { "records" } else { "imm" };
+fn spawn_helper(role: &str, addr: SocketAddr, kind: Kind) -> Child {
     Command::new(env!("CARGO_BIN_EXE_stream-peer"))
-        .args([role, &addr.to_string(), kind])
+        .args([role, &addr.to_string(), kind.name()])
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn stream-peer")
@@ -29,22 +29,28 @@ fn spawn_helper(role: &str, addr: SocketAddr, records: bool) -> Child {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying() {
-    writer_dies(6, false);
+    writer_dies(6, Kind::WriteImm);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_records() {
-    writer_dies(8, true);
+    writer_dies(8, Kind::Records);
 }
 
-fn writer_dies(port: u16, records: bool) {
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_sends() {
+    writer_dies(10, Kind::Sends);
+}
+
+fn writer_dies(port: u16, kind: Kind) {
     let _ = support::device();
     let addr = support::addr(port);
-    let listener = Listener::bind_with(addr, support::kind(records)).expect("bind");
-    let mut child = spawn_helper("writer", addr, records);
+    let listener = Listener::bind_with(addr, support::kind(kind)).expect("bind");
+    let mut child = spawn_helper("writer", addr, kind);
     let mut s = listener.accept().expect("accept the helper");
-    assert_eq!(s.records(), records);
+    assert_eq!(s.kind(), kind);
     let mut buf = vec![0u8; 256 * 1024];
     let mut got = 0usize;
     while got < 4 << 20 {
@@ -78,22 +84,28 @@ fn writer_dies(port: u16, records: bool) {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying() {
-    reader_dies(7, false);
+    reader_dies(7, Kind::WriteImm);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_records() {
-    reader_dies(9, true);
+    reader_dies(9, Kind::Records);
 }
 
-fn reader_dies(port: u16, records: bool) {
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_sends() {
+    reader_dies(11, Kind::Sends);
+}
+
+fn reader_dies(port: u16, kind: Kind) {
     let _ = support::device();
     let addr = support::addr(port);
-    let listener = Listener::bind_with(addr, support::kind(records)).expect("bind");
-    let mut child = spawn_helper("sleeper", addr, records);
+    let listener = Listener::bind_with(addr, support::kind(kind)).expect("bind");
+    let mut child = spawn_helper("sleeper", addr, kind);
     let mut s = listener.accept().expect("accept the helper");
-    assert_eq!(s.records(), records);
+    assert_eq!(s.kind(), kind);
     // Fill the helper's ring (it never reads) to within a chunk, so that sends block on credit
     // soon. (Records take a little of the ring for their framing: the payload that fits is a
     // little less than the ring's size.)

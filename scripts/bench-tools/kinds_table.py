@@ -29,6 +29,7 @@ NAMES = {
     "mailbox": "WRITE + cursor WRITE, cursor polled",
     "ring_imm": "ring stream, WRITE WITH IMM (native API)",
     "ring_records": "ring stream, records (native API)",
+    "ring_sends": "ring stream, sends (native API)",
 }
 
 

@@ -22,10 +22,12 @@ use crate::control::ControlMsg;
 use crate::credit::{CreditPolicy, RxSlots, TxSlots};
 use crate::failover::{Incoming, Next, Record, RECORD_LEN};
 use crate::framing;
-use crate::handshake::{AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RingDesc};
+use crate::handshake::{
+    AcceptReply, ConnectRequest, Flags, HandshakeError, Kind, Reject, RingDesc, SENDS_BUF,
+};
 use crate::imm::Imm;
 use crate::records::{Records, MIN_RECORD};
-use crate::ring::{RingSize, RxCursors, TxCursors};
+use crate::ring::{Place, RingSize, RxCursors, TxCursors};
 use crate::state::{
     ErrorReason, Fin, InvalidTransition, PeerFin, RxEvent, RxState, StreamState, TxEvent, TxState,
     Violation,
@@ -58,14 +60,9 @@ pub struct Config {
     /// has carried four of its sizes already (a busy connection, not one large message).
     /// `None` (the default): it never asks.
     pub ring_max: Option<RingSize>,
-    /// Offer records (protocol §14): the ring kind whose receiver learns of new bytes by
-    /// polling ring memory ([`Connection::poll_ring`]) instead of taking a completion per
-    /// write. Used when both sides offer it; a connection that carries records does not (yet)
-    /// take part in ring moves, switch-backs or failover, and says so in its handshake. The
-    /// transport zeroes its receive ring before it advertises it, and its staging area is
-    /// double-mapped: a record is one WRITE, which `split_at_wrap` does not split.
-    /// Default false.
-    pub records: bool,
+    /// The connection kind this side wants ([`Kind`]; default [`Kind::WriteImm`], which every
+    /// side speaks): offered in the request, and used when both sides want the same one.
+    pub kind: Kind,
 }
 
 impl Default for Config {
@@ -78,7 +75,7 @@ impl Default for Config {
             handshake_timeout: Duration::from_secs(3),
             ring_moves: false,
             ring_max: None,
-            records: false,
+            kind: Kind::WriteImm,
         }
     }
 }
@@ -647,6 +644,8 @@ pub struct Connection {
     moves: Moves,
     /// Records (§14).
     records: Records,
+    /// Sends (§15): DATA arrives as SENDs, and goes out as SENDs.
+    sends: bool,
     stats: Stats,
 }
 
@@ -708,6 +707,7 @@ impl Connection {
             incoming: None,
             moves: Moves::default(),
             records: Records::new(local.ring.size),
+            sends: false,
             stats: Stats::default(),
         })
     }
@@ -742,8 +742,10 @@ impl Connection {
         } else {
             Flags::empty()
         };
-        if cfg.records {
-            moves = moves.with(Flags::RECORDS_OFFERED);
+        match cfg.kind {
+            Kind::WriteImm => {}
+            Kind::Records => moves = moves.with(Flags::RECORDS_OFFERED),
+            Kind::Sends => moves = moves.with(Flags::SENDS_OFFERED),
         }
         let (request, key) = match proof {
             Proof::Native => (
@@ -796,8 +798,9 @@ impl Connection {
         };
         let mut conn = Self::new(cfg, Side::Server, local, request.nonce, life, tcp_received)?;
         // (records leave out the features not built for them yet: moves, switch-backs and
-        // failover count ring cursors as stream offsets)
-        let records = cfg.records && request.flags.contains(Flags::RECORDS_OFFERED);
+        // failover count ring cursors as stream offsets; sends leave out moves, §15)
+        let records = cfg.kind == Kind::Records && request.flags.contains(Flags::RECORDS_OFFERED);
+        conn.sends = cfg.kind == Kind::Sends && request.flags.contains(Flags::SENDS_OFFERED);
         conn.peer_switch_back = request.flags.contains(Flags::SWITCH_BACK) && !records;
         let peer_failover = request.flags.contains(Flags::FAILOVER);
         conn.peer = Some(Peer {
@@ -808,12 +811,15 @@ impl Connection {
         });
         let moves = if records {
             Flags::RECORDS
+        } else if conn.sends {
+            Flags::SENDS
         } else if cfg.ring_moves {
             Flags::RING_MOVES
         } else {
             Flags::empty()
         };
-        conn.moves.on = cfg.ring_moves && request.flags.contains(Flags::RING_MOVES) && !records;
+        conn.moves.on =
+            cfg.ring_moves && request.flags.contains(Flags::RING_MOVES) && !records && !conn.sends;
         if records {
             conn.records.start(false, request.nonce, local.ring.size);
         }
@@ -873,9 +879,18 @@ impl Connection {
             return Err(self.fail(ErrorReason::Handshake(HandshakeError::Unproven)));
         }
         let records = reply.flags.contains(Flags::RECORDS);
-        if records && !request.flags.contains(Flags::RECORDS_OFFERED) {
-            return Err(self.fail(ErrorReason::Handshake(HandshakeError::RecordsUnoffered)));
+        let sends = reply.flags.contains(Flags::SENDS);
+        let unoffered = if records && !request.flags.contains(Flags::RECORDS_OFFERED) {
+            Some(Kind::Records)
+        } else if sends && !request.flags.contains(Flags::SENDS_OFFERED) {
+            Some(Kind::Sends)
+        } else {
+            None
+        };
+        if let Some(kind) = unoffered {
+            return Err(self.fail(ErrorReason::Handshake(HandshakeError::Unoffered(kind))));
         }
+        self.sends = sends;
         if records {
             self.records
                 .start(true, request.nonce, self.local.ring.size);
@@ -887,6 +902,7 @@ impl Connection {
             slots: TxSlots::new(reply.recv_slots),
         });
         self.moves.on = !records
+            && !sends
             && request.flags.contains(Flags::RING_MOVES)
             && reply.flags.contains(Flags::RING_MOVES);
         self.peer_switch_back =
@@ -1992,10 +2008,14 @@ impl Connection {
             });
         }
         let place = peer.tx.place(peer.tx.posted());
-        let max = match self.cfg.max_write {
+        let mut max = match self.cfg.max_write {
             0 => place.size.bytes(),
             m => m.min(place.size.bytes()),
         };
+        if self.sends {
+            // (one SEND fills at most one of the peer's receives)
+            max = max.min(SENDS_BUF as u64);
+        }
         if let Some(w) = peer.tx.next_write(max, self.cfg.split_at_wrap) {
             if !peer.slots.can_post_message() {
                 return None;
@@ -2090,10 +2110,41 @@ impl Connection {
 
     // ----- records (§14) ---------------------------------------------------------------------
 
-    /// Whether both sides write records ([`Config::records`]): the transport then polls the
+    /// Whether both sides write records ([`Kind::Records`]): the transport then polls the
     /// local ring with [`Self::poll_ring`].
     pub fn records(&self) -> bool {
         self.records.on
+    }
+
+    /// Whether both sides carry their DATA as SENDs ([`Kind::Sends`]): the transport then
+    /// posts a DATA, a credit and a doorbell as a SEND WITH IMMEDIATE, and copies each DATA it
+    /// receives into its ring at [`Self::landing`] before it hands the completion over.
+    pub fn sends(&self) -> bool {
+        self.sends
+    }
+
+    /// The kind the connection carries (before the handshake's end: WRITE WITH IMMEDIATE).
+    pub fn kind(&self) -> Kind {
+        if self.records.on {
+            Kind::Records
+        } else if self.sends {
+            Kind::Sends
+        } else {
+            Kind::WriteImm
+        }
+    }
+
+    /// Sends (§15): where in the local ring the bytes of a DATA of `len` bytes received now
+    /// belong (the ring's next bytes), for the transport to copy them there before it hands
+    /// the DATA's completion over. `None` when they would not fit the credit this side
+    /// returned (the completion then fails the connection as an overrun, and nothing may be
+    /// copied: the bytes past the window are unread ones), and once the connection is closed
+    /// or failed (its completions are ignored: nothing would read them).
+    pub fn landing(&self, len: u32) -> Option<Place> {
+        if matches!(self.life, Life::Closed | Life::Failed(_)) {
+            return None;
+        }
+        self.rx.landing(u64::from(len)).ok()
     }
 
     /// Records: looks for whole records in the local ring from where the last look ended, and

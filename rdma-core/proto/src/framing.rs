@@ -2,7 +2,7 @@
 //! the figures decide"), with which a receiver learns of new bytes by polling ring memory,
 //! without a receive completion. One RDMA WRITE carries one record; the receiver polls the
 //! word at its read position, then the word at the end that word gives. [`crate::Connection`]
-//! writes and reads them when both ends offer them ([`crate::Config::records`]); the RDMA
+//! writes and reads them when both ends offer them ([`crate::Kind::Records`]); the RDMA
 //! link offers them when its configuration asks (the native API; the shim not yet).
 //!
 //! ```text

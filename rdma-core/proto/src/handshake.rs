@@ -12,10 +12,11 @@
 //! Flags: the low byte of the 16-bit flags field holds "must understand" bits, the high byte
 //! "may ignore" bits. A decoder rejects unknown must-understand bits
 //! ([`DecodeError::UnknownFlags`]) and keeps unknown may-ignore bits as they are (so re-encoding
-//! a decoded message reproduces it byte for byte). Version 2 defines two must-understand flags,
-//! [`Flags::NATIVE`] and [`Flags::RECORDS`] (replies only), and the may-ignore flags
-//! [`Flags::SWITCH_BACK`], [`Flags::REDIRECT`], [`Flags::FAILOVER`], [`Flags::RING_MOVES`] and
-//! [`Flags::RECORDS_OFFERED`] (requests only).
+//! a decoded message reproduces it byte for byte). Version 2 defines three must-understand
+//! flags, [`Flags::NATIVE`], and [`Flags::RECORDS`] and [`Flags::SENDS`] (replies only), and
+//! the may-ignore flags [`Flags::SWITCH_BACK`], [`Flags::REDIRECT`], [`Flags::FAILOVER`],
+//! [`Flags::RING_MOVES`], and [`Flags::RECORDS_OFFERED`] and [`Flags::SENDS_OFFERED`]
+//! (requests only).
 //!
 //! Version 2 (`docs/protocol.md` 2.9) appends a [`Tag`] to the request and the reply: an HMAC
 //! under the key the server sent in-band on the TCP connection ([`crate::binding`]), which
@@ -52,6 +53,53 @@ pub const REJECT_LEN: usize = 10;
 /// Length of a [`Reject`] that is not a [`RejectReason::Redirect`].
 pub const REJECT_BASE_LEN: usize = 8;
 
+/// How a connection's bytes travel (protocol §3, §14, §15). Every side can carry
+/// [`Kind::WriteImm`]; a client offers the kind it wants in its request, and the server
+/// chooses it only if it wants that kind too, else WRITE WITH IMMEDIATE.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// The ring written by RDMA WRITE WITH IMMEDIATE: a DATA's immediate and its receive
+    /// completion tell the receiver of its bytes (protocol §3).
+    #[default]
+    WriteImm,
+    /// Records (protocol §14): the ring written by plain RDMA WRITEs of framed records whose
+    /// trailer the receiver polls in ring memory ([`Connection::poll_ring`](crate::Connection::poll_ring)); no completion
+    /// per message. A connection that carries records does not (yet) take part in ring moves,
+    /// switch-backs or failover, and says so in its handshake. The transport zeroes its
+    /// receive ring before it advertises it, and its staging area is double-mapped: a record
+    /// is one WRITE, which `split_at_wrap` does not split.
+    Records,
+    /// Sends (protocol §15): a DATA is a SEND WITH IMMEDIATE of at most [`SENDS_BUF`] bytes
+    /// into one of the receiver's posted receives, whose transport copies it into its ring
+    /// where the ring's next bytes go ([`Connection::landing`](crate::Connection::landing)) before it hands the completion
+    /// over; credits and doorbells are zero-length SENDs WITH IMMEDIATE. Nothing is written
+    /// into the peer's memory. No ring moves (the copy's place is the current ring's).
+    Sends,
+}
+
+impl Kind {
+    /// The kinds, in the order the benches list them.
+    pub const ALL: [Kind; 3] = [Kind::WriteImm, Kind::Records, Kind::Sends];
+
+    /// The kind's short name (`imm`, `records`, `sends`), as knobs and benches spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::WriteImm => "imm",
+            Kind::Records => "records",
+            Kind::Sends => "sends",
+        }
+    }
+
+    /// The kind named `name` ([`Self::name`]).
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// The receive buffer a side that offers [`Kind::Sends`] posts (each receive, every slot), and
+/// so the most one DATA SEND carries.
+pub const SENDS_BUF: usize = 16 * 1024;
+
 /// The 16-bit flags field of the handshake messages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Flags(u16);
@@ -60,7 +108,7 @@ impl Flags {
     /// Bits a receiver must understand: unknown ones make it reject the message.
     pub const REQUIRED_MASK: u16 = 0x00ff;
     /// Must-understand bits defined by this version.
-    pub const KNOWN_REQUIRED: u16 = Self::NATIVE.0 | Self::RECORDS.0;
+    pub const KNOWN_REQUIRED: u16 = Self::NATIVE.0 | Self::RECORDS.0 | Self::SENDS.0;
     /// A native stream's handshake: no TCP connection behind it, so nothing to bind to and a
     /// zero tag. A shim's listener rejects such a request; a native listener accepts only them.
     pub const NATIVE: Flags = Flags(0x0001);
@@ -84,9 +132,18 @@ impl Flags {
     pub const RECORDS_OFFERED: Flags = Flags(0x1000);
     /// Must understand (replies): both directions carry records (protocol §14). A server sets
     /// it only in reply to a request with [`Flags::RECORDS_OFFERED`]; a client that did not
-    /// offer them refuses such a reply ([`HandshakeError::RecordsUnoffered`]), and one that
+    /// offer them refuses such a reply ([`HandshakeError::Unoffered`]), and one that
     /// cannot read records at all cannot decode it, rather than misread its ring.
     pub const RECORDS: Flags = Flags(0x0002);
+    /// May ignore (requests): the client's receives take SENDs of
+    /// [`SENDS_BUF`] bytes, and it can carry its DATA as SENDs WITH
+    /// IMMEDIATE (protocol §15). A server that ignores it answers without [`Flags::SENDS`].
+    pub const SENDS_OFFERED: Flags = Flags(0x2000);
+    /// Must understand (replies): both directions carry their DATA as SENDs (protocol §15).
+    /// Set only in reply to [`Flags::SENDS_OFFERED`], never with [`Flags::RECORDS`]; a client
+    /// that did not offer it refuses the reply ([`HandshakeError::Unoffered`]), and one that
+    /// does not know it cannot decode it (its receives are too small for such SENDs).
+    pub const SENDS: Flags = Flags(0x0004);
 
     /// No flag set.
     pub const fn empty() -> Self {
@@ -297,8 +354,9 @@ pub enum HandshakeError {
     /// The reply's tag does not verify: its sender is not the server that holds the TCP
     /// connection (or a native reply answered a bound request, or the other way round).
     Unproven,
-    /// The reply chose records ([`Flags::RECORDS`]) for a request that did not offer them.
-    RecordsUnoffered,
+    /// The reply chose a connection kind ([`Flags::RECORDS`], [`Flags::SENDS`]) the request
+    /// did not offer.
+    Unoffered(Kind),
 }
 
 impl fmt::Display for HandshakeError {
@@ -314,10 +372,11 @@ impl fmt::Display for HandshakeError {
             HandshakeError::Unproven => {
                 write!(f, "the reply does not prove it comes from the TCP peer")
             }
-            HandshakeError::RecordsUnoffered => {
+            HandshakeError::Unoffered(kind) => {
                 write!(
                     f,
-                    "the reply chose records, which the request did not offer"
+                    "the reply chose the connection kind {}, which the request did not offer",
+                    kind.name()
                 )
             }
         }
@@ -679,10 +738,10 @@ mod tests {
             })
         );
         let mut b = good;
-        b[7] = 0x04; // must-understand bit 2 (bit 0 is NATIVE, bit 1 RECORDS)
+        b[7] = 0x08; // must-understand bit 3 (0 is NATIVE, 1 RECORDS, 2 SENDS)
         assert_eq!(
             ConnectRequest::decode(&b),
-            Err(DecodeError::UnknownFlags(4))
+            Err(DecodeError::UnknownFlags(8))
         );
         let mut b = good;
         b[7] = 0x01;

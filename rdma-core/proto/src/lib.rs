@@ -40,7 +40,8 @@ pub use credit::CreditPolicy;
 pub use error::{DecodeError, FailoverError};
 pub use failover::{Record, RECORD_LEN};
 pub use handshake::{
-    AcceptReply, ConnectRequest, Flags, HandshakeError, Reject, RejectReason, RingDesc,
+    AcceptReply, ConnectRequest, Flags, HandshakeError, Kind, Reject, RejectReason, RingDesc,
+    SENDS_BUF,
 };
 pub use imm::{Imm, WireImm};
 pub use ring::{Move, Place, RingSize, RxCursors, TxCursors, MAX_RING_LOG2, MIN_RING_LOG2};

@@ -479,6 +479,14 @@ impl RxCursors {
 
     /// Records a DATA completion of `len` bytes, checking the peer stayed inside its credit.
     pub fn on_data(&mut self, len: u64) -> Result<(), OverrunError> {
+        self.landing(len)?;
+        self.head += len;
+        Ok(())
+    }
+
+    /// Where the `len` bytes of the next DATA go (the place of `head`), if they stay inside
+    /// the credit returned: what [`Self::on_data`] checks, without recording them.
+    pub fn landing(&self, len: u64) -> Result<Place, OverrunError> {
         let end = self.head.saturating_add(len);
         let base = self
             .moved
@@ -487,8 +495,7 @@ impl RxCursors {
         if end > limit {
             return Err(OverrunError { end, limit });
         }
-        self.head = end;
-        Ok(())
+        Ok(self.place(self.head))
     }
 
     /// Bytes written by the peer and not consumed yet, in the ring the next one is in (the old

@@ -25,6 +25,9 @@
 //!   a WRITE without an immediate takes no receive; a reader that found nothing may go to sleep
 //!   (`prepare_sleep`), after which it polls nothing until a completion wakes it — a lost
 //!   wake-up leaves bytes unread and the run deadlocks;
+//! * with sends (§15: offered by either side in about a quarter of the runs, used when both
+//!   do), a DATA is never longer than one receive, and the receiver's core places it exactly
+//!   where the sender's staged it (the transport copies it there);
 //! * both ends reach EOF and `Closed`, each emits `Teardown` exactly once, and no run deadlocks.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -187,6 +190,8 @@ struct Endpoint {
     /// Records this side posted, and how many of them with an immediate.
     records_out: u64,
     records_imm: u64,
+    /// The longest DATA this side posted.
+    longest_data: usize,
 }
 
 impl Endpoint {
@@ -238,6 +243,7 @@ impl Endpoint {
             record_read: 0,
             records_out: 0,
             records_imm: 0,
+            longest_data: 0,
             conn: None,
             p,
         }
@@ -805,6 +811,7 @@ impl Sim {
                     if me.p.cfg.split_at_wrap {
                         assert!(ring_offset as u64 + len as u64 <= at.size.bytes());
                     }
+                    me.longest_data = me.longest_data.max(len);
                     me.outbound.push_back(Msg::Write {
                         cursor,
                         gen,
@@ -946,6 +953,31 @@ impl Sim {
                     peer.name
                 );
                 assert!(cursor >= ring.start, "a write before its ring's start");
+                if me.conn.as_ref().is_some_and(Connection::sends) {
+                    // Sends (§15): a DATA is a SEND the receiving transport copies in, where
+                    // the receiver's core says its ring's next bytes go; it must be where the
+                    // sender's core staged them, and fit one receive.
+                    assert!(record.is_none() && imm.is_some(), "a record over sends");
+                    assert!(len <= SENDS_BUF, "a SEND of {len} bytes");
+                    // (none once the receiver's connection closed or failed: it reads no
+                    // more, and its transport copies nothing)
+                    if let Some(at) = peer_conn.landing(len as u32) {
+                        assert_eq!(
+                            (at.gen, at.offset),
+                            (gen, ring_offset),
+                            "{} → {}: a SEND's bytes land elsewhere than staged",
+                            me.name,
+                            peer.name
+                        );
+                    } else {
+                        assert!(
+                            peer.aborted || peer.close_called || expect_failure,
+                            "{} → {}: a SEND with nowhere to land",
+                            me.name,
+                            peer.name
+                        );
+                    }
+                }
                 let size = ring.bytes.len();
                 let base = peer.ring_consumed.max(ring.start);
                 assert!(
@@ -1571,19 +1603,21 @@ fn config() -> impl Strategy<Value = Config> {
         prop_oneof![Just(0u64), 1u64..5000],
         any::<bool>(),
         any::<bool>(),
-        any::<bool>(),
+        prop_oneof![
+            2 => Just(Kind::WriteImm),
+            1 => Just(Kind::Records),
+            1 => Just(Kind::Sends),
+        ],
     )
-        .prop_map(
-            |(shift, slot_thr, max_write, split, moves, records)| Config {
-                credit_byte_shift: shift,
-                credit_slot_threshold: slot_thr,
-                max_write,
-                split_at_wrap: split,
-                ring_moves: moves,
-                records,
-                ..Config::default()
-            },
-        )
+        .prop_map(|(shift, slot_thr, max_write, split, moves, kind)| Config {
+            credit_byte_shift: shift,
+            credit_slot_threshold: slot_thr,
+            max_write,
+            split_at_wrap: split,
+            ring_moves: moves,
+            kind,
+            ..Config::default()
+        })
 }
 
 fn side(finish: Finish) -> impl Strategy<Value = SideParams> {
@@ -1963,7 +1997,7 @@ fn records_keep_every_byte_and_wake_their_readers() {
         sc.a.commit_at = (seed as usize * 997) % 60_000;
         sc.random_steps = 6000;
         for side in [&mut sc.a, &mut sc.b] {
-            side.cfg.records = true;
+            side.cfg.kind = Kind::Records;
             side.max_chunk = if seed % 3 == 0 { 40 } else { 3000 };
             side.max_read = if seed % 5 == 0 { 7 } else { 2000 };
         }
@@ -2000,11 +2034,56 @@ fn records_keep_every_byte_and_wake_their_readers() {
     );
 }
 
-/// Records are used only when both sides offer them: one side alone keeps the WRITE WITH
-/// IMMEDIATE kind, and the streams still arrive whole.
+/// Both sides offer sends, with rings larger than a receive and writes larger than both: every
+/// byte arrives once, in order; no DATA is longer than [`SENDS_BUF`] and the long writes do
+/// fill receives; the connection keeps switch-backs and failover (its cursors are stream
+/// offsets, as over WRITE WITH IMMEDIATE) and leaves out ring moves.
 #[test]
-fn records_need_both_sides() {
-    for offer in [(true, false), (false, true)] {
+fn sends_keep_every_byte_in_receive_sized_pieces() {
+    let mut full = 0;
+    for seed in 0..30 {
+        let mut sc = fixed(
+            Finish::ShutdownThenClose,
+            Finish::CloseAfterEof,
+            15,
+            8,
+            300_000,
+        );
+        sc.seed = seed;
+        sc.a.commit_at = (seed as usize * 7919) % 300_000;
+        sc.random_steps = 6000;
+        for side in [&mut sc.a, &mut sc.b] {
+            side.cfg.kind = Kind::Sends;
+            side.cfg.ring_moves = true;
+            side.max_chunk = if seed % 3 == 0 { 64 } else { 40_000 };
+        }
+        let mut sim = Sim::new(&sc);
+        sim.run(sc.random_steps);
+        sim.check();
+        for e in [&sim.a, &sim.b] {
+            let c = e.conn.as_ref().unwrap();
+            assert_eq!(c.kind(), Kind::Sends, "{}", e.name);
+            assert!(c.sends() && !c.records());
+            assert!(!c.ring_moves() && c.peer_can_switch_back() && c.fails_over());
+            assert!(e.longest_data <= SENDS_BUF, "{}", e.longest_data);
+            full += usize::from(e.longest_data == SENDS_BUF);
+        }
+    }
+    assert!(full >= 20, "only {full} sides filled a receive");
+}
+
+/// A kind (records, sends) is used only when both sides want it: otherwise the connection
+/// keeps the WRITE WITH IMMEDIATE kind, and the streams still arrive whole.
+#[test]
+fn a_kind_needs_both_sides() {
+    for offer in [
+        (Kind::Records, Kind::WriteImm),
+        (Kind::WriteImm, Kind::Records),
+        (Kind::Records, Kind::Sends),
+        (Kind::Sends, Kind::Records),
+        (Kind::Sends, Kind::WriteImm),
+        (Kind::WriteImm, Kind::Sends),
+    ] {
         let mut sc = fixed(
             Finish::ShutdownThenClose,
             Finish::CloseAfterEof,
@@ -2012,14 +2091,14 @@ fn records_need_both_sides() {
             8,
             20_000,
         );
-        sc.a.cfg.records = offer.0;
-        sc.b.cfg.records = offer.1;
+        sc.a.cfg.kind = offer.0;
+        sc.b.cfg.kind = offer.1;
         let mut sim = Sim::new(&sc);
         sim.run(sc.random_steps);
         sim.check();
         for e in [&sim.a, &sim.b] {
             let c = e.conn.as_ref().unwrap();
-            assert!(!c.records());
+            assert_eq!(c.kind(), Kind::WriteImm, "{offer:?}");
             assert!(c.peer_can_switch_back(), "today's kind keeps its features");
             assert_eq!((c.stats().sleeps, c.stats().wakes_sent), (0, 0));
         }

@@ -1,10 +1,11 @@
 //! A ring-stream peer for the RDMA tier's process-death tests (tests/peer_death.rs): connects
 //! to ADDR and plays ROLE until it is killed.
 //!
-//!   stream-peer writer ADDR [records]    streams bytes (0x5a) forever
-//!   stream-peer sleeper ADDR [records]   connects and never reads
+//!   stream-peer writer ADDR [KIND]    streams bytes (0x5a) forever
+//!   stream-peer sleeper ADDR [KIND]   connects and never reads
 //!
-//! With `records` it offers records (protocol §14).
+//! KIND is the connection kind it asks for: `imm` (the default), `records` (protocol §14) or
+//! `sends` (§15).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,12 +13,17 @@ use std::time::Duration;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(role), Some(addr)) = (args.get(1), args.get(2)) else {
-        eprintln!("usage: stream-peer writer|sleeper ADDR [records]");
+        eprintln!("usage: stream-peer writer|sleeper ADDR [imm|records|sends]");
         std::process::exit(2);
     };
     let addr: SocketAddr = addr.parse().expect("ADDR is ip:port");
     let mut cfg = rdmashim_core::StreamConfig::default();
-    cfg.protocol.records = args.get(3).is_some_and(|a| a == "records");
+    if let Some(k) = args.get(3) {
+        cfg.protocol.kind = rdmashim_proto::Kind::from_name(k).unwrap_or_else(|| {
+            eprintln!("unknown connection kind {k}");
+            std::process::exit(2);
+        });
+    }
     let mut s = rdmashim_core::Stream::connect_with(addr, cfg).expect("connect");
     match role.as_str() {
         "writer" => {

@@ -45,11 +45,11 @@ pub fn port(n: u16) -> u16 {
     20000 + (std::process::id() % 1000) as u16 * 16 + n
 }
 
-/// The default configuration, offering records (protocol §14) when `records`: the stream
-/// tests run over both ring kinds.
-pub fn kind(records: bool) -> rdmashim_core::StreamConfig {
+/// The default configuration, asking for the connection kind `kind` (protocol §3, §14, §15):
+/// the stream tests run over every kind.
+pub fn kind(kind: rdmashim_proto::Kind) -> rdmashim_core::StreamConfig {
     let mut cfg = rdmashim_core::StreamConfig::default();
-    cfg.protocol.records = records;
+    cfg.protocol.kind = kind;
     cfg
 }
 
