@@ -166,8 +166,18 @@ impl StreamConfig {
         let page = verbs::page_size();
         let pages = |n: usize| n.div_ceil(page) * page;
         2 * 2 * self.ring_size
-            + pages(usize::from(self.recv_slots) * rdmashim_proto::MAX_CONTROL_LEN)
+            + pages(usize::from(self.recv_slots) * self.recv_buf())
             + pages(self.sq_depth as usize * rdmashim_proto::MAX_CONTROL_LEN)
+    }
+
+    /// Bytes of each receive's buffer: a control message's, or with the sends kind a DATA's
+    /// (protocol §15).
+    fn recv_buf(&self) -> usize {
+        if self.protocol.kind == Kind::Sends {
+            rdmashim_proto::SENDS_BUF
+        } else {
+            rdmashim_proto::MAX_CONTROL_LEN
+        }
     }
 
     /// How a link of this configuration gives a grown ring back, if it does.
@@ -201,11 +211,7 @@ impl StreamConfig {
             ring_size: self.ring_size,
             recv_slots: self.recv_slots,
             // (a link that offers sends takes its peer's DATA into its receives)
-            recv_buf: if self.protocol.kind == Kind::Sends {
-                rdmashim_proto::SENDS_BUF
-            } else {
-                rdmashim_proto::MAX_CONTROL_LEN
-            },
+            recv_buf: self.recv_buf(),
             sq_depth: self.sq_depth,
             // (a link that offers records asks for room for a 64-byte write's record inline)
             max_inline: if self.protocol.kind == Kind::Records {

@@ -19,7 +19,7 @@
 //! | `RDMASHIM_LOCAL=1\|0` | connections between processes of this host move to shared-memory rings (`1`, the default), or stay TCP (`0`: reason `not_upgradable_address`) |
 //! | `RDMASHIM_LIVE=1\|0` | keep the live view's file (`live.rs`; default `1`) |
 //! | `RDMASHIM_RUN_DIR=DIR` | where the live view's files go (default: `settings::run_dirs`) |
-//! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_PINNED_MIB`, `RDMASHIM_ACK_TIMEOUT`, `RDMASHIM_RING_IDLE_SECS`, `RDMASHIM_HUGE_PAGES`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
+//! | `RDMASHIM_RING_KIB`, `RDMASHIM_DIAL_DELAY_MS`, `RDMASHIM_SPIN_US`, `RDMASHIM_NEGATIVE_CACHE_SECS`, `RDMASHIM_PINNED_MIB`, `RDMASHIM_ACK_TIMEOUT`, `RDMASHIM_RING_IDLE_SECS`, `RDMASHIM_HUGE_PAGES`, `RDMASHIM_KIND`, `RDMASHIM_TRACE` | the upgrade's tunables (docs/shim.md) |
 //! | `RDMASHIM_FAULT=POINT:N` | tests only: panic the `N`th time the shim passes `POINT` (`ring_recv`, `engine_link`; see `fault.rs`) |
 //!
 //! A relative `RDMASHIM_STATS`, `RDMASHIM_LOG_FILE` or `RDMASHIM_RUN_DIR` is made absolute here, once, against
@@ -145,6 +145,20 @@ mod tests {
             crate::settings::MAPPINGS_PER_RDMA_LINK as usize,
             rdmashim_core::Transport::Rdma.mappings_per_link()
         );
+    }
+
+    /// The doctor's figures of a connection's receive buffers are the transport's: the
+    /// protocol's buffer sizes, and over WRITE WITH IMMEDIATE the default receive count.
+    #[test]
+    fn the_doctors_receive_buffers_are_the_transports() {
+        use crate::settings::{LinkKind, CONTROL_BUF, SENDS_BUF};
+        assert_eq!(SENDS_BUF as usize, rdmashim_proto::SENDS_BUF);
+        assert_eq!(CONTROL_BUF as usize, rdmashim_proto::MAX_CONTROL_LEN);
+        let d = rdmashim_core::StreamConfig::default();
+        assert_eq!(LinkKind::Imm.receives(1 << 20).0, u64::from(d.recv_slots));
+        assert_eq!(LinkKind::Sends.receives(512 << 10), (32, SENDS_BUF));
+        assert_eq!(LinkKind::Sends.receives(16 << 10).0, 4);
+        assert_eq!(LinkKind::Sends.receives(8 << 20).0, 64);
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub struct Config {
     /// `RDMASHIM_HUGE_PAGES`: rings of a multiple of the huge page size may be made of the
     /// host's huge pages, while its pool has them free.
     pub huge_pages: bool,
+    /// `RDMASHIM_KIND`: how a connection upgraded over RDMA carries its bytes.
+    pub kind: LinkKind,
     /// `RDMASHIM_TRACE` is set.
     pub trace: bool,
     /// `RDMASHIM_FAULT` (tests only).
@@ -194,6 +196,7 @@ impl Default for Config {
             ack_timeout: ACK_TIMEOUT.default,
             ring_idle_secs: RING_IDLE_SECS.default,
             huge_pages: HUGE_PAGES_DEFAULT,
+            kind: LinkKind::Imm,
             trace: false,
             fault: None,
             warnings: Vec::new(),
@@ -219,6 +222,51 @@ pub const ENV_LOCAL: &str = "RDMASHIM_LOCAL";
 pub const ENV_LIVE: &str = "RDMASHIM_LIVE";
 pub const ENV_RUN_DIR: &str = "RDMASHIM_RUN_DIR";
 pub const ENV_HUGE_PAGES: &str = "RDMASHIM_HUGE_PAGES";
+pub const ENV_KIND: &str = "RDMASHIM_KIND";
+
+/// The connection kind the shim's links over RDMA ask for (`RDMASHIM_KIND`; protocol §3, §15):
+/// used when the peer's shim asks for the same one, else WRITE WITH IMMEDIATE. (Records, §14,
+/// are not carried by the shim yet: its readiness learns of data from completions.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LinkKind {
+    /// The ring written by RDMA WRITE WITH IMMEDIATE (the default).
+    #[default]
+    Imm,
+    /// DATA as SENDs into posted receives of 16 KiB, copied into the ring.
+    Sends,
+}
+
+/// The bytes of each receive a link of the sends kind posts, and so the most one DATA
+/// carries (`rdmashim_proto::SENDS_BUF`; the launcher does not link the transport).
+pub const SENDS_BUF: u64 = 16 << 10;
+
+/// A control message's receive buffer (`rdmashim_proto::MAX_CONTROL_LEN`).
+pub const CONTROL_BUF: u64 = 64;
+
+impl LinkKind {
+    /// The value's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkKind::Imm => "imm",
+            LinkKind::Sends => "sends",
+        }
+    }
+
+    /// The receives a link of this kind posts, and each one's bytes, for a largest ring of
+    /// `ring` bytes. Over WRITE WITH IMMEDIATE: the transport's default 64, of a control
+    /// message's size. Over sends: as many as that ring holds DATA of [`SENDS_BUF`], 4 to 64,
+    /// so that a writer runs out of receives no sooner than out of ring. With fewer (16
+    /// against 512 KiB rings) its bytes waited in its staging area for receives, and their
+    /// posts ran in whatever call drove the link next — an application's epoll_wait took 0.25 s
+    /// of CPU in 1.3 s of waiting for EPOLLOUT, soft-RoCE's device work
+    /// (compat-tests/tests/upgrade_kinds.rs).
+    pub fn receives(self, ring: u64) -> (u64, u64) {
+        match self {
+            LinkKind::Imm => (64, CONTROL_BUF),
+            LinkKind::Sends => ((ring / SENDS_BUF).clamp(4, 64), SENDS_BUF),
+        }
+    }
+}
 
 /// Whether the live view is kept unless `RDMASHIM_LIVE` says.
 pub const LIVE_DEFAULT: bool = true;
@@ -273,6 +321,7 @@ pub enum Key {
     AckTimeout,
     RingIdleSecs,
     HugePages,
+    Kind,
     Trace,
     Fault,
     Live,
@@ -280,7 +329,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 17] = [
+    pub const ALL: [Key; 18] = [
         Key::Disable,
         Key::Local,
         Key::Log,
@@ -294,6 +343,7 @@ impl Key {
         Key::AckTimeout,
         Key::RingIdleSecs,
         Key::HugePages,
+        Key::Kind,
         Key::Trace,
         Key::Fault,
         Key::Live,
@@ -316,6 +366,7 @@ impl Key {
             Key::AckTimeout => ACK_TIMEOUT.name,
             Key::RingIdleSecs => RING_IDLE_SECS.name,
             Key::HugePages => ENV_HUGE_PAGES,
+            Key::Kind => ENV_KIND,
             Key::Trace => ENV_TRACE,
             Key::Fault => ENV_FAULT,
             Key::Live => ENV_LIVE,
@@ -339,6 +390,7 @@ impl Key {
             Key::AckTimeout => "ack_timeout",
             Key::RingIdleSecs => "ring_idle_secs",
             Key::HugePages => "huge_pages",
+            Key::Kind => "kind",
             Key::Trace => "trace",
             Key::Fault => "fault",
             Key::Live => "live",
@@ -620,6 +672,20 @@ impl Config {
                     warn(format!("{BOOL}; no huge pages"));
                     false
                 })
+            }
+            Key::Kind => {
+                self.kind = match trim_blank(raw).to_ascii_lowercase().as_slice() {
+                    b"imm" => LinkKind::Imm,
+                    b"sends" => LinkKind::Sends,
+                    b"records" => {
+                        warn("records are not carried by the shim yet; using imm".into());
+                        LinkKind::Imm
+                    }
+                    _ => {
+                        warn("unknown connection kind (imm, sends); using imm".into());
+                        LinkKind::Imm
+                    }
+                }
             }
             Key::RingKib
             | Key::DialDelayMs
@@ -1150,6 +1216,27 @@ mod tests {
     }
 
     #[test]
+    fn the_connection_kind_is_imm_unless_sends_is_asked_for() {
+        assert_eq!(with_file("", &[]).kind, LinkKind::Imm);
+        let c = with_file("kind = sends\n", &[]);
+        assert_eq!((c.kind, c.warnings.len()), (LinkKind::Sends, 0));
+        let c = with_file("kind = sends\n", &[("RDMASHIM_KIND", " IMM ")]);
+        assert_eq!((c.kind, c.warnings.len()), (LinkKind::Imm, 0));
+        for (v, why) in [
+            (
+                "records",
+                "records are not carried by the shim yet; using imm",
+            ),
+            ("fast", "unknown connection kind (imm, sends); using imm"),
+        ] {
+            let c = with_file("kind = sends\n", &[("RDMASHIM_KIND", v)]);
+            assert_eq!(c.kind, LinkKind::Imm, "{v}");
+            assert_eq!(c.warnings, vec![format!("RDMASHIM_KIND={v}: {why}")]);
+        }
+        assert_eq!(LinkKind::Sends.name(), "sends");
+    }
+
+    #[test]
     fn each_bad_line_gets_one_warning_with_its_place() {
         let c = with_file(
             "ring_kib = banana\n\
@@ -1173,7 +1260,7 @@ mod tests {
             "/etc/rdmashim.conf:2: spin_us = 99999: out of range (a whole number from 0 to 10000); using 10000",
             "/etc/rdmashim.conf:3: disable = perhaps: not a boolean (1/0, true/false, yes/no, on/off); upgrades are disabled",
             "/etc/rdmashim.conf:4: log = loud: unknown level (error, warn, info, debug, off); using warn",
-            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, pinned_mib, ack_timeout, ring_idle_secs, huge_pages, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
+            "/etc/rdmashim.conf:5: colour = blue: unknown key (one of disable, local, log, log_file, stats, ring_kib, dial_delay_ms, spin_us, negative_cache_secs, pinned_mib, ack_timeout, ring_idle_secs, huge_pages, kind, trace, fault, live, run_dir, or a rule: allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:6: just some words: not `key = value` or `allow|deny SELECTOR = VALUE`; line ignored",
             "/etc/rdmashim.conf:7: permit port = 22: not a rule (allow|deny SELECTOR = VALUE); line ignored",
             "/etc/rdmashim.conf:8: deny peer = 10.0.0.0/33: not an IPv4 or IPv6 address, optionally /PREFIX (0-32, 0-128); rule ignored",

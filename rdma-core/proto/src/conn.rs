@@ -798,7 +798,7 @@ impl Connection {
         };
         let mut conn = Self::new(cfg, Side::Server, local, request.nonce, life, tcp_received)?;
         // (records leave out the features not built for them yet: moves, switch-backs and
-        // failover count ring cursors as stream offsets; sends leave out moves, §15)
+        // failover count ring cursors as stream offsets; sends keep them all, §15)
         let records = cfg.kind == Kind::Records && request.flags.contains(Flags::RECORDS_OFFERED);
         conn.sends = cfg.kind == Kind::Sends && request.flags.contains(Flags::SENDS_OFFERED);
         conn.peer_switch_back = request.flags.contains(Flags::SWITCH_BACK) && !records;
@@ -809,17 +809,19 @@ impl Connection {
             tx: TxCursors::new(request.ring.size),
             slots: TxSlots::new(request.recv_slots),
         });
-        let moves = if records {
-            Flags::RECORDS
-        } else if conn.sends {
+        let kind = if conn.sends {
             Flags::SENDS
-        } else if cfg.ring_moves {
-            Flags::RING_MOVES
         } else {
             Flags::empty()
         };
-        conn.moves.on =
-            cfg.ring_moves && request.flags.contains(Flags::RING_MOVES) && !records && !conn.sends;
+        let moves = if records {
+            Flags::RECORDS
+        } else if cfg.ring_moves {
+            Flags::RING_MOVES.with(kind)
+        } else {
+            kind
+        };
+        conn.moves.on = cfg.ring_moves && request.flags.contains(Flags::RING_MOVES) && !records;
         if records {
             conn.records.start(false, request.nonce, local.ring.size);
         }
@@ -902,7 +904,6 @@ impl Connection {
             slots: TxSlots::new(reply.recv_slots),
         });
         self.moves.on = !records
-            && !sends
             && request.flags.contains(Flags::RING_MOVES)
             && reply.flags.contains(Flags::RING_MOVES);
         self.peer_switch_back =

@@ -73,7 +73,8 @@ pub enum Kind {
     /// into one of the receiver's posted receives, whose transport copies it into its ring
     /// where the ring's next bytes go ([`Connection::landing`](crate::Connection::landing)) before it hands the completion
     /// over; credits and doorbells are zero-length SENDs WITH IMMEDIATE. Nothing is written
-    /// into the peer's memory. No ring moves (the copy's place is the current ring's).
+    /// into the peer's memory. Ring moves, switch-backs and failover work as over
+    /// [`Kind::WriteImm`]: a ring cursor is still a stream offset.
     Sends,
 }
 

@@ -2036,11 +2036,11 @@ fn records_keep_every_byte_and_wake_their_readers() {
 
 /// Both sides offer sends, with rings larger than a receive and writes larger than both: every
 /// byte arrives once, in order; no DATA is longer than [`SENDS_BUF`] and the long writes do
-/// fill receives; the connection keeps switch-backs and failover (its cursors are stream
-/// offsets, as over WRITE WITH IMMEDIATE) and leaves out ring moves.
+/// fill receives; the connection keeps ring moves, switch-backs and failover (its cursors are
+/// stream offsets, as over WRITE WITH IMMEDIATE, and a DATA lands in the ring of its cursor).
 #[test]
 fn sends_keep_every_byte_in_receive_sized_pieces() {
-    let mut full = 0;
+    let (mut full, mut moves) = (0, 0);
     for seed in 0..30 {
         let mut sc = fixed(
             Finish::ShutdownThenClose,
@@ -2064,12 +2064,14 @@ fn sends_keep_every_byte_in_receive_sized_pieces() {
             let c = e.conn.as_ref().unwrap();
             assert_eq!(c.kind(), Kind::Sends, "{}", e.name);
             assert!(c.sends() && !c.records());
-            assert!(!c.ring_moves() && c.peer_can_switch_back() && c.fails_over());
+            assert!(c.ring_moves() && c.peer_can_switch_back() && c.fails_over());
             assert!(e.longest_data <= SENDS_BUF, "{}", e.longest_data);
             full += usize::from(e.longest_data == SENDS_BUF);
+            moves += c.stats().moves_in;
         }
     }
     assert!(full >= 20, "only {full} sides filled a receive");
+    assert!(moves >= 10, "only {moves} ring moves");
 }
 
 /// A kind (records, sends) is used only when both sides want it: otherwise the connection

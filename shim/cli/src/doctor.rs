@@ -17,8 +17,8 @@ use crate::json::Value;
 use crate::reason::{host_reason_from, FallbackReason};
 use crate::rules;
 use crate::settings::{
-    Config, FileRead, CONFIG_MAX, ENV_CONFIG, ENV_DISABLE, ENV_HUGE_PAGES, ENV_LOCAL,
-    MAPPINGS_PER_RDMA_LINK, PINNED_MIB, RING_KIB,
+    Config, FileRead, LinkKind, CONFIG_MAX, CONTROL_BUF, ENV_CONFIG, ENV_DISABLE, ENV_HUGE_PAGES,
+    ENV_KIND, ENV_LOCAL, MAPPINGS_PER_RDMA_LINK, PINNED_MIB, RING_KIB,
 };
 use crate::sys;
 use std::ffi::OsString;
@@ -31,12 +31,10 @@ const SYSFS: &str = "/sys/class/infiniband";
 /// The libraries the transport loads (rdma-core/src/sys.rs, `LIBIBVERBS` and `LIBRDMACM`).
 const LIBS: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];
 
-/// Receives each connection keeps posted and its send queue depth (rdma-core/src/link.rs,
-/// `StreamConfig::default`, as the shim uses it), each with a buffer of `MAX_CONTROL_LEN`
-/// bytes (rdma-core/proto/src/control.rs): its receive and control-send buffers.
-const RECV_SLOTS: u64 = 64;
+/// Each connection's send queue depth (rdma-core/src/link.rs, `StreamConfig::default`, as the
+/// shim uses it), each entry with a control-send buffer of a control message's size; its
+/// receives and their buffers are its kind's (`LinkKind::receives`).
 const SQ_DEPTH: u64 = 128;
-const MAX_CONTROL_LEN: u64 = 64;
 /// The largest ring the transport makes (rdma-core/src/link.rs); the shim caps
 /// `RDMASHIM_RING_KIB`'s ring there.
 const MAX_RING: u64 = 8 << 20;
@@ -342,17 +340,18 @@ pub struct Pinned {
 }
 
 impl Pinned {
-    /// For `RDMASHIM_RING_KIB` = `ring_kib`, with pages of `page` bytes. The ring is that many
-    /// KiB rounded up to a power of two, at most 8 MiB (as shim/src/upgrade/mod.rs,
-    /// `link_config`, makes it).
-    pub fn new(ring_kib: u64, page: u64) -> Pinned {
+    /// For `RDMASHIM_RING_KIB` = `ring_kib` and `RDMASHIM_KIND` = `kind`, with pages of
+    /// `page` bytes. The ring is that many KiB rounded up to a power of two, at most 8 MiB (as
+    /// shim/src/upgrade/mod.rs, `link_config`, makes it); the receives are the kind's.
+    pub fn new(ring_kib: u64, kind: LinkKind, page: u64) -> Pinned {
         let ring = (ring_kib * 1024).next_power_of_two().min(MAX_RING);
         let pages = |n: u64| n.div_ceil(page) * page;
+        let (recvs, buf) = kind.receives(ring);
         Pinned {
             ring,
             rings: 2 * 2 * ring,
             start_ring: ring.min(START_RING),
-            buffers: pages(RECV_SLOTS * MAX_CONTROL_LEN) + pages(SQ_DEPTH * MAX_CONTROL_LEN),
+            buffers: pages(recvs * buf) + pages(SQ_DEPTH * CONTROL_BUF),
         }
     }
 
@@ -473,7 +472,7 @@ fn mib(v: u64) -> String {
 /// The verdict, by the shim's rules (module documentation).
 pub fn judge(f: &Facts) -> Verdict {
     let c = &f.config;
-    let pinned = Pinned::new(c.ring_kib, f.page);
+    let pinned = Pinned::new(c.ring_kib, c.kind, f.page);
     let room = match (&f.memlock, f.cap_ipc_lock) {
         (_, Some(true)) | (Err(_), _) | (Ok(Memlock { soft: None, .. }), _) => None,
         (Ok(Memlock { soft: Some(s), .. }), _) => Some(s / pinned.start_total()),
@@ -668,11 +667,12 @@ fn report(f: &Facts, v: &Verdict) {
     }
     let onoff = |b: bool| if b { "on" } else { "off" };
     println!(
-        "settings: {ENV_DISABLE} {}, {ENV_LOCAL} {}, {} {}",
+        "settings: {ENV_DISABLE} {}, {ENV_LOCAL} {}, {} {}, {ENV_KIND} {}",
         onoff(f.config.disabled),
         onoff(f.config.local),
         RING_KIB.name,
-        f.config.ring_kib
+        f.config.ring_kib,
+        f.config.kind.name()
     );
     let p = v.pinned;
     println!(
@@ -892,6 +892,7 @@ pub fn to_json(f: &Facts, v: &Verdict) -> Value {
                 ("disabled", Bool(f.config.disabled)),
                 ("local", Bool(f.config.local)),
                 ("ring_kib", Num(f.config.ring_kib)),
+                ("kind", Value::str(f.config.kind.name())),
                 (
                     "warnings",
                     Arr(f.config.warnings.iter().map(Value::str).collect()),
@@ -1047,12 +1048,12 @@ mod tests {
         // the default 512 KiB rings are smaller than a huge page
         let mut f = facts(&[]);
         f.huge = pool(64, 64);
-        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096));
+        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, f.config.kind, 4096));
         assert!(!used && line.contains("smaller than a huge page"), "{line}");
         // 4 MiB rings: two huge pages each
         let mut f = facts(&[("RDMASHIM_RING_KIB", "4096")]);
         f.huge = pool(64, 10);
-        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096));
+        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, f.config.kind, 4096));
         assert!(used, "{line}");
         assert!(
             line.contains("10 of 64 free") && line.contains("room for 5 such rings"),
@@ -1060,32 +1061,40 @@ mod tests {
         );
         // no pool set aside, turned off, no huge pages at all
         f.huge = pool(0, 0);
-        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096));
+        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, f.config.kind, 4096));
         assert!(!used && line.contains("vm.nr_hugepages"), "{line}");
         let mut f = facts(&[("RDMASHIM_RING_KIB", "4096"), ("RDMASHIM_HUGE_PAGES", "0")]);
         f.huge = pool(64, 64);
-        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096));
+        let (used, line) = huge_pages(&f, &Pinned::new(f.config.ring_kib, f.config.kind, 4096));
         assert!(
             !used && line.contains("RDMASHIM_HUGE_PAGES is off"),
             "{line}"
         );
         f.huge = None;
-        assert!(!huge_pages(&f, &Pinned::new(f.config.ring_kib, 4096)).0);
+        assert!(!huge_pages(&f, &Pinned::new(f.config.ring_kib, f.config.kind, 4096)).0);
     }
 
     #[test]
     fn what_a_connection_pins() {
         // The default 512 KiB ring: two rings, both views, and 4 + 8 KiB of buffers.
-        let p = Pinned::new(RING_KIB.default, 4096);
+        let p = Pinned::new(RING_KIB.default, LinkKind::Imm, 4096);
         assert_eq!(p.ring, 512 << 10);
         assert_eq!(p.total(), 4 * (512 << 10) + (4 << 10) + (8 << 10));
         // It starts with 16 KiB rings (or the knob's, if smaller).
         assert_eq!(p.start_total(), 4 * (16 << 10) + (4 << 10) + (8 << 10));
-        assert_eq!(Pinned::new(8, 4096).start_ring, 8 << 10);
+        assert_eq!(Pinned::new(8, LinkKind::Imm, 4096).start_ring, 8 << 10);
         // Rounded up to a power of two, capped at 8 MiB; buffers in whole pages.
-        assert_eq!(Pinned::new(600, 4096).ring, 1 << 20);
-        assert_eq!(Pinned::new(8192, 4096).ring, 8 << 20);
-        assert_eq!(Pinned::new(4, 65536).buffers, 2 * 65536);
+        assert_eq!(Pinned::new(600, LinkKind::Imm, 4096).ring, 1 << 20);
+        assert_eq!(Pinned::new(8192, LinkKind::Imm, 4096).ring, 8 << 20);
+        assert_eq!(Pinned::new(4, LinkKind::Imm, 65536).buffers, 2 * 65536);
+        // Over sends, 16 KiB receives, as many as the largest ring holds (4 to 64).
+        let s = Pinned::new(RING_KIB.default, LinkKind::Sends, 4096);
+        assert_eq!(s.buffers, 32 * (16 << 10) + (8 << 10));
+        assert_eq!(s.start_total(), 4 * (16 << 10) + (512 << 10) + (8 << 10));
+        assert_eq!(
+            Pinned::new(16, LinkKind::Sends, 4096).buffers,
+            4 * (16 << 10) + (8 << 10)
+        );
     }
 
     #[test]

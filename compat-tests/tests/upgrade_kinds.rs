@@ -1,0 +1,132 @@
+//! RDMA tier: the connection kinds under the shim (`RDMASHIM_KIND`, protocol §3, §15). Two
+//! shimmed processes of `behave duplex` stream 24 MiB each way at once in random-sized writes
+//! and reads, every byte checked by the programs; and as an event loop does, a server whose
+//! non-blocking writes of 8 MiB wait in epoll for EPOLLOUT while its client reads slowly (the
+//! waits must sleep: a tenth of their time in CPU at most, which the scenario checks).
+//!
+//! Which kind carried the bytes is read off the device: rxe counts the work requests of the
+//! SEND opcodes it carries (`rdma_sends`), and a WRITE WITH IMMEDIATE is not one. Over sends
+//! every DATA is a SEND of at most 16 KiB, so 48 MiB of ring bytes are at least 3,072 of them;
+//! over WRITE WITH IMMEDIATE only control messages are, a handful per connection.
+//!
+//! The tests of this binary run one at a time: the device's counters are the host's.
+
+use rdmashim_compat_tests::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_behave");
+const SENDS_BUF: u64 = 16 << 10;
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A role's environment: the kind it asks for (`None`: imm, the default, set explicitly so
+/// that a kind in the tests' own environment does not leak in) and other variables.
+type Env<'a> = (Option<&'a str>, &'a [(&'a str, &'a str)]);
+
+/// `behave duplex` between two shimmed processes with these environments: each side's stats,
+/// and the device's SEND work requests over the run.
+fn duplex(client: Env<'static>, server: Env<'static>) -> (RoleStats, u64) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = test_device();
+    let env = |(kind, extra): Env<'static>| {
+        let mut v = extra.to_vec();
+        v.push(("RDMASHIM_KIND", kind.unwrap_or("imm")));
+        v
+    };
+    let (c_env, s_env) = (env(client), env(server));
+    let before = DeviceCounters::read(&dev);
+    let shim = Side::Shim(Via::Preload);
+    let r = behave_roles_envs(
+        BIN,
+        "duplex",
+        (shim, &c_env),
+        (shim, &s_env),
+        &test_ip(),
+        // (the streams start once the connection is on the ring)
+        Some(SETTLE),
+    );
+    let d = before.delta();
+    (r, d.rdma_sends)
+}
+
+/// Both roles upgraded their one connection and carried at least `up` bytes from the client
+/// and `down` bytes from the server on the ring (the first bytes may go by TCP before the
+/// upgrade: the server's stream waits for it, the client's does not); returns the ring bytes
+/// of both directions (as the client counted).
+fn upgraded_and_carried(r: &RoleStats, up: u64, down: u64) -> u64 {
+    for (role, st, tx, rx) in [
+        ("client", &r.client, up, down),
+        ("server", &r.server, down, up),
+    ] {
+        let st = st.as_ref().expect("stats");
+        assert_eq!(st.connections(), 1, "{role}: {}", st.summary());
+        assert_eq!(st.upgraded(), 1, "{role}: {}", st.summary());
+        assert_eq!(st.path_failed, 0, "{role}: {}", st.summary());
+        assert!(
+            st.bytes("ring_tx") >= tx && st.bytes("ring_rx") >= rx,
+            "{role}: {tx} bytes out and {rx} in over the ring at least: {}",
+            st.summary()
+        );
+    }
+    let c = r.client.as_ref().unwrap();
+    c.bytes("ring_rx") + c.bytes("ring_tx")
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn both_sides_asking_for_sends_stream_over_sends() {
+    let (r, sends) = duplex((Some("sends"), &[]), (Some("sends"), &[]));
+    let ring = upgraded_and_carried(&r, 16 << 20, 16 << 20);
+    assert!(
+        sends >= ring / SENDS_BUF,
+        "{ring} ring bytes over sends are at least {} SENDs; the device carried {sends}",
+        ring / SENDS_BUF
+    );
+}
+
+/// An event loop's writer (the server: non-blocking writes of 8 MiB, waiting in epoll for
+/// EPOLLOUT) ahead of a slow reader (the client naps 1 ms before each read), over the kind
+/// `kind`: returns the ring bytes and the device's SENDs.
+fn event_loop(kind: Option<&'static str>) -> (u64, u64) {
+    // (both roles must be told the sizes; only the server writes without blocking, and only
+    // the client naps before its reads)
+    const SIZES: [(&str, &str); 2] = [
+        ("BEHAVE_DUPLEX_SERVER_KIB", "8192"),
+        ("BEHAVE_DUPLEX_MIB", "1"),
+    ];
+    const SERVER: [(&str, &str); 3] = [SIZES[0], SIZES[1], ("BEHAVE_DUPLEX_NONBLOCKING", "1")];
+    const CLIENT: [(&str, &str); 3] = [SIZES[0], SIZES[1], ("BEHAVE_DUPLEX_READ_NAP_MS", "1")];
+    let (r, sends) = duplex((kind, &CLIENT), (kind, &SERVER));
+    (upgraded_and_carried(&r, 0, 8 << 20), sends)
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn an_event_loop_streams_over_sends() {
+    let (ring, sends) = event_loop(Some("sends"));
+    assert!(
+        sends >= ring / SENDS_BUF,
+        "{sends} SENDs for {ring} ring bytes"
+    );
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn an_event_loop_streams_over_write_with_immediate() {
+    let (ring, sends) = event_loop(None);
+    assert!(sends < 100, "{sends} SENDs for {ring} ring bytes");
+}
+
+/// A kind only one side asks for is not used: the connection upgrades over WRITE WITH
+/// IMMEDIATE as between two default shims, whose SENDs are their few control messages.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn sends_asked_for_by_one_side_only_stays_on_write_with_immediate() {
+    for (c, s) in [(Some("sends"), None), (None, Some("sends"))] {
+        let (r, sends) = duplex((c, &[]), (s, &[]));
+        let ring = upgraded_and_carried(&r, 16 << 20, 16 << 20);
+        assert!(
+            sends < 100,
+            "{c:?}/{s:?}: {sends} SENDs for {ring} ring bytes: not WRITE WITH IMMEDIATE"
+        );
+    }
+}
