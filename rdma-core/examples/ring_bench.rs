@@ -11,7 +11,9 @@
 //! Server and client are two threads of one process (perftest runs two processes on the same
 //! device: the data path is the same). Both busy-poll (`spin` = 10 s), as perftest does;
 //! `RING_BENCH_SPIN_US` overrides that. `RING_BENCH_RING` (bytes), `RING_BENCH_SQ` (the send
-//! queue's depth) and `RING_BENCH_MAX_WRITE` set the stream's.
+//! queue's depth) and `RING_BENCH_MAX_WRITE` set the stream's; `RING_BENCH_KIND` the connection
+//! kind (`imm`, `records`, `sends`; `RING_BENCH_RECORDS=1` is `records`), `RING_BENCH_SRQ=1`
+//! receives in a shared receive queue, `RING_BENCH_INLINE` the inline size.
 //!
 //! Built with `--features timeline`, `lat` also prints where its round trips went (the wire
 //! each way, each side's software; see `rdma-core/src/timeline.rs`).
@@ -67,6 +69,8 @@ fn cfg() -> StreamConfig {
         Err(_) if std::env::var("RING_BENCH_RECORDS").is_ok_and(|v| v == "1") => Kind::Records,
         Err(_) => Kind::WriteImm,
     };
+    // (RING_BENCH_SRQ=1: both ends post their receives to a shared receive queue)
+    c.srq = std::env::var("RING_BENCH_SRQ").is_ok_and(|v| v == "1");
     c
 }
 

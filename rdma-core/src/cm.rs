@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result, Unavailable};
 use crate::sys::{self, ffi, Lib};
-use crate::verbs::{self, Context, Cq, Mr, Pd};
+use crate::verbs::{self, Context, Cq, Mr, Pd, Srq};
 
 pub use ffi::rdma_cm_event_type as event_type;
 
@@ -30,8 +30,7 @@ pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 /// The largest private_data on a reject (REJ: 148 bytes).
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
-/// Receives chained into one `ibv_post_recv` call by [`CmId::post_recvs`].
-pub const RECV_BATCH: usize = 32;
+pub use crate::verbs::RECV_BATCH;
 
 /// Queue pairs this process holds ([`queue_pairs`]).
 static QUEUE_PAIRS: AtomicUsize = AtomicUsize::new(0);
@@ -289,6 +288,8 @@ struct QpParts {
     _pd: Arc<Pd>,
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
+    /// The shared receive queue its receives come from, if any (kept while the QP lives).
+    _srq: Option<Arc<Srq>>,
     caps: QpCaps,
 }
 
@@ -526,6 +527,20 @@ impl CmId {
         recv_cq: &Arc<Cq>,
         caps: QpCaps,
     ) -> Result<()> {
+        self.create_qp_srq(pd, send_cq, recv_cq, caps, None)
+    }
+
+    /// [`Self::create_qp`], its receives taken from `srq` when given (a shared receive queue
+    /// on the same PD: the QP then has no receive queue of its own, and `caps.max_recv_wr` is
+    /// not used).
+    pub fn create_qp_srq(
+        &mut self,
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        caps: QpCaps,
+        srq: Option<&Arc<Srq>>,
+    ) -> Result<()> {
         if self.qp.is_some() {
             return Err(Error::InvalidArgument("the id already has a QP"));
         }
@@ -536,7 +551,8 @@ impl CmId {
         attr.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
         attr.sq_sig_all = 0;
         attr.cap.max_send_wr = caps.max_send_wr;
-        attr.cap.max_recv_wr = caps.max_recv_wr;
+        attr.cap.max_recv_wr = if srq.is_some() { 0 } else { caps.max_recv_wr };
+        attr.srq = srq.map_or(std::ptr::null_mut(), |q| q.as_ptr());
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = caps.max_inline_data;
@@ -561,6 +577,7 @@ impl CmId {
             _pd: pd.clone(),
             _send_cq: send_cq.clone(),
             _recv_cq: recv_cq.clone(),
+            _srq: srq.cloned(),
             // the provider may round the capacities up: keep what it granted
             caps: QpCaps {
                 max_send_wr: attr.cap.max_send_wr,
@@ -947,41 +964,10 @@ impl CmId {
     /// turn of the provider's queue lock) per [`RECV_BATCH`] receives.
     pub fn post_recvs(&self, ids: &[u16], local: &Mr, len: usize) -> Result<()> {
         let qp = self.qp_ptr()?;
-        for chunk in ids.chunks(RECV_BATCH) {
-            let mut sges = [ffi::ibv_sge {
-                addr: 0,
-                length: 0,
-                lkey: 0,
-            }; RECV_BATCH];
-            for (sge, &id) in sges.iter_mut().zip(chunk) {
-                *sge = local.sge(usize::from(id) * len, len)?;
-            }
-            let mut wrs = [ffi::ibv_recv_wr {
-                wr_id: 0,
-                next: std::ptr::null_mut(),
-                sg_list: std::ptr::null_mut(),
-                num_sge: 0,
-            }; RECV_BATCH];
-            for ((wr, &id), sge) in wrs.iter_mut().zip(chunk).zip(sges.iter_mut()) {
-                wr.wr_id = u64::from(id);
-                wr.sg_list = sge;
-                wr.num_sge = if len == 0 { 0 } else { 1 };
-            }
-            let base = wrs.as_mut_ptr();
-            for i in 1..chunk.len() {
-                // SAFETY: i < chunk.len() <= RECV_BATCH: both are elements of `wrs`, which
-                // outlives the call below.
-                unsafe { (*base.add(i - 1)).next = base.add(i) };
-            }
-            let mut bad = std::ptr::null_mut();
-            // SAFETY: live QP; the chain (wrs[..chunk.len()], each with its sge) is valid for
-            // the call; the buffers are registered in `local`.
-            let rc = unsafe { ffi::ibv_post_recv(qp, base, &mut bad) };
-            if rc != 0 {
-                return Err(Error::returned("ibv_post_recv", rc));
-            }
-        }
-        Ok(())
+        verbs::post_recv_batches(ids, local, len, "ibv_post_recv", |wr, bad| {
+            // SAFETY: live QP; the chain is valid for the call (post_recv_batches).
+            unsafe { ffi::ibv_post_recv(qp, wr, bad) }
+        })
     }
 }
 

@@ -9,6 +9,8 @@
 //!   else: the rkey of another connection's ring means nothing on it ([`crate::pool`] says why;
 //!   the PD and the registrations are pooled together, as one [`Kit`]);
 //! - one CQ for sends and receives, with a completion channel whose fd is non-blocking;
+//! - with `StreamConfig::srq`, a shared receive queue on the connection's PD that the QP takes
+//!   its receives from (the SRQ kind: one connection's, as its PD is);
 //! - the receive ring: a [`RegisteredRing`](crate::ring::RegisteredRing) registered with
 //!   [`Access::RING`](crate::verbs::Access::RING) (LOCAL_WRITE | REMOTE_WRITE: the only memory
 //!   of the connection a peer can touch, and only this connection's peer);
@@ -38,7 +40,7 @@ use crate::error::{Error, Result};
 use crate::pool::{self, Kit, KitSizes, Pooled};
 use crate::ring::RegisteredRing;
 use crate::sys::ffi;
-use crate::verbs::{Access, CompChannel, Cq};
+use crate::verbs::{Access, CompChannel, Cq, Srq};
 
 /// Tag bit of a send work request's `wr_id` (receives carry their slot index).
 pub(crate) const SEND_TAG: u64 = 1 << 63;
@@ -60,12 +62,16 @@ pub(crate) struct EndpointSizes {
     /// Zero the receive ring before it is advertised (a link that offers records: a pooled
     /// ring may hold its last connection's, protocol §14).
     pub zero_rx: bool,
+    /// Post the receives to a shared receive queue instead of the QP's own (the SRQ kind's
+    /// receiving side: a local choice, invisible to the peer).
+    pub srq: bool,
 }
 
 struct Resources {
     kit: Pooled,
     comp: Arc<CompChannel>,
     cq: Arc<Cq>,
+    srq: Option<Arc<Srq>>,
     granted: QpCaps,
 }
 
@@ -77,6 +83,9 @@ struct Resources {
 /// The kit's fields read as the endpoint's own (`ep.rx`, `ep.tx`, `ep.recv_bufs`: `Deref`).
 pub(crate) struct Endpoint {
     pub id: CmId,
+    /// The shared receive queue the QP takes its receives from, if it has one (after the QP,
+    /// which holds it too; before the kit, whose PD it is on).
+    srq: Option<Arc<Srq>>,
     /// Ring moves (protocol §6.4), once the connection takes part in one; freed before the
     /// kit goes back to the pool (a REMOTE_WRITE registration must not outlive its connection
     /// on a PD another connection may take).
@@ -180,6 +189,7 @@ impl Endpoint {
                     r.kit
                 },
                 id,
+                srq: r.srq,
                 moves: None,
                 cq: r.cq,
                 comp: r.comp,
@@ -213,7 +223,12 @@ impl Endpoint {
         let comp = CompChannel::new(&ctx)?;
         let cqe = (sz.sq_depth + u32::from(sz.recv_slots) + 8) as i32;
         let cq = Cq::new(&ctx, cqe, Some(&comp))?;
-        id.create_qp(
+        let srq = if sz.srq {
+            Some(Srq::new(&kit.pd, u32::from(sz.recv_slots))?)
+        } else {
+            None
+        };
+        id.create_qp_srq(
             &kit.pd,
             &cq,
             &cq,
@@ -222,10 +237,15 @@ impl Endpoint {
                 max_recv_wr: u32::from(sz.recv_slots),
                 max_inline_data: sz.max_inline,
             },
+            srq.as_ref(),
         )?;
         let granted = id.qp_caps().unwrap_or_default();
         let slots: Vec<u16> = (0..sz.recv_slots).collect();
-        if let Err(e) = id.post_recvs(&slots, kit.recv_bufs.mr(), sz.recv_buf) {
+        let posted = match &srq {
+            Some(q) => q.post_recvs(&slots, kit.recv_bufs.mr(), sz.recv_buf),
+            None => id.post_recvs(&slots, kit.recv_bufs.mr(), sz.recv_buf),
+        };
+        if let Err(e) = posted {
             // The id (and its QP on the kit's PD) goes back to the caller and lives on: the kit
             // must not serve another connection beside it.
             kit.discard();
@@ -235,6 +255,7 @@ impl Endpoint {
             kit,
             comp,
             cq,
+            srq,
             granted,
         })
     }
@@ -349,9 +370,12 @@ impl Endpoint {
         if self.reposts.is_empty() {
             return Ok(());
         }
-        let r = self
-            .id
-            .post_recvs(&self.reposts, self.kit.recv_bufs.mr(), self.recv_buf);
+        let r = match &self.srq {
+            Some(q) => q.post_recvs(&self.reposts, self.kit.recv_bufs.mr(), self.recv_buf),
+            None => self
+                .id
+                .post_recvs(&self.reposts, self.kit.recv_bufs.mr(), self.recv_buf),
+        };
         self.reposts.clear();
         r
     }
@@ -665,6 +689,7 @@ mod isolation {
             sq_depth: 16,
             max_inline: 64,
             zero_rx: false,
+            srq: false,
         }
     }
 

@@ -79,6 +79,11 @@ pub struct StreamConfig {
     /// Inline size to ask the device for (default 64; control messages fit in 16; with
     /// records at least [`RECORDS_INLINE`]).
     pub max_inline: u32,
+    /// Post the receives to a shared receive queue (`ibv_create_srq`) instead of the queue
+    /// pair's own (default false): the receiving side of the SRQ kind, a local choice the peer
+    /// does not see, with either connection kind. The queue is on the connection's own PD
+    /// (crate::pool: a PD per connection), so it serves that connection alone.
+    pub srq: bool,
     /// How long a blocking call busy-polls the CQ before it sleeps (default 30 µs).
     pub spin: Duration,
     /// Deadline of address/route resolution and of the handshake (default 5 s).
@@ -147,6 +152,7 @@ impl Default for StreamConfig {
             recv_slots: 64,
             sq_depth: 128,
             max_inline: 64,
+            srq: false,
             spin: Duration::from_micros(30),
             connect_timeout: Duration::from_secs(5),
             close_timeout: Duration::from_secs(3),
@@ -220,6 +226,7 @@ impl StreamConfig {
                 self.max_inline
             },
             zero_rx: self.protocol.kind == Kind::Records,
+            srq: self.srq,
         })
     }
 }

@@ -130,8 +130,8 @@ macro_rules! raw_syscall {
 
 use ffi::{
     ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd,
-    ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, rdma_cm_event, rdma_cm_id,
-    rdma_conn_param, rdma_event_channel,
+    ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_srq, ibv_srq_init_attr,
+    rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel,
 };
 pub use rdma_mummy_sys as ffi;
 
@@ -282,6 +282,8 @@ fn_table! {
         ibv_modify_qp: fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
         ibv_query_qp: fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int;
         ibv_destroy_qp: fn(*mut ibv_qp) -> c_int;
+        ibv_create_srq: fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq;
+        ibv_destroy_srq: fn(*mut ibv_srq) -> c_int;
     }
 }
 

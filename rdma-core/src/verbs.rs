@@ -396,6 +396,125 @@ impl Drop for CompChannel {
     }
 }
 
+/// Receives chained into one post call ([`crate::cm::CmId::post_recvs`], [`Srq::post_recvs`]).
+pub const RECV_BATCH: usize = 32;
+
+/// Posts a RECV of `len` bytes for each `wr_id` in `ids`, the receive of `wr_id` at offset
+/// `wr_id * len` in `local` (`len` may be 0: receives that only absorb WRITE WITH IMMEDIATE
+/// completions), as chains of up to [`RECV_BATCH`] work requests, each handed to `post` (one
+/// call, and one turn of the provider's queue lock, per chain). `post(chain, bad)` must pass
+/// both to a post call of a live queue (`ibv_post_recv`, `ibv_post_srq_recv`) and return its
+/// result; `what` names that call in an error.
+pub(crate) fn post_recv_batches(
+    ids: &[u16],
+    local: &Mr,
+    len: usize,
+    what: &'static str,
+    mut post: impl FnMut(*mut ffi::ibv_recv_wr, &mut *mut ffi::ibv_recv_wr) -> c_int,
+) -> Result<()> {
+    for chunk in ids.chunks(RECV_BATCH) {
+        let mut sges = [ffi::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; RECV_BATCH];
+        for (sge, &id) in sges.iter_mut().zip(chunk) {
+            *sge = local.sge(usize::from(id) * len, len)?;
+        }
+        let mut wrs = [ffi::ibv_recv_wr {
+            wr_id: 0,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+        }; RECV_BATCH];
+        for ((wr, &id), sge) in wrs.iter_mut().zip(chunk).zip(sges.iter_mut()) {
+            wr.wr_id = u64::from(id);
+            wr.sg_list = sge;
+            wr.num_sge = if len == 0 { 0 } else { 1 };
+        }
+        let base = wrs.as_mut_ptr();
+        for i in 1..chunk.len() {
+            // SAFETY: i < chunk.len() <= RECV_BATCH: both are elements of `wrs`, which
+            // outlives the post below.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        // (the chain, wrs[..chunk.len()] each with its sge, lives until `post` returns; the
+        // buffers are registered in `local`)
+        let mut bad = std::ptr::null_mut();
+        let rc = post(base, &mut bad);
+        if rc != 0 {
+            return Err(Error::returned(what, rc));
+        }
+    }
+    Ok(())
+}
+
+/// A shared receive queue (`ibv_create_srq`): receives posted once, taken by the messages of
+/// every queue pair made with it ([`crate::cm::CmId::create_qp_srq`]). It is on one PD, and so
+/// serves the queue pairs of that PD alone: with a PD per connection (crate::pool), one
+/// connection's.
+pub struct Srq {
+    raw: NonNull<ffi::ibv_srq>,
+    pd: Arc<Pd>,
+}
+
+/// Shared receive queues alive in this process.
+static SHARED_RECEIVE_QUEUES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many shared receive queues are alive in this process (tests: a link asked for one has
+/// one).
+pub fn shared_receive_queues() -> usize {
+    SHARED_RECEIVE_QUEUES.load(Ordering::Relaxed)
+}
+
+// SAFETY: verbs objects may be used from any thread.
+unsafe impl Send for Srq {}
+// SAFETY: see Send.
+unsafe impl Sync for Srq {}
+
+impl Srq {
+    /// A shared receive queue on `pd` with room for `max_wr` receives of one buffer each.
+    pub fn new(pd: &Arc<Pd>, max_wr: u32) -> Result<Arc<Self>> {
+        // SAFETY: all-zero is a valid ibv_srq_init_attr (no context, no limit).
+        let mut attr: ffi::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        attr.attr.max_wr = max_wr;
+        attr.attr.max_sge = 1;
+        // SAFETY: live PD; attr is fully initialised.
+        let raw = unsafe { (pd.context().lib.verbs.ibv_create_srq)(pd.as_ptr(), &mut attr) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_create_srq"))?;
+        SHARED_RECEIVE_QUEUES.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(Self {
+            raw,
+            pd: pd.clone(),
+        }))
+    }
+
+    /// The raw pointer, for verbs calls.
+    pub fn as_ptr(&self) -> *mut ffi::ibv_srq {
+        self.raw.as_ptr()
+    }
+
+    /// Posts receives as [`crate::cm::CmId::post_recvs`] does, to this queue.
+    pub fn post_recvs(&self, ids: &[u16], local: &Mr, len: usize) -> Result<()> {
+        let srq = self.as_ptr();
+        post_recv_batches(ids, local, len, "ibv_post_srq_recv", |wr, bad| {
+            // SAFETY: live SRQ; the chain is valid for the call (post_recv_batches).
+            unsafe { ffi::ibv_post_srq_recv(srq, wr, bad) }
+        })
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        SHARED_RECEIVE_QUEUES.fetch_sub(1, Ordering::Relaxed);
+        if crate::fds::abandoned() {
+            return;
+        }
+        // SAFETY: live SRQ; every queue pair made with it holds an Arc of it, so none is left.
+        unsafe { (self.pd.context().lib.verbs.ibv_destroy_srq)(self.as_ptr()) };
+    }
+}
+
 /// A completion queue, optionally attached to a completion channel.
 pub struct Cq {
     raw: NonNull<ffi::ibv_cq>,

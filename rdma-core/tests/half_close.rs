@@ -9,35 +9,41 @@ use std::net::Shutdown;
 use std::thread;
 
 use rdmashim_core::{Listener, Stream};
-use rdmashim_proto::Kind;
+use support::Variant;
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn shutdown_write_then_read_to_eof_both_ways() {
-    half_close(5, Kind::WriteImm);
+    half_close(5, support::IMM);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn shutdown_write_then_read_to_eof_both_ways_over_records() {
-    half_close(8, Kind::Records);
+    half_close(8, support::RECORDS);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn shutdown_write_then_read_to_eof_both_ways_over_sends() {
-    half_close(9, Kind::Sends);
+    half_close(9, support::SENDS);
 }
 
-fn half_close(port: u16, kind: Kind) {
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn shutdown_write_then_read_to_eof_both_ways_over_srq() {
+    half_close(10, support::SRQ);
+}
+
+fn half_close(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);
     let request: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let expect = request.clone();
-    let listener = Listener::bind_with(addr, support::kind(kind)).expect("bind");
+    let listener = Listener::bind_with(addr, kind.config()).expect("bind");
     let server = thread::spawn(move || {
         let mut s = listener.accept().expect("accept");
-        assert_eq!(s.kind(), kind);
+        kind.check(&s);
         let mut got = Vec::new();
         s.read_to_end(&mut got).expect("server reads to EOF");
         assert!(got == expect, "request bytes differ ({} read)", got.len());
@@ -50,8 +56,8 @@ fn half_close(port: u16, kind: Kind) {
         s.close().expect("server close");
         answer
     });
-    let mut c = Stream::connect_with(addr, support::kind(kind)).expect("connect");
-    assert_eq!(c.kind(), kind);
+    let mut c = Stream::connect_with(addr, kind.config()).expect("connect");
+    kind.check(&c);
     c.write_all(&request).expect("client sends");
     c.shutdown(Shutdown::Write).expect("shutdown(Write)");
     let e = c.send(b"late").expect_err("send after shutdown must fail");

@@ -12,15 +12,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdmashim_core::Listener;
-use rdmashim_proto::Kind;
+use support::Variant;
 
 const LIMIT: Duration = Duration::from_secs(1);
 
 /// The peer process (src/bin/stream-peer.rs): `writer` streams bytes forever, `sleeper`
 /// connects and never reads.
-fn spawn_helper(role: &str, addr: SocketAddr, kind: Kind) -> Child {
+fn spawn_helper(role: &str, addr: SocketAddr, kind: Variant) -> Child {
     Command::new(env!("CARGO_BIN_EXE_stream-peer"))
-        .args([role, &addr.to_string(), kind.name()])
+        .args([role, &addr.to_string(), kind.kind.name()])
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn stream-peer")
@@ -29,28 +29,35 @@ fn spawn_helper(role: &str, addr: SocketAddr, kind: Kind) -> Child {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying() {
-    writer_dies(6, Kind::WriteImm);
+    writer_dies(6, support::IMM);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_records() {
-    writer_dies(8, Kind::Records);
+    writer_dies(8, support::RECORDS);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_sends() {
-    writer_dies(10, Kind::Sends);
+    writer_dies(10, support::SENDS);
 }
 
-fn writer_dies(port: u16, kind: Kind) {
+/// (the survivor's receives in a shared receive queue: a dead peer flushes none of them)
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_srq() {
+    writer_dies(12, support::SRQ);
+}
+
+fn writer_dies(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);
-    let listener = Listener::bind_with(addr, support::kind(kind)).expect("bind");
+    let listener = Listener::bind_with(addr, kind.config()).expect("bind");
     let mut child = spawn_helper("writer", addr, kind);
     let mut s = listener.accept().expect("accept the helper");
-    assert_eq!(s.kind(), kind);
+    kind.check(&s);
     let mut buf = vec![0u8; 256 * 1024];
     let mut got = 0usize;
     while got < 4 << 20 {
@@ -84,28 +91,34 @@ fn writer_dies(port: u16, kind: Kind) {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying() {
-    reader_dies(7, Kind::WriteImm);
+    reader_dies(7, support::IMM);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_records() {
-    reader_dies(9, Kind::Records);
+    reader_dies(9, support::RECORDS);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_sends() {
-    reader_dies(11, Kind::Sends);
+    reader_dies(11, support::SENDS);
 }
 
-fn reader_dies(port: u16, kind: Kind) {
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_srq() {
+    reader_dies(13, support::SRQ);
+}
+
+fn reader_dies(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);
-    let listener = Listener::bind_with(addr, support::kind(kind)).expect("bind");
+    let listener = Listener::bind_with(addr, kind.config()).expect("bind");
     let mut child = spawn_helper("sleeper", addr, kind);
     let mut s = listener.accept().expect("accept the helper");
-    assert_eq!(s.kind(), kind);
+    kind.check(&s);
     // Fill the helper's ring (it never reads) to within a chunk, so that sends block on credit
     // soon. (Records take a little of the ring for their framing: the payload that fits is a
     // little less than the ring's size.)

@@ -1,7 +1,7 @@
 //! RDMA tier: a ring stream carries 256 MiB each way at once, written and read in random
 //! sizes from 1 B to 1 MiB, and every byte arrives in order (SHA-256 of what each side sent
 //! equals SHA-256 of what the other received) — over every connection kind: WRITE WITH
-//! IMMEDIATE, records and sends.
+//! IMMEDIATE, records, sends, and sends into a shared receive queue.
 //!
 //! `RDMASHIM_STREAM_MIB` overrides the size per direction (for quick runs).
 
@@ -10,7 +10,7 @@ mod support;
 use std::thread;
 
 use rdmashim_core::{Listener, Stream};
-use rdmashim_proto::Kind;
+use support::Variant;
 
 fn total() -> usize {
     std::env::var("RDMASHIM_STREAM_MIB")
@@ -33,34 +33,40 @@ fn run_side(mut s: Stream, seed: u64, total: usize) -> ([u8; 32], [u8; 32]) {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn random_sized_io_both_ways_arrives_intact() {
-    both_ways(3, Kind::WriteImm);
+    both_ways(3, support::IMM);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn random_sized_io_both_ways_arrives_intact_over_records() {
-    both_ways(4, Kind::Records);
+    both_ways(4, support::RECORDS);
 }
 
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn random_sized_io_both_ways_arrives_intact_over_sends() {
-    both_ways(5, Kind::Sends);
+    both_ways(5, support::SENDS);
 }
 
-fn both_ways(port: u16, kind: Kind) {
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn random_sized_io_both_ways_arrives_intact_over_srq() {
+    both_ways(6, support::SRQ);
+}
+
+fn both_ways(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);
     let total = total();
-    let listener = Listener::bind_with(addr, support::kind(kind)).expect("Listener::bind");
+    let listener = Listener::bind_with(addr, kind.config()).expect("Listener::bind");
     let t0 = std::time::Instant::now();
     let server = thread::spawn(move || {
         let s = listener.accept().expect("accept");
-        assert_eq!(s.kind(), kind);
+        kind.check(&s);
         run_side(s, 2, total)
     });
-    let c = Stream::connect_with(addr, support::kind(kind)).expect("Stream::connect");
-    assert_eq!(c.kind(), kind, "the kind negotiated as asked for");
+    let c = Stream::connect_with(addr, kind.config()).expect("Stream::connect");
+    kind.check(&c);
     let (c_sent, c_recv) = run_side(c, 1, total);
     let (s_sent, s_recv) = server.join().expect("server thread");
     let secs = t0.elapsed().as_secs_f64();
@@ -85,7 +91,7 @@ fn both_ways(port: u16, kind: Kind) {
 fn a_sleeping_reader_gets_the_record_of_a_writer_gone_idle() {
     let _ = support::device();
     let addr = support::addr(10);
-    let mut cfg = support::kind(Kind::Records);
+    let mut cfg = support::RECORDS.config();
     cfg.spin = std::time::Duration::ZERO; // (both ends sleep at once)
     let listener = Listener::bind_with(addr, cfg).expect("bind");
     let idle = std::time::Duration::from_secs(5);

@@ -30,6 +30,7 @@ NAMES = {
     "ring_imm": "ring stream, WRITE WITH IMM (native API)",
     "ring_records": "ring stream, records (native API)",
     "ring_sends": "ring stream, sends (native API)",
+    "ring_srq": "ring stream, sends into an SRQ (native API)",
     "shim_imm": "shim, WRITE WITH IMM (sockbench ping-pong)",
     "shim_sends": "shim, sends (sockbench ping-pong)",
 }

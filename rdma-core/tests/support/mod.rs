@@ -45,12 +45,62 @@ pub fn port(n: u16) -> u16 {
     20000 + (std::process::id() % 1000) as u16 * 16 + n
 }
 
-/// The default configuration, asking for the connection kind `kind` (protocol §3, §14, §15):
-/// the stream tests run over every kind.
-pub fn kind(kind: rdmashim_proto::Kind) -> rdmashim_core::StreamConfig {
-    let mut cfg = rdmashim_core::StreamConfig::default();
-    cfg.protocol.kind = kind;
-    cfg
+/// A connection kind as the stream tests run it (they run over every one): the kind both
+/// sides ask for (protocol §3, §14, §15), and whether the side under test posts its receives
+/// to a shared receive queue (`StreamConfig::srq`, the SRQ kind: a local choice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub kind: rdmashim_proto::Kind,
+    pub srq: bool,
+}
+
+/// The ring written by WRITE WITH IMMEDIATE (the default).
+pub const IMM: Variant = Variant {
+    kind: rdmashim_proto::Kind::WriteImm,
+    srq: false,
+};
+/// Records (protocol §14).
+pub const RECORDS: Variant = Variant {
+    kind: rdmashim_proto::Kind::Records,
+    srq: false,
+};
+/// Sends into posted receives (protocol §15).
+pub const SENDS: Variant = Variant {
+    kind: rdmashim_proto::Kind::Sends,
+    srq: false,
+};
+/// Sends into receives posted to a shared receive queue.
+pub const SRQ: Variant = Variant {
+    kind: rdmashim_proto::Kind::Sends,
+    srq: true,
+};
+
+impl Variant {
+    /// Its name in test output.
+    pub fn name(self) -> String {
+        format!("{}{}", self.kind.name(), if self.srq { "+srq" } else { "" })
+    }
+
+    /// The default configuration, asking for this kind.
+    pub fn config(self) -> rdmashim_core::StreamConfig {
+        let mut cfg = rdmashim_core::StreamConfig::default();
+        cfg.protocol.kind = self.kind;
+        cfg.srq = self.srq;
+        cfg
+    }
+
+    /// A stream of a configuration of this variant carries its kind, and with `srq` the
+    /// process has a shared receive queue.
+    pub fn check(self, s: &Stream) {
+        assert_eq!(s.kind(), self.kind, "the kind negotiated as asked for");
+        assert_eq!(s.config().srq, self.srq);
+        if self.srq {
+            assert!(
+                rdmashim_core::verbs::shared_receive_queues() > 0,
+                "no shared receive queue"
+            );
+        }
+    }
 }
 
 /// `ip():port`.
