@@ -467,21 +467,7 @@ impl Endpoint {
                 ring_offset,
                 imm,
                 ..
-            } if sends => {
-                let (seq, signaled) = self.next_wr(false);
-                let tx = self
-                    .tx_ring(gen)
-                    .ok_or(Error::InvalidArgument("no send staging ring"))?;
-                self.id.post_send(
-                    SEND_TAG | seq,
-                    tx.mr(),
-                    ring_offset,
-                    len,
-                    Some(imm.encode()),
-                    signaled,
-                )?;
-                self.posted(signaled);
-            }
+            } if sends => self.post_staged(gen, ring_offset, len, None, Some(imm))?,
             Action::WriteData {
                 len,
                 gen,
@@ -490,7 +476,7 @@ impl Endpoint {
                 rkey,
                 imm,
                 ..
-            } => self.post_staged(gen, ring_offset, len, remote_addr, rkey, Some(imm))?,
+            } => self.post_staged(gen, ring_offset, len, Some((remote_addr, rkey)), Some(imm))?,
             Action::WriteRecord {
                 len,
                 gen,
@@ -514,7 +500,7 @@ impl Endpoint {
                 let trailer = (ring_offset + trailer_at) % tx.size();
                 tx.slice_mut(ring_offset, 8).copy_from_slice(&word);
                 tx.slice_mut(trailer, 8).copy_from_slice(&word);
-                self.post_staged(gen, ring_offset, len, remote_addr, rkey, imm)?;
+                self.post_staged(gen, ring_offset, len, Some((remote_addr, rkey)), imm)?;
             }
             Action::WriteCredit { imm, .. } | Action::Doorbell { imm, .. } if sends => {
                 let (seq, signaled) = self.next_wr(false);
@@ -551,31 +537,31 @@ impl Endpoint {
         Ok(())
     }
 
-    /// One RDMA WRITE (WITH IMMEDIATE when `imm` is given) of the staging area of generation
-    /// `gen`'s `len` bytes at `ring_offset` (the peer's ring's offset too) to `remote_addr`.
+    /// The staging area of generation `gen`'s `len` bytes at `ring_offset` (the peer's ring's
+    /// offset too): one RDMA WRITE to `to` = (remote address, rkey), or without `to` one SEND
+    /// (the sends kind), either WITH IMMEDIATE when `imm` is given.
     fn post_staged(
         &mut self,
         gen: u32,
         ring_offset: usize,
         len: usize,
-        remote_addr: u64,
-        rkey: u32,
+        to: Option<(u64, u32)>,
         imm: Option<Imm>,
     ) -> Result<()> {
         let (seq, signaled) = self.next_wr(false);
         let tx = self
             .tx_ring(gen)
             .ok_or(Error::InvalidArgument("no send staging ring"))?;
-        self.id.post_write(
-            SEND_TAG | seq,
-            tx.mr(),
-            ring_offset,
-            len,
-            remote_addr,
-            rkey,
-            imm.map(Imm::encode),
-            signaled,
-        )?;
+        let (wr_id, mr, imm) = (SEND_TAG | seq, tx.mr(), imm.map(Imm::encode));
+        match to {
+            Some((addr, rkey)) => {
+                self.id
+                    .post_write(wr_id, mr, ring_offset, len, addr, rkey, imm, signaled)?
+            }
+            None => self
+                .id
+                .post_send(wr_id, mr, ring_offset, len, imm, signaled)?,
+        }
         self.posted(signaled);
         Ok(())
     }
