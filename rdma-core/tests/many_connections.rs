@@ -1,5 +1,5 @@
 //! RDMA tier: 100 ring streams at once in one process, each moving data both ways, every
-//! byte checked.
+//! byte checked — over every connection kind.
 
 mod support;
 
@@ -8,17 +8,18 @@ use std::thread;
 use std::time::Duration;
 
 use rdmashim_core::{Listener, Stream, StreamConfig};
+use support::Variant;
 
 const CONNS: usize = 100;
 const LEN: usize = 96 * 1024;
 
-fn cfg() -> StreamConfig {
+fn cfg(v: Variant) -> StreamConfig {
     StreamConfig {
         ring_size: 64 * 1024, // 100 × 2 × (rx + staging) stays small and pinned memory low
         recv_slots: 16,
         sq_depth: 32,
         connect_timeout: Duration::from_secs(60),
-        ..StreamConfig::default()
+        ..v.config()
     }
 }
 
@@ -49,13 +50,36 @@ fn exchange(mut s: Stream, i: usize, side: usize) {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn a_hundred_concurrent_streams_each_move_data_both_ways() {
+    a_hundred(4, support::IMM);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_hundred_concurrent_streams_each_move_data_both_ways_over_records() {
+    a_hundred(5, support::RECORDS);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_hundred_concurrent_streams_each_move_data_both_ways_over_sends() {
+    a_hundred(6, support::SENDS);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_hundred_concurrent_streams_each_move_data_both_ways_over_srq() {
+    a_hundred(7, support::SRQ);
+}
+
+fn a_hundred(port: u16, v: Variant) {
     let _ = support::device();
-    let addr = support::addr(4);
-    let listener = Arc::new(Listener::bind_with(addr, cfg()).expect("bind"));
+    let addr = support::addr(port);
+    let listener = Arc::new(Listener::bind_with(addr, cfg(v)).expect("bind"));
     let server = thread::spawn(move || {
         let mut handlers = Vec::new();
         for _ in 0..CONNS {
             let mut s = listener.accept().expect("accept");
+            v.check(&s);
             // the client tells which connection this is
             let mut idx = [0u8; 2];
             std::io::Read::read_exact(&mut s, &mut idx).expect("read index");
@@ -69,8 +93,9 @@ fn a_hundred_concurrent_streams_each_move_data_both_ways() {
     let clients: Vec<_> = (0..CONNS)
         .map(|i| {
             thread::spawn(move || {
-                let mut s = Stream::connect_with(addr, cfg())
+                let mut s = Stream::connect_with(addr, cfg(v))
                     .unwrap_or_else(|e| panic!("connect {i}: {e}"));
+                v.check(&s);
                 s.write_all(&(i as u16).to_be_bytes()).expect("send index");
                 exchange(s, i, 0);
             })
