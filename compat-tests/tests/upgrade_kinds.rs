@@ -116,6 +116,19 @@ fn an_event_loop_streams_over_write_with_immediate() {
     assert!(sends < 100, "{sends} SENDs for {ring} ring bytes");
 }
 
+/// The SRQ kind on the server (its receives in a shared receive queue, a local choice) against
+/// a client asking for sends: sends, carried as over sends.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_server_with_a_shared_receive_queue_streams_over_sends() {
+    let (r, sends) = duplex((Some("sends"), &[]), (Some("srq"), &[]));
+    let ring = upgraded_and_carried(&r, 16 << 20, 16 << 20);
+    assert!(
+        sends >= ring / SENDS_BUF,
+        "{sends} SENDs for {ring} ring bytes"
+    );
+}
+
 /// A kind only one side asks for is not used: the connection upgrades over WRITE WITH
 /// IMMEDIATE as between two default shims, whose SENDs are their few control messages.
 #[test]

@@ -33,6 +33,7 @@ NAMES = {
     "ring_srq": "ring stream, sends into an SRQ (native API)",
     "shim_imm": "shim, WRITE WITH IMM (sockbench ping-pong)",
     "shim_sends": "shim, sends (sockbench ping-pong)",
+    "shim_srq": "shim, sends into an SRQ (sockbench ping-pong)",
 }
 
 

@@ -159,6 +159,10 @@ mod tests {
         assert_eq!(LinkKind::Sends.receives(512 << 10), (32, SENDS_BUF));
         assert_eq!(LinkKind::Sends.receives(16 << 10).0, 4);
         assert_eq!(LinkKind::Sends.receives(8 << 20).0, 64);
+        assert_eq!(
+            LinkKind::Srq.receives(512 << 10),
+            LinkKind::Sends.receives(512 << 10)
+        );
     }
 
     #[test]

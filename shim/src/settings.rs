@@ -234,6 +234,9 @@ pub enum LinkKind {
     Imm,
     /// DATA as SENDs into posted receives of 16 KiB, copied into the ring.
     Sends,
+    /// Sends, this side's receives in a shared receive queue (its own choice: the peer asks
+    /// for sends, or for srq, alike).
+    Srq,
 }
 
 /// The bytes of each receive a link of the sends kind posts, and so the most one DATA
@@ -249,6 +252,7 @@ impl LinkKind {
         match self {
             LinkKind::Imm => "imm",
             LinkKind::Sends => "sends",
+            LinkKind::Srq => "srq",
         }
     }
 
@@ -263,7 +267,7 @@ impl LinkKind {
     pub fn receives(self, ring: u64) -> (u64, u64) {
         match self {
             LinkKind::Imm => (64, CONTROL_BUF),
-            LinkKind::Sends => ((ring / SENDS_BUF).clamp(4, 64), SENDS_BUF),
+            LinkKind::Sends | LinkKind::Srq => ((ring / SENDS_BUF).clamp(4, 64), SENDS_BUF),
         }
     }
 }
@@ -677,12 +681,13 @@ impl Config {
                 self.kind = match trim_blank(raw).to_ascii_lowercase().as_slice() {
                     b"imm" => LinkKind::Imm,
                     b"sends" => LinkKind::Sends,
+                    b"srq" => LinkKind::Srq,
                     b"records" => {
                         warn("records are not carried by the shim yet; using imm".into());
                         LinkKind::Imm
                     }
                     _ => {
-                        warn("unknown connection kind (imm, sends); using imm".into());
+                        warn("unknown connection kind (imm, sends, srq); using imm".into());
                         LinkKind::Imm
                     }
                 }
@@ -1227,13 +1232,18 @@ mod tests {
                 "records",
                 "records are not carried by the shim yet; using imm",
             ),
-            ("fast", "unknown connection kind (imm, sends); using imm"),
+            (
+                "fast",
+                "unknown connection kind (imm, sends, srq); using imm",
+            ),
         ] {
             let c = with_file("kind = sends\n", &[("RDMASHIM_KIND", v)]);
             assert_eq!(c.kind, LinkKind::Imm, "{v}");
             assert_eq!(c.warnings, vec![format!("RDMASHIM_KIND={v}: {why}")]);
         }
         assert_eq!(LinkKind::Sends.name(), "sends");
+        let c = with_file("kind = srq\n", &[]);
+        assert_eq!((c.kind, c.warnings.len()), (LinkKind::Srq, 0));
     }
 
     #[test]

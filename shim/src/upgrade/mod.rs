@@ -2038,13 +2038,16 @@ pub(crate) fn link_config() -> &'static StreamConfig {
         c.protocol.ring_max = rdmashim_proto::RingSize::new(shm_config().ring_size as u64).ok();
         // (0..=31 by the setting's range)
         c.ack_timeout = crate::config::get().ack_timeout as u8;
+        use crate::settings::LinkKind;
         let kind = crate::config::get().kind;
-        if kind == crate::settings::LinkKind::Sends {
+        if matches!(kind, LinkKind::Sends | LinkKind::Srq) {
             // (protocol §15: a DATA arrives in a 16 KiB receive, as many as the largest ring
             // holds: 32 of them, 512 KiB, with the default ring)
             c.protocol.kind = rdmashim_proto::Kind::Sends;
             // (4 to 64 by `receives`)
             c.recv_slots = kind.receives(shm_config().ring_size as u64).0 as u16;
+            // (srq: in a shared receive queue of the connection's own)
+            c.srq = kind == LinkKind::Srq;
         }
         let idle = crate::config::get().ring_idle_secs;
         c.ring_idle = (idle > 0).then(|| std::time::Duration::from_secs(idle));
