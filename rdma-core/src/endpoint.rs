@@ -171,6 +171,21 @@ impl Gens {
     }
 }
 
+/// Posts receives `ids` (`len`-byte buffers of `bufs`, by slot) to the connection's shared
+/// receive queue if it has one, else to its QP's own receive queue.
+fn post_receives(
+    id: &CmId,
+    srq: Option<&Srq>,
+    ids: &[u16],
+    bufs: &crate::verbs::Mr,
+    len: usize,
+) -> Result<()> {
+    match srq {
+        Some(q) => q.post_recvs(ids, bufs, len),
+        None => id.post_recvs(ids, bufs, len),
+    }
+}
+
 impl Endpoint {
     /// Builds the resources on `id` (already bound to a device: after route resolution, or a
     /// connect request's id) and posts all receives. `ch` is the id's own event channel. On
@@ -241,11 +256,7 @@ impl Endpoint {
         )?;
         let granted = id.qp_caps().unwrap_or_default();
         let slots: Vec<u16> = (0..sz.recv_slots).collect();
-        let posted = match &srq {
-            Some(q) => q.post_recvs(&slots, kit.recv_bufs.mr(), sz.recv_buf),
-            None => id.post_recvs(&slots, kit.recv_bufs.mr(), sz.recv_buf),
-        };
-        if let Err(e) = posted {
+        if let Err(e) = post_receives(id, srq.as_deref(), &slots, kit.recv_bufs.mr(), sz.recv_buf) {
             // The id (and its QP on the kit's PD) goes back to the caller and lives on: the kit
             // must not serve another connection beside it.
             kit.discard();
@@ -370,12 +381,13 @@ impl Endpoint {
         if self.reposts.is_empty() {
             return Ok(());
         }
-        let r = match &self.srq {
-            Some(q) => q.post_recvs(&self.reposts, self.kit.recv_bufs.mr(), self.recv_buf),
-            None => self
-                .id
-                .post_recvs(&self.reposts, self.kit.recv_bufs.mr(), self.recv_buf),
-        };
+        let r = post_receives(
+            &self.id,
+            self.srq.as_deref(),
+            &self.reposts,
+            self.kit.recv_bufs.mr(),
+            self.recv_buf,
+        );
         self.reposts.clear();
         r
     }
@@ -383,16 +395,21 @@ impl Endpoint {
     /// The bytes a SEND left in receive `slot`: a control message, or a DATA of the sends
     /// kind (at most the buffer's size: the device fails a longer one).
     pub fn recv_payload(&self, slot: u16, len: u32) -> &[u8] {
+        &self.kit.recv_bufs.as_slice()[self.recv_range(slot, len)]
+    }
+
+    /// Where in `recv_bufs` the first `len` bytes of receive `slot` are (at most its buffer).
+    fn recv_range(&self, slot: u16, len: u32) -> std::ops::Range<usize> {
         let start = usize::from(slot) * self.recv_buf;
-        &self.kit.recv_bufs.as_slice()[start..start + (len as usize).min(self.recv_buf)]
+        start..start + (len as usize).min(self.recv_buf)
     }
 
     /// Sends (protocol §15): copies the `len` bytes a DATA SEND left in receive `slot` into
     /// the receive ring of generation `gen` at `offset` (where the core says they belong; the
     /// double mapping takes a copy across the ring's end). Returns whether that ring is here.
     pub fn land_send(&mut self, slot: u16, len: u32, gen: u32, offset: usize) -> bool {
-        let start = usize::from(slot) * self.recv_buf;
-        let len = (len as usize).min(self.recv_buf);
+        let range = self.recv_range(slot, len);
+        let len = range.len();
         let kit: &mut Kit = &mut self.kit;
         let rx = Gens::get_mut(
             self.moves.as_deref_mut().map(|m| &mut m.rx),
@@ -400,7 +417,7 @@ impl Endpoint {
             Some(&mut kit.rx),
         );
         let Some(rx) = rx else { return false };
-        let bytes = &kit.recv_bufs.as_slice()[start..start + len];
+        let bytes = &kit.recv_bufs.as_slice()[range];
         rx.ring_mut().slice_mut(offset, len).copy_from_slice(bytes);
         true
     }
@@ -467,7 +484,7 @@ impl Endpoint {
                 ring_offset,
                 imm,
                 ..
-            } if sends => self.post_staged(gen, ring_offset, len, None, Some(imm))?,
+            } if sends => self.post_from(Some(gen), ring_offset, len, None, Some(imm))?,
             Action::WriteData {
                 len,
                 gen,
@@ -476,7 +493,13 @@ impl Endpoint {
                 rkey,
                 imm,
                 ..
-            } => self.post_staged(gen, ring_offset, len, Some((remote_addr, rkey)), Some(imm))?,
+            } => self.post_from(
+                Some(gen),
+                ring_offset,
+                len,
+                Some((remote_addr, rkey)),
+                Some(imm),
+            )?,
             Action::WriteRecord {
                 len,
                 gen,
@@ -500,28 +523,12 @@ impl Endpoint {
                 let trailer = (ring_offset + trailer_at) % tx.size();
                 tx.slice_mut(ring_offset, 8).copy_from_slice(&word);
                 tx.slice_mut(trailer, 8).copy_from_slice(&word);
-                self.post_staged(gen, ring_offset, len, Some((remote_addr, rkey)), imm)?;
+                self.post_from(Some(gen), ring_offset, len, Some((remote_addr, rkey)), imm)?;
             }
-            Action::WriteCredit { imm, .. } | Action::Doorbell { imm, .. } if sends => {
-                let (seq, signaled) = self.next_wr(false);
-                let ctl = self.kit.ctl_bufs.mr();
-                self.id
-                    .post_send(SEND_TAG | seq, ctl, 0, 0, Some(imm.encode()), signaled)?;
-                self.posted(signaled);
-            }
+            // (zero-length: a WRITE WITH IMMEDIATE to the peer's ring, a SEND over sends)
             Action::WriteCredit { remote_addr, imm } | Action::Doorbell { remote_addr, imm } => {
-                let (seq, signaled) = self.next_wr(false);
-                self.id.post_write(
-                    SEND_TAG | seq,
-                    self.kit.ctl_bufs.mr(),
-                    0,
-                    0,
-                    remote_addr,
-                    peer_rkey,
-                    Some(imm.encode()),
-                    signaled,
-                )?;
-                self.posted(signaled);
+                let to = (!sends).then_some((remote_addr, peer_rkey));
+                self.post_from(None, 0, 0, to, Some(imm))?
             }
             Action::Send(msg) => self.post_control(&msg)?,
             Action::Teardown => {
@@ -537,30 +544,32 @@ impl Endpoint {
         Ok(())
     }
 
-    /// The staging area of generation `gen`'s `len` bytes at `ring_offset` (the peer's ring's
-    /// offset too): one RDMA WRITE to `to` = (remote address, rkey), or without `to` one SEND
-    /// (the sends kind), either WITH IMMEDIATE when `imm` is given.
-    fn post_staged(
+    /// `len` bytes at `offset` of the staging area of generation `gen` (the peer's ring's
+    /// offset too), or without `gen` none of the control buffer (a zero-length message): one
+    /// RDMA WRITE to `to` = (remote address, rkey), or without `to` one SEND (the sends kind),
+    /// either WITH IMMEDIATE when `imm` is given.
+    fn post_from(
         &mut self,
-        gen: u32,
-        ring_offset: usize,
+        gen: Option<u32>,
+        offset: usize,
         len: usize,
         to: Option<(u64, u32)>,
         imm: Option<Imm>,
     ) -> Result<()> {
         let (seq, signaled) = self.next_wr(false);
-        let tx = self
-            .tx_ring(gen)
-            .ok_or(Error::InvalidArgument("no send staging ring"))?;
-        let (wr_id, mr, imm) = (SEND_TAG | seq, tx.mr(), imm.map(Imm::encode));
+        let mr = match gen {
+            Some(gen) => self
+                .tx_ring(gen)
+                .ok_or(Error::InvalidArgument("no send staging ring"))?
+                .mr(),
+            None => self.kit.ctl_bufs.mr(),
+        };
+        let (wr_id, imm) = (SEND_TAG | seq, imm.map(Imm::encode));
         match to {
-            Some((addr, rkey)) => {
-                self.id
-                    .post_write(wr_id, mr, ring_offset, len, addr, rkey, imm, signaled)?
-            }
-            None => self
+            Some((addr, rkey)) => self
                 .id
-                .post_send(wr_id, mr, ring_offset, len, imm, signaled)?,
+                .post_write(wr_id, mr, offset, len, addr, rkey, imm, signaled)?,
+            None => self.id.post_send(wr_id, mr, offset, len, imm, signaled)?,
         }
         self.posted(signaled);
         Ok(())

@@ -926,57 +926,44 @@ impl Link {
             self.transport_failed(msg);
             return;
         }
-        if Endpoint::is_write_imm(wc) {
-            let Some(raw) = wc_imm_data(wc) else {
-                self.transport_failed(
-                    "ibv_poll_cq: RECV_RDMA_WITH_IMM without an immediate".into(),
-                );
-                return;
-            };
+        let write_imm = Endpoint::is_write_imm(wc);
+        let send = wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV;
+        if let Some(raw) = wc_imm_data(wc).filter(|_| write_imm || send) {
+            let len = wc.byte_len;
+            if !write_imm {
+                // Sends (protocol §15): a SEND WITH IMMEDIATE is a DATA, a credit or a
+                // doorbell; a DATA's bytes go into the ring where its next ones belong (the
+                // core says where, inside the credit it returned) before the core hears of
+                // them, as a WRITE would have left them.
+                if len > 0 && !self.conn.sends() {
+                    // (a peer that did not choose sends has no business sending bytes with an
+                    // immediate: the core would take stale ring bytes for them)
+                    self.transport_failed(format!(
+                        "a SEND WITH IMMEDIATE of {len} bytes on a connection of the {} kind",
+                        self.conn.kind().name()
+                    ));
+                    return;
+                }
+                if let Some(at) = self.conn.landing(len).filter(|_| len > 0) {
+                    ep.land_send(slot, len, at.gen, at.offset);
+                }
+            }
             #[cfg(feature = "timeline")]
-            if wc.byte_len > 0 {
+            if len > 0 {
                 crate::timeline::mark(crate::timeline::Mark::DataSeen);
             }
             // The ring bytes of a DATA are visible once its completion was polled; see
             // "Memory ordering" in docs/protocol.md.
             let _ = self.conn.handle_completion(Completion::WriteImm {
                 imm: u32::from_be(raw),
-                byte_len: Some(wc.byte_len),
+                byte_len: Some(len),
             });
-        } else if wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV {
-            match wc_imm_data(wc) {
-                // Sends (protocol §15): a SEND WITH IMMEDIATE is a DATA, a credit or a
-                // doorbell; a DATA's bytes go into the ring where its next ones belong (the
-                // core says where, inside the credit it returned) before the core hears of
-                // them, as a WRITE would have left them.
-                Some(raw) => {
-                    let len = wc.byte_len;
-                    if len > 0 && !self.conn.sends() {
-                        // (a peer that did not choose sends has no business sending bytes
-                        // with an immediate: the core would take stale ring bytes for them)
-                        self.transport_failed(format!(
-                            "a SEND WITH IMMEDIATE of {len} bytes on a connection of the {} kind",
-                            self.conn.kind().name()
-                        ));
-                        return;
-                    }
-                    if let Some(at) = self.conn.landing(len).filter(|_| len > 0) {
-                        ep.land_send(slot, len, at.gen, at.offset);
-                    }
-                    #[cfg(feature = "timeline")]
-                    if len > 0 {
-                        crate::timeline::mark(crate::timeline::Mark::DataSeen);
-                    }
-                    let _ = self.conn.handle_completion(Completion::WriteImm {
-                        imm: u32::from_be(raw),
-                        byte_len: Some(len),
-                    });
-                }
-                None => {
-                    let payload = ep.recv_payload(slot, wc.byte_len);
-                    let _ = self.conn.handle_completion(Completion::Recv { payload });
-                }
-            }
+        } else if write_imm {
+            self.transport_failed("ibv_poll_cq: RECV_RDMA_WITH_IMM without an immediate".into());
+            return;
+        } else if send {
+            let payload = ep.recv_payload(slot, wc.byte_len);
+            let _ = self.conn.handle_completion(Completion::Recv { payload });
         }
         // Re-posted after the core saw the completion, before the credit that returns it.
         if self.teardown != Td::Disconnected && self.conn.error().is_none() {
