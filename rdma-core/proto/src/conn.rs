@@ -616,10 +616,11 @@ pub struct Connection {
     /// The application wanted to send more than was accepted since the last DATA went out.
     send_blocked: bool,
     peer_wants_credit: bool,
-    /// The peer's SwitchOver came and both fail over: its credit is owed, and goes out even
-    /// after our close, before the teardown (the peer holds our end until it has it: see
-    /// [`Self::handle_tcp_eof`]).
-    switch_credit_owed: bool,
+    /// A credit is owed at once, and goes out even after our close, before the teardown: the
+    /// peer's SwitchOver came and both fail over (the peer holds our end until it has it: see
+    /// [`Self::handle_tcp_eof`]), or its end came on a connection we pull from (§16: its
+    /// teardown waits for it, [`Self::peer_pulled`]).
+    credit_owed: bool,
     /// The peer's TCP EOF came before it confirmed our SwitchOver (see [`Self::handle_tcp_eof`]):
     /// taken once it does; a transport error meanwhile fails the stream.
     eof_held: bool,
@@ -644,8 +645,17 @@ pub struct Connection {
     moves: Moves,
     /// Records (§14).
     records: Records,
-    /// Sends (§15): DATA arrives as SENDs, and goes out as SENDs.
-    sends: bool,
+    /// The kind both sides chose (§14, §15, §16); WRITE WITH IMMEDIATE until the handshake's
+    /// end.
+    kind: Kind,
+    /// READ pull (§16): where the peer reads our DATA from, and whether that went out.
+    source: Option<RingDesc>,
+    source_sent: bool,
+    /// READ pull: where we read the peer's DATA from (its Source).
+    peer_source: Option<RingDesc>,
+    /// READ pull: our last stream message (ShutdownWrite, Close or SwitchBack) was the peer's
+    /// `n`th; it pulled everything before it once it returned that slot.
+    end_seq: Option<u64>,
     stats: Stats,
 }
 
@@ -693,7 +703,7 @@ impl Connection {
             switch_posted: false,
             send_blocked: false,
             peer_wants_credit: false,
-            switch_credit_owed: false,
+            credit_owed: false,
             eof_held: false,
             peer_read_closed: false,
             local_read_shut: false,
@@ -707,7 +717,11 @@ impl Connection {
             incoming: None,
             moves: Moves::default(),
             records: Records::new(local.ring.size),
-            sends: false,
+            kind: Kind::WriteImm,
+            source: None,
+            source_sent: false,
+            peer_source: None,
+            end_seq: None,
             stats: Stats::default(),
         })
     }
@@ -746,6 +760,7 @@ impl Connection {
             Kind::WriteImm => {}
             Kind::Records => moves = moves.with(Flags::RECORDS_OFFERED),
             Kind::Sends => moves = moves.with(Flags::SENDS_OFFERED),
+            Kind::Read => moves = moves.with(Flags::READ_OFFERED),
         }
         let (request, key) = match proof {
             Proof::Native => (
@@ -798,9 +813,18 @@ impl Connection {
         };
         let mut conn = Self::new(cfg, Side::Server, local, request.nonce, life, tcp_received)?;
         // (records leave out the features not built for them yet: moves, switch-backs and
-        // failover count ring cursors as stream offsets; sends keep them all, §15)
-        let records = cfg.kind == Kind::Records && request.flags.contains(Flags::RECORDS_OFFERED);
-        conn.sends = cfg.kind == Kind::Sends && request.flags.contains(Flags::SENDS_OFFERED);
+        // failover count ring cursors as stream offsets; sends keep them all, §15; READ pull
+        // all but moves, §16)
+        let offered = match cfg.kind {
+            Kind::WriteImm => Flags::empty(),
+            Kind::Records => Flags::RECORDS_OFFERED,
+            Kind::Sends => Flags::SENDS_OFFERED,
+            Kind::Read => Flags::READ_OFFERED,
+        };
+        if cfg.kind != Kind::WriteImm && request.flags.contains(offered) {
+            conn.kind = cfg.kind;
+        }
+        let records = conn.kind == Kind::Records;
         conn.peer_switch_back = request.flags.contains(Flags::SWITCH_BACK) && !records;
         let peer_failover = request.flags.contains(Flags::FAILOVER);
         conn.peer = Some(Peer {
@@ -809,19 +833,21 @@ impl Connection {
             tx: TxCursors::new(request.ring.size),
             slots: TxSlots::new(request.recv_slots),
         });
-        let kind = if conn.sends {
-            Flags::SENDS
-        } else {
-            Flags::empty()
+        let kind = match conn.kind {
+            Kind::Sends => Flags::SENDS,
+            Kind::Read => Flags::READ,
+            Kind::WriteImm | Kind::Records => Flags::empty(),
         };
+        // (a pulling connection announces no moves: its staging area is fixed, §16)
+        let moves_here = cfg.ring_moves && conn.kind != Kind::Read;
         let moves = if records {
             Flags::RECORDS
-        } else if cfg.ring_moves {
+        } else if moves_here {
             Flags::RING_MOVES.with(kind)
         } else {
             kind
         };
-        conn.moves.on = cfg.ring_moves && request.flags.contains(Flags::RING_MOVES) && !records;
+        conn.moves.on = moves_here && request.flags.contains(Flags::RING_MOVES) && !records;
         if records {
             conn.records.start(false, request.nonce, local.ring.size);
         }
@@ -880,19 +906,24 @@ impl Connection {
         if !proven {
             return Err(self.fail(ErrorReason::Handshake(HandshakeError::Unproven)));
         }
-        let records = reply.flags.contains(Flags::RECORDS);
-        let sends = reply.flags.contains(Flags::SENDS);
-        let unoffered = if records && !request.flags.contains(Flags::RECORDS_OFFERED) {
-            Some(Kind::Records)
-        } else if sends && !request.flags.contains(Flags::SENDS_OFFERED) {
-            Some(Kind::Sends)
-        } else {
-            None
-        };
-        if let Some(kind) = unoffered {
-            return Err(self.fail(ErrorReason::Handshake(HandshakeError::Unoffered(kind))));
+        // The kind the reply chose, which the request must have offered (at most one: a reply
+        // choosing two offered only one).
+        let chosen = [
+            (Flags::RECORDS, Flags::RECORDS_OFFERED, Kind::Records),
+            (Flags::SENDS, Flags::SENDS_OFFERED, Kind::Sends),
+            (Flags::READ, Flags::READ_OFFERED, Kind::Read),
+        ]
+        .into_iter()
+        .filter(|(flag, _, _)| reply.flags.contains(*flag));
+        let mut kind = Kind::WriteImm;
+        for (_, offered, k) in chosen {
+            if !request.flags.contains(offered) || kind != Kind::WriteImm {
+                return Err(self.fail(ErrorReason::Handshake(HandshakeError::Unoffered(k))));
+            }
+            kind = k;
         }
-        self.sends = sends;
+        let records = kind == Kind::Records;
+        self.kind = kind;
         if records {
             self.records
                 .start(true, request.nonce, self.local.ring.size);
@@ -904,6 +935,7 @@ impl Connection {
             slots: TxSlots::new(reply.recv_slots),
         });
         self.moves.on = !records
+            && kind != Kind::Read
             && request.flags.contains(Flags::RING_MOVES)
             && reply.flags.contains(Flags::RING_MOVES);
         self.peer_switch_back =
@@ -1480,7 +1512,11 @@ impl Connection {
             }
             Life::Accepted { .. } => self.life = Life::Established,
             Life::Established => {}
-            Life::Closed | Life::Failed(_) => return Ok(()),
+            Life::Closed => {
+                self.late_credit(c);
+                return Ok(());
+            }
+            Life::Failed(_) => return Ok(()),
         }
         self.stats.messages_received += 1;
         match self.process(c) {
@@ -1494,6 +1530,26 @@ impl Connection {
             }
             Err(reason) => Err(self.fail(reason)),
         }
+    }
+
+    /// A completion after the connection closed: nothing is read any more, but on a
+    /// connection we pull from (§16) the peer's credit still says it pulled our last bytes
+    /// ([`Self::peer_pulled`]): its slots are counted, anything else is ignored.
+    fn late_credit(&mut self, c: Completion<'_>) {
+        let Some(peer) = self.peer.as_mut().filter(|_| self.kind == Kind::Read) else {
+            return;
+        };
+        let slots = match c {
+            Completion::WriteImm { imm, .. } => match Imm::decode(imm) {
+                Ok(Imm::Credit { slots, .. }) => u32::from(slots),
+                _ => return,
+            },
+            Completion::Recv { payload } => match ControlMsg::decode(payload) {
+                Ok(ControlMsg::CreditUpdate { slots, .. }) => slots,
+                _ => return,
+            },
+        };
+        let _ = peer.slots.restore(slots);
     }
 
     fn process(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
@@ -1517,6 +1573,9 @@ impl Connection {
                             self.records.reader_wake.woken();
                             self.peer_wants_credit |= credit_wanted;
                             return Ok(());
+                        }
+                        if self.kind == Kind::Read && self.peer_source.is_none() {
+                            return Err(v(Violation::DataBeforeSource));
                         }
                         self.rx_state = self.rx_state.on(RxEvent::Data).map_err(v)?;
                         self.rx
@@ -1572,7 +1631,7 @@ impl Connection {
                         // Credit it at once (it owes a slot): the peer knows then that we
                         // expect its stream on the ring, which it must to fail over (§8.6).
                         self.peer_wants_credit |= self.failover;
-                        self.switch_credit_owed |= self.failover;
+                        self.credit_owed |= self.failover;
                     }
                     ControlMsg::ShutdownWrite { ring_bytes } => {
                         self.check_fin_cursor(ring_bytes)?;
@@ -1580,6 +1639,7 @@ impl Connection {
                             .rx_state
                             .on(RxEvent::Fin(PeerFin::Shutdown))
                             .map_err(v)?;
+                        self.owe_fin_credit();
                     }
                     ControlMsg::Close { reset: true, .. } => return Err(ErrorReason::Reset),
                     ControlMsg::Close { ring_bytes, .. } => {
@@ -1594,6 +1654,19 @@ impl Connection {
                         }
                         self.rx_state =
                             self.rx_state.on(RxEvent::Fin(PeerFin::Close)).map_err(v)?;
+                        self.owe_fin_credit();
+                    }
+                    ControlMsg::Source { ring } => {
+                        if self.kind != Kind::Read || self.peer_source.is_some() {
+                            return Err(v(Violation::UnexpectedSource));
+                        }
+                        if ring.size != self.local.ring.size {
+                            return Err(v(Violation::SourceSize {
+                                declared: ring.size.bytes(),
+                                ring: self.local.ring.size.bytes(),
+                            }));
+                        }
+                        self.peer_source = Some(ring);
                     }
                     ControlMsg::CreditUpdate { read_cursor, slots } => {
                         peer.tx
@@ -1689,6 +1762,7 @@ impl Connection {
                             .back
                             .get_or_insert(Back::new(self.rx.tail(), &mut self.switch_pending));
                         back.peer_read = Some(read_cursor);
+                        self.owe_fin_credit();
                     }
                     ControlMsg::Barrier { .. } => self.barriers.received += 1,
                     ControlMsg::Sleeping { seen } => {
@@ -1707,6 +1781,16 @@ impl Connection {
             }
         }
         Ok(())
+    }
+
+    /// READ pull (§16): the peer's last stream message (its end, or its SwitchBack) came,
+    /// after every pull before it completed; the peer waits for its credit before it tears
+    /// down ([`Self::peer_pulled`]).
+    fn owe_fin_credit(&mut self) {
+        if self.kind == Kind::Read {
+            self.peer_wants_credit = true;
+            self.credit_owed = true;
+        }
     }
 
     /// Whether this side's writes may move to another ring: it is still writing to the ring
@@ -1864,13 +1948,14 @@ impl Connection {
     /// next input. Call until `None` after every input.
     pub fn poll_action(&mut self) -> Option<Action> {
         if self.teardown == Teardown::Pending
-            && self.switch_credit_owed
+            && self.credit_owed
             && self.life == Life::Closed
         {
             // (the credit of the peer's SwitchOver first: its confirmation that we read its
-            // stream on the ring, which it waits for before it takes our TCP end)
+            // stream on the ring, which it waits for before it takes our TCP end; or of its end
+            // on a connection we pull from, which it waits for before it tears down)
             self.peer_wants_credit = true;
-            self.switch_credit_owed = false;
+            self.credit_owed = false;
             if let Some(a) = self.poll_credit() {
                 return Some(a);
             }
@@ -1881,6 +1966,17 @@ impl Connection {
         }
         if self.life != Life::Established {
             return None;
+        }
+        if let Some(ring) = self.source.filter(|_| !self.source_sent) {
+            // READ pull (§16): where our DATA is read from, before any of it.
+            let peer = self.peer.as_mut()?;
+            if !peer.slots.can_post_message() {
+                return None;
+            }
+            peer.slots.take();
+            self.source_sent = true;
+            self.stats.control_sent += 1;
+            return Some(Action::Send(ControlMsg::Source { ring }));
         }
         // (a new staging area before the writes that use it; the releases whenever)
         if let Some(a) = self.moves.actions.pop_front() {
@@ -1905,6 +2001,9 @@ impl Connection {
             }
             peer.slots.take();
             b.posted = true;
+            if self.kind == Kind::Read {
+                self.end_seq = Some(peer.slots.spent());
+            }
             let msg = ControlMsg::SwitchBack {
                 ring_bytes: peer.tx.posted(),
                 read_cursor: b.stopped_at,
@@ -2013,12 +2112,14 @@ impl Connection {
             0 => place.size.bytes(),
             m => m.min(place.size.bytes()),
         };
-        if self.sends {
+        if self.kind == Kind::Sends {
             // (one SEND fills at most one of the peer's receives)
             max = max.min(SENDS_BUF as u64);
         }
         if let Some(w) = peer.tx.next_write(max, self.cfg.split_at_wrap) {
-            if !peer.slots.can_post_message() {
+            // (READ pull: nothing to read a DATA from before the peer knows our staging area)
+            let unsourced = self.kind == Kind::Read && !self.source_sent;
+            if unsourced || !peer.slots.can_post_message() {
                 return None;
             }
             peer.slots.take();
@@ -2054,6 +2155,9 @@ impl Connection {
                 return None;
             }
             peer.slots.take();
+            if self.kind == Kind::Read {
+                self.end_seq = Some(peer.slots.spent());
+            }
             let ring_bytes = peer.tx.posted();
             let msg = match fin {
                 Fin::Shutdown => ControlMsg::ShutdownWrite { ring_bytes },
@@ -2121,17 +2225,62 @@ impl Connection {
     /// posts a DATA, a credit and a doorbell as a SEND WITH IMMEDIATE, and copies each DATA it
     /// receives into its ring at [`Self::landing`] before it hands the completion over.
     pub fn sends(&self) -> bool {
-        self.sends
+        self.kind == Kind::Sends
+    }
+
+    /// Whether the receiver pulls each DATA's bytes with an RDMA READ ([`Kind::Read`],
+    /// protocol §16): the transport then gives the core its staging area
+    /// ([`Self::set_source`]), posts a DATA as a zero-length WRITE WITH IMMEDIATE, pulls each
+    /// DATA it receives from the peer's [`Self::peer_source`] into its ring at
+    /// [`Self::landing_after`] before it hands the completion over (and every later
+    /// completion after it), and tears down only once [`Self::peer_pulled`].
+    pub fn read(&self) -> bool {
+        self.kind == Kind::Read
     }
 
     /// The kind the connection carries (before the handshake's end: WRITE WITH IMMEDIATE).
     pub fn kind(&self) -> Kind {
-        if self.records.on {
-            Kind::Records
-        } else if self.sends {
-            Kind::Sends
-        } else {
-            Kind::WriteImm
+        self.kind
+    }
+
+    /// READ pull (§16): the transport's staging area for the peer to read our DATA from (its
+    /// ring's size, registered for the peer to read). It goes out as a Source before any
+    /// DATA; the DATA waits for it. Ignored on other kinds and after the first call.
+    pub fn set_source(&mut self, staging: RingDesc) {
+        if self.kind == Kind::Read && self.source.is_none() {
+            self.source = Some(staging);
+        }
+    }
+
+    /// READ pull (§16): the peer's staging area, from its Source (the first message it sends).
+    pub fn peer_source(&self) -> Option<RingDesc> {
+        self.peer_source
+    }
+
+    /// READ pull (§16): where in the local ring the `len` bytes of a DATA announced now go,
+    /// when `ahead` bytes announced before it are still being pulled (not handed over yet):
+    /// the place of rx head + `ahead` (at that offset in the peer's staging area too). `None`
+    /// as [`Self::landing`]: past the credit returned, or once closed or failed.
+    pub fn landing_after(&self, ahead: u64, len: u32) -> Option<Place> {
+        if matches!(self.life, Life::Closed | Life::Failed(_)) {
+            return None;
+        }
+        self.rx.landing(ahead, u64::from(len)).ok()
+    }
+
+    /// Whether the peer is done with what we staged for it (READ pull, §16: it may still
+    /// pull it until it confirmed our last stream message — an end or a SwitchBack, which it
+    /// credits at once, after the pulls before it completed): the transport disconnects only
+    /// then (or after its close timeout, or when the peer disconnected). Always on other
+    /// kinds, and when we posted no such message (the peer's Close or reset ended the
+    /// connection: it reads nothing more).
+    pub fn peer_pulled(&self) -> bool {
+        if self.kind != Kind::Read || self.error().is_some() || self.failed_over() {
+            return true;
+        }
+        match (self.end_seq, self.peer.as_ref()) {
+            (Some(n), Some(peer)) => peer.slots.returned() >= n || self.peer_read_closed,
+            _ => true,
         }
     }
 
@@ -2145,7 +2294,7 @@ impl Connection {
         if matches!(self.life, Life::Closed | Life::Failed(_)) {
             return None;
         }
-        self.rx.landing(u64::from(len)).ok()
+        self.rx.landing(0, u64::from(len)).ok()
     }
 
     /// Records: looks for whole records in the local ring from where the last look ended, and
@@ -2345,7 +2494,7 @@ impl Connection {
         }
         peer.slots.take();
         self.peer_wants_credit = false;
-        self.switch_credit_owed = false;
+        self.credit_owed = false;
         self.stats.credits_sent += 1;
         if owed_slots <= u32::from(Imm::MAX_CREDIT_SLOTS) {
             let slots = self.rx_slots.take(u32::from(Imm::MAX_CREDIT_SLOTS)) as u8;

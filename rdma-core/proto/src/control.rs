@@ -19,14 +19,16 @@
 //! | 6    | RingOffer     | addr: u64, rkey: u32, size_log2: u8, 3 reserved | -  | 20     |
 //! | 7    | RingMoved     | at: u64 (first stream cursor in the offered ring) | - | 12     |
 //! | 8    | Sleeping      | seen: u64 (the reader's ring cursor)  | -           | 12     |
-//! | 9-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
+//! | 9    | Source        | addr: u64, rkey: u32, size_log2: u8, 3 reserved | -  | 20     |
+//! | 10-127 | (reserved: must understand → [`DecodeError::UnknownKind`]) |     |             |        |
 //! | 128   | Barrier       | epoch: u64 (1, 2, … per direction)    | -           | 12     |
 //! | 129   | RingWanted    | size_log2: u8, 3 reserved             | -           | 8      |
 //! | 130-255 | (may ignore → [`ControlMsg::Ignored`], any body)   |          |             | ≤ 64   |
 //!
 //! RingOffer, RingMoved and RingWanted (protocol §6.4) go only to a peer that announced
 //! [`crate::Flags::RING_MOVES`]; Sleeping (§14) only on a connection that carries records
-//! ([`crate::Flags::RECORDS`]).
+//! ([`crate::Flags::RECORDS`]); Source (§16) only on a connection whose DATA the receiver pulls
+//! ([`crate::Flags::READ`]), once, as the sender's first message.
 //!
 //! Barrier is a may-ignore kind on purpose: it only means something to a peer that takes part
 //! in a barrier itself, and a peer that does not know it loses nothing by ignoring it.
@@ -48,6 +50,7 @@ const KIND_SWITCH_BACK: u8 = 5;
 const KIND_RING_OFFER: u8 = 6;
 const KIND_RING_MOVED: u8 = 7;
 const KIND_SLEEPING: u8 = 8;
+const KIND_SOURCE: u8 = 9;
 const KIND_RING_WANTED: u8 = 129;
 /// Kind byte of [`ControlMsg::Barrier`] (a may-ignore kind).
 pub const KIND_BARRIER: u8 = 128;
@@ -128,6 +131,13 @@ pub enum ControlMsg {
         /// The reader's ring cursor (everything before it was found).
         seen: u64,
     },
+    /// READ pull (protocol §16): where the sender's DATA can be read, its staging area
+    /// (registered for this connection's peer to read, the receiver's ring's size). The
+    /// sender's first message on such a connection, before any announcement.
+    Source {
+        /// The staging area.
+        ring: crate::RingDesc,
+    },
     /// A may-ignore message from a newer peer; it still used a receive slot.
     Ignored {
         /// Its kind, at least [`FIRST_IGNORABLE_KIND`].
@@ -184,8 +194,12 @@ impl ControlMsg {
             ControlMsg::Barrier { epoch } => {
                 w.u8(KIND_BARRIER).u8(0).u16(0).u64(epoch);
             }
-            ControlMsg::RingOffer { ring } => {
-                w.u8(KIND_RING_OFFER)
+            ControlMsg::RingOffer { ring } | ControlMsg::Source { ring } => {
+                let kind = match self {
+                    ControlMsg::Source { .. } => KIND_SOURCE,
+                    _ => KIND_RING_OFFER,
+                };
+                w.u8(kind)
                     .u8(0)
                     .u16(0)
                     .u64(ring.addr)
@@ -238,7 +252,7 @@ impl ControlMsg {
             | KIND_SLEEPING => (12, 0),
             KIND_CLOSE => (12, CLOSE_RESET),
             KIND_CREDIT_UPDATE => (16, 0),
-            KIND_SWITCH_BACK | KIND_RING_OFFER => (20, 0),
+            KIND_SWITCH_BACK | KIND_RING_OFFER | KIND_SOURCE => (20, 0),
             KIND_RING_WANTED => (8, 0),
             0 if input.iter().all(|&b| b == 0) => return Err(DecodeError::Empty),
             k => return Err(DecodeError::UnknownKind(k)),
@@ -265,13 +279,15 @@ impl ControlMsg {
                 ring_bytes: r.u64()?,
                 read_cursor: r.u64()?,
             },
-            KIND_RING_OFFER => {
+            KIND_RING_OFFER | KIND_SOURCE => {
                 let (addr, rkey, log2) = (r.u64()?, r.u32()?, r.u8()?);
                 r.reserved(3)?;
                 let size =
                     crate::RingSize::from_log2(log2).map_err(|_| DecodeError::BadRingSize(log2))?;
-                ControlMsg::RingOffer {
-                    ring: crate::RingDesc { addr, rkey, size },
+                let ring = crate::RingDesc { addr, rkey, size };
+                match kind {
+                    KIND_SOURCE => ControlMsg::Source { ring },
+                    _ => ControlMsg::RingOffer { ring },
                 }
             }
             KIND_RING_MOVED => ControlMsg::RingMoved { at: r.u64()? },
@@ -368,6 +384,19 @@ mod tests {
             ControlMsg::decode(b.as_bytes()),
             Ok(ControlMsg::RingMoved { at: 7 })
         );
+        let b = ControlMsg::Source { ring }.encode();
+        assert_eq!(
+            b.as_bytes(),
+            &[9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4, 16, 0, 0, 0]
+        );
+        assert_eq!(
+            ControlMsg::decode(b.as_bytes()),
+            Ok(ControlMsg::Source { ring })
+        );
+        assert_eq!(
+            ControlMsg::decode(&b.as_bytes()[..12]),
+            Err(DecodeError::Truncated { need: 20, got: 12 })
+        );
         let size = crate::RingSize::new(1 << 20).unwrap();
         let b = ControlMsg::RingWanted { size }.encode();
         assert_eq!(b.as_bytes(), &[129, 0, 0, 0, 20, 0, 0, 0]);
@@ -415,8 +444,8 @@ mod tests {
             Err(DecodeError::TooLong { max: 64, got: 65 })
         );
         assert_eq!(
-            ControlMsg::decode(&[9, 0, 0, 0]),
-            Err(DecodeError::UnknownKind(9))
+            ControlMsg::decode(&[10, 0, 0, 0]),
+            Err(DecodeError::UnknownKind(10))
         );
         assert_eq!(
             ControlMsg::decode(&[1, 0, 0, 0, 0]),

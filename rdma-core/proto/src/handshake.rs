@@ -12,11 +12,11 @@
 //! Flags: the low byte of the 16-bit flags field holds "must understand" bits, the high byte
 //! "may ignore" bits. A decoder rejects unknown must-understand bits
 //! ([`DecodeError::UnknownFlags`]) and keeps unknown may-ignore bits as they are (so re-encoding
-//! a decoded message reproduces it byte for byte). Version 2 defines three must-understand
-//! flags, [`Flags::NATIVE`], and [`Flags::RECORDS`] and [`Flags::SENDS`] (replies only), and
-//! the may-ignore flags [`Flags::SWITCH_BACK`], [`Flags::REDIRECT`], [`Flags::FAILOVER`],
-//! [`Flags::RING_MOVES`], and [`Flags::RECORDS_OFFERED`] and [`Flags::SENDS_OFFERED`]
-//! (requests only).
+//! a decoded message reproduces it byte for byte). Version 2 defines four must-understand
+//! flags, [`Flags::NATIVE`], and [`Flags::RECORDS`], [`Flags::SENDS`] and [`Flags::READ`]
+//! (replies only), and the may-ignore flags [`Flags::SWITCH_BACK`], [`Flags::REDIRECT`],
+//! [`Flags::FAILOVER`], [`Flags::RING_MOVES`], and [`Flags::RECORDS_OFFERED`],
+//! [`Flags::SENDS_OFFERED`] and [`Flags::READ_OFFERED`] (requests only).
 //!
 //! Version 2 (`docs/protocol.md` 2.9) appends a [`Tag`] to the request and the reply: an HMAC
 //! under the key the server sent in-band on the TCP connection ([`crate::binding`]), which
@@ -76,18 +76,30 @@ pub enum Kind {
     /// into the peer's memory. Ring moves, switch-backs and failover work as over
     /// [`Kind::WriteImm`]: a ring cursor is still a stream offset.
     Sends,
+    /// READ pull (protocol §16): a DATA is an announcement, a zero-length WRITE WITH
+    /// IMMEDIATE; its bytes stay in the sender's staging area (registered for the peer to
+    /// read, its address sent first in a [`ControlMsg::Source`](crate::ControlMsg::Source)) at
+    /// the offset they have in the receiver's ring, and the receiving transport pulls them
+    /// with an RDMA READ into its ring ([`Connection::landing_after`](crate::Connection::landing_after))
+    /// before it hands the announcement over. No ring moves (a staging area per generation
+    /// would need a Source each); switch-backs and failover as over [`Kind::WriteImm`]. A side
+    /// whose end went out tears down only once its peer confirmed the end, after its last pull
+    /// ([`Connection::peer_pulled`](crate::Connection::peer_pulled)).
+    Read,
 }
 
 impl Kind {
     /// The kinds, in the order the benches list them.
-    pub const ALL: [Kind; 3] = [Kind::WriteImm, Kind::Records, Kind::Sends];
+    pub const ALL: [Kind; 4] = [Kind::WriteImm, Kind::Records, Kind::Sends, Kind::Read];
 
-    /// The kind's short name (`imm`, `records`, `sends`), as knobs and benches spell it.
+    /// The kind's short name (`imm`, `records`, `sends`, `read`), as knobs and benches spell
+    /// it.
     pub fn name(self) -> &'static str {
         match self {
             Kind::WriteImm => "imm",
             Kind::Records => "records",
             Kind::Sends => "sends",
+            Kind::Read => "read",
         }
     }
 
@@ -109,7 +121,8 @@ impl Flags {
     /// Bits a receiver must understand: unknown ones make it reject the message.
     pub const REQUIRED_MASK: u16 = 0x00ff;
     /// Must-understand bits defined by this version.
-    pub const KNOWN_REQUIRED: u16 = Self::NATIVE.0 | Self::RECORDS.0 | Self::SENDS.0;
+    pub const KNOWN_REQUIRED: u16 =
+        Self::NATIVE.0 | Self::RECORDS.0 | Self::SENDS.0 | Self::READ.0;
     /// A native stream's handshake: no TCP connection behind it, so nothing to bind to and a
     /// zero tag. A shim's listener rejects such a request; a native listener accepts only them.
     pub const NATIVE: Flags = Flags(0x0001);
@@ -145,6 +158,16 @@ impl Flags {
     /// that did not offer it refuses the reply ([`HandshakeError::Unoffered`]), and one that
     /// does not know it cannot decode it (its receives are too small for such SENDs).
     pub const SENDS: Flags = Flags(0x0004);
+    /// May ignore (requests): the client can pull its peer's DATA with RDMA READs and let its
+    /// peer pull its own (protocol §16). A server that ignores it answers without
+    /// [`Flags::READ`].
+    pub const READ_OFFERED: Flags = Flags(0x4000);
+    /// Must understand (replies): both directions carry their DATA as announcements whose
+    /// bytes the receiver pulls (protocol §16). Set only in reply to [`Flags::READ_OFFERED`];
+    /// a client that did not offer it refuses the reply ([`HandshakeError::Unoffered`]), and
+    /// one that does not know it cannot decode it (it would take an announcement's stale ring
+    /// bytes for data).
+    pub const READ: Flags = Flags(0x0008);
 
     /// No flag set.
     pub const fn empty() -> Self {
@@ -739,10 +762,10 @@ mod tests {
             })
         );
         let mut b = good;
-        b[7] = 0x08; // must-understand bit 3 (0 is NATIVE, 1 RECORDS, 2 SENDS)
+        b[7] = 0x10; // must-understand bit 4 (0 is NATIVE, 1 RECORDS, 2 SENDS, 3 READ)
         assert_eq!(
             ConnectRequest::decode(&b),
-            Err(DecodeError::UnknownFlags(8))
+            Err(DecodeError::UnknownFlags(0x10))
         );
         let mut b = good;
         b[7] = 0x01;

@@ -479,15 +479,17 @@ impl RxCursors {
 
     /// Records a DATA completion of `len` bytes, checking the peer stayed inside its credit.
     pub fn on_data(&mut self, len: u64) -> Result<(), OverrunError> {
-        self.landing(len)?;
+        self.landing(0, len)?;
         self.head += len;
         Ok(())
     }
 
-    /// Where the `len` bytes of the next DATA go (the place of `head`), if they stay inside
-    /// the credit returned: what [`Self::on_data`] checks, without recording them.
-    pub fn landing(&self, len: u64) -> Result<Place, OverrunError> {
-        let end = self.head.saturating_add(len);
+    /// Where the `len` bytes of a DATA go when `ahead` bytes received before it are not
+    /// recorded yet (the place of `head + ahead`), if they stay inside the credit returned:
+    /// what [`Self::on_data`] checks, without recording them.
+    pub fn landing(&self, ahead: u64, len: u64) -> Result<Place, OverrunError> {
+        let at = self.head.saturating_add(ahead);
+        let end = at.saturating_add(len);
         let base = self
             .moved
             .map_or(self.credited, |m| self.credited.max(m.at));
@@ -495,7 +497,7 @@ impl RxCursors {
         if end > limit {
             return Err(OverrunError { end, limit });
         }
-        Ok(self.place(self.head))
+        Ok(self.place(at))
     }
 
     /// Bytes written by the peer and not consumed yet, in the ring the next one is in (the old

@@ -285,6 +285,18 @@ pub enum Violation {
     /// A message of the records kind (a Sleeping, a WAKE immediate) on a connection that does
     /// not carry them.
     UnannouncedRecords,
+    /// A Source on a connection whose DATA is not pulled, or a second one (protocol §16).
+    UnexpectedSource,
+    /// A Source whose staging area is not this side's ring's size (§16: the bytes of a DATA
+    /// are at the same offset in both).
+    SourceSize {
+        /// The size the Source declares.
+        declared: u64,
+        /// This side's ring's size.
+        ring: u64,
+    },
+    /// A DATA announcement before the Source it is to be pulled from (§16).
+    DataBeforeSource,
 }
 
 impl fmt::Display for Violation {
@@ -353,6 +365,14 @@ impl fmt::Display for Violation {
             Violation::UnannouncedRecords => {
                 write!(f, "a Sleeping or a wake-up on a connection without records")
             }
+            Violation::UnexpectedSource => {
+                write!(f, "a Source on a connection without READ pull, or a second one")
+            }
+            Violation::SourceSize { declared, ring } => write!(
+                f,
+                "a Source of {declared} bytes for a ring of {ring} bytes"
+            ),
+            Violation::DataBeforeSource => write!(f, "a DATA announcement before its Source"),
         }
     }
 }

@@ -104,6 +104,7 @@ fn control() -> impl Strategy<Value = ControlMsg> {
             }
         }),
         ring_desc().prop_map(|ring| ControlMsg::RingOffer { ring }),
+        ring_desc().prop_map(|ring| ControlMsg::Source { ring }),
         any::<u64>().prop_map(|at| ControlMsg::RingMoved { at }),
         any::<u64>().prop_map(|seen| ControlMsg::Sleeping { seen }),
         ring_size().prop_map(|size| ControlMsg::RingWanted { size }),

@@ -79,6 +79,13 @@ fn op() -> impl Strategy<Value = Op> {
                     size: RingSize::from_log2(l).unwrap()
                 }
             }),
+            (12u8..=16, any::<u64>()).prop_map(|(l, addr)| ControlMsg::Source {
+                ring: RingDesc {
+                    addr,
+                    rkey: 6,
+                    size: RingSize::from_log2(l).unwrap()
+                }
+            }),
             (0u64..30_000).prop_map(|at| ControlMsg::RingMoved { at }),
             (0u64..30_000).prop_map(|seen| ControlMsg::Sleeping { seen }),
             (12u8..=23).prop_map(|l| ControlMsg::RingWanted {
@@ -134,12 +141,20 @@ fn conn(server: bool, log2: u8, slots: u16, moves: bool, kind: Kind) -> Connecti
     };
     let (mut a, req) = Connection::connect(cfg, local(0x1000), &proof(), 1, 2, 3, 0, now).unwrap();
     let (b, reply) = Connection::accept(cfg, local(0x2000), &req, &proof(), 0, now).unwrap();
-    if server {
+    // (READ pull: the transport's staging area, for the peer to read from)
+    let staging = RingDesc {
+        addr: 0x3000,
+        rkey: 7,
+        size: req.ring.size,
+    };
+    let mut c = if server {
         b
     } else {
         a.handle_accept(&reply.encode()).unwrap();
         a
-    }
+    };
+    c.set_source(staging);
+    c
 }
 
 /// What a hostile peer can do to the local ring of records, and what the application and
@@ -218,13 +233,17 @@ fn run(
                 });
             }
             Op::DataImm(l, w) => {
-                if c.sends() {
-                    // (sends: where the transport would copy the DATA's bytes — the ring's
-                    // next ones, inside the credit returned, or nowhere)
-                    if let Some(at) = c.landing(l) {
+                if c.sends() || c.read() {
+                    // (sends: where the transport would copy the DATA's bytes, READ pull:
+                    // where it would pull them to, with `ahead` bytes still being pulled —
+                    // after the ring's next ones, inside the credit returned, or nowhere)
+                    let ahead = u64::from(l % 7) * 64;
+                    if let Some(at) = c.landing_after(ahead, l) {
                         let rx = c.rx_cursors();
-                        prop_assert_eq!(at.offset, size.offset(rx.head()));
-                        prop_assert!(rx.head() + u64::from(l) <= rx.credited() + size.bytes());
+                        prop_assert_eq!(at.offset, size.offset(rx.head() + ahead));
+                        prop_assert!(
+                            rx.head() + ahead + u64::from(l) <= rx.credited() + size.bytes()
+                        );
                     }
                 }
                 let imm = if l == 0 {

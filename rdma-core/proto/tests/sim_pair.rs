@@ -28,6 +28,13 @@
 //! * with sends (§15: offered by either side in about a quarter of the runs, used when both
 //!   do), a DATA is never longer than one receive, and the receiver's core places it exactly
 //!   where the sender's staged it (the transport copies it there);
+//! * with READ pull (§16: offered by either side in about a fifth of the runs, used when both
+//!   do), a DATA is an announcement the receiver's transport pulls later (a random number of
+//!   steps later, every message after it held back until it is handed over): its bytes are
+//!   read from the sender's staging area at pull time, at the place the receiver's core named
+//!   when it came (`landing_after`), from the Source the sender sent first; a sender that
+//!   tore down may have disconnected only once `peer_pulled` (never while a pull of its
+//!   bytes is still to come);
 //! * both ends reach EOF and `Closed`, each emits `Teardown` exactly once, and no run deadlocks.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -106,6 +113,14 @@ struct Scenario {
     /// at a random later step (a failed work request, the CM, or its peer's continuation on
     /// TCP). TCP carries on.
     path_fail: Option<usize>,
+}
+
+/// What a receiving transport of READ pull holds back (§16): an announcement whose bytes it
+/// is still pulling, and every message that came after one.
+#[derive(Debug)]
+enum Held {
+    Pull(Msg),
+    After(Msg),
 }
 
 #[derive(Debug)]
@@ -192,6 +207,10 @@ struct Endpoint {
     records_imm: u64,
     /// The longest DATA this side posted.
     longest_data: usize,
+    /// READ pull: the messages this side's transport holds back, in arrival order.
+    held: VecDeque<Held>,
+    /// READ pull: announcements this side pulled.
+    pulls: u64,
 }
 
 impl Endpoint {
@@ -244,9 +263,32 @@ impl Endpoint {
             records_out: 0,
             records_imm: 0,
             longest_data: 0,
+            held: VecDeque::new(),
+            pulls: 0,
             conn: None,
             p,
         }
+    }
+
+    /// READ pull: the staging area's description the transport gives its core (the sim's
+    /// staging areas have no address of their own: one is made up per side).
+    fn source(&self, size: RingSize) -> RingDesc {
+        RingDesc {
+            addr: self.ring_desc.addr + 0x0800_0000,
+            rkey: 0x2000 + self.ring_desc.addr as u32,
+            size,
+        }
+    }
+
+    /// READ pull: the bytes of the announcements held back and not pulled yet.
+    fn pulling(&self) -> u64 {
+        self.held
+            .iter()
+            .map(|h| match h {
+                Held::Pull(Msg::Write { len, .. }) => *len as u64,
+                _ => 0,
+            })
+            .sum()
     }
 
     fn local(&self) -> LocalParams {
@@ -398,6 +440,8 @@ impl Sim {
         self.b
             .stagings
             .insert(0, vec![0; req.ring.size.bytes() as usize]);
+        let mut conn = conn;
+        conn.set_source(self.b.source(req.ring.size));
         self.b.conn = Some(conn);
         let mut padded = reply.encode().to_vec();
         padded.resize(196, 0);
@@ -419,8 +463,10 @@ impl Sim {
             return true;
         }
         conn.handle_accept(&bytes).expect("accept reply");
-        let size = conn.peer_ring().unwrap().size.bytes() as usize;
-        self.a.stagings.insert(0, vec![0; size]);
+        let size = conn.peer_ring().unwrap().size;
+        self.a.stagings.insert(0, vec![0; size.bytes() as usize]);
+        let source = self.a.source(size);
+        self.a.conn.as_mut().unwrap().set_source(source);
         true
     }
 
@@ -899,14 +945,13 @@ impl Sim {
         any
     }
 
-    /// The peer's HCA delivers one message from `i`'s outbound queue.
+    /// The peer's HCA delivers one message from `i`'s outbound queue (into a posted receive;
+    /// on READ pull its transport may hold it back: [`Self::pull`]).
     fn deliver(&mut self, i: usize) -> bool {
         if self.path_dead {
             return false;
         }
         let expect_failure = self.expect_failure;
-        // (how a record's bytes land: in pieces of random sizes)
-        let mut pieces = Rng(self.rng.next());
         let (me, peer) = pair(self, i);
         let Some(msg) = me.outbound.pop_front() else {
             return false;
@@ -922,6 +967,98 @@ impl Sim {
             );
             peer.posted_recvs -= 1;
         }
+        let pulling = peer.pulling();
+        let peer_conn = peer.conn.as_mut().expect("peer QP exists");
+        if peer_conn.read() {
+            if let Msg::Write {
+                gen,
+                ring_offset,
+                len,
+                imm: Some(_),
+                ..
+            } = msg
+            {
+                // READ pull (§16): an announcement; its bytes are pulled later, from where
+                // the receiver's core says they go — where the sender's staged them.
+                match peer_conn.landing_after(pulling, len as u32) {
+                    Some(at) => assert_eq!(
+                        (at.gen, at.offset),
+                        (gen, ring_offset),
+                        "{} → {}: a pull lands elsewhere than staged",
+                        me.name,
+                        peer.name
+                    ),
+                    None => assert!(
+                        peer.aborted || peer.close_called || expect_failure,
+                        "{} → {}: an announcement with nowhere to land",
+                        me.name,
+                        peer.name
+                    ),
+                }
+                peer.held.push_back(Held::Pull(msg));
+                return true;
+            }
+            if !peer.held.is_empty() {
+                peer.held.push_back(Held::After(msg));
+                return true;
+            }
+        }
+        self.land(i, msg)
+    }
+
+    /// READ pull (§16): side `i`'s transport's oldest pull completes: the bytes are read from
+    /// the sender's staging area now, and the announcement goes to the core, then every
+    /// message held back behind it up to the next pull.
+    fn pull(&mut self, i: usize) -> bool {
+        if self.path_dead {
+            return false;
+        }
+        let expect_failure = self.expect_failure;
+        let (me, sender) = pair(self, i);
+        let Some(Held::Pull(msg)) = me.held.pop_front() else {
+            assert!(me.held.is_empty(), "{}: held back behind no pull", me.name);
+            return false;
+        };
+        let c = me.conn.as_ref().unwrap();
+        let reading = c.state() != StreamState::Closed && c.error().is_none();
+        if reading {
+            // The sender's memory is still there: its transport disconnects only once the
+            // peer is done pulling (a pull from a disconnected peer fails the connection).
+            let s = sender.conn.as_ref().unwrap();
+            assert!(
+                sender.teardowns == 0 || !s.peer_pulled() || expect_failure,
+                "{}: pulling from {}, which may have disconnected",
+                me.name,
+                sender.name
+            );
+            let size = me.ring_desc.size;
+            assert_eq!(c.peer_source(), Some(sender.source(size)), "{}", me.name);
+        }
+        me.pulls += 1;
+        let sender_i = 1 - i;
+        self.land(sender_i, msg);
+        loop {
+            let me = if i == 0 { &mut self.a } else { &mut self.b };
+            match me.held.front() {
+                Some(Held::After(_)) => {
+                    let Some(Held::After(msg)) = me.held.pop_front() else {
+                        unreachable!()
+                    };
+                    self.land(sender_i, msg);
+                }
+                _ => return true,
+            }
+        }
+    }
+
+    /// The receiver's transport hands a message of side `i` to its core (a DATA's bytes
+    /// placed first: the HCA reads `i`'s staging area now, not at post time).
+    fn land(&mut self, i: usize, msg: Msg) -> bool {
+        let expect_failure = self.expect_failure;
+        // (how a record's bytes land: in pieces of random sizes)
+        let mut pieces = Rng(self.rng.next());
+        let (me, peer) = pair(self, i);
+        let completes = !matches!(msg, Msg::Write { imm: None, .. });
         let peer_conn = peer.conn.as_mut().expect("peer QP exists");
         let res = match msg {
             Msg::Write {
@@ -1103,10 +1240,19 @@ impl Sim {
     /// The shim closes its TCP socket once the ring is torn down, its posted messages have
     /// completed, and the application closed.
     fn tcp_close(&mut self, i: usize) -> bool {
-        let (me, _) = pair(self, i);
+        let (me, peer) = pair(self, i);
         let closing = me.close_called || me.aborted || me.failed.is_some();
         let resuming = me.conn.as_ref().is_some_and(|c| c.resume_due().is_some());
-        if me.tcp_closed || !closing || me.teardowns == 0 || !me.outbound.is_empty() || resuming {
+        // (READ pull: the transport disconnects once the peer pulled what it staged, or
+        // the peer disconnected)
+        let pulled = me.conn.as_ref().is_none_or(Connection::peer_pulled) || gone(peer);
+        if me.tcp_closed
+            || !closing
+            || me.teardowns == 0
+            || !me.outbound.is_empty()
+            || resuming
+            || !pulled
+        {
             return false;
         }
         me.tcp_closed = true;
@@ -1150,7 +1296,7 @@ impl Sim {
     /// back, the one state where it decides something.
     fn disconnect(&mut self, i: usize) -> bool {
         let (me, peer) = pair(self, i);
-        if me.disconnected || peer.teardowns == 0 || !peer.outbound.is_empty() {
+        if me.disconnected || !gone(peer) || !peer.outbound.is_empty() {
             return false;
         }
         let Some(c) = me.conn.as_mut().filter(|c| c.switching_back()) else {
@@ -1178,6 +1324,16 @@ impl Sim {
                 self.deliver(i);
             }
             pair(self, i).0.outbound.clear();
+        }
+        for i in 0..2 {
+            // (READ pull: the pulls under way complete up to a random one, the rest fail, and
+            // with them what was held back behind them)
+            let held = pair(self, i).0.held.len() as u64;
+            let keep = self.rng.below(held + 1);
+            for _ in 0..keep {
+                self.pull(i);
+            }
+            pair(self, i).0.held.clear();
         }
         self.path_dead = true;
     }
@@ -1322,6 +1478,7 @@ impl Sim {
             25 | 26 => self.want((ev - 25) as usize),
             27 | 28 => self.staging_ready((ev - 27) as usize),
             29 | 30 => self.sleep((ev - 29) as usize),
+            31 | 32 => self.pull((ev - 31) as usize),
             _ => unreachable!(),
         };
         if r {
@@ -1350,6 +1507,8 @@ impl Sim {
                 && self.b.app_finished()
                 && self.a.outbound.is_empty()
                 && self.b.outbound.is_empty()
+                && self.a.held.is_empty()
+                && self.b.held.is_empty()
                 && torn(&self.a)
                 && torn(&self.b)
                 && self.a.tcp_closed
@@ -1360,6 +1519,8 @@ impl Sim {
                 && self.b.app_finished()
                 && self.a.outbound.is_empty()
                 && self.b.outbound.is_empty()
+                && self.a.held.is_empty()
+                && self.b.held.is_empty()
                 && self.a.teardowns >= 1
                 && self.b.teardowns >= 1
                 && self.b.tcp_eof_seen;
@@ -1368,6 +1529,8 @@ impl Sim {
             && self.b.app_finished()
             && self.a.outbound.is_empty()
             && self.b.outbound.is_empty()
+            && self.a.held.is_empty()
+            && self.b.held.is_empty()
             && self.a.tcp_closed
             && self.b.tcp_closed
             && self.a.tcp_eof_seen
@@ -1386,7 +1549,7 @@ impl Sim {
         let hs = self.handshake_weight;
         let weights = [
             hs, hs, hs, 3, 3, 3, 3, 2, 2, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-            1, 1, 1,
+            1, 1, 1, 2, 2,
         ];
         let total: u64 = weights.iter().sum();
         for step in 0..random_steps {
@@ -1419,7 +1582,7 @@ impl Sim {
             }
             let before = self.progress;
             self.kill_path();
-            for ev in 0..31 {
+            for ev in 0..33 {
                 let mut guard = 0;
                 while self.step(ev) {
                     guard += 1;
@@ -1496,8 +1659,20 @@ impl Sim {
             let c = me.conn.as_ref().unwrap();
             assert_eq!(c.state(), StreamState::Closed, "{}", self.describe());
             assert_eq!(c.error(), None);
+            assert!(
+                c.peer_pulled() || gone(peer),
+                "{}: its end never confirmed",
+                me.name
+            );
+            assert!(me.held.is_empty(), "{}: messages held back", me.name);
         }
     }
+}
+
+/// Whether `e`'s transport disconnected (its peer's CM says DISCONNECTED): it tore down, and
+/// its peer pulled what it staged (READ pull, §16) or went away itself.
+fn gone(e: &Endpoint) -> bool {
+    e.teardowns > 0 && e.conn.as_ref().is_none_or(Connection::peer_pulled)
 }
 
 /// The transport polls its ring of records (`Connection::poll_ring`, a no-op without them):
@@ -1607,6 +1782,7 @@ fn config() -> impl Strategy<Value = Config> {
             2 => Just(Kind::WriteImm),
             1 => Just(Kind::Records),
             1 => Just(Kind::Sends),
+            1 => Just(Kind::Read),
         ],
     )
         .prop_map(|(shift, slot_thr, max_write, split, moves, kind)| Config {
@@ -2074,7 +2250,59 @@ fn sends_keep_every_byte_in_receive_sized_pieces() {
     assert!(moves >= 10, "only {moves} ring moves");
 }
 
-/// A kind (records, sends) is used only when both sides want it: otherwise the connection
+/// Both sides pull (READ pull, §16), with pulls that complete late and messages held back
+/// behind them: every byte arrives once, in order, pulled from staging the sender has not
+/// overwritten (the credit rules keep it); the sides take no ring moves; each side's end is
+/// confirmed before it may disconnect; switch-backs and failovers keep every byte too.
+#[test]
+fn read_pulls_every_byte_from_staging_the_sender_keeps() {
+    let (mut pulls, mut back, mut over) = (0, 0, 0);
+    for seed in 0..60 {
+        let finish = if seed % 2 == 0 {
+            Finish::ShutdownThenClose
+        } else {
+            Finish::CloseAfterEof
+        };
+        let mut sc = fixed(finish, Finish::ShutdownThenClose, 12, 6, 120_000);
+        sc.seed = seed;
+        sc.a.commit_at = (seed as usize * 7919) % 120_000;
+        sc.random_steps = 5000;
+        match seed % 4 {
+            1 => sc.switch_back = Some(((seed / 4 % 2) as usize, 600, seed % 8 == 1)),
+            3 => {
+                // (well after the upgrade: both sides can fail over)
+                sc.a.commit_at = 0;
+                sc.handshake_weight = 12;
+                sc.path_fail = Some(900 + (seed as usize * 37) % 1500);
+            }
+            _ => {}
+        }
+        for side in [&mut sc.a, &mut sc.b] {
+            side.cfg.kind = Kind::Read;
+            side.cfg.ring_moves = true;
+            side.max_chunk = if seed % 3 == 0 { 64 } else { 9000 };
+        }
+        let mut sim = Sim::new(&sc);
+        sim.run(sc.random_steps);
+        sim.check();
+        for e in [&sim.a, &sim.b] {
+            let c = e.conn.as_ref().unwrap();
+            assert_eq!(c.kind(), Kind::Read, "{}", e.name);
+            assert!(c.read() && !c.sends() && !c.records());
+            assert!(!c.ring_moves(), "no moves over READ pull");
+            assert!(c.peer_can_switch_back() && c.fails_over());
+            assert_eq!(c.stats().moves_in, 0);
+            assert!(!sim.path_dead || c.failed_over(), "seed {seed}");
+            pulls += e.pulls;
+            back += u32::from(c.switched_back());
+            over += u32::from(c.failed_over());
+        }
+    }
+    assert!(pulls >= 1000, "only {pulls} pulls");
+    assert!(back >= 4 && over >= 4, "{back} switched back, {over} failed over");
+}
+
+/// A kind (records, sends, READ pull) is used only when both sides want it: otherwise the connection
 /// keeps the WRITE WITH IMMEDIATE kind, and the streams still arrive whole.
 #[test]
 fn a_kind_needs_both_sides() {
@@ -2085,6 +2313,10 @@ fn a_kind_needs_both_sides() {
         (Kind::Sends, Kind::Records),
         (Kind::Sends, Kind::WriteImm),
         (Kind::WriteImm, Kind::Sends),
+        (Kind::Read, Kind::WriteImm),
+        (Kind::WriteImm, Kind::Read),
+        (Kind::Read, Kind::Sends),
+        (Kind::Records, Kind::Read),
     ] {
         let mut sc = fixed(
             Finish::ShutdownThenClose,
