@@ -562,6 +562,9 @@ pub struct Stats {
     pub path_failed: u64,
     pub fallback: u64,
     pub reasons: BTreeMap<String, u64>,
+    /// Connections upgraded over RDMA by the kind they carry (`imm`, `records`, `sends`,
+    /// `read`).
+    pub kinds: BTreeMap<String, u64>,
     pub bytes: BTreeMap<String, u64>,
     pub raw: Value,
     /// The label of the process (see [`Scratch::stats_pattern`]); empty if not loaded from a
@@ -608,6 +611,7 @@ impl Stats {
                 .expect("connections.path_failed"),
             fallback: conns["fallback"].as_u64().expect("connections.fallback"),
             reasons: map(&conns["fallback_reasons"], "fallback_reasons"),
+            kinds: map(&conns["kinds"], "kinds"),
             bytes: map(&v["bytes"], "bytes"),
             raw: v.clone(),
             label: String::new(),
@@ -615,6 +619,13 @@ impl Stats {
         for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx", "shm_tx", "shm_rx"] {
             assert!(s.bytes.contains_key(k), "bytes.{k} missing");
         }
+        for k in ["imm", "records", "sends", "read"] {
+            assert!(s.kinds.contains_key(k), "connections.kinds.{k} missing");
+        }
+        assert!(
+            s.kinds.values().sum::<u64>() <= s.upgraded,
+            "more connections by kind than upgraded: {v}"
+        );
         assert_eq!(
             s.reasons.values().sum::<u64>(),
             s.fallback,
@@ -636,6 +647,14 @@ impl Stats {
 
     pub fn bytes(&self, k: &str) -> u64 {
         self.bytes[k]
+    }
+
+    /// Connections upgraded over RDMA that carried kind `k` (`imm`, `sends`, `read`, …).
+    pub fn kind(&self, k: &str) -> u64 {
+        *self
+            .kinds
+            .get(k)
+            .unwrap_or_else(|| panic!("kind {k} missing from stats"))
     }
 
     /// Asserts each hook fired at least once.

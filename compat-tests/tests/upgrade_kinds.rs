@@ -1,13 +1,16 @@
-//! RDMA tier: the connection kinds under the shim (`RDMASHIM_KIND`, protocol §3, §15). Two
+//! RDMA tier: the connection kinds under the shim (`RDMASHIM_KIND`, protocol §3, §15, §16). Two
 //! shimmed processes of `behave duplex` stream 24 MiB each way at once in random-sized writes
 //! and reads, every byte checked by the programs; and as an event loop does, a server whose
 //! non-blocking writes of 8 MiB wait in epoll for EPOLLOUT while its client reads slowly (the
 //! waits must sleep: a tenth of their time in CPU at most, which the scenario checks).
 //!
-//! Which kind carried the bytes is read off the device: rxe counts the work requests of the
-//! SEND opcodes it carries (`rdma_sends`), and a WRITE WITH IMMEDIATE is not one. Over sends
-//! every DATA is a SEND of at most 16 KiB, so 48 MiB of ring bytes are at least 3,072 of them;
-//! over WRITE WITH IMMEDIATE only control messages are, a handful per connection.
+//! Which kind carried the bytes each side's stats say (`connections.kinds`), and the device
+//! confirms where it can: rxe counts the work requests of the SEND opcodes it carries
+//! (`rdma_sends`), and a WRITE WITH IMMEDIATE is not one. Over sends every DATA is a SEND of at
+//! most 16 KiB, so 48 MiB of ring bytes are at least 3,072 of them; over WRITE WITH IMMEDIATE
+//! and over READ pull only control messages are, a handful per connection. (rxe counts no
+//! READs: over READ pull the bytes arriving whole, pulled from where the sender staged them,
+//! prove the pulls.)
 //!
 //! The tests of this binary run one at a time: the device's counters are the host's.
 
@@ -48,11 +51,11 @@ fn duplex(client: Env<'static>, server: Env<'static>) -> (RoleStats, u64) {
     (r, d.rdma_sends)
 }
 
-/// Both roles upgraded their one connection and carried at least `up` bytes from the client
-/// and `down` bytes from the server on the ring (the first bytes may go by TCP before the
-/// upgrade: the server's stream waits for it, the client's does not); returns the ring bytes
-/// of both directions (as the client counted).
-fn upgraded_and_carried(r: &RoleStats, up: u64, down: u64) -> u64 {
+/// Both roles upgraded their one connection, of kind `kind`, and carried at least `up` bytes
+/// from the client and `down` bytes from the server on the ring (the first bytes may go by
+/// TCP before the upgrade: the server's stream waits for it, the client's does not); returns
+/// the ring bytes of both directions (as the client counted).
+fn upgraded_and_carried(r: &RoleStats, kind: &str, up: u64, down: u64) -> u64 {
     for (role, st, tx, rx) in [
         ("client", &r.client, up, down),
         ("server", &r.server, down, up),
@@ -60,6 +63,7 @@ fn upgraded_and_carried(r: &RoleStats, up: u64, down: u64) -> u64 {
         let st = st.as_ref().expect("stats");
         assert_eq!(st.connections(), 1, "{role}: {}", st.summary());
         assert_eq!(st.upgraded(), 1, "{role}: {}", st.summary());
+        assert_eq!(st.kind(kind), 1, "{role}: not over {kind}: {:?}", st.kinds);
         assert_eq!(st.path_failed, 0, "{role}: {}", st.summary());
         assert!(
             st.bytes("ring_tx") >= tx && st.bytes("ring_rx") >= rx,
@@ -75,7 +79,7 @@ fn upgraded_and_carried(r: &RoleStats, up: u64, down: u64) -> u64 {
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn both_sides_asking_for_sends_stream_over_sends() {
     let (r, sends) = duplex((Some("sends"), &[]), (Some("sends"), &[]));
-    let ring = upgraded_and_carried(&r, 16 << 20, 16 << 20);
+    let ring = upgraded_and_carried(&r, "sends", 16 << 20, 16 << 20);
     assert!(
         sends >= ring / SENDS_BUF,
         "{ring} ring bytes over sends are at least {} SENDs; the device carried {sends}",
@@ -85,7 +89,7 @@ fn both_sides_asking_for_sends_stream_over_sends() {
 
 /// An event loop's writer (the server: non-blocking writes of 8 MiB, waiting in epoll for
 /// EPOLLOUT) ahead of a slow reader (the client naps 2 ms before each read), over the kind
-/// `kind`: returns the ring bytes and the device's SENDs.
+/// `kind` (`None`: imm): returns the ring bytes and the device's SENDs.
 ///
 /// The scenario allows the writer's waits a tenth of their time in CPU (+ 50 ms). Under
 /// soft-RoCE a post does the device's work in the poster's system call, and the posts of
@@ -103,7 +107,11 @@ fn event_loop(kind: Option<&'static str>) -> (u64, u64) {
     const SERVER: [(&str, &str); 3] = [SIZES[0], SIZES[1], ("BEHAVE_DUPLEX_NONBLOCKING", "1")];
     const CLIENT: [(&str, &str); 3] = [SIZES[0], SIZES[1], ("BEHAVE_DUPLEX_READ_NAP_MS", "2")];
     let (r, sends) = duplex((kind, &CLIENT), (kind, &SERVER));
-    (upgraded_and_carried(&r, 0, 8 << 20), sends)
+    let carried = match kind {
+        Some("srq") => "sends",
+        k => k.unwrap_or("imm"),
+    };
+    (upgraded_and_carried(&r, carried, 0, 8 << 20), sends)
 }
 
 #[test]
@@ -129,7 +137,7 @@ fn an_event_loop_streams_over_write_with_immediate() {
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn a_server_with_a_shared_receive_queue_streams_over_sends() {
     let (r, sends) = duplex((Some("sends"), &[]), (Some("srq"), &[]));
-    let ring = upgraded_and_carried(&r, 16 << 20, 16 << 20);
+    let ring = upgraded_and_carried(&r, "sends", 16 << 20, 16 << 20);
     assert!(
         sends >= ring / SENDS_BUF,
         "{sends} SENDs for {ring} ring bytes"
@@ -143,10 +151,41 @@ fn a_server_with_a_shared_receive_queue_streams_over_sends() {
 fn sends_asked_for_by_one_side_only_stays_on_write_with_immediate() {
     for (c, s) in [(Some("sends"), None), (None, Some("sends"))] {
         let (r, sends) = duplex((c, &[]), (s, &[]));
-        let ring = upgraded_and_carried(&r, 16 << 20, 16 << 20);
+        let ring = upgraded_and_carried(&r, "imm", 16 << 20, 16 << 20);
         assert!(
             sends < 100,
             "{c:?}/{s:?}: {sends} SENDs for {ring} ring bytes: not WRITE WITH IMMEDIATE"
         );
+    }
+}
+
+/// READ pull (protocol §16) under the shim: both sides ask for it, every DATA's bytes are
+/// pulled by the receiver from the sender's staging area — 24 MiB each way, checked by the
+/// programs — and the device carried no SEND per DATA (the announcements are WRITEs WITH
+/// IMMEDIATE of no bytes).
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn both_sides_asking_for_read_pull_stream_over_read() {
+    let (r, sends) = duplex((Some("read"), &[]), (Some("read"), &[]));
+    let ring = upgraded_and_carried(&r, "read", 16 << 20, 16 << 20);
+    assert!(sends < 100, "{sends} SENDs for {ring} ring bytes");
+}
+
+/// An event loop's writer ahead of a slow reader, over READ pull: its waits sleep (the
+/// scenario's CPU check), and the stream arrives whole.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn an_event_loop_streams_over_read_pull() {
+    let (ring, sends) = event_loop(Some("read"));
+    assert!(sends < 100, "{sends} SENDs for {ring} ring bytes");
+}
+
+/// READ pull asked for by one side only: WRITE WITH IMMEDIATE, as between default shims.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn read_pull_asked_for_by_one_side_only_stays_on_write_with_immediate() {
+    for (c, s) in [(Some("read"), None), (None, Some("read"))] {
+        let (r, _) = duplex((c, &[]), (s, &[]));
+        upgraded_and_carried(&r, "imm", 16 << 20, 16 << 20);
     }
 }

@@ -322,11 +322,17 @@ pub struct ConnParam<'a> {
     /// Carried to the peer (≤ [`MAX_CONNECT_PRIVATE_DATA`] on connect,
     /// ≤ [`MAX_ACCEPT_PRIVATE_DATA`] on accept).
     pub private_data: &'a [u8],
-    /// Outstanding RDMA READs we accept (rdmashim uses none; 0 is fine).
+    /// Outstanding RDMA READs we accept (0 but on READ pull, protocol §16;
+    /// [`MAX_READS`]: as many as the device takes).
     pub responder_resources: u8,
-    /// Outstanding RDMA READs we issue.
+    /// Outstanding RDMA READs we issue (as `responder_resources`).
     pub initiator_depth: u8,
 }
+
+/// `responder_resources` / `initiator_depth` for as many outstanding READs as the device
+/// takes (librdmacm's `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: it puts in the device's
+/// limit, and on accept the lesser of that and the peer's).
+pub const MAX_READS: u8 = 0xff;
 
 /// An rdma_cm identifier (the RDMA analogue of a socket), with its RC QP once created.
 pub struct CmId {
@@ -915,6 +921,29 @@ impl CmId {
             flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }
         wr.send_flags = flags;
+        wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+        self.post(&mut wr)
+    }
+
+    /// Posts a signaled RDMA READ of `len` bytes from `remote_addr`/`rkey` into `local` at
+    /// `offset` (READ pull, protocol §16: the queue pair was connected with READs allowed).
+    pub fn post_read(
+        &self,
+        wr_id: u64,
+        local: &Mr,
+        offset: usize,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<()> {
+        let mut sge = local.sge(offset, len)?;
+        // SAFETY: all-zero is a valid ibv_send_wr (null next, no flags).
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
         self.post(&mut wr)
     }

@@ -15,7 +15,9 @@
 //!   [`Access::RING`](crate::verbs::Access::RING) (LOCAL_WRITE | REMOTE_WRITE: the only memory
 //!   of the connection a peer can touch, and only this connection's peer);
 //! - the send staging ring, of the *peer's* ring size, registered
-//!   [`Access::LOCAL`](crate::verbs::Access::LOCAL) and indexed
+//!   [`Access::LOCAL`](crate::verbs::Access::LOCAL) (on READ pull, protocol §16,
+//!   [`Access::READABLE`](crate::verbs::Access::READABLE): the peer reads its DATA from
+//!   there, and a reused one is zeroed first) and indexed
 //!   by `cursor mod size` (the protocol core never lets a staged byte be overwritten before the
 //!   peer has credited it, which implies its write completed);
 //! - `R` receive slots of [`MAX_CONTROL_LEN`] bytes (every message consumes one receive; only
@@ -33,7 +35,9 @@ use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use rdmashim_proto::{Action, ControlMsg, Imm, LocalParams, RingDesc, RingSize, MAX_CONTROL_LEN};
+use rdmashim_proto::{
+    Action, ControlMsg, Imm, Kind, LocalParams, RingDesc, RingSize, MAX_CONTROL_LEN,
+};
 
 use crate::cm::{CmId, EventChannel, QpCaps};
 use crate::error::{Error, Result};
@@ -280,16 +284,23 @@ impl Endpoint {
     }
 
     /// Makes the send staging ring `size` bytes (the peer's ring size), keeping one already
-    /// registered at that size (a dial registers it before the reply, guessing the peer's size
-    /// is its own: the reply then costs no registration).
-    pub fn ensure_peer_ring(&mut self, size: RingSize) -> Result<()> {
-        self.set_peer_ring(size)
+    /// registered at that size and access (a dial registers it before the reply, guessing
+    /// the peer's size is its own and that the kind it offers is taken: the reply then costs
+    /// no registration).
+    pub fn ensure_peer_ring(&mut self, size: RingSize, readable: bool) -> Result<()> {
+        self.set_peer_ring(size, readable)
     }
 
     /// Registers the send staging ring once the peer's ring size is known, on the kit's PD
-    /// (the QP's); a reused kit's staging ring of that size is kept as it is.
-    pub fn set_peer_ring(&mut self, size: RingSize) -> Result<()> {
-        self.kit.set_tx(size.bytes() as usize)
+    /// (the QP's), for the peer to read when `readable` (READ pull, protocol §16); a reused
+    /// kit's staging ring of that size and access is kept (zeroed, if readable).
+    pub fn set_peer_ring(&mut self, size: RingSize, readable: bool) -> Result<()> {
+        self.kit.set_tx(size.bytes() as usize, readable)
+    }
+
+    /// READ pull (protocol §16): the staging area's description, for the peer to read from.
+    pub fn staging_desc(&self) -> Option<RingDesc> {
+        self.kit.tx.as_ref().map(Self::desc_of)
     }
 
     // ----- ring moves (protocol §6.4) ---------------------------------------------------------
@@ -469,9 +480,11 @@ impl Endpoint {
     }
 
     /// Posts one action of the protocol core (not `Teardown`). The caller checked
-    /// [`Self::sq_room`]. `sends`: the connection carries the sends kind (protocol §15), whose
-    /// DATA, credits and doorbells are SENDs WITH IMMEDIATE instead of WRITEs.
-    pub fn post(&mut self, action: &Action, peer_rkey: u32, sends: bool) -> Result<()> {
+    /// [`Self::sq_room`]. `kind`: the connection's; over sends (protocol §15) a DATA, a credit
+    /// and a doorbell are SENDs WITH IMMEDIATE instead of WRITEs; over READ pull (§16) a DATA
+    /// is a zero-length WRITE WITH IMMEDIATE, its bytes left in staging for the peer to read.
+    pub fn post(&mut self, action: &Action, peer_rkey: u32, kind: Kind) -> Result<()> {
+        let sends = kind == Kind::Sends;
         // (the receives a credit returns are posted before it is; nothing else needs them, and
         // a ping-pong would pay a post per message on its critical path)
         if action.returns_slots() {
@@ -485,6 +498,14 @@ impl Endpoint {
                 imm,
                 ..
             } if sends => self.post_from(Some(gen), ring_offset, len, None, Some(imm))?,
+            Action::WriteData {
+                remote_addr,
+                rkey,
+                imm,
+                ..
+            } if kind == Kind::Read => {
+                self.post_from(None, 0, 0, Some((remote_addr, rkey)), Some(imm))?
+            }
             Action::WriteData {
                 len,
                 gen,
@@ -573,6 +594,30 @@ impl Endpoint {
         }
         self.posted(signaled);
         Ok(())
+    }
+
+    /// READ pull (protocol §16): a signaled RDMA READ of `len` bytes at `offset` of the
+    /// peer's staging area `src` into the receive ring of generation `gen` at the same
+    /// offset (the double mappings keep a piece across either ring's end contiguous, and
+    /// both registrations cover both views). Returns its sequence number: it has completed
+    /// once [`Self::completed`] is past it.
+    pub fn post_read(
+        &mut self,
+        gen: u32,
+        offset: usize,
+        len: usize,
+        src: &RingDesc,
+    ) -> Result<u64> {
+        let (seq, _) = self.next_wr(true);
+        let mr = self
+            .rx_ring(gen)
+            .ok_or(Error::InvalidArgument("no receive ring of that generation"))?
+            .mr();
+        let from = src.addr.wrapping_add(offset as u64);
+        self.id
+            .post_read(SEND_TAG | seq, mr, offset, len, from, src.rkey)?;
+        self.posted(true);
+        Ok(seq)
     }
 
     /// A control SEND: inline when it fits the granted `max_inline_data` (copied into the WQE
@@ -720,7 +765,7 @@ mod isolation {
         let mut client = Endpoint::new(id, ch.clone(), sizes())
             .unwrap_or_else(|f| panic!("client endpoint: {}", f.0));
         client
-            .set_peer_ring(RingSize::new(RING as u64).unwrap())
+            .set_peer_ring(RingSize::new(RING as u64).unwrap(), false)
             .unwrap();
         client
             .id
@@ -740,7 +785,7 @@ mod isolation {
         let mut server = Endpoint::new(id, sch.clone(), sizes())
             .unwrap_or_else(|f| panic!("server endpoint: {}", f.0));
         server
-            .set_peer_ring(RingSize::new(RING as u64).unwrap())
+            .set_peer_ring(RingSize::new(RING as u64).unwrap(), false)
             .unwrap();
         server
             .id

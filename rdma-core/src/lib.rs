@@ -39,6 +39,7 @@ pub mod huge;
 pub mod link;
 pub mod pool;
 pub mod probe;
+mod pull;
 pub mod rendezvous;
 pub mod ring;
 pub mod shm;

@@ -55,13 +55,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmashim_proto::{
-    Action, Completion, Config, ConfigError, ConnectRequest, Connection, ErrorReason, Kind, Proof,
-    Reject, RejectReason, RingSize, SendError,
+    Action, Completion, Config, ConfigError, ConnectRequest, Connection, ErrorReason, Imm, Kind,
+    Proof, Reject, RejectReason, RingSize, SendError,
 };
 
-use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel};
+use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel, MAX_READS};
 use crate::endpoint::{Endpoint, EndpointSizes, SEND_TAG};
 use crate::error::{Error, Unavailable};
+use crate::pull::{Arrival, Pull, Pulls};
 use crate::shm::{ShmEndpoint, SockEvent};
 use crate::sys::{self, ffi};
 use crate::tick;
@@ -318,6 +319,8 @@ pub struct Link {
     acks: Option<AckWatch>,
     /// How a grown receive ring is given back ([`StreamConfig::ring_idle`]); `None`: never.
     shrink: Option<Shrink>,
+    /// READ pull (protocol §16): completions held back until the pulls before them complete.
+    pulls: Pulls,
 }
 
 /// Giving a grown receive ring back when its stream goes idle ([`Link::check_idle`]).
@@ -373,6 +376,11 @@ impl Link {
         close_timeout: Duration,
         shrink: Option<Shrink>,
     ) -> Link {
+        let mut conn = conn;
+        if let Some(staging) = ep.staging_desc().filter(|_| conn.read()) {
+            // READ pull: where the peer reads our DATA from, its first message from us.
+            conn.set_source(staging);
+        }
         Link {
             shrink,
             ..Self::with(conn, Ep::Rdma(ep), close_timeout)
@@ -404,6 +412,7 @@ impl Link {
             close_timeout,
             acks: None,
             shrink: None,
+            pulls: Pulls::default(),
         }
     }
 
@@ -915,6 +924,8 @@ impl Link {
             if !ok {
                 let msg = self.wc_error("send", wc);
                 self.transport_failed(msg);
+            } else if !self.pulls.is_empty() {
+                self.release_pulls();
             }
             return;
         }
@@ -926,11 +937,26 @@ impl Link {
             self.transport_failed(msg);
             return;
         }
-        let write_imm = Endpoint::is_write_imm(wc);
-        let send = wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV;
-        if let Some(raw) = wc_imm_data(wc).filter(|_| write_imm || send) {
-            let len = wc.byte_len;
-            if !write_imm {
+        let a = Arrival {
+            slot,
+            imm: wc_imm_data(wc),
+            byte_len: wc.byte_len,
+            write_imm: Endpoint::is_write_imm(wc),
+            send: wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV,
+        };
+        if self.conn.read() && self.hold(a) {
+            return;
+        }
+        self.arrive(a, None);
+    }
+
+    /// Hands a receive completion to the core (`pulled`: the bytes a READ pulled for it, an
+    /// announcement's), and posts its receive again.
+    fn arrive(&mut self, a: Arrival, pulled: Option<u32>) {
+        let Ep::Rdma(ep) = &mut self.ep else { return };
+        if let Some(raw) = a.imm.filter(|_| a.write_imm || a.send) {
+            let len = pulled.unwrap_or(a.byte_len);
+            if !a.write_imm {
                 // Sends (protocol §15): a SEND WITH IMMEDIATE is a DATA, a credit or a
                 // doorbell; a DATA's bytes go into the ring where its next ones belong (the
                 // core says where, inside the credit it returned) before the core hears of
@@ -945,32 +971,99 @@ impl Link {
                     return;
                 }
                 if let Some(at) = self.conn.landing(len).filter(|_| len > 0) {
-                    ep.land_send(slot, len, at.gen, at.offset);
+                    ep.land_send(a.slot, len, at.gen, at.offset);
                 }
             }
             #[cfg(feature = "timeline")]
             if len > 0 {
                 crate::timeline::mark(crate::timeline::Mark::DataSeen);
             }
-            // The ring bytes of a DATA are visible once its completion was polled; see
-            // "Memory ordering" in docs/protocol.md.
+            // The ring bytes of a DATA are visible once its completion was polled (or its
+            // READ's); see "Memory ordering" in docs/protocol.md.
             let _ = self.conn.handle_completion(Completion::WriteImm {
                 imm: u32::from_be(raw),
                 byte_len: Some(len),
             });
-        } else if write_imm {
+        } else if a.write_imm {
             self.transport_failed("ibv_poll_cq: RECV_RDMA_WITH_IMM without an immediate".into());
             return;
-        } else if send {
-            let payload = ep.recv_payload(slot, wc.byte_len);
+        } else if a.send {
+            let payload = ep.recv_payload(a.slot, a.byte_len);
             let _ = self.conn.handle_completion(Completion::Recv { payload });
         }
         // Re-posted after the core saw the completion, before the credit that returns it.
         if self.teardown != Td::Disconnected && self.conn.error().is_none() {
             if let Ep::Rdma(ep) = &mut self.ep {
-                ep.repost_recv(slot);
+                ep.repost_recv(a.slot);
             }
         }
+    }
+
+    /// READ pull (protocol §16): holds a receive completion back if it is an announcement
+    /// (its READ is posted, to where the core says its bytes go after those still being
+    /// pulled) or comes after one still held; returns whether it did.
+    fn hold(&mut self, a: Arrival) -> bool {
+        let announced = match a.imm.map(|raw| Imm::decode(u32::from_be(raw))) {
+            Some(Ok(Imm::Data { len, .. })) if a.write_imm && a.byte_len == 0 && len > 0 => len,
+            _ => {
+                if self.pulls.is_empty() {
+                    return false;
+                }
+                self.pulls.hold(a, None);
+                return true;
+            }
+        };
+        // (none before the peer's Source, past the credit, or once closed: the core refuses
+        // or ignores it, in its turn)
+        let pull = self
+            .conn
+            .peer_source()
+            .and_then(|_| self.conn.landing_after(self.pulls.ahead(), announced))
+            .map(|at| Pull {
+                gen: at.gen,
+                offset: at.offset,
+                len: announced,
+                seq: None,
+            });
+        if pull.is_none() && self.pulls.is_empty() {
+            return false;
+        }
+        self.pulls.hold(a, pull);
+        self.post_pulls();
+        true
+    }
+
+    /// Posts the READs of held announcements while the send queue has room (the core's
+    /// actions wait for theirs: a pull frees ring space the peer may be waiting for).
+    fn post_pulls(&mut self) {
+        let Ep::Rdma(ep) = &mut self.ep else { return };
+        let Some(src) = self.conn.peer_source() else {
+            return;
+        };
+        while ep.sq_room() > 0 {
+            let Some(p) = self.pulls.unposted() else {
+                return;
+            };
+            match ep.post_read(p.gen, p.offset, p.len as usize, &src) {
+                Ok(seq) => p.seq = Some(seq),
+                Err(e) => {
+                    self.transport_failed(format!("READ pull: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Hands over the held completions whose pulls completed, in order.
+    fn release_pulls(&mut self) {
+        loop {
+            let Ep::Rdma(ep) = &self.ep else { return };
+            let Some(h) = self.pulls.ready(ep.completed()) else {
+                break;
+            };
+            self.arrive(h.arrival, h.pull.map(|p| p.len));
+        }
+        self.post_pulls();
     }
 
     fn wc_error(&self, what: &str, wc: &ffi::ibv_wc) -> String {
@@ -1044,6 +1137,8 @@ impl Link {
 
     /// The QP or the CM failed: the core decides whether that matters (not after a clean end).
     fn transport_failed(&mut self, msg: String) {
+        // (READ pull: no pull completes on a failed queue pair, nor goes anything behind it)
+        self.pulls.clear();
         let before = self.conn.error().is_some() || self.conn.failed_over();
         self.conn.handle_transport_error();
         let after = self.conn.error().is_some() || self.conn.failed_over();
@@ -1068,6 +1163,9 @@ impl Link {
     pub(crate) fn perform(&mut self) {
         if self.teardown != Td::Running {
             return;
+        }
+        if !self.pulls.is_empty() {
+            self.post_pulls();
         }
         loop {
             // (after a failover nothing but the Teardown comes out, which posts nothing: it
@@ -1110,7 +1208,7 @@ impl Link {
                 crate::timeline::mark(crate::timeline::Mark::PostCalled);
             }
             let posted = match &mut self.ep {
-                Ep::Rdma(ep) => ep.post(&a, rkey, self.conn.sends()),
+                Ep::Rdma(ep) => ep.post(&a, rkey, self.conn.kind()),
                 Ep::Shm(s) => {
                     s.post(&a);
                     Ok(())
@@ -1138,7 +1236,9 @@ impl Link {
             self.disconnect();
             return;
         };
-        let done = ep.outstanding() == 0
+        // (READ pull: and the peer pulled what we staged for it — it confirms our last
+        // message — or disconnected, which disconnects this side at once)
+        let done = (ep.outstanding() == 0 && self.conn.peer_pulled())
             || self.conn.error().is_some()
             || self.conn.failed_over()
             || since.elapsed() >= self.close_timeout;
@@ -1348,7 +1448,13 @@ impl Incoming {
                 return Err(refuse(&id, e.into()));
             }
         };
-        if let Err(e) = ep.set_peer_ring(self.request.ring.size) {
+        // (READ pull, if both want it: the peer reads our staging area)
+        let read = cfg.protocol.kind == Kind::Read
+            && self
+                .request
+                .flags
+                .contains(rdmashim_proto::Flags::READ_OFFERED);
+        if let Err(e) = ep.set_peer_ring(self.request.ring.size, read) {
             return Err(refuse(&ep.id, e.into()));
         }
         let (conn, reply) = Connection::accept(
@@ -1367,9 +1473,11 @@ impl Incoming {
             }
             e => refuse(&ep.id, err(io::ErrorKind::InvalidInput, e.to_string())),
         })?;
+        let reads = if conn.read() { MAX_READS } else { 0 };
         let param = ConnParam {
             private_data: &reply.encode(),
-            ..Default::default()
+            responder_resources: reads,
+            initiator_depth: reads,
         };
         apply_ack_timeout(&ep, cfg.ack_timeout);
         ep.id.accept(&param).map_err(|e| Refused::Peer(e.into()))?;
@@ -1793,7 +1901,8 @@ impl Dialer {
         // The staging ring now, at the likely size (the server's is normally ours), rather
         // than when the reply comes: the reply is handled on the caller's event loop.
         let guess = ep.local_params().ring.size;
-        ep.set_peer_ring(guess)?;
+        let read = self.protocol.kind == Kind::Read;
+        ep.set_peer_ring(guess, read)?;
         let client_port = self
             .client_port
             .unwrap_or_else(|| ep.local_addr().map_or(0, |a| a.port()));
@@ -1809,9 +1918,13 @@ impl Dialer {
         )
         .map_err(|e| err(io::ErrorKind::InvalidInput, e.to_string()))?;
         apply_ack_timeout(&ep, self.ack_timeout);
+        // (READ pull offered: the queue pair may take and serve READs, as many as the device
+        // allows; the server's accept settles the numbers)
+        let reads = if read { MAX_READS } else { 0 };
         ep.id.connect(&ConnParam {
             private_data: &req.encode(),
-            ..Default::default()
+            responder_resources: reads,
+            initiator_depth: reads,
         })?;
         Ok(Dial::Connect(Box::new((conn, ep))))
     }
@@ -1828,7 +1941,7 @@ impl Dialer {
         let peer = conn
             .peer_ring()
             .ok_or_else(|| err(io::ErrorKind::InvalidData, "no peer ring after the reply"))?;
-        ep.ensure_peer_ring(peer.size)?;
+        ep.ensure_peer_ring(peer.size, conn.read())?;
         Ok(Link::new(conn, ep, self.close_timeout, self.shrink))
     }
 }

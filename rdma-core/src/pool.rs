@@ -57,9 +57,14 @@ pub(crate) struct KitSizes {
 pub(crate) struct Kit {
     /// The receive ring ([`Access::RING`]): the only memory on this PD a peer can write.
     pub rx: RegisteredRing,
-    /// The send staging ring ([`Access::LOCAL`]), of the peer's ring size, once known
-    /// ([`Kit::set_tx`]); a reused kit brings the one its last connection had.
+    /// The send staging ring ([`Access::LOCAL`], or [`Access::READABLE`] on READ pull), of
+    /// the peer's ring size, once known ([`Kit::set_tx`]); a reused kit brings the one its
+    /// last connection had.
     pub tx: Option<RegisteredRing>,
+    /// How `tx` is registered.
+    tx_access: Access,
+    /// `tx` may hold a past connection's bytes (the kit was pooled since it was zeroed).
+    tx_used: bool,
     /// Receive buffers ([`Access::LOCAL`]).
     pub recv_bufs: RegisteredBuf,
     /// Control-send buffer ([`Access::LOCAL`]).
@@ -75,6 +80,8 @@ impl Kit {
         Ok(Self {
             rx: RegisteredRing::new(&pd, sz.ring, Access::RING)?,
             tx: None,
+            tx_access: Access::LOCAL,
+            tx_used: false,
             recv_bufs: RegisteredBuf::new(&pd, sz.recv, Access::LOCAL)?,
             ctl_bufs: RegisteredBuf::new(&pd, sz.ctl, Access::LOCAL)?,
             pd,
@@ -82,13 +89,27 @@ impl Kit {
     }
 
     /// Makes the send staging ring `size` bytes, on this kit's PD (the queue pair's: a local
-    /// key of another PD would not do); one already of that size is kept.
-    pub fn set_tx(&mut self, size: usize) -> Result<()> {
-        if self.tx.as_ref().is_some_and(|t| t.size() == size) {
+    /// key of another PD would not do); one already of that size and access is kept.
+    /// `readable`: the peer may read it (READ pull, protocol §16) — one a past connection
+    /// used is zeroed first, as the peer could read anything in it.
+    pub fn set_tx(&mut self, size: usize, readable: bool) -> Result<()> {
+        let access = if readable {
+            Access::READABLE
+        } else {
+            Access::LOCAL
+        };
+        let kept = self.tx_access == access;
+        if let Some(t) = self.tx.as_mut().filter(|t| kept && t.size() == size) {
+            if readable && self.tx_used {
+                t.ring_mut().zero();
+                self.tx_used = false;
+            }
             return Ok(());
         }
         self.tx = None; // unpinned before the new one is pinned
-        self.tx = Some(RegisteredRing::new(&self.pd, size, Access::LOCAL)?);
+        self.tx = Some(RegisteredRing::new(&self.pd, size, access)?);
+        self.tx_access = access;
+        self.tx_used = false;
         Ok(())
     }
 
@@ -228,10 +249,13 @@ impl DerefMut for Pooled {
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        let Some(kit) = self.kit.take() else { return };
+        let Some(mut kit) = self.kit.take() else {
+            return;
+        };
         if self.reshaped {
             return;
         }
+        kit.tx_used = true;
         let n = kit.pinned();
         let key = self.key;
         // Freed here (outside the pool's lock) when there is no room.

@@ -648,6 +648,12 @@ pub struct Access(pub u32);
 impl Access {
     /// Local use only (send staging areas).
     pub const LOCAL: Self = Self(ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
+    /// A send staging area of READ pull (protocol §16): the peer may RDMA-READ from it (the
+    /// bytes staged for it), and nothing else.
+    pub const READABLE: Self = Self(
+        ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
+    );
     /// A receive ring: the peer may RDMA-WRITE into it, and nothing else.
     pub const RING: Self = Self(
         ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0

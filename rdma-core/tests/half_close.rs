@@ -35,6 +35,12 @@ fn shutdown_write_then_read_to_eof_both_ways_over_srq() {
     half_close(10, support::SRQ);
 }
 
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn shutdown_write_then_read_to_eof_both_ways_over_read() {
+    half_close(11, support::READ);
+}
+
 fn half_close(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);

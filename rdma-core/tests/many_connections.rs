@@ -71,6 +71,12 @@ fn a_hundred_concurrent_streams_each_move_data_both_ways_over_srq() {
     a_hundred(7, support::SRQ);
 }
 
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_hundred_concurrent_streams_each_move_data_both_ways_over_read() {
+    a_hundred(8, support::READ);
+}
+
 fn a_hundred(port: u16, v: Variant) {
     let _ = support::device();
     let addr = support::addr(port);

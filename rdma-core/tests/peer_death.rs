@@ -51,6 +51,13 @@ fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_srq() {
     writer_dies(12, support::SRQ);
 }
 
+/// (the survivor pulls: a READ from a dead peer fails as a WRITE to one does)
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_read() {
+    writer_dies(14, support::READ);
+}
+
 fn writer_dies(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);
@@ -110,6 +117,12 @@ fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_sends()
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_srq() {
     reader_dies(13, support::SRQ);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_read() {
+    reader_dies(15, support::READ);
 }
 
 fn reader_dies(port: u16, kind: Variant) {

@@ -54,6 +54,12 @@ fn random_sized_io_both_ways_arrives_intact_over_srq() {
     both_ways(6, support::SRQ);
 }
 
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn random_sized_io_both_ways_arrives_intact_over_read() {
+    both_ways(7, support::READ);
+}
+
 fn both_ways(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);

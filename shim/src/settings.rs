@@ -224,7 +224,8 @@ pub const ENV_RUN_DIR: &str = "RDMASHIM_RUN_DIR";
 pub const ENV_HUGE_PAGES: &str = "RDMASHIM_HUGE_PAGES";
 pub const ENV_KIND: &str = "RDMASHIM_KIND";
 
-/// The connection kind the shim's links over RDMA ask for (`RDMASHIM_KIND`; protocol §3, §15):
+/// The connection kind the shim's links over RDMA ask for (`RDMASHIM_KIND`; protocol §3, §15,
+/// §16):
 /// used when the peer's shim asks for the same one, else WRITE WITH IMMEDIATE. (Records, §14,
 /// are not carried by the shim yet: its readiness learns of data from completions.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -237,6 +238,9 @@ pub enum LinkKind {
     /// Sends, this side's receives in a shared receive queue (its own choice: the peer asks
     /// for sends, or for srq, alike).
     Srq,
+    /// READ pull (protocol §16): the receiver reads each DATA from the sender's staging area
+    /// with an RDMA READ. No ring moves: its rings start at their full size.
+    Read,
 }
 
 /// The bytes of each receive a link of the sends kind posts, and so the most one DATA
@@ -253,7 +257,15 @@ impl LinkKind {
             LinkKind::Imm => "imm",
             LinkKind::Sends => "sends",
             LinkKind::Srq => "srq",
+            LinkKind::Read => "read",
         }
+    }
+
+    /// Whether a link of this kind takes part in ring moves (protocol §6.4), starting with
+    /// small rings and growing them: all but READ pull, whose staging area the peer reads
+    /// from is fixed for the connection's life (§16).
+    pub fn moves(self) -> bool {
+        self != LinkKind::Read
     }
 
     /// The receives a link of this kind posts, and each one's bytes, for a largest ring of
@@ -266,7 +278,7 @@ impl LinkKind {
     /// (compat-tests/tests/upgrade_kinds.rs).
     pub fn receives(self, ring: u64) -> (u64, u64) {
         match self {
-            LinkKind::Imm => (64, CONTROL_BUF),
+            LinkKind::Imm | LinkKind::Read => (64, CONTROL_BUF),
             LinkKind::Sends | LinkKind::Srq => ((ring / SENDS_BUF).clamp(4, 64), SENDS_BUF),
         }
     }
@@ -682,12 +694,13 @@ impl Config {
                     b"imm" => LinkKind::Imm,
                     b"sends" => LinkKind::Sends,
                     b"srq" => LinkKind::Srq,
+                    b"read" => LinkKind::Read,
                     b"records" => {
                         warn("records are not carried by the shim yet; using imm".into());
                         LinkKind::Imm
                     }
                     _ => {
-                        warn("unknown connection kind (imm, sends, srq); using imm".into());
+                        warn("unknown connection kind (imm, sends, srq, read); using imm".into());
                         LinkKind::Imm
                     }
                 }
@@ -1234,7 +1247,7 @@ mod tests {
             ),
             (
                 "fast",
-                "unknown connection kind (imm, sends, srq); using imm",
+                "unknown connection kind (imm, sends, srq, read); using imm",
             ),
         ] {
             let c = with_file("kind = sends\n", &[("RDMASHIM_KIND", v)]);
@@ -1244,6 +1257,13 @@ mod tests {
         assert_eq!(LinkKind::Sends.name(), "sends");
         let c = with_file("kind = srq\n", &[]);
         assert_eq!((c.kind, c.warnings.len()), (LinkKind::Srq, 0));
+        let c = with_file("", &[("RDMASHIM_KIND", "Read")]);
+        assert_eq!((c.kind, c.warnings.len()), (LinkKind::Read, 0));
+        assert!(!c.kind.moves() && LinkKind::Srq.moves());
+        assert_eq!(
+            LinkKind::Read.receives(512 << 10),
+            LinkKind::Imm.receives(512 << 10)
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
 //! `{"pid":N,"ppid":N,"program":"<name>"|null,"version":"<crate version>","started_unix_ms":N,
 //! "ended_unix_ms":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"path_failed":N,"fallback":N,
-//! "fallback_reasons":{"<reason>":N,...}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N,"shm_tx":N,"shm_rx":N},
+//! "fallback_reasons":{"<reason>":N,...},"kinds":{"imm":N,"records":N,"sends":N,"read":N}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N,"shm_tx":N,"shm_rx":N},
 //! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N,"spin_crowded":N},"output":{"log_dropped":N},
 //! "security":{"unproven_requests":N},"fds":{"missed_closes":N}}`
 //! Every hook and every reason is always present (zeros included), in a fixed order. The
@@ -137,6 +137,12 @@ static PATH_FAILED: AtomicU64 = AtomicU64::new(0);
 static FALLBACK: AtomicU64 = AtomicU64::new(0);
 static REASONS: [AtomicU64; FallbackReason::COUNT] =
     [const { AtomicU64::new(0) }; FallbackReason::COUNT];
+/// How many connection kinds [`KINDS`] counts (`rdmashim_proto::Kind::ALL`).
+pub const KIND_COUNT: usize = rdmashim_proto::Kind::ALL.len();
+/// Connections upgraded over RDMA, by the kind they carry (protocol §3, §14–§16: what
+/// `RDMASHIM_KIND` asked for when the peer's shim asked for the same, else imm), in the order
+/// of `rdmashim_proto::Kind::ALL`.
+static KINDS: [AtomicU64; KIND_COUNT] = [const { AtomicU64::new(0) }; KIND_COUNT];
 /// Log records the shim could not write (a refused or unwritable log file, a full disk,
 /// `RLIMIT_FSIZE`, stderr with no reader): dropped quietly, counted here.
 static LOG_DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -243,9 +249,15 @@ pub fn count_fallback(r: FallbackReason) {
     }
 }
 
-/// Counts one upgraded connection (for the transport).
-pub fn count_upgraded() {
+/// Counts one upgraded connection; over RDMA, the `kind` it carries too.
+pub fn count_upgraded(kind: Option<rdmashim_proto::Kind>) {
     UPGRADED.fetch_add(1, Relaxed);
+    if let Some(k) = kind {
+        let i = rdmashim_proto::Kind::ALL.iter().position(|&x| x == k);
+        if let Some(c) = i.and_then(|i| KINDS.get(i)) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
 }
 
 /// Counts one upgraded connection returned to TCP (protocol §8.5), either side's doing.
@@ -300,6 +312,7 @@ pub fn reset() {
     PATH_FAILED.store(0, Relaxed);
     FALLBACK.store(0, Relaxed);
     REASONS.iter().for_each(|c| c.store(0, Relaxed));
+    KINDS.iter().for_each(|c| c.store(0, Relaxed));
     LOG_DROPPED.store(0, Relaxed);
     UNPROVEN_REQUESTS.store(0, Relaxed);
     MISSED_CLOSES.store(0, Relaxed);
@@ -360,6 +373,8 @@ pub struct Snapshot {
     pub path_failed: u64,
     pub fallback: u64,
     pub reasons: [u64; FallbackReason::COUNT],
+    /// Connections upgraded over RDMA by kind ([`KINDS`]).
+    pub kinds: [u64; KIND_COUNT],
     pub bytes: [u64; BYTES],
     pub waits: [u64; WAITS],
     pub log_dropped: u64,
@@ -382,6 +397,7 @@ impl Snapshot {
             path_failed: 0,
             fallback: 0,
             reasons: [0; FallbackReason::COUNT],
+            kinds: [0; KIND_COUNT],
             bytes: [0; BYTES],
             waits: [0; WAITS],
             log_dropped: 0,
@@ -411,6 +427,9 @@ impl Snapshot {
         s.path_failed = PATH_FAILED.load(Relaxed);
         s.fallback = FALLBACK.load(Relaxed);
         for (d, c) in s.reasons.iter_mut().zip(REASONS.iter()) {
+            *d = c.load(Relaxed);
+        }
+        for (d, c) in s.kinds.iter_mut().zip(KINDS.iter()) {
             *d = c.load(Relaxed);
         }
         s.log_dropped = LOG_DROPPED.load(Relaxed);
@@ -449,6 +468,15 @@ impl Snapshot {
         write_pairs(
             w,
             named(FallbackReason::ALL, FallbackReason::name, &self.reasons),
+        )?;
+        w.write_str("},\"kinds\":{")?;
+        write_pairs(
+            w,
+            named(
+                &rdmashim_proto::Kind::ALL,
+                rdmashim_proto::Kind::name,
+                &self.kinds,
+            ),
         )?;
         w.write_str("}},\"bytes\":{")?;
         write_pairs(w, named(&Bytes::ALL, Bytes::name, &self.bytes))?;
@@ -509,8 +537,8 @@ fn write_pairs<W: Write>(
 /// Upper bound of the JSON size, for the fixed buffer the writer uses: the counters, and who
 /// the record is of (each byte of the name at most 6 characters escaped, `\u00XX`).
 pub const JSON_MAX: usize = 64
-    + (Hook::COUNT + FallbackReason::COUNT + 10) * (24 + 21)
-    + 160
+    + (Hook::COUNT + FallbackReason::COUNT + KIND_COUNT + 10) * (24 + 21)
+    + 180
     + (128 + PROGRAM_MAX * 6 + VERSION.len());
 
 #[cfg(test)]
@@ -535,6 +563,7 @@ mod tests {
         s.reasons[FallbackReason::NoDevice as usize] = 3;
         s.bytes[Bytes::TcpTx as usize] = u64::MAX;
         s.waits[Wait::Slept as usize] = 5;
+        s.kinds[3] = 2;
         let v = parse(&s);
         let top: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
         for k in ["pid", "calls", "connections", "bytes"] {
@@ -548,6 +577,12 @@ mod tests {
         assert_eq!(v["connections"]["upgraded"], 0);
         assert_eq!(v["connections"]["fallback"], 3);
         assert_eq!(v["connections"]["fallback_reasons"]["no_device"], 3);
+        let kinds = v["connections"]["kinds"].as_object().unwrap();
+        assert_eq!(kinds.len(), KIND_COUNT);
+        assert_eq!(
+            (&kinds["imm"], &kinds["sends"], &kinds["read"]),
+            (&0.into(), &0.into(), &2.into())
+        );
         assert_eq!(
             v["connections"]["fallback_reasons"]
                 .as_object()

@@ -1947,10 +1947,7 @@ impl Connection {
     /// The next action for the transport, or `None` when there is nothing to do until the
     /// next input. Call until `None` after every input.
     pub fn poll_action(&mut self) -> Option<Action> {
-        if self.teardown == Teardown::Pending
-            && self.credit_owed
-            && self.life == Life::Closed
-        {
+        if self.teardown == Teardown::Pending && self.credit_owed && self.life == Life::Closed {
             // (the credit of the peer's SwitchOver first: its confirmation that we read its
             // stream on the ring, which it waits for before it takes our TCP end; or of its end
             // on a connection we pull from, which it waits for before it tears down)

@@ -121,8 +121,7 @@ impl Flags {
     /// Bits a receiver must understand: unknown ones make it reject the message.
     pub const REQUIRED_MASK: u16 = 0x00ff;
     /// Must-understand bits defined by this version.
-    pub const KNOWN_REQUIRED: u16 =
-        Self::NATIVE.0 | Self::RECORDS.0 | Self::SENDS.0 | Self::READ.0;
+    pub const KNOWN_REQUIRED: u16 = Self::NATIVE.0 | Self::RECORDS.0 | Self::SENDS.0 | Self::READ.0;
     /// A native stream's handshake: no TCP connection behind it, so nothing to bind to and a
     /// zero tag. A shim's listener rejects such a request; a native listener accepts only them.
     pub const NATIVE: Flags = Flags(0x0001);

@@ -366,12 +366,14 @@ impl fmt::Display for Violation {
                 write!(f, "a Sleeping or a wake-up on a connection without records")
             }
             Violation::UnexpectedSource => {
-                write!(f, "a Source on a connection without READ pull, or a second one")
+                write!(
+                    f,
+                    "a Source on a connection without READ pull, or a second one"
+                )
             }
-            Violation::SourceSize { declared, ring } => write!(
-                f,
-                "a Source of {declared} bytes for a ring of {ring} bytes"
-            ),
+            Violation::SourceSize { declared, ring } => {
+                write!(f, "a Source of {declared} bytes for a ring of {ring} bytes")
+            }
             Violation::DataBeforeSource => write!(f, "a DATA announcement before its Source"),
         }
     }

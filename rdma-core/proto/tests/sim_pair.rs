@@ -2299,7 +2299,10 @@ fn read_pulls_every_byte_from_staging_the_sender_keeps() {
         }
     }
     assert!(pulls >= 1000, "only {pulls} pulls");
-    assert!(back >= 4 && over >= 4, "{back} switched back, {over} failed over");
+    assert!(
+        back >= 4 && over >= 4,
+        "{back} switched back, {over} failed over"
+    );
 }
 
 /// A kind (records, sends, READ pull) is used only when both sides want it: otherwise the connection

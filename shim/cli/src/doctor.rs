@@ -326,7 +326,8 @@ impl Facts {
 /// views (rdma-core/src/ring.rs: the kernel counts every page of the registered range), and
 /// its receive and control-send buffers, in whole pages. A connection over shared memory
 /// registers nothing. Rings start small ([`START_RING`]) and grow to `RDMASHIM_RING_KIB`'s
-/// when the connection's traffic needs them (ring moves): both figures.
+/// when the connection's traffic needs them (ring moves): both figures. (READ pull takes no
+/// moves: its rings start at their full size.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pinned {
     /// One ring's size, grown.
@@ -350,7 +351,12 @@ impl Pinned {
         Pinned {
             ring,
             rings: 2 * 2 * ring,
-            start_ring: ring.min(START_RING),
+            // (READ pull takes no ring moves: its rings start grown)
+            start_ring: if kind.moves() {
+                ring.min(START_RING)
+            } else {
+                ring
+            },
             buffers: pages(recvs * buf) + pages(SQ_DEPTH * CONTROL_BUF),
         }
     }
@@ -1095,6 +1101,10 @@ mod tests {
             Pinned::new(16, LinkKind::Sends, 4096).buffers,
             4 * (16 << 10) + (8 << 10)
         );
+        // READ pull: no ring moves, so the rings are at their full size from the start.
+        let r = Pinned::new(RING_KIB.default, LinkKind::Read, 4096);
+        assert_eq!(r.start_total(), r.total());
+        assert_eq!(r.total(), p.total());
     }
 
     #[test]

@@ -107,8 +107,9 @@ yes/no or on/off in any case; anything else gets one warning and the default):
                                 (default on)
   RDMASHIM_KIND=KIND            how upgraded connections carry bytes when the peer asks for
                                 the same: imm (RDMA WRITE WITH IMMEDIATE), sends (SENDs
-                                into posted receives, copied into the ring) or srq (sends,
-                                the receives in a shared receive queue; default imm)
+                                into posted receives, copied into the ring), srq (sends,
+                                the receives in a shared receive queue) or read (the
+                                receiver pulls with RDMA READs; default imm)
   RDMASHIM_NEGATIVE_CACHE_SECS=N  how long a peer whose upgrade failed is not tried again
                                 ({neg_min} to {neg_max}, 0: always tried; default unset: 60 s
                                 after a reject, 10 min after silence)

@@ -444,10 +444,13 @@ impl Conn {
         }
     }
 
-    /// Counts the connection as upgraded (once).
-    fn count_upgraded(&self) {
+    /// Counts the connection as upgraded (once), over RDMA with the kind `link` carries.
+    fn count_upgraded(&self, link: Option<&Link>) {
         if !self.counted.swap(true, Ordering::AcqRel) {
-            stats::count_upgraded();
+            let kind = link
+                .filter(|_| self.transport == Transport::Rdma)
+                .map(|l| l.conn().kind());
+            stats::count_upgraded(kind);
             crate::live::conn_state(
                 self.fd_hint.load(Ordering::Relaxed),
                 match self.transport {
@@ -463,14 +466,15 @@ impl Conn {
             }
             shim_log!(
                 Level::Debug,
-                "{} {} -> {}: upgraded ({})",
+                "{} {} -> {}: upgraded ({}{})",
                 side_name(self.side),
                 self.local,
                 self.peer,
                 match self.transport {
-                    Transport::Rdma => "RDMA rings",
+                    Transport::Rdma => "RDMA rings, kind ",
                     Transport::Shm => "shared-memory rings: a process of this host",
-                }
+                },
+                kind.map_or("", rdmashim_proto::Kind::name)
             );
         }
     }
@@ -745,12 +749,12 @@ impl Conn {
                     let _ = link.conn_mut().shutdown_write();
                 }
                 link.progress(false);
-                self.count_upgraded();
+                self.count_upgraded(Some(link));
             } else if peer_switched && !link.conn().back_started() {
                 // The peer switched, sent and closed before this side could commit (a client
                 // that says goodbye at once, as pgbench's vacuum connection does to its
                 // backend): its direction went over the ring, so the connection was upgraded.
-                self.count_upgraded();
+                self.count_upgraded(Some(link));
             }
         }
         if g.back != Back::None || link.conn().back_started() {
@@ -854,7 +858,11 @@ impl Conn {
             // A connection this side had not committed yet (the peer's switch back came
             // first: a fork child that took it over) still went over the ring: counted as
             // upgraded once, so that every switch back is one of the upgraded.
-            self.count_upgraded();
+            let link = match &g.phase {
+                Phase::Linked(l) => Some(&**l),
+                _ => None,
+            };
+            self.count_upgraded(link);
             self.end_back(g, "");
         }
     }
@@ -2048,6 +2056,13 @@ pub(crate) fn link_config() -> &'static StreamConfig {
             c.recv_slots = kind.receives(shm_config().ring_size as u64).0 as u16;
             // (srq: in a shared receive queue of the connection's own)
             c.srq = kind == LinkKind::Srq;
+        }
+        if kind == LinkKind::Read {
+            // (protocol §16: the peer reads from a staging area fixed for the connection's
+            // life, so no ring moves: the rings start at their full size)
+            c.protocol.kind = rdmashim_proto::Kind::Read;
+            c.protocol.ring_moves = false;
+            c.ring_size = shm_config().ring_size;
         }
         let idle = crate::config::get().ring_idle_secs;
         c.ring_idle = (idle > 0).then(|| std::time::Duration::from_secs(idle));
