@@ -563,7 +563,7 @@ pub struct Stats {
     pub fallback: u64,
     pub reasons: BTreeMap<String, u64>,
     /// Connections upgraded over RDMA by the kind they carry (`imm`, `records`, `sends`,
-    /// `read`).
+    /// `read`, `duplex`).
     pub kinds: BTreeMap<String, u64>,
     pub bytes: BTreeMap<String, u64>,
     pub raw: Value,
@@ -619,7 +619,7 @@ impl Stats {
         for k in ["ring_tx", "ring_rx", "tcp_tx", "tcp_rx", "shm_tx", "shm_rx"] {
             assert!(s.bytes.contains_key(k), "bytes.{k} missing");
         }
-        for k in ["imm", "records", "sends", "read"] {
+        for k in ["imm", "records", "sends", "read", "duplex"] {
             assert!(s.kinds.contains_key(k), "connections.kinds.{k} missing");
         }
         assert!(

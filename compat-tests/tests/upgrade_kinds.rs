@@ -1,4 +1,4 @@
-//! RDMA tier: the connection kinds under the shim (`RDMASHIM_KIND`, protocol §3, §15, §16). Two
+//! RDMA tier: the connection kinds under the shim (`RDMASHIM_KIND`, protocol §3, §15–§17). Two
 //! shimmed processes of `behave duplex` stream 24 MiB each way at once in random-sized writes
 //! and reads, every byte checked by the programs; and as an event loop does, a server whose
 //! non-blocking writes of 8 MiB wait in epoll for EPOLLOUT while its client reads slowly (the
@@ -188,4 +188,14 @@ fn read_pull_asked_for_by_one_side_only_stays_on_write_with_immediate() {
         let (r, _) = duplex((c, &[]), (s, &[]));
         upgraded_and_carried(&r, "imm", 16 << 20, 16 << 20);
     }
+}
+
+/// Duplex (protocol §17) under the shim: both sides ask for it, and the 24 MiB each way at
+/// once go over WRITE WITH IMMEDIATE with credits riding on the other direction's DATA.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn both_sides_asking_for_duplex_stream_over_duplex() {
+    let (r, sends) = duplex((Some("duplex"), &[]), (Some("duplex"), &[]));
+    let ring = upgraded_and_carried(&r, "duplex", 16 << 20, 16 << 20);
+    assert!(sends < 100, "{sends} SENDs for {ring} ring bytes");
 }

@@ -41,6 +41,12 @@ fn shutdown_write_then_read_to_eof_both_ways_over_read() {
     half_close(11, support::READ);
 }
 
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn shutdown_write_then_read_to_eof_both_ways_over_duplex() {
+    half_close(12, support::DUPLEX);
+}
+
 fn half_close(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);

@@ -77,6 +77,12 @@ fn a_hundred_concurrent_streams_each_move_data_both_ways_over_read() {
     a_hundred(8, support::READ);
 }
 
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn a_hundred_concurrent_streams_each_move_data_both_ways_over_duplex() {
+    a_hundred(9, support::DUPLEX);
+}
+
 fn a_hundred(port: u16, v: Variant) {
     let _ = support::device();
     let addr = support::addr(port);

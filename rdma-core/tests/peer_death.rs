@@ -58,6 +58,12 @@ fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_read() {
     writer_dies(14, support::READ);
 }
 
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn reader_sees_error_or_eof_within_a_second_of_the_writer_dying_over_duplex() {
+    writer_dies(4, support::DUPLEX);
+}
+
 fn writer_dies(port: u16, kind: Variant) {
     let _ = support::device();
     let addr = support::addr(port);
@@ -123,6 +129,12 @@ fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_srq() {
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_read() {
     reader_dies(15, support::READ);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn blocked_writer_sees_an_error_within_a_second_of_the_reader_dying_over_duplex() {
+    reader_dies(5, support::DUPLEX);
 }
 
 fn reader_dies(port: u16, kind: Variant) {

@@ -20,9 +20,27 @@ fn total() -> usize {
         << 20
 }
 
-/// [`support::exchange`], then a shutdown, the peer's EOF and a close.
+/// [`support::exchange`], then a shutdown, the peer's EOF and a close. Over duplex some of
+/// the credits of a stream flowing both ways ride on its DATA; over other kinds none.
 fn run_side(mut s: Stream, seed: u64, total: usize) -> ([u8; 32], [u8; 32]) {
     let hashes = support::exchange(&mut s, seed, total);
+    let st = s.stats();
+    eprintln!(
+        "{:?} side {seed}: {} DATA, {} credits ({} in DATA), {} control messages",
+        s.kind(),
+        st.data_writes,
+        st.credits_sent,
+        st.credits_piggybacked,
+        st.control_sent
+    );
+    // (only duplex's DATA carry credit; of a bulk stream's, few are short enough to)
+    assert_eq!(
+        st.credits_piggybacked > 0,
+        s.kind() == rdmashim_proto::Kind::Duplex,
+        "{} credits rode on DATA over {:?}",
+        st.credits_piggybacked,
+        s.kind()
+    );
     s.shutdown(std::net::Shutdown::Write).expect("shutdown");
     let mut buf = [0u8; 1];
     assert_eq!(s.recv(&mut buf).expect("read EOF"), 0, "bytes past the end");
@@ -58,6 +76,12 @@ fn random_sized_io_both_ways_arrives_intact_over_srq() {
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn random_sized_io_both_ways_arrives_intact_over_read() {
     both_ways(7, support::READ);
+}
+
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn random_sized_io_both_ways_arrives_intact_over_duplex() {
+    both_ways(8, support::DUPLEX);
 }
 
 fn both_ways(port: u16, kind: Variant) {

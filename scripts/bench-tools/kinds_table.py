@@ -31,9 +31,13 @@ NAMES = {
     "ring_records": "ring stream, records (native API)",
     "ring_sends": "ring stream, sends (native API)",
     "ring_srq": "ring stream, sends into an SRQ (native API)",
+    "ring_read": "ring stream, READ pull (native API)",
+    "ring_duplex": "ring stream, duplex (native API)",
     "shim_imm": "shim, WRITE WITH IMM (sockbench ping-pong)",
     "shim_sends": "shim, sends (sockbench ping-pong)",
     "shim_srq": "shim, sends into an SRQ (sockbench ping-pong)",
+    "shim_read": "shim, READ pull (sockbench ping-pong)",
+    "shim_duplex": "shim, duplex (sockbench ping-pong)",
 }
 
 

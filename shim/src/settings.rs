@@ -224,8 +224,8 @@ pub const ENV_RUN_DIR: &str = "RDMASHIM_RUN_DIR";
 pub const ENV_HUGE_PAGES: &str = "RDMASHIM_HUGE_PAGES";
 pub const ENV_KIND: &str = "RDMASHIM_KIND";
 
-/// The connection kind the shim's links over RDMA ask for (`RDMASHIM_KIND`; protocol §3, §15,
-/// §16):
+/// The connection kind the shim's links over RDMA ask for (`RDMASHIM_KIND`; protocol §3,
+/// §15–§17):
 /// used when the peer's shim asks for the same one, else WRITE WITH IMMEDIATE. (Records, §14,
 /// are not carried by the shim yet: its readiness learns of data from completions.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -241,6 +241,9 @@ pub enum LinkKind {
     /// READ pull (protocol §16): the receiver reads each DATA from the sender's staging area
     /// with an RDMA READ. No ring moves: its rings start at their full size.
     Read,
+    /// Duplex (protocol §17): WRITE WITH IMMEDIATE whose DATA also return the credit owed for
+    /// the other direction.
+    Duplex,
 }
 
 /// The bytes of each receive a link of the sends kind posts, and so the most one DATA
@@ -258,6 +261,7 @@ impl LinkKind {
             LinkKind::Sends => "sends",
             LinkKind::Srq => "srq",
             LinkKind::Read => "read",
+            LinkKind::Duplex => "duplex",
         }
     }
 
@@ -278,7 +282,7 @@ impl LinkKind {
     /// (compat-tests/tests/upgrade_kinds.rs).
     pub fn receives(self, ring: u64) -> (u64, u64) {
         match self {
-            LinkKind::Imm | LinkKind::Read => (64, CONTROL_BUF),
+            LinkKind::Imm | LinkKind::Read | LinkKind::Duplex => (64, CONTROL_BUF),
             LinkKind::Sends | LinkKind::Srq => ((ring / SENDS_BUF).clamp(4, 64), SENDS_BUF),
         }
     }
@@ -695,12 +699,16 @@ impl Config {
                     b"sends" => LinkKind::Sends,
                     b"srq" => LinkKind::Srq,
                     b"read" => LinkKind::Read,
+                    b"duplex" => LinkKind::Duplex,
                     b"records" => {
                         warn("records are not carried by the shim yet; using imm".into());
                         LinkKind::Imm
                     }
                     _ => {
-                        warn("unknown connection kind (imm, sends, srq, read); using imm".into());
+                        warn(
+                            "unknown connection kind (imm, sends, srq, read, duplex); using imm"
+                                .into(),
+                        );
                         LinkKind::Imm
                     }
                 }
@@ -1247,7 +1255,7 @@ mod tests {
             ),
             (
                 "fast",
-                "unknown connection kind (imm, sends, srq, read); using imm",
+                "unknown connection kind (imm, sends, srq, read, duplex); using imm",
             ),
         ] {
             let c = with_file("kind = sends\n", &[("RDMASHIM_KIND", v)]);
@@ -1259,7 +1267,9 @@ mod tests {
         assert_eq!((c.kind, c.warnings.len()), (LinkKind::Srq, 0));
         let c = with_file("", &[("RDMASHIM_KIND", "Read")]);
         assert_eq!((c.kind, c.warnings.len()), (LinkKind::Read, 0));
-        assert!(!c.kind.moves() && LinkKind::Srq.moves());
+        assert!(!c.kind.moves() && LinkKind::Srq.moves() && LinkKind::Duplex.moves());
+        let c = with_file("kind = duplex\n", &[]);
+        assert_eq!((c.kind, c.warnings.len()), (LinkKind::Duplex, 0));
         assert_eq!(
             LinkKind::Read.receives(512 << 10),
             LinkKind::Imm.receives(512 << 10)

@@ -232,6 +232,10 @@ impl Action {
                 ..
             } => *slots > 0,
             Action::Send(ControlMsg::CreditUpdate { slots, .. }) => *slots > 0,
+            Action::WriteData {
+                imm: Imm::DataCredit { slots, .. },
+                ..
+            } => *slots > 0,
             _ => false,
         }
     }
@@ -394,8 +398,11 @@ pub struct Stats {
     pub data_bytes: u64,
     /// DATA writes that asked for credit.
     pub credit_wanted: u64,
-    /// Credits posted (immediates and CreditUpdate messages).
+    /// Credits posted (immediates and CreditUpdate messages, and with duplex those carried by
+    /// DATA).
     pub credits_sent: u64,
+    /// Duplex (§17): credits carried by DATA (among `credits_sent`).
+    pub credits_piggybacked: u64,
     /// Control SENDs posted (CreditUpdate included).
     pub control_sent: u64,
     /// Messages received.
@@ -761,6 +768,7 @@ impl Connection {
             Kind::Records => moves = moves.with(Flags::RECORDS_OFFERED),
             Kind::Sends => moves = moves.with(Flags::SENDS_OFFERED),
             Kind::Read => moves = moves.with(Flags::READ_OFFERED),
+            Kind::Duplex => moves = moves.with(Flags::DUPLEX_OFFERED),
         }
         let (request, key) = match proof {
             Proof::Native => (
@@ -820,6 +828,7 @@ impl Connection {
             Kind::Records => Flags::RECORDS_OFFERED,
             Kind::Sends => Flags::SENDS_OFFERED,
             Kind::Read => Flags::READ_OFFERED,
+            Kind::Duplex => Flags::DUPLEX_OFFERED,
         };
         if cfg.kind != Kind::WriteImm && request.flags.contains(offered) {
             conn.kind = cfg.kind;
@@ -836,6 +845,7 @@ impl Connection {
         let kind = match conn.kind {
             Kind::Sends => Flags::SENDS,
             Kind::Read => Flags::READ,
+            Kind::Duplex => Flags::DUPLEX,
             Kind::WriteImm | Kind::Records => Flags::empty(),
         };
         // (a pulling connection announces no moves: its staging area is fixed, §16)
@@ -912,6 +922,7 @@ impl Connection {
             (Flags::RECORDS, Flags::RECORDS_OFFERED, Kind::Records),
             (Flags::SENDS, Flags::SENDS_OFFERED, Kind::Sends),
             (Flags::READ, Flags::READ_OFFERED, Kind::Read),
+            (Flags::DUPLEX, Flags::DUPLEX_OFFERED, Kind::Duplex),
         ]
         .into_iter()
         .filter(|(flag, _, _)| reply.flags.contains(*flag));
@@ -1559,7 +1570,28 @@ impl Connection {
         match c {
             Completion::WriteImm { imm, byte_len } => {
                 match Imm::decode(imm).map_err(|e| v(Violation::Decode(e)))? {
-                    Imm::Data { len, credit_wanted } => {
+                    data @ (Imm::Data { .. } | Imm::DataCredit { .. }) => {
+                        let (len, credit_wanted) = match data {
+                            Imm::DataCredit {
+                                len,
+                                credit_wanted,
+                                units,
+                                slots,
+                            } => {
+                                // Duplex (§17): the DATA returns credit, as a CREDIT would.
+                                if self.kind != Kind::Duplex {
+                                    return Err(v(Violation::UnannouncedDuplex));
+                                }
+                                peer.tx
+                                    .credit(u64::from(units) * Imm::CREDIT_UNIT)
+                                    .map_err(|e| v(Violation::BadCredit(e)))?;
+                                peer.slots.restore(u32::from(slots)).map_err(v)?;
+                                Self::retire_tx_move(peer, &mut self.moves);
+                                (len, credit_wanted)
+                            }
+                            Imm::Data { len, credit_wanted } => (len, credit_wanted),
+                            _ => unreachable!("matched above"),
+                        };
                         if let Some(b) = byte_len.filter(|&b| b != len) {
                             return Err(v(Violation::ImmLengthMismatch {
                                 imm: len,
@@ -2133,10 +2165,27 @@ impl Connection {
                 _ => peer.ring,
             };
             let ring_offset = place.offset;
-            let imm = Imm::Data {
+            let mut imm = Imm::Data {
                 len: w.len as u32,
                 credit_wanted,
             };
+            if let Some((units, slots)) =
+                Self::piggyback(self.kind, w.len, &mut self.rx, &mut self.rx_slots)
+            {
+                // Duplex (§17): the credit owed goes with the DATA (what fits of it).
+                if self.rx.owed() == 0 && self.rx_slots.owed() == 0 {
+                    self.peer_wants_credit = false;
+                    self.credit_owed = false;
+                }
+                self.stats.credits_sent += 1;
+                self.stats.credits_piggybacked += 1;
+                imm = Imm::DataCredit {
+                    len: w.len as u32,
+                    credit_wanted,
+                    units,
+                    slots,
+                };
+            }
             return Some(Action::WriteData {
                 cursor: w.cursor,
                 len: w.len as usize,
@@ -2479,10 +2528,74 @@ impl Connection {
         self.peer.as_ref().map(|p| p.tx.place(cursor))
     }
 
+    /// Duplex (§17): the credit a DATA of `len` bytes about to go carries, taken: the whole
+    /// [`Imm::CREDIT_UNIT`]s of the bytes owed and the slots owed, as many as fit (`None`:
+    /// nothing, or not duplex, or too long a DATA). (Fields, not `&mut self`: asked while the
+    /// peer's state is borrowed.)
+    fn piggyback(
+        kind: Kind,
+        len: u64,
+        rx: &mut RxCursors,
+        rx_slots: &mut RxSlots,
+    ) -> Option<(u16, u8)> {
+        if kind != Kind::Duplex || len > u64::from(Imm::MAX_DUPLEX_LEN) {
+            return None;
+        }
+        let (units, slots) = Self::piggyback_size(rx, rx_slots);
+        if units == 0 && slots == 0 {
+            return None;
+        }
+        rx.take_credit(units * Imm::CREDIT_UNIT);
+        rx_slots.take(slots);
+        Some((units as u16, slots as u8))
+    }
+
+    /// The credit units and slots a DATA would carry now ([`Self::piggyback`]).
+    fn piggyback_size(rx: &RxCursors, rx_slots: &RxSlots) -> (u64, u32) {
+        (
+            (rx.owed() / Imm::CREDIT_UNIT).min(u64::from(Imm::MAX_DUPLEX_UNITS)),
+            rx_slots.owed().min(u32::from(Imm::MAX_DUPLEX_SLOTS)),
+        )
+    }
+
+    /// Duplex (§17): a DATA goes out next, in this same pass, and takes the credit owed so
+    /// that what it leaves (less than a unit of bytes, slots past what fits) is not due: the
+    /// credit waits for it instead of taking a message of its own.
+    fn credit_rides_on_data(&self) -> bool {
+        let Some(peer) = self.peer.as_ref() else {
+            return false;
+        };
+        if self.kind != Kind::Duplex
+            || !self.switch_posted
+            || self.switch_pending.is_some()
+            || self.back.is_some()
+            || !peer.slots.can_post_message()
+        {
+            return false;
+        }
+        let (units, slots) = Self::piggyback_size(&self.rx, &self.rx_slots);
+        let rest = self.rx.owed() - units * Imm::CREDIT_UNIT;
+        let rest_slots = self.rx_slots.owed() - slots;
+        let wanted = self.peer_wants_credit || self.credit_owed || self.rx.move_credit_due();
+        let max = match self.cfg.max_write {
+            0 => peer.tx.size().bytes(),
+            m => m.min(peer.tx.size().bytes()),
+        };
+        (units > 0 || slots > 0)
+            && !self.policy.due(rest, rest_slots, wanted)
+            && peer
+                .tx
+                .next_write(max, self.cfg.split_at_wrap)
+                .is_some_and(|w| w.len <= u64::from(Imm::MAX_DUPLEX_LEN))
+    }
+
     fn poll_credit(&mut self) -> Option<Action> {
         let owed_slots = self.rx_slots.owed();
         let wanted = self.peer_wants_credit || self.rx.move_credit_due();
         if !self.policy.due(self.rx.owed(), owed_slots, wanted) {
+            return None;
+        }
+        if self.credit_rides_on_data() {
             return None;
         }
         let peer = self.peer.as_mut()?;

@@ -12,11 +12,12 @@
 //! Flags: the low byte of the 16-bit flags field holds "must understand" bits, the high byte
 //! "may ignore" bits. A decoder rejects unknown must-understand bits
 //! ([`DecodeError::UnknownFlags`]) and keeps unknown may-ignore bits as they are (so re-encoding
-//! a decoded message reproduces it byte for byte). Version 2 defines four must-understand
-//! flags, [`Flags::NATIVE`], and [`Flags::RECORDS`], [`Flags::SENDS`] and [`Flags::READ`]
-//! (replies only), and the may-ignore flags [`Flags::SWITCH_BACK`], [`Flags::REDIRECT`],
-//! [`Flags::FAILOVER`], [`Flags::RING_MOVES`], and [`Flags::RECORDS_OFFERED`],
-//! [`Flags::SENDS_OFFERED`] and [`Flags::READ_OFFERED`] (requests only).
+//! a decoded message reproduces it byte for byte). Version 2 defines five must-understand
+//! flags, [`Flags::NATIVE`], and [`Flags::RECORDS`], [`Flags::SENDS`], [`Flags::READ`] and
+//! [`Flags::DUPLEX`] (replies only), and the may-ignore flags [`Flags::SWITCH_BACK`],
+//! [`Flags::REDIRECT`], [`Flags::FAILOVER`], [`Flags::RING_MOVES`], and
+//! [`Flags::RECORDS_OFFERED`], [`Flags::SENDS_OFFERED`], [`Flags::READ_OFFERED`] and
+//! [`Flags::DUPLEX_OFFERED`] (requests only).
 //!
 //! Version 2 (`docs/protocol.md` 2.9) appends a [`Tag`] to the request and the reply: an HMAC
 //! under the key the server sent in-band on the TCP connection ([`crate::binding`]), which
@@ -86,20 +87,32 @@ pub enum Kind {
     /// whose end went out tears down only once its peer confirmed the end, after its last pull
     /// ([`Connection::peer_pulled`](crate::Connection::peer_pulled)).
     Read,
+    /// Duplex (protocol §17): [`Kind::WriteImm`] whose DATA also carry the sender's credit
+    /// for the other direction when it owes one ([`Imm::DataCredit`](crate::Imm::DataCredit)):
+    /// a side with data to send returns credit in it instead of in a message of its own.
+    /// Everything else as over [`Kind::WriteImm`].
+    Duplex,
 }
 
 impl Kind {
     /// The kinds, in the order the benches list them.
-    pub const ALL: [Kind; 4] = [Kind::WriteImm, Kind::Records, Kind::Sends, Kind::Read];
+    pub const ALL: [Kind; 5] = [
+        Kind::WriteImm,
+        Kind::Records,
+        Kind::Sends,
+        Kind::Read,
+        Kind::Duplex,
+    ];
 
-    /// The kind's short name (`imm`, `records`, `sends`, `read`), as knobs and benches spell
-    /// it.
+    /// The kind's short name (`imm`, `records`, `sends`, `read`, `duplex`), as knobs and
+    /// benches spell it.
     pub fn name(self) -> &'static str {
         match self {
             Kind::WriteImm => "imm",
             Kind::Records => "records",
             Kind::Sends => "sends",
             Kind::Read => "read",
+            Kind::Duplex => "duplex",
         }
     }
 
@@ -121,7 +134,8 @@ impl Flags {
     /// Bits a receiver must understand: unknown ones make it reject the message.
     pub const REQUIRED_MASK: u16 = 0x00ff;
     /// Must-understand bits defined by this version.
-    pub const KNOWN_REQUIRED: u16 = Self::NATIVE.0 | Self::RECORDS.0 | Self::SENDS.0 | Self::READ.0;
+    pub const KNOWN_REQUIRED: u16 =
+        Self::NATIVE.0 | Self::RECORDS.0 | Self::SENDS.0 | Self::READ.0 | Self::DUPLEX.0;
     /// A native stream's handshake: no TCP connection behind it, so nothing to bind to and a
     /// zero tag. A shim's listener rejects such a request; a native listener accepts only them.
     pub const NATIVE: Flags = Flags(0x0001);
@@ -167,6 +181,15 @@ impl Flags {
     /// one that does not know it cannot decode it (it would take an announcement's stale ring
     /// bytes for data).
     pub const READ: Flags = Flags(0x0008);
+    /// May ignore (requests): the client can take credit in its peer's DATA and return its
+    /// own in its DATA (protocol §17). A server that ignores it answers without
+    /// [`Flags::DUPLEX`].
+    pub const DUPLEX_OFFERED: Flags = Flags(0x8000);
+    /// Must understand (replies): both directions' DATA may carry credit (protocol §17). Set
+    /// only in reply to [`Flags::DUPLEX_OFFERED`]; a client that did not offer it refuses
+    /// the reply, and one that does not know it cannot decode it (it would refuse such a
+    /// DATA's immediate).
+    pub const DUPLEX: Flags = Flags(0x0010);
 
     /// No flag set.
     pub const fn empty() -> Self {
@@ -761,10 +784,10 @@ mod tests {
             })
         );
         let mut b = good;
-        b[7] = 0x10; // must-understand bit 4 (0 is NATIVE, 1 RECORDS, 2 SENDS, 3 READ)
+        b[7] = 0x20; // must-understand bit 5 (0 NATIVE, 1 RECORDS, 2 SENDS, 3 READ, 4 DUPLEX)
         assert_eq!(
             ConnectRequest::decode(&b),
-            Err(DecodeError::UnknownFlags(0x10))
+            Err(DecodeError::UnknownFlags(0x20))
         );
         let mut b = good;
         b[7] = 0x01;

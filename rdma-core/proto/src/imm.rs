@@ -5,7 +5,7 @@
 //!  0  1  | W  | reserved (0)   | len: bytes just written        DATA
 //!  1  0  | slots (0..=63)      | bytes freed (0..=2^24-1)       CREDIT
 //!  1  1  | 0 ..................................................0  WAKE
-//!  0  0: a reserved kind, rejected (an all-zero immediate is never valid)
+//!  0  0  | W  | len (28..16) | slots (15..12) | units (11..0)    DATA + CREDIT (duplex)
 //! ```
 //!
 //! * DATA: `len` bytes were written at the sender's tx cursor, i.e. the receiver's `rx_head`
@@ -16,6 +16,10 @@
 //!   more receives since its previous credit. At least one of them is non-zero.
 //! * WAKE (a zero-length write, records only, protocol §14): a doorbell for a reader that
 //!   sleeps — its completion is the message. Its other bits are zero.
+//! * DATA + CREDIT (duplex, protocol §17): a DATA of `len` bytes (1..=8191) that carries the
+//!   sender's credit for the other direction: `units` × [`Imm::CREDIT_UNIT`] bytes consumed
+//!   and `slots` receives re-posted since its previous credit, not both zero. An all-zero
+//!   immediate is never valid.
 //! * With records, a DATA immediate comes with a record's WRITE (a wake-up, or `W`): `len` is
 //!   the record's ring bytes, which the receiver finds by polling its ring, not by counting
 //!   immediates.
@@ -31,6 +35,12 @@ const KIND_SHIFT: u32 = 30;
 const KIND_DATA: u32 = 0b01;
 const KIND_CREDIT: u32 = 0b10;
 const KIND_WAKE: u32 = 0b11;
+const KIND_DATA_CREDIT: u32 = 0b00;
+const DC_LEN_SHIFT: u32 = 16;
+const DC_LEN_MASK: u32 = 0x1fff;
+const DC_SLOTS_SHIFT: u32 = 12;
+const DC_SLOTS_MASK: u32 = 0xf;
+const DC_UNITS_MASK: u32 = 0xfff;
 const WANT_BIT: u32 = 1 << 29;
 const DATA_RESERVED: u32 = 0x1f << 24;
 const SLOTS_SHIFT: u32 = 24;
@@ -60,6 +70,19 @@ pub enum Imm {
     },
     /// Records: the writer wakes the reader that told it it sleeps.
     Wake,
+    /// Duplex (protocol §17): a DATA of `len` bytes that returns credit for the other
+    /// direction, as a CREDIT of `units` × [`Imm::CREDIT_UNIT`] bytes and `slots` would.
+    DataCredit {
+        /// Bytes written, `1..=`[`Imm::MAX_DUPLEX_LEN`].
+        len: u32,
+        /// The sender asks for credit now.
+        credit_wanted: bool,
+        /// Ring bytes freed since the previous credit, in [`Imm::CREDIT_UNIT`]s,
+        /// `0..=`[`Imm::MAX_DUPLEX_UNITS`].
+        units: u16,
+        /// Receives re-posted since the previous credit, `0..=`[`Imm::MAX_DUPLEX_SLOTS`].
+        slots: u8,
+    },
 }
 
 impl Imm {
@@ -69,6 +92,14 @@ impl Imm {
     pub const MAX_CREDIT_BYTES: u32 = LOW24;
     /// Largest slot count in one CREDIT.
     pub const MAX_CREDIT_SLOTS: u8 = 63;
+    /// Largest DATA that carries a credit (duplex).
+    pub const MAX_DUPLEX_LEN: u32 = DC_LEN_MASK;
+    /// The bytes of a duplex credit's unit.
+    pub const CREDIT_UNIT: u64 = 64;
+    /// Most units in one duplex credit.
+    pub const MAX_DUPLEX_UNITS: u16 = DC_UNITS_MASK as u16;
+    /// Most slots in one duplex credit.
+    pub const MAX_DUPLEX_SLOTS: u8 = DC_SLOTS_MASK as u8;
 
     /// The host-order value. Fields must be in range (see the constants); values produced by
     /// [`crate::Connection`] always are.
@@ -87,6 +118,21 @@ impl Imm {
                     | (bytes & LOW24)
             }
             Imm::Wake => KIND_WAKE << KIND_SHIFT,
+            Imm::DataCredit {
+                len,
+                credit_wanted,
+                units,
+                slots,
+            } => {
+                debug_assert!((1..=Self::MAX_DUPLEX_LEN).contains(&len));
+                debug_assert!(units <= Self::MAX_DUPLEX_UNITS && slots <= Self::MAX_DUPLEX_SLOTS);
+                debug_assert!(units > 0 || slots > 0);
+                (KIND_DATA_CREDIT << KIND_SHIFT)
+                    | if credit_wanted { WANT_BIT } else { 0 }
+                    | ((len & DC_LEN_MASK) << DC_LEN_SHIFT)
+                    | ((u32::from(slots) & DC_SLOTS_MASK) << DC_SLOTS_SHIFT)
+                    | (u32::from(units) & DC_UNITS_MASK)
+            }
         }
     }
 
@@ -116,7 +162,27 @@ impl Imm {
             }
             KIND_WAKE if v == KIND_WAKE << KIND_SHIFT => Ok(Imm::Wake),
             KIND_WAKE => Err(DecodeError::ImmReservedBits(v)),
-            k => Err(DecodeError::UnknownKind(k as u8)),
+            _ => {
+                // KIND_DATA_CREDIT (an all-zero immediate is none)
+                if v == 0 {
+                    return Err(DecodeError::UnknownKind(0));
+                }
+                let len = (v >> DC_LEN_SHIFT) & DC_LEN_MASK;
+                if len == 0 {
+                    return Err(DecodeError::ZeroLengthData);
+                }
+                let units = (v & DC_UNITS_MASK) as u16;
+                let slots = ((v >> DC_SLOTS_SHIFT) & DC_SLOTS_MASK) as u8;
+                if units == 0 && slots == 0 {
+                    return Err(DecodeError::EmptyCredit);
+                }
+                Ok(Imm::DataCredit {
+                    len,
+                    credit_wanted: v & WANT_BIT != 0,
+                    units,
+                    slots,
+                })
+            }
         }
     }
 
@@ -166,6 +232,29 @@ mod tests {
                 slots: 63
             })
         );
+    }
+
+    #[test]
+    fn data_credit_layout() {
+        let i = Imm::DataCredit {
+            len: 64,
+            credit_wanted: true,
+            units: 1,
+            slots: 1,
+        };
+        let v = i.encode();
+        assert_eq!(v, 0x2000_0000 | (64 << 16) | (1 << 12) | 1);
+        assert_eq!(Imm::decode(v), Ok(i));
+        let max = Imm::DataCredit {
+            len: Imm::MAX_DUPLEX_LEN,
+            credit_wanted: false,
+            units: Imm::MAX_DUPLEX_UNITS,
+            slots: Imm::MAX_DUPLEX_SLOTS,
+        };
+        assert_eq!(max.encode(), 0x1fff_ffff);
+        assert_eq!(Imm::decode(0x1fff_ffff), Ok(max));
+        assert_eq!(Imm::decode(0x0000_1001), Err(DecodeError::ZeroLengthData));
+        assert_eq!(Imm::decode(0x0001_0000), Err(DecodeError::EmptyCredit));
     }
 
     #[test]

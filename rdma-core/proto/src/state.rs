@@ -297,6 +297,8 @@ pub enum Violation {
     },
     /// A DATA announcement before the Source it is to be pulled from (§16).
     DataBeforeSource,
+    /// A DATA carrying credit on a connection that is not duplex (§17).
+    UnannouncedDuplex,
 }
 
 impl fmt::Display for Violation {
@@ -375,6 +377,12 @@ impl fmt::Display for Violation {
                 write!(f, "a Source of {declared} bytes for a ring of {ring} bytes")
             }
             Violation::DataBeforeSource => write!(f, "a DATA announcement before its Source"),
+            Violation::UnannouncedDuplex => {
+                write!(
+                    f,
+                    "a DATA carrying credit on a connection that is not duplex"
+                )
+            }
         }
     }
 }

@@ -85,6 +85,19 @@ fn imm() -> impl Strategy<Value = Imm> {
         (0..=Imm::MAX_CREDIT_BYTES, 0..=Imm::MAX_CREDIT_SLOTS)
             .prop_filter("credit returns something", |(b, s)| *b > 0 || *s > 0)
             .prop_map(|(bytes, slots)| Imm::Credit { bytes, slots }),
+        (
+            1..=Imm::MAX_DUPLEX_LEN,
+            any::<bool>(),
+            0..=Imm::MAX_DUPLEX_UNITS,
+            0..=Imm::MAX_DUPLEX_SLOTS
+        )
+            .prop_filter("credit returns something", |(_, _, u, s)| *u > 0 || *s > 0)
+            .prop_map(|(len, credit_wanted, units, slots)| Imm::DataCredit {
+                len,
+                credit_wanted,
+                units,
+                slots
+            }),
     ]
 }
 

@@ -1876,3 +1876,284 @@ fn ring_move_violations() {
     b.offer_ring(ring(0x9000, 15)).unwrap();
     assert_eq!(b.ring_wanted(), None);
 }
+
+// ----- connection kinds ----------------------------------------------------------------------
+
+fn read_pull() -> Config {
+    Config {
+        kind: Kind::Read,
+        ring_moves: true,
+        ..Config::default()
+    }
+}
+
+fn source(addr: u64, log2: u8) -> RingDesc {
+    RingDesc {
+        addr,
+        rkey: 9,
+        size: RingSize::from_log2(log2).unwrap(),
+    }
+}
+
+fn control(c: &mut Connection, m: ControlMsg) -> Result<(), ErrorReason> {
+    c.handle_completion(Completion::Recv {
+        payload: m.encode().as_bytes(),
+    })
+}
+
+/// A reply may choose only the kind its request offered, and one at most: else the client
+/// refuses it (`Unoffered`), before anything of the connection is used.
+#[test]
+fn a_reply_chooses_only_the_kind_offered() {
+    let now = Instant::now();
+    for (offer, flag, chosen) in [
+        (Kind::WriteImm, Flags::READ, Kind::Read),
+        (Kind::Sends, Flags::READ, Kind::Read),
+        (Kind::Read, Flags::SENDS, Kind::Sends),
+        (Kind::WriteImm, Flags::RECORDS, Kind::Records),
+        (Kind::Records, Flags::SENDS, Kind::Sends),
+    ] {
+        let cfg = Config {
+            kind: offer,
+            ..Config::default()
+        };
+        let (mut a, _req, _b, mut reply) = exchange(cfg, &Proof::Native, now);
+        reply.flags = reply.flags.with(flag);
+        assert_eq!(
+            a.handle_accept(&reply.encode()),
+            Err(ErrorReason::Handshake(HandshakeError::Unoffered(chosen))),
+            "{offer:?} answered with {flag:?}"
+        );
+        assert!(a.can_fall_back());
+    }
+    // (a reply choosing the kind offered and another besides)
+    let (mut a, _req, _b, mut reply) = exchange(read_pull(), &Proof::Native, now);
+    assert!(reply.flags.contains(Flags::READ));
+    reply.flags = reply.flags.with(Flags::SENDS);
+    assert!(matches!(
+        a.handle_accept(&reply.encode()),
+        Err(ErrorReason::Handshake(HandshakeError::Unoffered(_)))
+    ));
+}
+
+/// READ pull, asked for by both: neither takes part in ring moves; the Source is the first
+/// message once the transport gave it, and a DATA waits for it; the receiver's pulls land at
+/// its ring's next bytes, after those still being pulled, inside the credit.
+#[test]
+fn read_pull_sends_its_source_first_and_takes_no_moves() {
+    let (mut a, mut b) = established(12, 8, read_pull());
+    assert_eq!((a.kind(), b.kind()), (Kind::Read, Kind::Read));
+    assert!(a.read() && b.read() && !a.sends());
+    assert!(!a.ring_moves() && !b.ring_moves());
+    assert!(a.peer_can_switch_back() && a.fails_over());
+    a.commit_switch(0).unwrap();
+    b.commit_switch(0).unwrap();
+    let g = a.send(100).unwrap();
+    assert_eq!(g.len, 100);
+    let acts: Vec<_> = std::iter::from_fn(|| a.poll_action()).collect();
+    assert!(
+        !acts.iter().any(|x| matches!(x, Action::WriteData { .. })),
+        "a DATA before the Source: {acts:?}"
+    );
+    for x in &acts {
+        deliver(x, &mut b).unwrap();
+    }
+    let src = source(0x5000, 12);
+    a.set_source(src);
+    a.set_source(source(0x6000, 12)); // (the first one stands)
+    let acts: Vec<_> = std::iter::from_fn(|| a.poll_action()).collect();
+    assert_eq!(
+        acts.first(),
+        Some(&Action::Send(ControlMsg::Source { ring: src }))
+    );
+    assert!(
+        matches!(
+            acts.get(1),
+            Some(Action::WriteData {
+                len: 100,
+                ring_offset: 0,
+                ..
+            })
+        ),
+        "{acts:?}"
+    );
+    deliver(&acts[0], &mut b).unwrap();
+    assert_eq!(b.peer_source(), Some(src));
+    let at = |b: &Connection, ahead, len| b.landing_after(ahead, len).map(|p| p.offset);
+    assert_eq!(at(&b, 0, 100), Some(0));
+    assert_eq!(at(&b, 100, 50), Some(100));
+    assert_eq!(at(&b, 4000, 96), Some(4000));
+    assert_eq!(at(&b, 4000, 97), None, "past the credit");
+    deliver(&acts[1], &mut b).unwrap();
+    assert_eq!(b.rx_cursors().head(), 100);
+    assert_eq!(at(&b, 0, 10), Some(100));
+    // (a kind's Source means nothing elsewhere: set_source is ignored)
+    let (mut c, _d) = open(12, 8, Config::default());
+    c.set_source(src);
+    assert!(!std::iter::from_fn(|| c.poll_action())
+        .any(|x| matches!(x, Action::Send(ControlMsg::Source { .. }))));
+}
+
+/// What a peer of READ pull can get wrong: a Source on another kind or twice, of the wrong
+/// size, and a DATA before its Source.
+#[test]
+fn read_pull_violations() {
+    let src = source(0x5000, 12);
+    let (_a, mut b) = open(12, 8, Config::default());
+    let r = control(&mut b, ControlMsg::Source { ring: src });
+    expect_violation(&mut b, r, Violation::UnexpectedSource);
+    let (_a, mut b) = open(12, 8, read_pull());
+    let r = b.handle_completion(data_imm(10, false));
+    expect_violation(&mut b, r, Violation::DataBeforeSource);
+    let (_a, mut b) = open(12, 8, read_pull());
+    let r = control(
+        &mut b,
+        ControlMsg::Source {
+            ring: source(0x5000, 13),
+        },
+    );
+    expect_violation(
+        &mut b,
+        r,
+        Violation::SourceSize {
+            declared: 8192,
+            ring: 4096,
+        },
+    );
+    let (_a, mut b) = open(12, 8, read_pull());
+    control(&mut b, ControlMsg::Source { ring: src }).unwrap();
+    b.handle_completion(data_imm(10, false)).unwrap();
+    let r = control(&mut b, ControlMsg::Source { ring: src });
+    expect_violation(&mut b, r, Violation::UnexpectedSource);
+}
+
+/// READ pull: the peer may pull a side's bytes until it handled that side's last message, so
+/// an end (or a SwitchBack) is credited at once — even by a peer that closed meanwhile — and a
+/// side counts that credit after its own close: only then is it done with its staging area.
+#[test]
+fn read_pull_credits_an_end_at_once() {
+    let (mut a, mut b) = open(12, 8, read_pull());
+    a.set_source(source(0x5000, 12));
+    b.set_source(source(0x6000, 12));
+    settle(&mut a, &mut b);
+    assert!(a.peer_pulled() && b.peer_pulled(), "nothing ended yet");
+    a.shutdown_write().unwrap();
+    flow(&mut a, &mut b).unwrap();
+    assert!(!a.peer_pulled(), "its ShutdownWrite is not confirmed yet");
+    let back = flow(&mut b, &mut a).unwrap();
+    assert!(
+        back.iter().any(|x| matches!(
+            x,
+            Action::WriteCredit { .. } | Action::Send(ControlMsg::CreditUpdate { .. })
+        )),
+        "no credit at once: {back:?}"
+    );
+    assert!(a.peer_pulled());
+    // b ends too: it is Closed (both ends went) before its end's credit comes
+    b.shutdown_write().unwrap();
+    let out: Vec<_> = std::iter::from_fn(|| b.poll_action()).collect();
+    assert!(out.contains(&Action::Teardown));
+    assert_eq!(b.state(), StreamState::Closed);
+    assert!(!b.peer_pulled());
+    for x in &out {
+        deliver(x, &mut a).unwrap();
+    }
+    // a, Closed by b's end, credits it before its own teardown
+    let out: Vec<_> = std::iter::from_fn(|| a.poll_action()).collect();
+    assert_eq!(a.state(), StreamState::Closed);
+    assert_eq!(out.last(), Some(&Action::Teardown), "{out:?}");
+    for x in &out {
+        deliver(x, &mut b).unwrap();
+    }
+    assert!(b.peer_pulled(), "a credit after the close counts");
+    // (on other kinds nothing waits)
+    let mut c = cleanly_closed();
+    assert!(c.peer_pulled());
+    assert_eq!(teardowns(&mut c), 1);
+}
+
+/// Duplex: in a ping-pong, each answer returns the credit of the message it answers — the
+/// receive it took and its bytes — and no credit goes apart, however low the thresholds;
+/// a DATA with credit on another kind is a violation.
+#[test]
+fn duplex_answers_carry_the_credit() {
+    let cfg = Config {
+        kind: Kind::Duplex,
+        credit_byte_shift: 8,
+        credit_slot_threshold: Some(1),
+        ..Config::default()
+    };
+    let (mut a, mut b) = open(12, 8, cfg);
+    assert_eq!((a.kind(), b.kind()), (Kind::Duplex, Kind::Duplex));
+    let before = (a.stats().credits_sent, b.stats().credits_sent);
+    for round in 0..50 {
+        let (from, to) = if round % 2 == 0 {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        // (the side answering read the message first: it owes its bytes and its receive)
+        if let Recv::Ring { len, .. } = from.recv() {
+            from.consume(len).unwrap();
+        }
+        from.send(64).unwrap();
+        let out = flow(from, to).unwrap();
+        assert_eq!(out.len(), 1, "round {round}: one message, {out:?}");
+        match out[0] {
+            // (the first two: no credit yet, or the set-up's receives with the first)
+            Action::WriteData { imm, .. } if round < 2 => {
+                assert!(matches!(imm, Imm::Data { .. } | Imm::DataCredit { .. }))
+            }
+            Action::WriteData {
+                imm:
+                    Imm::DataCredit {
+                        len: 64,
+                        units: 1,
+                        slots: 1,
+                        ..
+                    },
+                ..
+            } => {}
+            ref x => panic!("round {round}: {x:?}"),
+        }
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(sa.credits_sent - before.0, sa.credits_piggybacked);
+    assert_eq!(sb.credits_sent - before.1, sb.credits_piggybacked);
+    assert!(sa.credits_piggybacked >= 24 && sb.credits_piggybacked >= 24);
+    // (a credit that does not fit a DATA goes apart: 100 bytes owed are no whole unit)
+    if let Recv::Ring { len, .. } = b.recv() {
+        b.consume(len).unwrap();
+    }
+    a.send(100).unwrap();
+    flow(&mut a, &mut b).unwrap();
+    b.consume(100).unwrap();
+    b.send(10).unwrap();
+    let out = flow(&mut b, &mut a).unwrap();
+    assert!(
+        matches!(
+            out[..],
+            [
+                Action::WriteCredit { .. },
+                Action::WriteData {
+                    imm: Imm::Data { .. },
+                    ..
+                }
+            ]
+        ),
+        "{out:?}"
+    );
+    // on another kind
+    let (_a, mut b) = open(12, 8, Config::default());
+    let imm = Imm::DataCredit {
+        len: 8,
+        credit_wanted: false,
+        units: 1,
+        slots: 0,
+    };
+    let r = b.handle_completion(Completion::WriteImm {
+        imm: imm.encode(),
+        byte_len: Some(8),
+    });
+    expect_violation(&mut b, r, Violation::UnannouncedDuplex);
+}

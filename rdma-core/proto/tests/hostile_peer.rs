@@ -17,6 +17,8 @@ enum Op {
     Imm(u32, Option<u32>),
     DataImm(u32, bool),
     CreditImm(u32, u8),
+    /// Duplex: a DATA of `.0` bytes carrying `.1` credit units and `.2` slots.
+    DataCreditImm(u32, u16, u8),
     Send(Vec<u8>),
     Control(ControlMsg),
     TcpRead(u64),
@@ -59,6 +61,7 @@ fn op() -> impl Strategy<Value = Op> {
         (any::<u32>(), prop::option::of(any::<u32>())).prop_map(|(i, b)| Op::Imm(i, b)),
         (0u32..20_000, any::<bool>()).prop_map(|(l, w)| Op::DataImm(l, w)),
         (0u32..20_000, 0u8..64).prop_map(|(b, s)| Op::CreditImm(b, s)),
+        (1u32..8192, 0u16..300, 0u8..16).prop_map(|(l, u, s)| Op::DataCreditImm(l, u, s)),
         prop::collection::vec(any::<u8>(), 0..80).prop_map(Op::Send),
         prop_oneof![
             (0u64..5000).prop_map(|t| ControlMsg::SwitchOver { tcp_bytes_sent: t }),
@@ -259,6 +262,29 @@ fn run(
                     imm,
                     byte_len: Some(l),
                 });
+            }
+            Op::DataCreditImm(l, u, s) => {
+                // (duplex: a DATA that returns credit; refused on every other kind)
+                let imm = if u == 0 && s == 0 {
+                    l << 16
+                } else {
+                    Imm::DataCredit {
+                        len: l,
+                        credit_wanted: false,
+                        units: u,
+                        slots: s,
+                    }
+                    .encode()
+                };
+                let r = c.handle_completion(Completion::WriteImm {
+                    imm,
+                    byte_len: Some(l),
+                });
+                if c.kind() != Kind::Duplex && c.state() != StreamState::Handshaking {
+                    prop_assert!(
+                        r.is_err() || c.error().is_some() || c.state() == StreamState::Closed
+                    );
+                }
             }
             Op::CreditImm(b, s) => {
                 let imm = if b == 0 && s == 0 {

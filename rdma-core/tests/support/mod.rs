@@ -46,7 +46,7 @@ pub fn port(n: u16) -> u16 {
 }
 
 /// A connection kind as the stream tests run it (they run over every one): the kind both
-/// sides ask for (protocol §3, §14, §15, §16), and whether the side under test posts its receives
+/// sides ask for (protocol §3, §14–§17), and whether the side under test posts its receives
 /// to a shared receive queue (`StreamConfig::srq`, the SRQ kind: a local choice).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
@@ -72,6 +72,11 @@ pub const SENDS: Variant = Variant {
 /// READ pull (protocol §16): the receiver reads each DATA from the sender's staging area.
 pub const READ: Variant = Variant {
     kind: rdmashim_proto::Kind::Read,
+    srq: false,
+};
+/// Duplex (protocol §17): WRITE WITH IMMEDIATE, credits riding on the other direction's DATA.
+pub const DUPLEX: Variant = Variant {
+    kind: rdmashim_proto::Kind::Duplex,
     srq: false,
 };
 /// Sends into receives posted to a shared receive queue.

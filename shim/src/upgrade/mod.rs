@@ -2057,6 +2057,10 @@ pub(crate) fn link_config() -> &'static StreamConfig {
             // (srq: in a shared receive queue of the connection's own)
             c.srq = kind == LinkKind::Srq;
         }
+        if kind == LinkKind::Duplex {
+            // (protocol §17: as imm, its DATA carrying the credit owed)
+            c.protocol.kind = rdmashim_proto::Kind::Duplex;
+        }
         if kind == LinkKind::Read {
             // (protocol §16: the peer reads from a staging area fixed for the connection's
             // life, so no ring moves: the rings start at their full size)
