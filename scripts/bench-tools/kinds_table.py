@@ -27,6 +27,7 @@ NAMES = {
     "srq": "SEND into a shared receive queue + copy",
     "read": "told, then RDMA READ pull",
     "mailbox": "WRITE + cursor WRITE, cursor polled",
+    "atomic": "WRITE + cursor FETCH AND ADD, cursor polled",
     "ring_imm": "ring stream, WRITE WITH IMM (native API)",
     "ring_records": "ring stream, records (native API)",
     "ring_sends": "ring stream, sends (native API)",

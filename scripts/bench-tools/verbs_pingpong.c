@@ -25,6 +25,12 @@
  *             then checks the message's tag (the two WRITEs placed in order). The pattern of a
  *             byte-stream ring written with plain WRITEs whose receiver polls a cursor: unlike
  *             `write`'s trailer in the slot, the receiver need not know where a message ends.
+ * MODE atomic: RDMA WRITE of the message into the peer's buffer, then, chained in the same
+ *             post, an RDMA ATOMIC FETCH AND ADD of 1 on a word of the peer's; the receiver
+ *             spins on that word, then checks the message's tag. The pattern of a ring whose
+ *             cursor the writer advances with an atomic (the prototype's `write_atomic`): the
+ *             mailbox's, with an atomic (which the responder answers with the old value)
+ *             in place of the cursor's WRITE.
  * MODE read:  the sender puts the message in its own registered buffer and tells the
  *             receiver with a zero-length WRITE WITH IMMEDIATE (the slot in the immediate);
  *             the receiver pulls it with an RDMA READ into its buffer, waits for the READ's
@@ -62,9 +68,9 @@
 #define SLOTS_MAX 1000
 #define RECVS 64
 
-enum mode { WRITE, IMM, SEND, SRQ, READ, MAILBOX };
-static const char *const mode_names[] = {"write", "imm", "send", "srq", "read", "mailbox"};
-#define MODES 6
+enum mode { WRITE, IMM, SEND, SRQ, READ, MAILBOX, ATOMIC };
+static const char *const mode_names[] = {"write", "imm", "send", "srq", "read", "mailbox", "atomic"};
+#define MODES 7
 
 static long knob(const char *name, long dflt) {
     const char *v = getenv(name);
@@ -99,7 +105,8 @@ struct area {
 };
 
 /* the mailbox (mode mailbox): the peer writes its count of messages sent here; this side's
- * count for the peer's is sent inline (copied at the post: the next count cannot overtake it) */
+ * count for the peer's is sent inline (copied at the post: the next count cannot overtake it).
+ * Mode atomic: the peer adds 1 to it per message; the old value comes back into mbox_out. */
 static volatile uint64_t mbox_in __attribute__((aligned(64)));
 static uint64_t mbox_out __attribute__((aligned(64)));
 static struct ibv_mr *mbox_in_mr, *mbox_out_mr;
@@ -200,7 +207,7 @@ static void send_msg(long i) {
     wr.wr_id = i;
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = mode == WRITE || mode == MAILBOX ? IBV_WR_RDMA_WRITE
+    wr.opcode = mode == WRITE || mode == MAILBOX || mode == ATOMIC ? IBV_WR_RDMA_WRITE
               : mode == IMM || mode == READ ? IBV_WR_RDMA_WRITE_WITH_IMM
                                              : IBV_WR_SEND;
     wr.imm_data = htonl((uint32_t)(mode == READ ? slot : i));
@@ -211,21 +218,29 @@ static void send_msg(long i) {
     wr.wr.rdma.rkey = peer.rkey;
     struct ibv_sge msge = {(uintptr_t)&mbox_out, sizeof mbox_out, mbox_out_mr ? mbox_out_mr->lkey : 0};
     struct ibv_send_wr mwr = {0};
-    if (mode == MAILBOX) {
+    if (mode == MAILBOX || mode == ATOMIC) {
         /* (the message's WRITE is unsignaled: the chain's last completion stands for both) */
         mbox_out = (uint64_t)i + 1;
         mwr.wr_id = i;
         mwr.sg_list = &msge;
         mwr.num_sge = 1;
-        mwr.opcode = IBV_WR_RDMA_WRITE;
-        mwr.send_flags = IBV_SEND_INLINE | (wr.send_flags & IBV_SEND_SIGNALED);
-        mwr.wr.rdma.remote_addr = peer.mbox;
-        mwr.wr.rdma.rkey = peer.mbox_rkey;
+        mwr.send_flags = wr.send_flags & IBV_SEND_SIGNALED;
+        if (mode == MAILBOX) {
+            mwr.opcode = IBV_WR_RDMA_WRITE;
+            mwr.send_flags |= IBV_SEND_INLINE;
+            mwr.wr.rdma.remote_addr = peer.mbox;
+            mwr.wr.rdma.rkey = peer.mbox_rkey;
+        } else {
+            mwr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+            mwr.wr.atomic.remote_addr = peer.mbox;
+            mwr.wr.atomic.rkey = peer.mbox_rkey;
+            mwr.wr.atomic.compare_add = 1;
+        }
         wr.send_flags &= ~IBV_SEND_SIGNALED;
         wr.next = &mwr;
     }
     if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send");
-    if (mode == MAILBOX) wr.send_flags |= mwr.send_flags & IBV_SEND_SIGNALED;
+    if (mode == MAILBOX || mode == ATOMIC) wr.send_flags |= mwr.send_flags & IBV_SEND_SIGNALED;
     if (wr.send_flags & IBV_SEND_SIGNALED) await_send();
 }
 
@@ -239,6 +254,7 @@ static void recv_msg(long i) {
         break;
     }
     case MAILBOX:
+    case ATOMIC:
         while (mbox_in < (uint64_t)i + 1)
             ;
         check("the buffer, once the mailbox said", dst[slot * size + size - 1], i);
@@ -286,7 +302,7 @@ int main(int argc, char **argv) {
     size = argc == 7 ? atol(argv[6]) : 64;
     if ((argc != 6 && argc != 7) || (strcmp(argv[1], "server") && strcmp(argv[1], "client")) || m < 0 ||
         atol(argv[5]) < 10 || size < 1 || size > (1 << 20)) {
-        fprintf(stderr, "usage: verbs_pingpong server|client IP PORT write|imm|send|srq|read|mailbox ITERS (>= 10) [SIZE (1..1048576)]\n");
+        fprintf(stderr, "usage: verbs_pingpong server|client IP PORT write|imm|send|srq|read|mailbox|atomic ITERS (>= 10) [SIZE (1..1048576)]\n");
         return 1;
     }
     mode = (enum mode)m;
@@ -363,7 +379,8 @@ int main(int argc, char **argv) {
     dst_mr = ibv_reg_mr(id->pd, dst, buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     bufs_mr = ibv_reg_mr(id->pd, bufs, bufs_len, IBV_ACCESS_LOCAL_WRITE);
     if (!src_mr || !dst_mr || !bufs_mr) die("ibv_reg_mr");
-    mbox_in_mr = ibv_reg_mr(id->pd, (void *)&mbox_in, sizeof mbox_in, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    mbox_in_mr = ibv_reg_mr(id->pd, (void *)&mbox_in, sizeof mbox_in,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
     mbox_out_mr = ibv_reg_mr(id->pd, &mbox_out, sizeof mbox_out, IBV_ACCESS_LOCAL_WRITE);
     if (!mbox_in_mr || !mbox_out_mr) die("ibv_reg_mr (mailbox)");
     struct area mine = {(uintptr_t)dst, (uintptr_t)src, (uintptr_t)&mbox_in, dst_mr->rkey, src_mr->rkey, mbox_in_mr->rkey};

@@ -12,7 +12,7 @@
 //! The JSON written at exit has exactly this shape (keys may be added, never removed):
 //! `{"pid":N,"ppid":N,"program":"<name>"|null,"version":"<crate version>","started_unix_ms":N,
 //! "ended_unix_ms":N,"calls":{"<hook>":N,...},"connections":{"upgraded":N,"switched_back":N,"path_failed":N,"fallback":N,
-//! "fallback_reasons":{"<reason>":N,...},"kinds":{"imm":N,"records":N,"sends":N,"read":N}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N,"shm_tx":N,"shm_rx":N},
+//! "fallback_reasons":{"<reason>":N,...},"kinds":{"imm":N,"records":N,"sends":N,"read":N,"duplex":N}},"bytes":{"ring_tx":N,"ring_rx":N,"tcp_tx":N,"tcp_rx":N,"shm_tx":N,"shm_rx":N},
 //! "waits":{"spin_hit":N,"spin_miss":N,"spin_preempted":N,"slept":N,"spin_crowded":N},"output":{"log_dropped":N},
 //! "security":{"unproven_requests":N},"fds":{"missed_closes":N}}`
 //! Every hook and every reason is always present (zeros included), in a fixed order. The

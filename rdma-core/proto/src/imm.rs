@@ -5,7 +5,7 @@
 //!  0  1  | W  | reserved (0)   | len: bytes just written        DATA
 //!  1  0  | slots (0..=63)      | bytes freed (0..=2^24-1)       CREDIT
 //!  1  1  | 0 ..................................................0  WAKE
-//!  0  0  | W  | len (28..16) | slots (15..12) | units (11..0)    DATA + CREDIT (duplex)
+//!  0  0  | W  | len (28..16) | slots (15..10) | units (9..0)     DATA + CREDIT (duplex)
 //! ```
 //!
 //! * DATA: `len` bytes were written at the sender's tx cursor, i.e. the receiver's `rx_head`
@@ -18,7 +18,8 @@
 //!   sleeps — its completion is the message. Its other bits are zero.
 //! * DATA + CREDIT (duplex, protocol §17): a DATA of `len` bytes (1..=8191) that carries the
 //!   sender's credit for the other direction: `units` × [`Imm::CREDIT_UNIT`] bytes consumed
-//!   and `slots` receives re-posted since its previous credit, not both zero. An all-zero
+//!   (0..=1023) and `slots` receives re-posted (0..=63) since its previous credit, not both
+//!   zero. An all-zero
 //!   immediate is never valid.
 //! * With records, a DATA immediate comes with a record's WRITE (a wake-up, or `W`): `len` is
 //!   the record's ring bytes, which the receiver finds by polling its ring, not by counting
@@ -38,9 +39,9 @@ const KIND_WAKE: u32 = 0b11;
 const KIND_DATA_CREDIT: u32 = 0b00;
 const DC_LEN_SHIFT: u32 = 16;
 const DC_LEN_MASK: u32 = 0x1fff;
-const DC_SLOTS_SHIFT: u32 = 12;
-const DC_SLOTS_MASK: u32 = 0xf;
-const DC_UNITS_MASK: u32 = 0xfff;
+const DC_SLOTS_SHIFT: u32 = 10;
+const DC_SLOTS_MASK: u32 = 0x3f;
+const DC_UNITS_MASK: u32 = 0x3ff;
 const WANT_BIT: u32 = 1 << 29;
 const DATA_RESERVED: u32 = 0x1f << 24;
 const SLOTS_SHIFT: u32 = 24;
@@ -243,7 +244,7 @@ mod tests {
             slots: 1,
         };
         let v = i.encode();
-        assert_eq!(v, 0x2000_0000 | (64 << 16) | (1 << 12) | 1);
+        assert_eq!(v, 0x2000_0000 | (64 << 16) | (1 << 10) | 1);
         assert_eq!(Imm::decode(v), Ok(i));
         let max = Imm::DataCredit {
             len: Imm::MAX_DUPLEX_LEN,
@@ -253,7 +254,7 @@ mod tests {
         };
         assert_eq!(max.encode(), 0x1fff_ffff);
         assert_eq!(Imm::decode(0x1fff_ffff), Ok(max));
-        assert_eq!(Imm::decode(0x0000_1001), Err(DecodeError::ZeroLengthData));
+        assert_eq!(Imm::decode(0x0000_0401), Err(DecodeError::ZeroLengthData));
         assert_eq!(Imm::decode(0x0001_0000), Err(DecodeError::EmptyCredit));
     }
 

@@ -2072,9 +2072,9 @@ fn read_pull_credits_an_end_at_once() {
     assert_eq!(teardowns(&mut c), 1);
 }
 
-/// Duplex: in a ping-pong, each answer returns the credit of the message it answers — the
-/// receive it took and its bytes — and no credit goes apart, however low the thresholds;
-/// a DATA with credit on another kind is a violation.
+/// Duplex: in a ping-pong, each answer returns the bytes of the message it answers, and the
+/// receives they took in batches of the slot threshold; no credit goes apart, however low the
+/// thresholds; a DATA with credit on another kind is a violation.
 #[test]
 fn duplex_answers_carry_the_credit() {
     let cfg = Config {
@@ -2109,7 +2109,7 @@ fn duplex_answers_carry_the_credit() {
                     Imm::DataCredit {
                         len: 64,
                         units: 1,
-                        slots: 1,
+                        slots: 0 | 2,
                         ..
                     },
                 ..

@@ -2253,6 +2253,29 @@ fn sends_keep_every_byte_in_receive_sized_pieces() {
     assert!(moves >= 10, "only {moves} ring moves");
 }
 
+/// A fixed scenario (A shuts down first, B finishes as `finish_b`) with both sides asking for
+/// `kind`, its commit point and its events by `seed`: a quarter of the seeds switch back to
+/// TCP (either side, or both), a quarter lose the path well after the upgrade (both sides
+/// can fail over then), the rest run to their end.
+fn of_kind(kind: Kind, seed: u64, finish_b: Finish, log2: u8, slots: u16, len: usize) -> Scenario {
+    let mut sc = fixed(Finish::ShutdownThenClose, finish_b, log2, slots, len);
+    sc.seed = seed;
+    sc.a.commit_at = (seed as usize * 7919) % len.max(1);
+    sc.random_steps = 6000;
+    match seed % 4 {
+        1 => sc.switch_back = Some(((seed / 4 % 2) as usize, 700, seed % 8 == 1)),
+        3 => {
+            sc.a.commit_at = 0;
+            sc.handshake_weight = 12;
+            sc.path_fail = Some(900 + (seed as usize * 37) % 1500);
+        }
+        _ => {}
+    }
+    sc.a.cfg.kind = kind;
+    sc.b.cfg.kind = kind;
+    sc
+}
+
 /// Both sides pull (READ pull, §16), with pulls that complete late and messages held back
 /// behind them: every byte arrives once, in order, pulled from staging the sender has not
 /// overwritten (the credit rules keep it); the sides take no ring moves; each side's end is
@@ -2266,22 +2289,9 @@ fn read_pulls_every_byte_from_staging_the_sender_keeps() {
         } else {
             Finish::CloseAfterEof
         };
-        let mut sc = fixed(finish, Finish::ShutdownThenClose, 12, 6, 120_000);
-        sc.seed = seed;
-        sc.a.commit_at = (seed as usize * 7919) % 120_000;
+        let mut sc = of_kind(Kind::Read, seed, finish, 12, 6, 120_000);
         sc.random_steps = 5000;
-        match seed % 4 {
-            1 => sc.switch_back = Some(((seed / 4 % 2) as usize, 600, seed % 8 == 1)),
-            3 => {
-                // (well after the upgrade: both sides can fail over)
-                sc.a.commit_at = 0;
-                sc.handshake_weight = 12;
-                sc.path_fail = Some(900 + (seed as usize * 37) % 1500);
-            }
-            _ => {}
-        }
         for side in [&mut sc.a, &mut sc.b] {
-            side.cfg.kind = Kind::Read;
             side.cfg.ring_moves = true;
             side.max_chunk = if seed % 3 == 0 { 64 } else { 9000 };
         }
@@ -2308,59 +2318,52 @@ fn read_pulls_every_byte_from_staging_the_sender_keeps() {
     );
 }
 
-/// Both sides duplex (§17), writing small messages both ways at once: credits ride on the
-/// DATA of the other direction — most of them — and every byte arrives once, in order, with
-/// ring moves, switch-backs and failovers as over WRITE WITH IMMEDIATE.
+/// Both sides duplex (§17), writing small messages both ways at once: every byte arrives
+/// once, in order, with ring moves, switch-backs and failovers as over WRITE WITH IMMEDIATE,
+/// and credits ride on the other direction's DATA: the same scenarios over WRITE WITH
+/// IMMEDIATE send a fifth more credits of their own, per DATA, than duplex does at least.
 #[test]
 fn duplex_credits_ride_on_the_other_directions_data() {
-    let (mut rode, mut apart) = (0, 0);
+    // (per kind: DATA sent, credits that went apart, credits that rode)
+    let mut tally = [(0u64, 0u64, 0u64); 2];
     for seed in 0..40 {
-        let mut sc = fixed(
-            Finish::ShutdownThenClose,
-            Finish::CloseAfterEof,
-            13,
-            8,
-            60_000,
-        );
-        sc.seed = seed;
-        sc.a.commit_at = (seed as usize * 7919) % 60_000;
-        sc.random_steps = 6000;
-        match seed % 4 {
-            1 => sc.switch_back = Some(((seed / 4 % 2) as usize, 900, seed % 8 == 1)),
-            3 => {
-                sc.a.commit_at = 0;
-                sc.handshake_weight = 12;
-                sc.path_fail = Some(900 + (seed as usize * 37) % 1500);
+        for (k, kind) in [Kind::Duplex, Kind::WriteImm].into_iter().enumerate() {
+            let mut sc = of_kind(kind, seed, Finish::CloseAfterEof, 13, 8, 60_000);
+            for side in [&mut sc.a, &mut sc.b] {
+                side.cfg.ring_moves = seed % 2 == 0;
+                side.max_chunk = if seed % 3 == 0 { 64 } else { 3000 };
+                side.max_read = 2000;
             }
-            _ => {}
-        }
-        for side in [&mut sc.a, &mut sc.b] {
-            side.cfg.kind = Kind::Duplex;
-            side.cfg.ring_moves = seed % 2 == 0;
-            side.max_chunk = if seed % 3 == 0 { 64 } else { 3000 };
-            side.max_read = 2000;
-        }
-        let mut sim = Sim::new(&sc);
-        sim.run(sc.random_steps);
-        sim.check();
-        for e in [&sim.a, &sim.b] {
-            let c = e.conn.as_ref().unwrap();
-            assert_eq!(c.kind(), Kind::Duplex, "{}", e.name);
-            assert!(c.peer_can_switch_back() && c.fails_over());
-            assert_eq!(c.ring_moves(), seed % 2 == 0);
-            let st = c.stats();
-            rode += st.credits_piggybacked;
-            apart += st.credits_sent - st.credits_piggybacked;
+            let mut sim = Sim::new(&sc);
+            sim.run(sc.random_steps);
+            sim.check();
+            for e in [&sim.a, &sim.b] {
+                let c = e.conn.as_ref().unwrap();
+                assert_eq!(c.kind(), kind, "{}", e.name);
+                assert!(c.peer_can_switch_back() && c.fails_over());
+                assert_eq!(c.ring_moves(), seed % 2 == 0);
+                let st = c.stats();
+                tally[k].0 += st.data_writes;
+                tally[k].1 += st.credits_sent - st.credits_piggybacked;
+                tally[k].2 += st.credits_piggybacked;
+            }
         }
     }
+    let [(d_data, d_apart, d_rode), (i_data, i_apart, i_rode)] = tally;
+    assert_eq!(i_rode, 0, "credits rode on DATA over WRITE WITH IMMEDIATE");
+    assert!(d_rode > 0);
+    // (credits apart per 1,000 DATA: the random schedules often find a credit due with no
+    // DATA to go in the same pass — 439 against 606 when written; a strict ping-pong sends
+    // none apart, connection.rs's `duplex_answers_carry_the_credit`)
+    let (d, i) = (d_apart * 1000 / d_data, i_apart * 1000 / i_data);
     assert!(
-        rode > apart,
-        "{rode} credits rode on DATA, {apart} went apart"
+        d * 5 < i * 4,
+        "credits apart per 1,000 DATA: {d} over duplex ({d_rode} rode), {i} over imm"
     );
 }
 
-/// A kind (records, sends, READ pull, duplex) is used only when both sides want it: otherwise the connection
-/// keeps the WRITE WITH IMMEDIATE kind, and the streams still arrive whole.
+/// A kind (records, sends, READ pull, duplex) is used only when both sides want it: otherwise
+/// the connection keeps the WRITE WITH IMMEDIATE kind, and the streams still arrive whole.
 #[test]
 fn a_kind_needs_both_sides() {
     for offer in [

@@ -108,8 +108,9 @@ yes/no or on/off in any case; anything else gets one warning and the default):
   RDMASHIM_KIND=KIND            how upgraded connections carry bytes when the peer asks for
                                 the same: imm (RDMA WRITE WITH IMMEDIATE), sends (SENDs
                                 into posted receives, copied into the ring), srq (sends,
-                                the receives in a shared receive queue) or read (the
-                                receiver pulls with RDMA READs; default imm)
+                                the receives in a shared receive queue), read (the
+                                receiver pulls with RDMA READs) or duplex (credits ride
+                                on the other direction's DATA; default imm)
   RDMASHIM_NEGATIVE_CACHE_SECS=N  how long a peer whose upgrade failed is not tried again
                                 ({neg_min} to {neg_max}, 0: always tried; default unset: 60 s
                                 after a reject, 10 min after silence)
