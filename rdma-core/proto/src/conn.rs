@@ -2604,10 +2604,15 @@ impl Connection {
     fn poll_credit(&mut self) -> Option<Action> {
         let owed_slots = self.rx_slots.owed();
         let wanted = self.peer_wants_credit || self.rx.move_credit_due();
-        if !self.policy.due(self.rx.owed(), owed_slots, wanted) {
-            return None;
-        }
-        if self.credit_rides_on_data() {
+        let due = if self.kind == Kind::Duplex {
+            // (duplex: a credit the policy makes due rides on the next DATA; it goes apart
+            // only when the peer asks, or it has waited long enough — an application's read
+            // makes it due, and its answer, written next, carries it: §17)
+            self.policy.due_apart(self.rx.owed(), owed_slots, wanted)
+        } else {
+            self.policy.due(self.rx.owed(), owed_slots, wanted)
+        };
+        if !due || self.credit_rides_on_data() {
             return None;
         }
         let peer = self.peer.as_mut()?;

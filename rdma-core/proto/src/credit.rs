@@ -27,6 +27,12 @@ pub struct CreditPolicy {
     pub byte_threshold: u64,
     /// Return credit once this many receive slots are owed.
     pub slot_threshold: u32,
+    /// Duplex (protocol §17): a credit waits for a DATA to carry it until this many bytes are
+    /// owed (or the peer asks), then it goes as a message of its own: twice the byte
+    /// threshold, at most half the ring.
+    pub patient_byte_threshold: u64,
+    /// Duplex: the same for slots, half-way from the slot threshold to all the receives.
+    pub patient_slot_threshold: u32,
 }
 
 impl CreditPolicy {
@@ -42,9 +48,16 @@ impl CreditPolicy {
         let r = u32::from(recv_slots.max(crate::MIN_RECV_SLOTS));
         let max = (r - 1).min(u32::from(Imm::MAX_CREDIT_SLOTS));
         let want = slot_threshold.map_or(r / 2, u32::from);
+        let byte_threshold = ring.bytes() >> byte_shift.clamp(1, 8);
+        let slot_threshold = want.clamp(2, max);
         CreditPolicy {
-            byte_threshold: ring.bytes() >> byte_shift.clamp(1, 8),
-            slot_threshold: want.clamp(2, max),
+            byte_threshold,
+            slot_threshold,
+            patient_byte_threshold: (2 * byte_threshold)
+                .min(ring.bytes() / 2)
+                .max(byte_threshold),
+            patient_slot_threshold: (slot_threshold + (r - slot_threshold) / 2)
+                .clamp(slot_threshold, max),
         }
     }
 
@@ -55,6 +68,18 @@ impl CreditPolicy {
             return false;
         }
         peer_wants || owed_bytes >= self.byte_threshold || owed_slots >= self.slot_threshold
+    }
+
+    /// Duplex (protocol §17): whether a credit is due as a message of its own — the peer asked
+    /// and something is owed, or a patient threshold is reached. Below them it waits for the
+    /// next DATA, which carries it (the peer still has half its receives and ring, or more).
+    pub fn due_apart(&self, owed_bytes: u64, owed_slots: u32, peer_wants: bool) -> bool {
+        if owed_bytes == 0 && owed_slots == 0 {
+            return false;
+        }
+        peer_wants
+            || owed_bytes >= self.patient_byte_threshold
+            || owed_slots >= self.patient_slot_threshold
     }
 }
 

@@ -2157,3 +2157,43 @@ fn duplex_answers_carry_the_credit() {
     });
     expect_violation(&mut b, r, Violation::UnannouncedDuplex);
 }
+
+/// Duplex with the default thresholds: a 64 B ping-pong of 300 rounds sends no credit as a
+/// message of its own — the read that makes one due is followed by the answer that carries it
+/// (over WRITE WITH IMMEDIATE the same ping-pong sends one every 32 messages, each posted on
+/// the answer's path before the answer).
+#[test]
+fn a_duplex_ping_pong_sends_no_credit_apart() {
+    for kind in [Kind::Duplex, Kind::WriteImm] {
+        let cfg = Config {
+            kind,
+            ..Config::default()
+        };
+        let (mut a, mut b) = open(16, 64, cfg);
+        let before = (a.stats(), b.stats());
+        for round in 0..300 {
+            let (from, to) = if round % 2 == 0 {
+                (&mut a, &mut b)
+            } else {
+                (&mut b, &mut a)
+            };
+            if let Recv::Ring { len, .. } = from.recv() {
+                from.consume(len).unwrap();
+            }
+            from.send(64).unwrap();
+            flow(from, to).unwrap();
+        }
+        let apart = |s: Stats, s0: Stats| {
+            (s.credits_sent - s.credits_piggybacked) - (s0.credits_sent - s0.credits_piggybacked)
+        };
+        let (sa, sb) = (a.stats(), b.stats());
+        let n = apart(sa, before.0) + apart(sb, before.1);
+        match kind {
+            Kind::Duplex => {
+                assert_eq!(n, 0, "credits apart over duplex");
+                assert!(sa.credits_piggybacked >= 140 && sb.credits_piggybacked >= 140);
+            }
+            _ => assert!(n >= 8, "{n} credits apart over WRITE WITH IMMEDIATE"),
+        }
+    }
+}
