@@ -2137,14 +2137,7 @@ impl Connection {
             });
         }
         let place = peer.tx.place(peer.tx.posted());
-        let mut max = match self.cfg.max_write {
-            0 => place.size.bytes(),
-            m => m.min(place.size.bytes()),
-        };
-        if self.kind == Kind::Sends {
-            // (one SEND fills at most one of the peer's receives)
-            max = max.min(SENDS_BUF as u64);
-        }
+        let max = Self::write_max(&self.cfg, self.kind, place.size);
         if let Some(w) = peer.tx.next_write(max, self.cfg.split_at_wrap) {
             // (READ pull: nothing to read a DATA from before the peer knows our staging area)
             let unsourced = self.kind == Kind::Read && !self.source_sent;
@@ -2532,6 +2525,19 @@ impl Connection {
         self.peer.as_ref().map(|p| p.tx.place(cursor))
     }
 
+    /// The longest DATA into a ring of `size` bytes: `max_write` if set, and over sends one
+    /// receive's worth (one SEND fills at most one of the peer's receives).
+    fn write_max(cfg: &Config, kind: Kind, size: RingSize) -> u64 {
+        let max = match cfg.max_write {
+            0 => size.bytes(),
+            m => m.min(size.bytes()),
+        };
+        match kind {
+            Kind::Sends => max.min(SENDS_BUF as u64),
+            _ => max,
+        }
+    }
+
     /// Duplex (§17): the credit a DATA of `len` bytes about to go carries, taken: the whole
     /// [`Imm::CREDIT_UNIT`]s of the bytes owed, as many as fit, and the slots owed once they
     /// reach the policy's threshold (`None`: nothing, or not duplex, or too long a DATA).
@@ -2589,10 +2595,9 @@ impl Connection {
         let rest = self.rx.owed() - units * Imm::CREDIT_UNIT;
         let rest_slots = self.rx_slots.owed() - slots;
         let wanted = self.peer_wants_credit || self.credit_owed || self.rx.move_credit_due();
-        let max = match self.cfg.max_write {
-            0 => peer.tx.size().bytes(),
-            m => m.min(peer.tx.size().bytes()),
-        };
+        // (the DATA the next pass would post: the data branch's own limit, ring and all)
+        let size = peer.tx.place(peer.tx.posted()).size;
+        let max = Self::write_max(&self.cfg, self.kind, size);
         (units > 0 || slots > 0)
             && !self.policy.due(rest, rest_slots, wanted)
             && peer

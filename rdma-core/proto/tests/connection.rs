@@ -2072,6 +2072,16 @@ fn read_pull_credits_an_end_at_once() {
     assert_eq!(teardowns(&mut c), 1);
 }
 
+/// A ping-pong's turn: `from` reads what is waiting for it (so it owes those bytes and that
+/// receive), answers with 64 bytes, and they reach `to`; returns what `from` posted.
+fn answer(from: &mut Connection, to: &mut Connection) -> Vec<Action> {
+    if let Recv::Ring { len, .. } = from.recv() {
+        from.consume(len).unwrap();
+    }
+    from.send(64).unwrap();
+    flow(from, to).unwrap()
+}
+
 /// Duplex: in a ping-pong, each answer returns the bytes of the message it answers, and the
 /// receives they took in batches of the slot threshold; no credit goes apart, however low the
 /// thresholds; a DATA with credit on another kind is a violation.
@@ -2092,12 +2102,7 @@ fn duplex_answers_carry_the_credit() {
         } else {
             (&mut b, &mut a)
         };
-        // (the side answering read the message first: it owes its bytes and its receive)
-        if let Recv::Ring { len, .. } = from.recv() {
-            from.consume(len).unwrap();
-        }
-        from.send(64).unwrap();
-        let out = flow(from, to).unwrap();
+        let out = answer(from, to);
         assert_eq!(out.len(), 1, "round {round}: one message, {out:?}");
         match out[0] {
             // (the first two: no credit yet, or the set-up's receives with the first)
@@ -2177,11 +2182,7 @@ fn a_duplex_ping_pong_sends_no_credit_apart() {
             } else {
                 (&mut b, &mut a)
             };
-            if let Recv::Ring { len, .. } = from.recv() {
-                from.consume(len).unwrap();
-            }
-            from.send(64).unwrap();
-            flow(from, to).unwrap();
+            answer(from, to);
         }
         let apart = |s: Stats, s0: Stats| {
             (s.credits_sent - s.credits_piggybacked) - (s0.credits_sent - s0.credits_piggybacked)
