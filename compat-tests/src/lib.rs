@@ -758,7 +758,8 @@ impl Stats {
     }
 
     /// Asserts at least `min_conns` connections were upgraded and at least `min_ring_bytes`
-    /// bytes went through the rings (sent and received together).
+    /// bytes went through the rings (sent and received together), and that the connections
+    /// upgraded over RDMA carried the kind shims ask for by default ([`default_kind`]).
     pub fn assert_upgraded(&self, min_conns: u64, min_ring_bytes: u64) {
         assert!(
             self.upgraded >= min_conns,
@@ -770,14 +771,31 @@ impl Stats {
             "expected at least {min_ring_bytes} ring bytes: {}",
             self.summary()
         );
+        self.assert_default_kind();
     }
 
-    /// Asserts every connection of this process (at least one) was upgraded.
+    /// Asserts every connection of this process (at least one) was upgraded, those over RDMA
+    /// of the default kind ([`default_kind`]).
     pub fn assert_all_upgraded(&self) {
         assert!(
             self.upgraded >= 1 && self.fallback == 0,
             "expected every connection upgraded: {}",
             self.summary()
+        );
+        self.assert_default_kind();
+    }
+
+    /// Asserts every connection counted by kind (the upgrades over RDMA) carried
+    /// [`default_kind`], and that bytes over RDMA rings came with one at least: the programs
+    /// of a test that set no kind on either side speak the shims' default.
+    pub fn assert_default_kind(&self) {
+        let want = default_kind();
+        let all: u64 = self.kinds.values().sum();
+        assert!(
+            self.kind(want) == all && (self.ring_bytes() == 0 || all > 0),
+            "{}: connections over RDMA of the default kind {want} expected: {:?}",
+            self.summary(),
+            self.kinds
         );
     }
 
@@ -944,6 +962,22 @@ impl Rings {
             "{what}: bytes over {self:?} rings expected, and none over others: {}",
             st.summary()
         );
+    }
+}
+
+/// The connection kind two shims of the tests' environment carry over RDMA when no test sets
+/// one: `RDMASHIM_KIND` of that environment (the tier run with one exported to every shimmed
+/// program), as the shim reads it — srq carries sends, and records (refused) or a value it
+/// does not know give the default — else the shim's default, duplex.
+pub fn default_kind() -> &'static str {
+    match std::env::var("RDMASHIM_KIND")
+        .map(|k| k.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        Ok("imm") => "imm",
+        Ok("sends" | "srq") => "sends",
+        Ok("read") => "read",
+        _ => "duplex",
     }
 }
 

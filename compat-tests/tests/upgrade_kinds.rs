@@ -21,8 +21,9 @@ const SENDS_BUF: u64 = 16 << 10;
 
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A role's environment: the kind it asks for (`None`: imm, the default, set explicitly so
-/// that a kind in the tests' own environment does not leak in) and other variables.
+/// A role's environment: the kind it asks for (`None`: none, so the shim's default — or the
+/// kind the tests' own environment exports to every shimmed program, [`default_kind`]) and
+/// other variables.
 type Env<'a> = (Option<&'a str>, &'a [(&'a str, &'a str)]);
 
 /// `behave duplex` between two shimmed processes with these environments: each side's stats,
@@ -32,7 +33,7 @@ fn duplex(client: Env<'static>, server: Env<'static>) -> (RoleStats, u64) {
     let dev = test_device();
     let env = |(kind, extra): Env<'static>| {
         let mut v = extra.to_vec();
-        v.push(("RDMASHIM_KIND", kind.unwrap_or("imm")));
+        v.extend(kind.map(|k| ("RDMASHIM_KIND", k)));
         v
     };
     let (c_env, s_env) = (env(client), env(server));
@@ -89,7 +90,7 @@ fn both_sides_asking_for_sends_stream_over_sends() {
 
 /// An event loop's writer (the server: non-blocking writes of 8 MiB, waiting in epoll for
 /// EPOLLOUT) ahead of a slow reader (the client naps 2 ms before each read), over the kind
-/// `kind` (`None`: imm): returns the ring bytes and the device's SENDs.
+/// `kind` (`None`: the default): returns the ring bytes and the device's SENDs.
 ///
 /// The scenario allows the writer's waits a tenth of their time in CPU (+ 50 ms). Under
 /// soft-RoCE a post does the device's work in the poster's system call, and the posts of
@@ -109,7 +110,7 @@ fn event_loop(kind: Option<&'static str>) -> (u64, u64) {
     let (r, sends) = duplex((kind, &CLIENT), (kind, &SERVER));
     let carried = match kind {
         Some("srq") => "sends",
-        k => k.unwrap_or("imm"),
+        k => k.unwrap_or(default_kind()),
     };
     (upgraded_and_carried(&r, carried, 0, 8 << 20), sends)
 }
@@ -127,8 +128,19 @@ fn an_event_loop_streams_over_sends() {
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn an_event_loop_streams_over_write_with_immediate() {
-    let (ring, sends) = event_loop(None);
+    let (ring, sends) = event_loop(Some("imm"));
     assert!(sends < 100, "{sends} SENDs for {ring} ring bytes");
+}
+
+/// Two shims that ask for no kind carry the default, duplex (as every program of the tier
+/// does, `Stats::assert_upgraded`), an event loop's included.
+#[test]
+#[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
+fn an_event_loop_streams_over_the_default_kind() {
+    let (ring, sends) = event_loop(None);
+    if default_kind() != "sends" {
+        assert!(sends < 100, "{sends} SENDs for {ring} ring bytes");
+    }
 }
 
 /// The SRQ kind on the server (its receives in a shared receive queue, a local choice) against
@@ -145,11 +157,15 @@ fn a_server_with_a_shared_receive_queue_streams_over_sends() {
 }
 
 /// A kind only one side asks for is not used: the connection upgrades over WRITE WITH
-/// IMMEDIATE as between two default shims, whose SENDs are their few control messages.
+/// IMMEDIATE, the kind every shim speaks, whose SENDs are its few control messages — against
+/// a peer asking for imm and against one asking for the default, duplex.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn sends_asked_for_by_one_side_only_stays_on_write_with_immediate() {
-    for (c, s) in [(Some("sends"), None), (None, Some("sends"))] {
+    for (c, s) in [
+        (Some("sends"), Some("imm")),
+        (Some("duplex"), Some("sends")),
+    ] {
         let (r, sends) = duplex((c, &[]), (s, &[]));
         let ring = upgraded_and_carried(&r, "imm", 16 << 20, 16 << 20);
         assert!(
@@ -180,11 +196,11 @@ fn an_event_loop_streams_over_read_pull() {
     assert!(sends < 100, "{sends} SENDs for {ring} ring bytes");
 }
 
-/// READ pull asked for by one side only: WRITE WITH IMMEDIATE, as between default shims.
+/// READ pull asked for by one side only: WRITE WITH IMMEDIATE, the kind every shim speaks.
 #[test]
 #[ignore = "RDMA tier: runs in the soft-RoCE VM (scripts/test)"]
 fn read_pull_asked_for_by_one_side_only_stays_on_write_with_immediate() {
-    for (c, s) in [(Some("read"), None), (None, Some("read"))] {
+    for (c, s) in [(Some("read"), Some("duplex")), (Some("imm"), Some("read"))] {
         let (r, _) = duplex((c, &[]), (s, &[]));
         upgraded_and_carried(&r, "imm", 16 << 20, 16 << 20);
     }

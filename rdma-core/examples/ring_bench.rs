@@ -12,7 +12,8 @@
 //! device: the data path is the same). Both busy-poll (`spin` = 10 s), as perftest does;
 //! `RING_BENCH_SPIN_US` overrides that. `RING_BENCH_RING` (bytes), `RING_BENCH_SQ` (the send
 //! queue's depth) and `RING_BENCH_MAX_WRITE` set the stream's; `RING_BENCH_KIND` the connection
-//! kind (`imm`, `records`, `sends`, `read`, `duplex`; `RING_BENCH_RECORDS=1` is `records`), `RING_BENCH_SRQ=1`
+//! kind (`imm`, `records`, `sends`, `read`, `duplex`; `RING_BENCH_RECORDS=1` is `records`; unset,
+//! the transport's default, duplex), `RING_BENCH_SRQ=1`
 //! receives in a shared receive queue, `RING_BENCH_INLINE` the inline size.
 //!
 //! Built with `--features timeline`, `lat` also prints where its round trips went (the wire
@@ -62,12 +63,12 @@ fn cfg() -> StreamConfig {
     {
         c.max_inline = i;
     }
-    // (the connection kind: RING_BENCH_KIND imm, records (protocol §14), sends (§15), read (§16) or duplex (§17);
-    // RING_BENCH_RECORDS=1 is records)
+    // (the connection kind: RING_BENCH_KIND imm, records (protocol §14), sends (§15), read
+    // (§16) or duplex (§17); RING_BENCH_RECORDS=1 is records; unset, the transport's default)
     c.protocol.kind = match std::env::var("RING_BENCH_KIND") {
         Ok(k) => Kind::from_name(&k).unwrap_or_else(|| panic!("unknown kind {k}")),
         Err(_) if std::env::var("RING_BENCH_RECORDS").is_ok_and(|v| v == "1") => Kind::Records,
-        Err(_) => Kind::WriteImm,
+        Err(_) => c.protocol.kind,
     };
     // (RING_BENCH_SRQ=1: both ends post their receives to a shared receive queue)
     c.srq = std::env::var("RING_BENCH_SRQ").is_ok_and(|v| v == "1");

@@ -104,7 +104,12 @@ pub struct StreamConfig {
     ///
     /// [`Stream`]: crate::Stream
     pub ring_idle: Option<Duration>,
-    /// Protocol tunables (credit thresholds, largest write, …).
+    /// Protocol tunables (credit thresholds, largest write, the connection kind, …). The
+    /// default asks for duplex ([`Kind::Duplex`], protocol §17: credits ride on the other
+    /// direction's DATA; docs/bench/kinds.md argues it), which a peer asking for another kind
+    /// turns into WRITE WITH IMMEDIATE, the kind every side speaks.
+    ///
+    /// [`Kind::Duplex`]: rdmashim_proto::Kind::Duplex
     pub protocol: Config,
 }
 
@@ -159,7 +164,10 @@ impl Default for StreamConfig {
             close_timeout: Duration::from_secs(3),
             ack_timeout: 0,
             ring_idle: None,
-            protocol: Config::default(),
+            protocol: Config {
+                kind: rdmashim_proto::Kind::Duplex,
+                ..Config::default()
+            },
         }
     }
 }

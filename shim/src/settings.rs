@@ -196,7 +196,7 @@ impl Default for Config {
             ack_timeout: ACK_TIMEOUT.default,
             ring_idle_secs: RING_IDLE_SECS.default,
             huge_pages: HUGE_PAGES_DEFAULT,
-            kind: LinkKind::Imm,
+            kind: LinkKind::Duplex,
             trace: false,
             fault: None,
             warnings: Vec::new(),
@@ -226,12 +226,15 @@ pub const ENV_KIND: &str = "RDMASHIM_KIND";
 
 /// The connection kind the shim's links over RDMA ask for (`RDMASHIM_KIND`; protocol §3,
 /// §15–§17):
-/// used when the peer's shim asks for the same one, else WRITE WITH IMMEDIATE. (Records, §14,
-/// are not carried by the shim yet: its readiness learns of data from completions.)
+/// used when the peer's shim asks for the same one, else WRITE WITH IMMEDIATE, which every
+/// shim speaks. The default is duplex: as fast as WRITE WITH IMMEDIATE for small messages,
+/// and a request and its answer carry each other's credit, which the shim's small starting
+/// rings otherwise send apart every few KiB (docs/bench/kinds.md: 4 KiB ping-pong 1.21× the
+/// device against 1.59×). (Records, §14, are not carried by the shim yet: its readiness
+/// learns of data from completions.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LinkKind {
-    /// The ring written by RDMA WRITE WITH IMMEDIATE (the default).
-    #[default]
+    /// The ring written by RDMA WRITE WITH IMMEDIATE.
     Imm,
     /// DATA as SENDs into posted receives of 16 KiB, copied into the ring.
     Sends,
@@ -242,7 +245,8 @@ pub enum LinkKind {
     /// with an RDMA READ. No ring moves: its rings start at their full size.
     Read,
     /// Duplex (protocol §17): WRITE WITH IMMEDIATE whose DATA also return the credit owed for
-    /// the other direction.
+    /// the other direction (the default).
+    #[default]
     Duplex,
 }
 
@@ -701,15 +705,15 @@ impl Config {
                     b"read" => LinkKind::Read,
                     b"duplex" => LinkKind::Duplex,
                     b"records" => {
-                        warn("records are not carried by the shim yet; using imm".into());
-                        LinkKind::Imm
+                        warn("records are not carried by the shim yet; using duplex".into());
+                        LinkKind::Duplex
                     }
                     _ => {
                         warn(
-                            "unknown connection kind (imm, sends, srq, read, duplex); using imm"
+                            "unknown connection kind (imm, sends, srq, read, duplex); using duplex"
                                 .into(),
                         );
-                        LinkKind::Imm
+                        LinkKind::Duplex
                     }
                 }
             }
@@ -1242,8 +1246,9 @@ mod tests {
     }
 
     #[test]
-    fn the_connection_kind_is_imm_unless_sends_is_asked_for() {
-        assert_eq!(with_file("", &[]).kind, LinkKind::Imm);
+    fn the_connection_kind_is_duplex_unless_another_is_asked_for() {
+        assert_eq!(with_file("", &[]).kind, LinkKind::Duplex);
+        assert_eq!(Config::default().kind, LinkKind::Duplex);
         let c = with_file("kind = sends\n", &[]);
         assert_eq!((c.kind, c.warnings.len()), (LinkKind::Sends, 0));
         let c = with_file("kind = sends\n", &[("RDMASHIM_KIND", " IMM ")]);
@@ -1251,15 +1256,15 @@ mod tests {
         for (v, why) in [
             (
                 "records",
-                "records are not carried by the shim yet; using imm",
+                "records are not carried by the shim yet; using duplex",
             ),
             (
                 "fast",
-                "unknown connection kind (imm, sends, srq, read, duplex); using imm",
+                "unknown connection kind (imm, sends, srq, read, duplex); using duplex",
             ),
         ] {
             let c = with_file("kind = sends\n", &[("RDMASHIM_KIND", v)]);
-            assert_eq!(c.kind, LinkKind::Imm, "{v}");
+            assert_eq!(c.kind, LinkKind::Duplex, "{v}");
             assert_eq!(c.warnings, vec![format!("RDMASHIM_KIND={v}: {why}")]);
         }
         assert_eq!(LinkKind::Sends.name(), "sends");
@@ -1268,10 +1273,14 @@ mod tests {
         let c = with_file("", &[("RDMASHIM_KIND", "Read")]);
         assert_eq!((c.kind, c.warnings.len()), (LinkKind::Read, 0));
         assert!(!c.kind.moves() && LinkKind::Srq.moves() && LinkKind::Duplex.moves());
-        let c = with_file("kind = duplex\n", &[]);
-        assert_eq!((c.kind, c.warnings.len()), (LinkKind::Duplex, 0));
+        let c = with_file("kind = imm\n", &[]);
+        assert_eq!((c.kind, c.warnings.len()), (LinkKind::Imm, 0));
         assert_eq!(
             LinkKind::Read.receives(512 << 10),
+            LinkKind::Imm.receives(512 << 10)
+        );
+        assert_eq!(
+            LinkKind::Duplex.receives(512 << 10),
             LinkKind::Imm.receives(512 << 10)
         );
     }
