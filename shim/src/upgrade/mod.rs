@@ -2047,27 +2047,29 @@ pub(crate) fn link_config() -> &'static StreamConfig {
         // (0..=31 by the setting's range)
         c.ack_timeout = crate::config::get().ack_timeout as u8;
         use crate::settings::LinkKind;
+        use rdmashim_proto::Kind;
         let kind = crate::config::get().kind;
-        if matches!(kind, LinkKind::Sends | LinkKind::Srq) {
-            // (protocol §15: a DATA arrives in a 16 KiB receive, as many as the largest ring
-            // holds: 32 of them, 512 KiB, with the default ring)
-            c.protocol.kind = rdmashim_proto::Kind::Sends;
-            // (4 to 64 by `receives`)
-            c.recv_slots = kind.receives(shm_config().ring_size as u64).0 as u16;
-            // (srq: in a shared receive queue of the connection's own)
-            c.srq = kind == LinkKind::Srq;
-        }
-        if kind == LinkKind::Duplex {
+        // (every kind named here: the transport's default is not necessarily the shim's)
+        c.protocol.kind = match kind {
+            LinkKind::Imm => Kind::WriteImm,
+            LinkKind::Sends | LinkKind::Srq => {
+                // (protocol §15: a DATA arrives in a 16 KiB receive, as many as the largest
+                // ring holds: 32 of them, 512 KiB, with the default ring; 4 to 64 by
+                // `receives`; srq: in a shared receive queue of the connection's own)
+                c.recv_slots = kind.receives(shm_config().ring_size as u64).0 as u16;
+                c.srq = kind == LinkKind::Srq;
+                Kind::Sends
+            }
             // (protocol §17: as imm, its DATA carrying the credit owed)
-            c.protocol.kind = rdmashim_proto::Kind::Duplex;
-        }
-        if kind == LinkKind::Read {
-            // (protocol §16: the peer reads from a staging area fixed for the connection's
-            // life, so no ring moves: the rings start at their full size)
-            c.protocol.kind = rdmashim_proto::Kind::Read;
-            c.protocol.ring_moves = false;
-            c.ring_size = shm_config().ring_size;
-        }
+            LinkKind::Duplex => Kind::Duplex,
+            LinkKind::Read => {
+                // (protocol §16: the peer reads from a staging area fixed for the connection's
+                // life, so no ring moves: the rings start at their full size)
+                c.protocol.ring_moves = false;
+                c.ring_size = shm_config().ring_size;
+                Kind::Read
+            }
+        };
         let idle = crate::config::get().ring_idle_secs;
         c.ring_idle = (idle > 0).then(|| std::time::Duration::from_secs(idle));
         // (before the first ring over RDMA is made: this is read on the way to it)
