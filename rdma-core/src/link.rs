@@ -66,7 +66,7 @@ use crate::pull::{Arrival, Pull, Pulls};
 use crate::shm::{ShmEndpoint, SockEvent};
 use crate::sys::{self, ffi};
 use crate::tick;
-use crate::verbs::{self, empty_wc, wc_imm_data};
+use crate::verbs::{self, wc_imm_data};
 
 /// Tunables of a ring connection. `Default` gives sensible values for a LAN.
 #[derive(Debug, Clone, Copy)]
@@ -468,6 +468,20 @@ impl Link {
     pub fn progress(&mut self, force_cm: bool) -> bool {
         let any = self.take_inputs(force_cm);
         self.act();
+        any
+    }
+
+    /// One look of a spinning wait: polls the CQ (and a records ring, or the shared-memory
+    /// inbox) and, only if anything came, performs the core's actions as
+    /// [`progress`](Self::progress) does. Reads neither the rdma_cm channel nor the clock, and
+    /// performs nothing when nothing came: what a spinning wait does on every turn, as the
+    /// native stream's spin does (a wait that outlasts its spin drives the link in full with
+    /// `progress` before it sleeps).
+    pub fn spin_look(&mut self) -> bool {
+        let any = self.poll_cq();
+        if any {
+            self.act();
+        }
         any
     }
 
@@ -898,22 +912,24 @@ impl Link {
                 }
             };
         }
-        let mut wcs = [empty_wc(); 16];
+        const BATCH: usize = 16;
+        let mut wcs = [const { std::mem::MaybeUninit::uninit() }; BATCH];
         let mut any = self.poll_records();
         loop {
             let Ep::Rdma(ep) = &self.ep else { return any };
-            let n = match ep.cq.poll(&mut wcs) {
-                Ok(n) => n,
+            let got = match ep.cq.poll_uninit(&mut wcs) {
+                Ok(got) => got,
                 Err(e) => {
                     self.transport_failed(e.to_string());
                     return any;
                 }
             };
-            for wc in &wcs[..n] {
+            let n = got.len();
+            for wc in got {
                 self.on_completion(wc);
             }
             any |= n > 0;
-            if n < wcs.len() {
+            if n < BATCH {
                 return any;
             }
         }

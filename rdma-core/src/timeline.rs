@@ -71,6 +71,15 @@ pub fn mark(m: Mark) {
     }
 }
 
+/// The stamps of `m` on `side` so far, in order (at most [`CAP`]): for a process that is one
+/// end only (the shim's, `RDMASHIM_TIMELINE`), whose stamps are merged with its peer's by
+/// `scripts/bench-tools/timeline_merge.py` — the two processes of one host read one counter.
+pub fn stamps(side: Side, m: Mark) -> Vec<u64> {
+    let k = side as usize * KINDS + m as usize;
+    let n = COUNTS[k].load(Relaxed).min(CAP);
+    STAMPS[k][..n].iter().map(|s| s.load(Relaxed)).collect()
+}
+
 /// A segment of a round trip: its name, from, to, and whether "to" is the next round trip's.
 type Segment = (&'static str, (Side, Mark), (Side, Mark), usize);
 

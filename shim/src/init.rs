@@ -47,6 +47,8 @@ extern "C" fn constructor(_argc: c_int, _argv: *const *const c_char, _envp: *con
             )
         };
         keep_activated_syns();
+        #[cfg(feature = "timeline")]
+        crate::timeline::start();
         for w in &cfg.warnings {
             shim_log!(Level::Warn, "{w}");
         }
@@ -73,6 +75,8 @@ extern "C" fn destructor() {
         }
         write_stats();
         crate::live::end(false);
+        #[cfg(feature = "timeline")]
+        crate::timeline::finish();
     });
 }
 

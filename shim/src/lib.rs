@@ -46,6 +46,8 @@ pub mod slots;
 pub mod spin;
 pub mod stats;
 mod sys;
+#[cfg(all(feature = "timeline", not(test)))]
+mod timeline;
 pub mod track;
 #[cfg(not(test))]
 pub mod upgrade;

@@ -241,7 +241,9 @@ impl Waiter {
         let turn = || {
             let mut g = c.lock();
             if let Phase::Linked(l) = &mut g.phase {
-                if l.progress(false) {
+                // (the CQ only: what a sleep drives in full — the rdma_cm channel, timers —
+                // waits the spin out, and a turn is on the path of the data it waits for)
+                if l.spin_look() {
                     c.settle(&mut g);
                 }
             } else {
@@ -529,6 +531,8 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 c.live_rx.fetch_add(n as u64, Ordering::Relaxed);
                 c.settle(&mut g);
                 if !waitall || got == total {
+                    #[cfg(feature = "timeline")]
+                    crate::timeline::read_returned();
                     return Ok(got);
                 }
                 continue;
@@ -808,6 +812,8 @@ pub fn shutdown(c: &Conn, fd: c_int, how: c_int) -> Result<(), Errno> {
 /// ring (its peer reads what was written, then EOF; a fork child that asks for it is told it
 /// was reset).
 pub fn close_last(c: &Arc<Conn>, fd: c_int) {
+    #[cfg(feature = "timeline")]
+    crate::timeline::finish();
     let fd = c.is_socket(fd).then_some(fd);
     let mut g = c.lock();
     g.closed = true;
