@@ -236,7 +236,7 @@ def load_raw(path):
 
 
 def load_stats(d):
-    per_test, tot = {}, {"records": 0, "upgraded": 0, "fallback": 0, "reasons": {}}
+    per_test, tot = {}, {"records": 0, "upgraded": 0, "fallback": 0, "reasons": {}, "rdma": 0, "shm": 0}
     for f in sorted(glob.glob(os.path.join(d, "*", "*.json"))):
         test = os.path.basename(os.path.dirname(f))
         try:
@@ -245,6 +245,9 @@ def load_stats(d):
         except (OSError, ValueError):
             continue
         c = s.get("connections", {})
+        b = s.get("bytes", {})
+        tot["rdma"] += b.get("ring_tx", 0) + b.get("ring_rx", 0)
+        tot["shm"] += b.get("shm_tx", 0) + b.get("shm_rx", 0)
         for agg in (per_test.setdefault(test, {"records": 0, "upgraded": 0, "fallback": 0, "reasons": {}}), tot):
             agg["records"] += 1
             agg["upgraded"] += c.get("upgraded", 0)
@@ -261,9 +264,14 @@ def shim_label(tot):
         return "rdmashim (no stats written: shim not loaded?)", "unknown"
     if tot["upgraded"] == 0:
         return f"rdmashim (0 of {n} connections upgraded: pass-through)", "pass-through"
+    # (which rings carried the upgraded bytes: a run over RDMA whose ends met over shared
+    # memory measured the wrong thing, and says so)
+    rdma, shm = tot.get("rdma", 0), tot.get("shm", 0)
+    over = {(True, False): ", over RDMA", (False, True): ", over shared memory",
+            (True, True): ", over RDMA and shared memory"}.get((rdma > 0, shm > 0), "")
     if tot["fallback"] == 0:
-        return f"rdmashim ({n} of {n} connections upgraded)", "upgraded"
-    return f"rdmashim ({tot['upgraded']} of {n} connections upgraded: mixed)", "mixed"
+        return f"rdmashim ({n} of {n} connections upgraded{over})", "upgraded"
+    return f"rdmashim ({tot['upgraded']} of {n} connections upgraded{over}: mixed)", "mixed"
 
 
 def fmt(v):

@@ -98,6 +98,19 @@ class LatencyRounds(unittest.TestCase):
         self.assertAlmostEqual(e["max"], 2.5)
 
 
+class ShimLabel(unittest.TestCase):
+    def test_the_label_names_the_rings_that_carried_the_bytes(self):
+        base = {"records": 2, "upgraded": 2, "fallback": 0, "reasons": {}}
+        self.assertEqual(report.shim_label({**base, "rdma": 10, "shm": 0}),
+                         ("rdmashim (2 of 2 connections upgraded, over RDMA)", "upgraded"))
+        self.assertEqual(report.shim_label({**base, "rdma": 0, "shm": 10})[0],
+                         "rdmashim (2 of 2 connections upgraded, over shared memory)")
+        self.assertEqual(report.shim_label({**base, "fallback": 1, "rdma": 5, "shm": 5}),
+                         ("rdmashim (2 of 3 connections upgraded, over RDMA and shared memory: mixed)",
+                          "mixed"))
+        self.assertEqual(report.shim_label({**base, "upgraded": 0, "fallback": 2})[1], "pass-through")
+
+
 class WholeReport(unittest.TestCase):
     def test_outputs_carry_the_rounds(self):
         with tempfile.TemporaryDirectory() as d:
