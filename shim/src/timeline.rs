@@ -2,8 +2,8 @@
 //! compiled): `RDMASHIM_TIMELINE=client:FILE` or `server:FILE` makes the thread that loads
 //! the shim that end ([`rdmashim_core::timeline`]: the transport stamps its DATA posts and the
 //! DATA completions it sees; [`read_returned`] stamps a read of ring bytes returning) and
-//! writes the stamps to FILE at exit, with two readings of the time-stamp counter against the
-//! monotonic clock for its rate. `scripts/bench-tools/timeline_merge.py CLIENT SERVER` puts
+//! writes the stamps to FILE at exit and whenever the application closes an upgraded
+//! connection, with the time-stamp counter's ticks against the monotonic clock for its rate. `scripts/bench-tools/timeline_merge.py CLIENT SERVER` puts
 //! the two ends together: processes of one host read one counter. A diagnosis build only.
 
 use rdmashim_core::timeline::{self, Mark, Side};
