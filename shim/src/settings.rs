@@ -196,7 +196,7 @@ impl Default for Config {
             ack_timeout: ACK_TIMEOUT.default,
             ring_idle_secs: RING_IDLE_SECS.default,
             huge_pages: HUGE_PAGES_DEFAULT,
-            kind: LinkKind::Duplex,
+            kind: LinkKind::default(),
             trace: false,
             fault: None,
             warnings: Vec::new(),
@@ -698,6 +698,8 @@ impl Config {
                 })
             }
             Key::Kind => {
+                // (a value the shim cannot carry gets the enum's one default)
+                let default = LinkKind::default();
                 self.kind = match trim_blank(raw).to_ascii_lowercase().as_slice() {
                     b"imm" => LinkKind::Imm,
                     b"sends" => LinkKind::Sends,
@@ -705,15 +707,18 @@ impl Config {
                     b"read" => LinkKind::Read,
                     b"duplex" => LinkKind::Duplex,
                     b"records" => {
-                        warn("records are not carried by the shim yet; using duplex".into());
-                        LinkKind::Duplex
+                        warn(format!(
+                            "records are not carried by the shim yet; using {}",
+                            default.name()
+                        ));
+                        default
                     }
                     _ => {
-                        warn(
-                            "unknown connection kind (imm, sends, srq, read, duplex); using duplex"
-                                .into(),
-                        );
-                        LinkKind::Duplex
+                        warn(format!(
+                            "unknown connection kind (imm, sends, srq, read, duplex); using {}",
+                            default.name()
+                        ));
+                        default
                     }
                 }
             }

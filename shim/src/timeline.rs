@@ -3,8 +3,9 @@
 //! the shim that end ([`rdmashim_core::timeline`]: the transport stamps its DATA posts and the
 //! DATA completions it sees; [`read_returned`] stamps a read of ring bytes returning) and
 //! writes the stamps to FILE at exit and whenever the application closes an upgraded
-//! connection, with the time-stamp counter's ticks against the monotonic clock for its rate. `scripts/bench-tools/timeline_merge.py CLIENT SERVER` puts
-//! the two ends together: processes of one host read one counter. A diagnosis build only.
+//! connection, with the time-stamp counter's ticks against the monotonic clock for its rate.
+//! `scripts/bench-tools/timeline_merge.py CLIENT SERVER` puts the two ends together:
+//! processes of one host read one counter. A diagnosis build only.
 
 use rdmashim_core::timeline::{self, Mark, Side};
 use std::sync::OnceLock;
@@ -36,8 +37,8 @@ pub fn read_returned() {
 }
 
 /// At exit, and whenever the application closes an upgraded connection (a server is ended by
-/// a signal, which runs no destructor): the stamps, one line per mark (`name t t t …`), after `rate NS TICKS` (the
-/// monotonic nanoseconds and counter ticks since load).
+/// a signal, which runs no destructor): the stamps, one line per mark (`name t t t …`),
+/// after `rate NS TICKS` (the monotonic nanoseconds and counter ticks since load).
 pub fn finish() {
     let Some((side, file, t0, c0)) = END.get() else {
         return;
