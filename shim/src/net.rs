@@ -83,7 +83,7 @@ pub fn abandon_private() {
 }
 
 /// Whether the shim may still use its own descriptors (see [`abandon_private`]).
-fn private_usable() -> bool {
+pub(crate) fn private_usable() -> bool {
     !ABANDONED.load(core::sync::atomic::Ordering::Acquire)
 }
 
@@ -212,7 +212,7 @@ pub fn eventfd(min: c_int) -> Result<c_int, Errno> {
 /// `fd`, just made by the shim for itself, marked private and moved at or above `min` as far
 /// as the descriptor limit allows (a private duplicate, the original closed; `fd` itself if
 /// no duplicate can be made).
-fn private_at_or_above(fd: c_int, min: c_int) -> c_int {
+pub(crate) fn private_at_or_above(fd: c_int, min: c_int) -> c_int {
     if fd >= min {
         return private(fd);
     }

@@ -9,6 +9,7 @@
 
 use crate::sys::ErrnoGuard;
 use core::ffi::c_int;
+use std::sync::{Mutex, TryLockError};
 
 /// The calling thread's signal mask, saved while it busy-polls in place of a wait that a
 /// signal would interrupt.
@@ -117,23 +118,17 @@ impl SignalsHeld {
         worst
     }
 
-    /// A signalfd (non-blocking, close-on-exec) that becomes readable when one of the
-    /// asynchronous signals the thread's own mask lets through is pending ([`SignalWatch`]).
-    fn signalfd(&self) -> Option<c_int> {
-        let _e = ErrnoGuard::save();
-        // SAFETY: sigset_t is plain data edited by sigfillset/sigdelset/sigismember;
-        // signalfd(-1, ..) only reads the set and makes a new descriptor.
-        unsafe {
-            let mut set: libc::sigset_t = core::mem::zeroed();
-            libc::sigfillset(&mut set);
-            for s in 1..=libc::SIGRTMAX() {
-                if libc::sigismember(&self.old, s) == 1 || SYNCHRONOUS.contains(&s) {
-                    libc::sigdelset(&mut set, s);
-                }
+    /// The asynchronous signals the thread's own mask lets through (bit `s - 1` for signal
+    /// `s`): those a signalfd of [`SignalWatch`] watches.
+    fn let_through(&self) -> u64 {
+        let mut bits = 0u64;
+        for s in 1..=libc::SIGRTMAX().min(64) {
+            // SAFETY: `old` is an initialised set.
+            if unsafe { libc::sigismember(&self.old, s) } != 1 && !SYNCHRONOUS.contains(&s) {
+                bits |= 1 << (s - 1);
             }
-            let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
-            (fd >= 0).then_some(fd)
         }
+        bits
     }
 
     /// The thread's own mask, as it was before the signals were held: for a wait that
@@ -159,14 +154,102 @@ impl SignalsHeld {
 /// [`finish`](Self::finish) tells what it does before letting it go (its handler runs then).
 pub struct SignalWatch {
     held: SignalsHeld,
+    fd: Watcher,
+}
+
+/// The signalfd of a [`SignalWatch`]: one of the shim's own descriptors (moved high and marked
+/// private, as its eventfds are), taken from [`POOL`] and given back to it, or — when the shim
+/// may not keep descriptors of its own (`net::abandon_private`) — one of this wait only.
+struct Watcher {
     fd: c_int,
+    set: u64,
+    private: bool,
+}
+
+/// Signalfds of finished waits, each with the set it watches (fixed when it was made: one
+/// process's threads, or a fork child and its parent, may poll the same one at once, and
+/// poll reads the pending signals of whoever polls). A blocking call on an upgraded
+/// connection sleeps once per message it waits for; a signalfd made and closed for each
+/// sleep cost two system calls and a deferred file release of the ~8 a sleep makes, and it
+/// took the lowest free descriptor number, where a program that closes 0 and opens a file
+/// expects that file. Only `try_lock`ed: a fork child whose parent held the lock at the fork
+/// makes its own signalfds (and closes them) instead of waiting for it forever.
+static POOL: Mutex<Vec<(c_int, u64)>> = Mutex::new(Vec::new());
+
+/// The most signalfds [`POOL`] keeps (one per thread that sleeps at the same time, and
+/// per signal mask those threads have).
+const POOL_MAX: usize = 16;
+
+fn pool() -> Option<std::sync::MutexGuard<'static, Vec<(c_int, u64)>>> {
+    match POOL.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+impl Watcher {
+    /// A signalfd watching `set`: a pooled one, or a new one moved at or above `min`.
+    fn take(set: u64, min: c_int) -> Option<Watcher> {
+        let private = crate::net::private_usable();
+        if private {
+            if let Some(mut p) = pool() {
+                if let Some(i) = p.iter().position(|&(_, s)| s == set) {
+                    let (fd, _) = p.swap_remove(i);
+                    return Some(Watcher { fd, set, private });
+                }
+            }
+        }
+        let _e = ErrnoGuard::save();
+        // SAFETY: sigset_t is plain data, initialised by sigemptyset and edited by sigaddset;
+        // signalfd(-1, ..) only reads the set and makes a new descriptor.
+        let fd = unsafe {
+            let mut mask: libc::sigset_t = core::mem::zeroed();
+            libc::sigemptyset(&mut mask);
+            for s in 1..=64 {
+                if set & (1 << (s - 1)) != 0 {
+                    libc::sigaddset(&mut mask, s);
+                }
+            }
+            libc::signalfd(-1, &mask, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC)
+        };
+        if fd < 0 {
+            return None;
+        }
+        let fd = if private {
+            crate::net::private_at_or_above(fd, min)
+        } else {
+            fd
+        };
+        Some(Watcher { fd, set, private })
+    }
+
+    /// Back to the pool, or closed.
+    fn give_back(self) {
+        if self.private && crate::net::private_usable() {
+            if let Some(mut p) = pool() {
+                if p.len() < POOL_MAX {
+                    p.push((self.fd, self.set));
+                    return;
+                }
+            }
+            crate::net::close(self.fd);
+        } else if !self.private {
+            let _e = ErrnoGuard::save();
+            // SAFETY: the signalfd this wait made, closed once.
+            unsafe { libc::close(self.fd) };
+        }
+        // (a private one after the shim gave its descriptors up: its number may be the
+        // program's now; left alone)
+    }
 }
 
 impl SignalWatch {
-    /// Holds the signals and opens the signalfd; `None` (nothing held) if either fails.
-    pub fn start() -> Option<SignalWatch> {
+    /// Holds the signals and takes a signalfd (made at or above `min` if a new one is
+    /// needed); `None` (nothing held) if either fails.
+    pub fn start(min: c_int) -> Option<SignalWatch> {
         let held = SignalsHeld::hold()?;
-        match held.signalfd() {
+        match Watcher::take(held.let_through(), min) {
             Some(fd) => Some(SignalWatch { held, fd }),
             None => {
                 held.release();
@@ -177,16 +260,15 @@ impl SignalWatch {
 
     /// The signalfd, to wait on.
     pub fn fd(&self) -> c_int {
-        self.fd
+        self.fd.fd
     }
 
     /// What the signals that arrived do to a blocking call ([`SignalsHeld::pending`]); then
-    /// closes the signalfd and lets them go.
+    /// gives the signalfd back and lets them go. (Nothing is read from the signalfd: the
+    /// signals stay pending until they are let go, and their handlers run then.)
     pub fn finish(self) -> Delivery {
         let d = self.held.pending();
-        let _e = ErrnoGuard::save();
-        // SAFETY: the signalfd this watch opened, closed once.
-        unsafe { libc::close(self.fd) };
+        self.fd.give_back();
         self.held.release();
         d
     }

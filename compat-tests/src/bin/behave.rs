@@ -1933,6 +1933,78 @@ mod cut_writer {
     }
 }
 
+mod lowest_fd {
+    //! While a thread of the program sleeps in a blocking recv (over the rings: in the shim's
+    //! own wait), another opens a file: it gets the lowest free descriptor number, as POSIX
+    //! says and as programs that close 0, 1 or 2 and open a file in their place rely on. The
+    //! shim's wait must hold no descriptor down there (its signalfd is one of its own, high).
+    use super::*;
+
+    const MSG: usize = 64;
+    const ROUNDS: usize = 20;
+    const DELAY: Duration = Duration::from_millis(400);
+
+    pub fn server(mut s: TcpStream) {
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut buf = [0u8; MSG];
+        for _ in 0..ROUNDS {
+            s.read_exact(&mut buf).unwrap();
+            s.write_all(&buf).unwrap();
+        }
+        // the answers of the three sleeps, each late
+        for i in 0..3u8 {
+            let mut cmd = [0u8; 1];
+            s.read_exact(&mut cmd).unwrap();
+            assert_eq!(cmd[0], b'a' + i, "command {i}");
+            std::thread::sleep(DELAY);
+            s.write_all(&pattern(MSG, i)).unwrap();
+        }
+        assert_eq!(read_to_eof(&mut s), b"");
+    }
+
+    /// The number a new descriptor gets now.
+    fn lowest_free() -> RawFd {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        f.as_raw_fd()
+    }
+
+    pub fn client(addr: SocketAddr) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        for i in 0..ROUNDS {
+            let msg = pattern(MSG, i as u8 ^ 0x33);
+            s.write_all(&msg).unwrap();
+            let mut got = [0u8; MSG];
+            s.read_exact(&mut got).unwrap();
+            assert!(got[..] == msg[..], "round {i} came back different");
+        }
+        // (no read timeout: a wait the shim holds signals for, as a blocking call without one)
+        let mut reader = s.try_clone().unwrap();
+        for i in 0..3u8 {
+            let want = lowest_free();
+            s.write_all(&[b'a' + i]).unwrap();
+            let t = std::thread::spawn(move || {
+                let mut got = [0u8; MSG];
+                reader.read_exact(&mut got).unwrap();
+                assert!(
+                    got[..] == pattern(MSG, i)[..],
+                    "answer {i} came back different"
+                );
+                reader
+            });
+            // (the reader is asleep by now: the answer is 400 ms away)
+            std::thread::sleep(DELAY / 4);
+            let got = lowest_free();
+            reader = t.join().unwrap();
+            assert_eq!(
+                got, want,
+                "sleep {i}: a file opened while a thread slept in recv got descriptor {got}, \
+                 not the lowest free one, {want}"
+            );
+        }
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+}
+
 /// A wait for readiness — epoll_wait, poll — is interrupted by a signal (EINTR; neither is
 /// ever restarted), also when the connection is upgraded and the wait busy-polls before it
 /// sleeps; and a signal sent to the process runs its handler on the thread that waits (the
@@ -4407,6 +4479,7 @@ const SCENARIOS: &[(&str, Server, Client)] = &[
     ("cut_writer", cut_writer::server, cut_writer::client),
     ("wait_signal", wait_signal::server, wait_signal::client),
     ("restart", restart::server, restart::client),
+    ("lowest_fd", lowest_fd::server, lowest_fd::client),
     ("epoll_data", epoll_data::server, epoll_data::client),
     ("stdio", stdio::server, stdio::client),
     ("exec", handover::exec_server, handover::exec_client),

@@ -324,7 +324,7 @@ impl Waiter {
         };
         let watch = deadline
             .is_none()
-            .then(crate::signals::SignalWatch::start)
+            .then(|| crate::signals::SignalWatch::start(super::PRIVATE_FD_MIN))
             .flatten();
         let mut p = [
             libc::pollfd {

@@ -42,7 +42,7 @@ use std::time::Instant;
 pub(crate) use binding::Mark;
 pub use engine::Engine;
 
-/// Lowest fd number for the shim's own eventfds and private socket duplicates.
+/// Lowest fd number for the shim's own eventfds, signalfds and private socket duplicates.
 const PRIVATE_FD_MIN: c_int = 1000;
 
 /// The free descriptors a connection's upgrade is begun with, at least (`fd_limit` below):
