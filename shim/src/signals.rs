@@ -265,9 +265,17 @@ impl SignalWatch {
 
     /// What the signals that arrived do to a blocking call ([`SignalsHeld::pending`]); then
     /// gives the signalfd back and lets them go. (Nothing is read from the signalfd: the
-    /// signals stay pending until they are let go, and their handlers run then.)
-    pub fn finish(self) -> Delivery {
-        let d = self.held.pending();
+    /// signals stay pending until they are let go, and their handlers run then.) `quiet`:
+    /// the wait saw the signalfd not readable when it ended (its poll's `revents`), so no
+    /// signal had come by then and the pending set is not read — one system call less on
+    /// every sleep that data or readiness ended; one arriving since is let go as if it came
+    /// just after the call.
+    pub fn finish(self, quiet: bool) -> Delivery {
+        let d = if quiet {
+            Delivery::Unseen
+        } else {
+            self.held.pending()
+        };
         self.fd.give_back();
         self.held.release();
         d

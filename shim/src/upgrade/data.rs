@@ -351,8 +351,10 @@ impl Waiter {
         let n = if sock_events != 0 { 4 } else { 3 };
         stats::count_wait_at(stats::fd_shard(fd), Wait::Slept);
         let r = net::poll(&mut p[..n], timeout);
-        // (what a signal that arrived does, read before its handler runs)
-        let signal = watch.map(crate::signals::SignalWatch::finish);
+        // (what a signal that arrived does, read before its handler runs; a poll that
+        // returned with the signalfd not readable saw none)
+        let quiet = r.is_ok() && p[2].revents == 0;
+        let signal = watch.map(|w| w.finish(quiet));
         c.unwatch_efds();
         if comp.is_some() {
             let mut g = c.lock();
