@@ -1256,6 +1256,11 @@ impl Conn {
             // (retired: see `Back::Switching`)
             return;
         }
+        // (nobody waits on the eventfds: whoever starts to brings them up to date,
+        // `watch_efds`; the readiness is not worked out for nothing on every settle)
+        if self.efd_watchers.load(Ordering::SeqCst) == 0 && !trace() {
+            return;
+        }
         let c = link.conn();
         let r = c.readiness();
         let rd = !r.read_via_tcp && (r.readable || r.hup || r.error || r.rdhup);
