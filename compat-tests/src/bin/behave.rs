@@ -93,6 +93,25 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// A server's first part in the scenarios whose client waits in a blocking recv: `rounds`
+/// echoes of `msg`-byte messages, then three answers (`pattern(msg, i)`), each asked for by
+/// the command byte `b'a' + i` and written `delay` after it (the client sleeps meanwhile).
+fn echo_then_late_answers(s: &mut TcpStream, msg: usize, rounds: usize, delay: Duration) {
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut buf = vec![0u8; msg];
+    for _ in 0..rounds {
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(&buf).unwrap();
+    }
+    for i in 0..3u8 {
+        let mut cmd = [0u8; 1];
+        s.read_exact(&mut cmd).unwrap();
+        assert_eq!(cmd[0], b'a' + i, "command {i}");
+        std::thread::sleep(delay);
+        s.write_all(&pattern(msg, i)).unwrap();
+    }
+}
+
 fn fnv(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
@@ -1945,20 +1964,8 @@ mod lowest_fd {
     const DELAY: Duration = Duration::from_millis(400);
 
     pub fn server(mut s: TcpStream) {
-        s.set_read_timeout(Some(T)).unwrap();
-        let mut buf = [0u8; MSG];
-        for _ in 0..ROUNDS {
-            s.read_exact(&mut buf).unwrap();
-            s.write_all(&buf).unwrap();
-        }
-        // the answers of the three sleeps, each late
-        for i in 0..3u8 {
-            let mut cmd = [0u8; 1];
-            s.read_exact(&mut cmd).unwrap();
-            assert_eq!(cmd[0], b'a' + i, "command {i}");
-            std::thread::sleep(DELAY);
-            s.write_all(&pattern(MSG, i)).unwrap();
-        }
+        // (the answers of the three sleeps, each late)
+        echo_then_late_answers(&mut s, MSG, ROUNDS, DELAY);
         assert_eq!(read_to_eof(&mut s), b"");
     }
 
@@ -2209,20 +2216,7 @@ mod restart {
     const BULK: usize = 16 << 20;
 
     pub fn server(mut s: TcpStream) {
-        s.set_read_timeout(Some(T)).unwrap();
-        let mut buf = [0u8; MSG];
-        for _ in 0..ROUNDS {
-            s.read_exact(&mut buf).unwrap();
-            s.write_all(&buf).unwrap();
-        }
-        // three delayed answers
-        for i in 0..3u8 {
-            let mut cmd = [0u8; 1];
-            s.read_exact(&mut cmd).unwrap();
-            assert_eq!(cmd[0], b'a' + i, "command {i}");
-            std::thread::sleep(DELAY);
-            s.write_all(&pattern(MSG, i)).unwrap();
-        }
+        echo_then_late_answers(&mut s, MSG, ROUNDS, DELAY);
         // a bulk write it does not read at first
         let mut cmd = [0u8; 1];
         s.read_exact(&mut cmd).unwrap();
