@@ -154,7 +154,7 @@ impl SignalsHeld {
 /// [`finish`](Self::finish) tells what it does before letting it go (its handler runs then).
 pub struct SignalWatch {
     held: SignalsHeld,
-    fd: Watcher,
+    watcher: Watcher,
 }
 
 /// The signalfd of a [`SignalWatch`]: one of the shim's own descriptors (moved high and marked
@@ -250,7 +250,7 @@ impl SignalWatch {
     pub fn start(min: c_int) -> Option<SignalWatch> {
         let held = SignalsHeld::hold()?;
         match Watcher::take(held.let_through(), min) {
-            Some(fd) => Some(SignalWatch { held, fd }),
+            Some(watcher) => Some(SignalWatch { held, watcher }),
             None => {
                 held.release();
                 None
@@ -260,7 +260,7 @@ impl SignalWatch {
 
     /// The signalfd, to wait on.
     pub fn fd(&self) -> c_int {
-        self.fd.fd
+        self.watcher.fd
     }
 
     /// What the signals that arrived do to a blocking call ([`SignalsHeld::pending`]); then
@@ -276,7 +276,7 @@ impl SignalWatch {
         } else {
             self.held.pending()
         };
-        self.fd.give_back();
+        self.watcher.give_back();
         self.held.release();
         d
     }

@@ -112,6 +112,18 @@ fn echo_then_late_answers(s: &mut TcpStream, msg: usize, rounds: usize, delay: D
     }
 }
 
+/// The client's side of [`echo_then_late_answers`]' echoes: `rounds` `msg`-byte messages
+/// (`pattern(msg, i ^ seed)`), each read back whole and checked.
+fn ping_pong(s: &mut TcpStream, msg: usize, rounds: usize, seed: u8) {
+    let mut got = vec![0u8; msg];
+    for i in 0..rounds {
+        let out = pattern(msg, i as u8 ^ seed);
+        s.write_all(&out).unwrap();
+        s.read_exact(&mut got).unwrap();
+        assert!(got == out, "round {i} came back different");
+    }
+}
+
 fn fnv(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
@@ -1977,13 +1989,7 @@ mod lowest_fd {
 
     pub fn client(addr: SocketAddr) {
         let mut s = TcpStream::connect(addr).unwrap();
-        for i in 0..ROUNDS {
-            let msg = pattern(MSG, i as u8 ^ 0x33);
-            s.write_all(&msg).unwrap();
-            let mut got = [0u8; MSG];
-            s.read_exact(&mut got).unwrap();
-            assert!(got[..] == msg[..], "round {i} came back different");
-        }
+        ping_pong(&mut s, MSG, ROUNDS, 0x33);
         // (no read timeout: a wait the shim holds signals for, as a blocking call without one)
         let mut reader = s.try_clone().unwrap();
         for i in 0..3u8 {
@@ -2315,13 +2321,7 @@ mod restart {
     pub fn client(addr: SocketAddr) {
         let mut s = TcpStream::connect(addr).unwrap();
         let fd = s.as_raw_fd();
-        for i in 0..ROUNDS {
-            let msg = pattern(MSG, i as u8 ^ 0x55);
-            s.write_all(&msg).unwrap();
-            let mut got = [0u8; MSG];
-            s.read_exact(&mut got).unwrap();
-            assert!(got[..] == msg[..], "round {i} came back different");
-        }
+        ping_pong(&mut s, MSG, ROUNDS, 0x55);
         let mut buf = [0u8; MSG];
 
         // 1. SA_RESTART, alarms every 5 ms: the recv is restarted until the answer comes.

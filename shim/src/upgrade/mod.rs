@@ -1258,7 +1258,8 @@ impl Conn {
         }
         // (nobody waits on the eventfds: whoever starts to brings them up to date,
         // `watch_efds`; the readiness is not worked out for nothing on every settle)
-        if self.efd_watchers.load(Ordering::SeqCst) == 0 && !trace() {
+        let watched = self.efd_watchers.load(Ordering::SeqCst) != 0;
+        if !watched && !trace() {
             return;
         }
         let c = link.conn();
@@ -1286,7 +1287,7 @@ impl Conn {
                 link.failure(),
             );
         }
-        if self.efd_watchers.load(Ordering::SeqCst) == 0 {
+        if !watched {
             return;
         }
         if rd {
