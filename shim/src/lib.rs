@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod cadence;
 pub mod config;
 pub mod fault;
 pub mod fdtable;

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 /// How many times one of the shim's own threads (the engine, the setup thread) woke up. A
 /// spinning application thread that finds a gap in its clock reads (it lost its CPU) and sees
-/// this moved meanwhile takes the gap for the shim's own housekeeping (the engine wakes every
-/// `upgrade::UNARMED_MAX` while a CQ is unarmed, and preempts a spinner on its CPU), not for a peer
-/// sharing its CPU: it spins on.
+/// this moved meanwhile takes the gap for the shim's own housekeeping (the engine wakes now and
+/// then while a CQ is unarmed, [`crate::cadence`], and preempts a spinner on its CPU), not for a
+/// peer sharing its CPU: it spins on.
 pub(crate) static INTERNAL_WAKES: AtomicU64 = AtomicU64::new(0);
 
 /// The longest a blocked data call busy-polls before it sleeps (`RDMASHIM_SPIN_US`, default

@@ -23,6 +23,7 @@
 use super::adopt::{self, OFFER_HOLD};
 use super::binding::TokenWait;
 use super::{fallback_reason, link_config, Conn, Inner, Phase, UNARMED_MAX};
+use crate::cadence::{Cadence, Look};
 use crate::config::Level;
 use crate::net;
 use crate::reason::FallbackReason;
@@ -1087,6 +1088,8 @@ struct State {
     backlog_at: Option<Instant>,
     /// How long the last look at every connection took ([`Self::next_scan`]).
     scan_cost: Duration,
+    /// How often it looks at the CQs application threads left unarmed.
+    cadence: Cadence,
 }
 
 /// The most bytes this process's connections over RDMA may pin (`RDMASHIM_PINNED_MIB`; by
@@ -1166,8 +1169,8 @@ pub(crate) fn watch_completions(c: &Conn, l: &Link, on: bool) {
     let _ = net::epoll_ctl(e.epfd, op, l.comp_fd(), ev, token(COMP, c.slot));
 }
 
-/// How long after a CQ was last left unarmed the engine keeps waking every [`UNARMED_MAX`]
-/// (see [`super::LAST_UNARMED_MS`]).
+/// How long after a CQ was last left unarmed the engine keeps waking at its cadence (see
+/// [`super::LAST_UNARMED_MS`], [`crate::cadence`]).
 const UNARMED_RECENT: Duration = Duration::from_millis(200);
 
 /// Makes sure the engine wakes within `within` (if it runs).
@@ -1204,6 +1207,7 @@ fn run(epfd: c_int, wake: c_int) {
         answered: HashMap::new(),
         backlog_at: None,
         scan_cost: Duration::ZERO,
+        cadence: Cadence::new(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -1221,7 +1225,7 @@ fn run(epfd: c_int, wake: c_int) {
             // (after publishing the wake-up time: an application thread that leaves a CQ
             // unarmed after this reads it and wakes the engine; one that did before is seen here)
             let unarmed = super::UNARMED.load(Ordering::SeqCst) > 0
-                && (timeout < 0 || timeout as u128 > UNARMED_MAX.as_millis());
+                && (timeout < 0 || timeout as u128 > st.cadence.every().as_millis());
             if e.has_cmds() || unarmed {
                 continue;
             }
@@ -1327,7 +1331,7 @@ impl State {
         let recent = net::coarse_ms()
             < super::LAST_UNARMED_MS.load(Ordering::Relaxed) + UNARMED_RECENT.as_millis() as u64;
         if super::UNARMED.load(Ordering::SeqCst) > 0 || recent {
-            let t = now + UNARMED_MAX;
+            let t = now + self.cadence.every();
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if let Some(t) = engine().and_then(|e| e.retire_listeners(now)) {
@@ -2509,6 +2513,7 @@ impl State {
             // CQs an application thread left unarmed and did not come back to: completions
             // (the peer's data, the credits a blocked send waits for) must raise events again.
             let ms = net::coarse_ms();
+            let mut look = Look::default();
             for t in self.conns.values_mut() {
                 let c = &t.conn;
                 // (a connection whose lock is taken is in use: not left alone; next round)
@@ -2522,8 +2527,16 @@ impl State {
                 let idle = std::mem::replace(&mut t.uses_seen, uses) == uses;
                 if stale && idle && c.sleepers.load(Ordering::SeqCst) == 0 {
                     c.on_completions(&mut g);
+                    look.armed += 1;
+                } else if stale && !idle {
+                    look.busy += 1;
                 }
             }
+            // (fewer looks while they find the connections still in use: each one wakes this
+            // thread, and on a pinned process's CPU preempts the thread that keeps them busy)
+            self.cadence.looked(look);
+            super::UNARMED_EVERY_MS
+                .store(self.cadence.every().as_millis() as u64, Ordering::SeqCst);
         }
         // Every connection looked at (each one's lock taken): when the earliest timer of the
         // last look is due, or events came since it, at most every SCAN_EVERY — not at every

@@ -206,14 +206,21 @@ fn unarmed_done(cq: bool) {
 }
 
 /// How long a CQ may stay unarmed after an application thread's blocking wait before the engine
-/// arms it (the application went on to something else: completions must be taken again).
-pub(crate) const UNARMED_MAX: std::time::Duration = std::time::Duration::from_millis(10);
+/// arms it (the application went on to something else: completions must be taken again). The
+/// engine's looks for such CQs come that often at first, less often while they find the
+/// connections still in use ([`crate::cadence`]).
+pub(crate) const UNARMED_MAX: std::time::Duration = crate::cadence::BASE;
 
 /// When (coarse clock, ms) a CQ was last left unarmed. For a while after it, the engine wakes
-/// every [`UNARMED_MAX`] by itself (whether or not a CQ is unarmed at the moment it goes to
-/// sleep), so that a connection in a blocking ping-pong, unarmed between each wake-up and the
-/// next wait, does not have to wake it each time.
+/// at its cadence ([`UNARMED_EVERY_MS`]) by itself (whether or not a CQ is unarmed at the
+/// moment it goes to sleep), so that a connection in a blocking ping-pong, unarmed between each
+/// wake-up and the next wait, does not have to wake it each time.
 pub(crate) static LAST_UNARMED_MS: AtomicU64 = AtomicU64::new(0);
+
+/// The engine's current interval between looks at unarmed CQs, in ms ([`crate::cadence`]): a
+/// thread that leaves a CQ unarmed wakes the engine only if it would sleep longer than this.
+pub(crate) static UNARMED_EVERY_MS: AtomicU64 =
+    AtomicU64::new(crate::cadence::BASE.as_millis() as u64);
 
 /// [`Conn::efd_watchers`]'s mark of a connection registered in an epoll set (for good: a
 /// registration outlives any call, and edge-triggered waiters need every new arrival's write).
@@ -654,7 +661,9 @@ impl Conn {
             } else {
                 ready::list_unarmed(self);
             }
-            engine::nudge(UNARMED_MAX);
+            engine::nudge(std::time::Duration::from_millis(
+                UNARMED_EVERY_MS.load(Ordering::SeqCst),
+            ));
         }
         self.settle(g);
         ready::after_change(self, g);
@@ -2019,6 +2028,8 @@ pub fn after_fork_child() {
     // (the parent's unarmed CQs are not the child's business)
     UNARMED.store(0, Ordering::SeqCst);
     UNARMED_CQ.store(0, Ordering::SeqCst);
+    // (the child's engine starts its looks at their base)
+    UNARMED_EVERY_MS.store(crate::cadence::BASE.as_millis() as u64, Ordering::SeqCst);
     // The parent's private socket duplicates (connections it was closing at the moment of the
     // fork) stay open in the child until it execs (they are close-on-exec) or exits: their
     // numbers live in the engine thread's state, which did not survive the fork.
