@@ -13,13 +13,15 @@
 //!
 //! So the looks back off while they find nothing to do: each look that finds the connections
 //! left unarmed still in use doubles the time to the next, up to [`BUSY_MAX`]; a look that
-//! armed one (an application stopped calling: its pattern changed) brings it back to
-//! [`BASE`]. A thread that leaves a CQ unarmed makes sure the engine looks within the current
-//! interval (`upgrade::UNARMED_EVERY_MS`), not sooner: a blocking ping-pong leaves its CQ
-//! unarmed at every wake-up, and a wake-up of the engine per message is what leaving it
-//! unarmed saves. A connection whose application stopped calling is armed within
-//! [`BUSY_MAX`] plus [`BASE`] at worst — and only where nothing else arms it first: a blocking
-//! call arms before it sleeps, and `poll`/`select`/`epoll_wait` arm the sets they wait on.
+//! armed one (an application stopped calling: its pattern changed), or that found one in use
+//! whose readiness another wait may be watching (an epoll set, a poll-family call: such a wait
+//! may have begun before the CQ was left unarmed), brings it back to [`BASE`]. A thread that
+//! leaves a CQ unarmed makes sure the engine looks within the current interval
+//! (`upgrade::UNARMED_EVERY_MS`), not sooner: a blocking ping-pong leaves its CQ unarmed at
+//! every wake-up, and a wake-up of the engine per message is what leaving it unarmed saves. A
+//! connection whose application stopped calling is armed within [`BUSY_MAX`] plus [`BASE`] at
+//! worst — and only where nothing else arms it first: a blocking call arms before it sleeps,
+//! and `poll`/`select`/`epoll_wait` arm the sets they wait on.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
@@ -36,6 +38,10 @@ pub const BUSY_MAX: Duration = Duration::from_millis(160);
 pub struct Look {
     /// Connections unarmed for [`BASE`] or more whose data calls moved since the last look.
     pub busy: usize,
+    /// Such connections whose readiness a thread may be waiting on besides (in an epoll set, a
+    /// poll-family call): that wait may have begun before the CQ was left unarmed, and learns of
+    /// the next completion only once it is armed again — their looks stay at [`BASE`].
+    pub watched: usize,
     /// Connections it armed (unarmed for [`BASE`] or more, and idle).
     pub armed: usize,
 }
@@ -63,11 +69,12 @@ impl Cadence {
     }
 
     /// What a look found: it armed one (the application's pattern changed: looks at [`BASE`]
-    /// again), or found every connection it could judge still in use (twice as long to the
-    /// next look, up to [`BUSY_MAX`]); a look with nothing to judge (every unarmed CQ newer
-    /// than [`BASE`], or its connection's lock taken) changes nothing.
+    /// again) or found one in use whose readiness is watched (at [`BASE`] too), or found every
+    /// connection it could judge still in use (twice as long to the next look, up to
+    /// [`BUSY_MAX`]); a look with nothing to judge (every unarmed CQ newer than [`BASE`], or
+    /// its connection's lock taken) changes nothing.
     pub fn looked(&mut self, look: Look) {
-        if look.armed > 0 {
+        if look.armed > 0 || look.watched > 0 {
             self.every = BASE;
         } else if look.busy > 0 {
             self.every = (self.every * 2).min(BUSY_MAX);
@@ -80,7 +87,10 @@ mod tests {
     use super::*;
 
     fn busy() -> Look {
-        Look { busy: 1, armed: 0 }
+        Look {
+            busy: 1,
+            ..Look::default()
+        }
     }
 
     #[test]
@@ -101,7 +111,29 @@ mod tests {
         c.looked(busy());
         c.looked(busy());
         assert_eq!(c.every(), Duration::from_millis(40));
-        c.looked(Look { busy: 3, armed: 1 });
+        c.looked(Look {
+            busy: 3,
+            armed: 1,
+            ..Look::default()
+        });
+        assert_eq!(c.every(), BASE);
+    }
+
+    #[test]
+    fn a_connection_whose_readiness_is_watched_keeps_the_looks_at_the_base() {
+        let mut c = Cadence::new();
+        c.looked(busy());
+        c.looked(busy());
+        c.looked(Look {
+            busy: 5,
+            watched: 1,
+            armed: 0,
+        });
+        assert_eq!(c.every(), BASE);
+        c.looked(Look {
+            watched: 1,
+            ..Look::default()
+        });
         assert_eq!(c.every(), BASE);
     }
 

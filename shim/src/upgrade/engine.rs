@@ -2528,6 +2528,8 @@ impl State {
                 if stale && idle && c.sleepers.load(Ordering::SeqCst) == 0 {
                     c.on_completions(&mut g);
                     look.armed += 1;
+                } else if stale && !idle && c.readiness_watched() {
+                    look.watched += 1;
                 } else if stale && !idle {
                     look.busy += 1;
                 }

@@ -1202,6 +1202,16 @@ impl Conn {
         self.sync_efds(g);
     }
 
+    /// Whether a thread may be waiting on the connection's readiness other than in one of its
+    /// blocking data calls (which arm the CQ before they sleep): it is in an epoll set, or a
+    /// poll-family call or a data call's wait looks at its eventfds. Such a wait may have begun
+    /// before an application thread left the CQ unarmed, and learns of the connection's next
+    /// completion only once the CQ is armed again.
+    pub(crate) fn readiness_watched(&self) -> bool {
+        self.efd_watchers.load(Ordering::SeqCst) != 0
+            || self.comp_in_app.load(Ordering::SeqCst) != 0
+    }
+
     /// The thread of a [`watch_efds`](Self::watch_efds) stopped waiting.
     pub(crate) fn unwatch_efds(&self) {
         self.efd_watchers.fetch_sub(1, Ordering::SeqCst);
