@@ -17,13 +17,14 @@
 //! whose readiness another wait may be watching (an epoll set, a poll-family call: such a wait
 //! may have begun before the CQ was left unarmed), brings it back to [`BASE`]. A thread that
 //! leaves a CQ unarmed makes sure the engine looks within the current interval
-//! (`upgrade::UNARMED_EVERY_MS`), not sooner: a blocking ping-pong leaves its CQ unarmed at
+//! (`upgrade::UNARMED_CADENCE`), not sooner: a blocking ping-pong leaves its CQ unarmed at
 //! every wake-up, and a wake-up of the engine per message is what leaving it unarmed saves. A
 //! connection whose application stopped calling is armed within [`BUSY_MAX`] plus [`BASE`] at
 //! worst — and only where nothing else arms it first: a blocking call arms before it sleeps,
 //! and `poll`/`select`/`epoll_wait` arm the sets they wait on.
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 /// The looks' first interval, and theirs again after one armed a CQ; also how long a CQ stays
@@ -46,10 +47,11 @@ pub struct Look {
     pub armed: usize,
 }
 
-/// The engine's cadence of looks at unarmed CQs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The engine's cadence of looks at unarmed CQs: set by the engine after each look, read by
+/// the threads that leave a CQ unarmed (one shared value, in milliseconds; a `static`).
+#[derive(Debug)]
 pub struct Cadence {
-    every: Duration,
+    every_ms: AtomicU64,
 }
 
 impl Default for Cadence {
@@ -60,24 +62,32 @@ impl Default for Cadence {
 
 impl Cadence {
     pub const fn new() -> Cadence {
-        Cadence { every: BASE }
+        Cadence {
+            every_ms: AtomicU64::new(BASE.as_millis() as u64),
+        }
     }
 
     /// How long after this look the next one comes.
     pub fn every(&self) -> Duration {
-        self.every
+        Duration::from_millis(self.every_ms.load(SeqCst))
+    }
+
+    /// Back to [`BASE`] (a fork child's engine starts afresh).
+    pub fn reset(&self) {
+        self.every_ms.store(BASE.as_millis() as u64, SeqCst);
     }
 
     /// What a look found: it armed one (the application's pattern changed: looks at [`BASE`]
     /// again) or found one in use whose readiness is watched (at [`BASE`] too), or found every
     /// connection it could judge still in use (twice as long to the next look, up to
     /// [`BUSY_MAX`]); a look with nothing to judge (every unarmed CQ newer than [`BASE`], or
-    /// its connection's lock taken) changes nothing.
-    pub fn looked(&mut self, look: Look) {
+    /// its connection's lock taken) changes nothing. (The engine is its only writer.)
+    pub fn looked(&self, look: Look) {
         if look.armed > 0 || look.watched > 0 {
-            self.every = BASE;
+            self.reset();
         } else if look.busy > 0 {
-            self.every = (self.every * 2).min(BUSY_MAX);
+            let next = (self.every() * 2).min(BUSY_MAX);
+            self.every_ms.store(next.as_millis() as u64, SeqCst);
         }
     }
 }
@@ -95,7 +105,7 @@ mod tests {
 
     #[test]
     fn looks_at_a_connection_that_stays_busy_back_off_to_the_cap() {
-        let mut c = Cadence::new();
+        let c = Cadence::new();
         let mut seen = vec![c.every()];
         for _ in 0..8 {
             c.looked(busy());
@@ -107,7 +117,7 @@ mod tests {
 
     #[test]
     fn a_look_that_armed_a_cq_comes_back_at_the_base() {
-        let mut c = Cadence::new();
+        let c = Cadence::new();
         c.looked(busy());
         c.looked(busy());
         assert_eq!(c.every(), Duration::from_millis(40));
@@ -121,7 +131,7 @@ mod tests {
 
     #[test]
     fn a_connection_whose_readiness_is_watched_keeps_the_looks_at_the_base() {
-        let mut c = Cadence::new();
+        let c = Cadence::new();
         c.looked(busy());
         c.looked(busy());
         c.looked(Look {
@@ -139,7 +149,7 @@ mod tests {
 
     #[test]
     fn a_look_with_nothing_to_judge_keeps_the_cadence() {
-        let mut c = Cadence::new();
+        let c = Cadence::new();
         c.looked(busy());
         c.looked(Look::default());
         assert_eq!(c.every(), Duration::from_millis(20));
@@ -150,7 +160,7 @@ mod tests {
         // (a blocking ping-pong, or a spinning one whose spin sometimes runs out: the
         // connection is left unarmed anew at each wake-up and stays in use; only a look that
         // arms something resets the interval)
-        let mut c = Cadence::new();
+        let c = Cadence::new();
         for _ in 0..6 {
             c.looked(busy());
         }

@@ -23,7 +23,7 @@
 use super::adopt::{self, OFFER_HOLD};
 use super::binding::TokenWait;
 use super::{fallback_reason, link_config, Conn, Inner, Phase, UNARMED_MAX};
-use crate::cadence::{Cadence, Look};
+use crate::cadence::Look;
 use crate::config::Level;
 use crate::net;
 use crate::reason::FallbackReason;
@@ -1088,8 +1088,6 @@ struct State {
     backlog_at: Option<Instant>,
     /// How long the last look at every connection took ([`Self::next_scan`]).
     scan_cost: Duration,
-    /// How often it looks at the CQs application threads left unarmed.
-    cadence: Cadence,
 }
 
 /// The most bytes this process's connections over RDMA may pin (`RDMASHIM_PINNED_MIB`; by
@@ -1207,7 +1205,6 @@ fn run(epfd: c_int, wake: c_int) {
         answered: HashMap::new(),
         backlog_at: None,
         scan_cost: Duration::ZERO,
-        cadence: Cadence::new(),
     };
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
@@ -1225,7 +1222,7 @@ fn run(epfd: c_int, wake: c_int) {
             // (after publishing the wake-up time: an application thread that leaves a CQ
             // unarmed after this reads it and wakes the engine; one that did before is seen here)
             let unarmed = super::UNARMED.load(Ordering::SeqCst) > 0
-                && (timeout < 0 || timeout as u128 > st.cadence.every().as_millis());
+                && (timeout < 0 || timeout as u128 > super::UNARMED_CADENCE.every().as_millis());
             if e.has_cmds() || unarmed {
                 continue;
             }
@@ -1331,7 +1328,7 @@ impl State {
         let recent = net::coarse_ms()
             < super::LAST_UNARMED_MS.load(Ordering::Relaxed) + UNARMED_RECENT.as_millis() as u64;
         if super::UNARMED.load(Ordering::SeqCst) > 0 || recent {
-            let t = now + self.cadence.every();
+            let t = now + super::UNARMED_CADENCE.every();
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         if let Some(t) = engine().and_then(|e| e.retire_listeners(now)) {
@@ -2536,9 +2533,7 @@ impl State {
             }
             // (fewer looks while they find the connections still in use: each one wakes this
             // thread, and on a pinned process's CPU preempts the thread that keeps them busy)
-            self.cadence.looked(look);
-            super::UNARMED_EVERY_MS
-                .store(self.cadence.every().as_millis() as u64, Ordering::SeqCst);
+            super::UNARMED_CADENCE.looked(look);
         }
         // Every connection looked at (each one's lock taken): when the earliest timer of the
         // last look is due, or events came since it, at most every SCAN_EVERY — not at every

@@ -212,15 +212,14 @@ fn unarmed_done(cq: bool) {
 pub(crate) const UNARMED_MAX: std::time::Duration = crate::cadence::BASE;
 
 /// When (coarse clock, ms) a CQ was last left unarmed. For a while after it, the engine wakes
-/// at its cadence ([`UNARMED_EVERY_MS`]) by itself (whether or not a CQ is unarmed at the
+/// at its cadence ([`UNARMED_CADENCE`]) by itself (whether or not a CQ is unarmed at the
 /// moment it goes to sleep), so that a connection in a blocking ping-pong, unarmed between each
 /// wake-up and the next wait, does not have to wake it each time.
 pub(crate) static LAST_UNARMED_MS: AtomicU64 = AtomicU64::new(0);
 
-/// The engine's current interval between looks at unarmed CQs, in ms ([`crate::cadence`]): a
-/// thread that leaves a CQ unarmed wakes the engine only if it would sleep longer than this.
-pub(crate) static UNARMED_EVERY_MS: AtomicU64 =
-    AtomicU64::new(crate::cadence::BASE.as_millis() as u64);
+/// The engine's interval between looks at unarmed CQs ([`crate::cadence`]): a thread that
+/// leaves a CQ unarmed wakes the engine only if it would sleep longer than this.
+pub(crate) static UNARMED_CADENCE: crate::cadence::Cadence = crate::cadence::Cadence::new();
 
 /// [`Conn::efd_watchers`]'s mark of a connection registered in an epoll set (for good: a
 /// registration outlives any call, and edge-triggered waiters need every new arrival's write).
@@ -661,9 +660,7 @@ impl Conn {
             } else {
                 ready::list_unarmed(self);
             }
-            engine::nudge(std::time::Duration::from_millis(
-                UNARMED_EVERY_MS.load(Ordering::SeqCst),
-            ));
+            engine::nudge(UNARMED_CADENCE.every());
         }
         self.settle(g);
         ready::after_change(self, g);
@@ -2039,7 +2036,7 @@ pub fn after_fork_child() {
     UNARMED.store(0, Ordering::SeqCst);
     UNARMED_CQ.store(0, Ordering::SeqCst);
     // (the child's engine starts its looks at their base)
-    UNARMED_EVERY_MS.store(crate::cadence::BASE.as_millis() as u64, Ordering::SeqCst);
+    UNARMED_CADENCE.reset();
     // The parent's private socket duplicates (connections it was closing at the moment of the
     // fork) stay open in the child until it execs (they are close-on-exec) or exits: their
     // numbers live in the engine thread's state, which did not survive the fork.
