@@ -851,10 +851,11 @@ impl CmId {
     }
 
     fn qp_ptr(&self) -> Result<*mut ffi::ibv_qp> {
-        self.qp
-            .as_ref()
-            .map(|q| q.raw.as_ptr())
-            .ok_or(Error::InvalidArgument("the id has no QP"))
+        // (not `ok_or`: that builds the error, and drops it with a call, on every post)
+        match &self.qp {
+            Some(q) => Ok(q.raw.as_ptr()),
+            None => Err(Error::InvalidArgument("the id has no QP")),
+        }
     }
 
     fn post(&self, wr: &mut ffi::ibv_send_wr) -> Result<()> {

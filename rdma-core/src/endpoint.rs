@@ -578,11 +578,13 @@ impl Endpoint {
         imm: Option<Imm>,
     ) -> Result<()> {
         let (seq, signaled) = self.next_wr(false);
+        // (an error made only when it is returned: an `ok_or` would build one and drop it,
+        // a call, on every post)
         let mr = match gen {
-            Some(gen) => self
-                .tx_ring(gen)
-                .ok_or(Error::InvalidArgument("no send staging ring"))?
-                .mr(),
+            Some(gen) => match self.tx_ring(gen) {
+                Some(tx) => tx.mr(),
+                None => return Err(Error::InvalidArgument("no send staging ring")),
+            },
             None => self.kit.ctl_bufs.mr(),
         };
         let (wr_id, imm) = (SEND_TAG | seq, imm.map(Imm::encode));

@@ -493,6 +493,22 @@ impl Link {
         self.act();
     }
 
+    /// [`progress`](Self::progress) for a caller that has just [`push`](Self::push)ed: the
+    /// inputs are taken as `progress` takes them, and the core's actions performed again only
+    /// if any came (or the handshake's deadline was looked at, or the teardown is under way).
+    /// The push left nothing for a second pass to perform that no input would change: its
+    /// pass ran until the core had nothing to do, or until the send queue was full with no
+    /// completion to free it. One pass of the core's actions less on every write of the data
+    /// path, where that pass found nothing.
+    pub fn progress_after_push(&mut self, force_cm: bool) -> bool {
+        let timed = !self.deadline_owned && self.conn.poll_timeout().is_some();
+        let any = self.take_inputs(force_cm);
+        if any || timed || self.teardown != Td::Running {
+            self.act();
+        }
+        any
+    }
+
     /// Copies `bytes` into the send staging ring at stream cursor `cursor`: the grant of the
     /// `conn_mut().send(..)` that accepted them (contiguous thanks to the double mapping; the
     /// core grants at most the ring's size).

@@ -604,7 +604,7 @@ impl fmt::Display for OfferError {
 impl std::error::Error for OfferError {}
 
 /// One upgraded (or upgrading) TCP connection. See the module docs.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Connection {
     cfg: Config,
     side: Side,
@@ -1016,7 +1016,7 @@ impl Connection {
                 event: "Commit",
             });
         }
-        if self.life != Life::Established {
+        if !self.established() {
             return Err(InvalidTransition {
                 state: self.life_name(),
                 event: "Commit",
@@ -1035,7 +1035,7 @@ impl Connection {
             // Switching back: nothing more goes to the ring, and the application's bytes go to
             // TCP only after the continuation ([`Self::resume_due`]) — at once if this
             // direction never left TCP.
-            let agreed = self.life != Life::Established;
+            let agreed = !self.established();
             if (!agreed && self.tx_state != TxState::Tcp)
                 || (agreed && (b.record_left > 0 || b.resume_at < b.resume_end || b.resume_shut))
             {
@@ -1229,14 +1229,14 @@ impl Connection {
 
     /// A switch back is under way (started by either side) and not yet agreed by both.
     pub fn switching_back(&self) -> bool {
-        self.back.is_some() && self.life == Life::Established
+        self.back.is_some() && self.established()
     }
 
     /// The connection went back to TCP and the continuation is written: from now on it is a
     /// plain TCP connection (the ring stays only for bytes nobody will read).
     pub fn switched_back(&self) -> bool {
         self.back.is_some()
-            && self.life == Life::Closed
+            && self.closed()
             && self.resume_due().is_none()
             && (self.incoming.is_none_or(|i| i.done())
                 || (self.local_read_shut && self.control_due().is_none()))
@@ -1260,14 +1260,14 @@ impl Connection {
     /// continuation written. (The peer's may still be ahead of the application's reads: see
     /// [`Self::switched_back`].)
     pub fn writes_resumed(&self) -> bool {
-        self.back.is_some() && self.life == Life::Closed && self.resume_due().is_none()
+        self.back.is_some() && self.closed() && self.resume_due().is_none()
     }
 
     /// What to write to the TCP socket before any application byte, once the switch back is
     /// agreed; `None` before that and once done.
     pub fn resume_due(&self) -> Option<Resume> {
         let b = self.back?;
-        if self.life != Life::Closed {
+        if !self.closed() {
             return None;
         }
         if b.record_left > 0 {
@@ -1393,6 +1393,17 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// After [`Self::consume`], whether [`Self::poll_action`] may have an action that was not
+    /// due before it: a credit due as a message of its own, a ring released (or a teardown
+    /// pending). `false` means a caller that had performed every action before the consume
+    /// has nothing to perform now: what a read does on every message, with the credits it
+    /// frees riding on the answer (duplex) or waiting for their threshold.
+    pub fn due_after_consume(&self) -> bool {
+        self.teardown == Teardown::Pending
+            || !self.moves.actions.is_empty()
+            || (self.established() && self.credit_due_apart())
     }
 
     /// The application consumed `n` ring bytes (after [`Recv::Ring`]). Credit goes back lazily
@@ -1964,7 +1975,7 @@ impl Connection {
     /// failover the stream is TCP's and the application meets the error there itself; this
     /// changes nothing then, nor after a clean end.
     pub fn handle_tcp_error(&mut self, timed_out: bool) {
-        if self.failed_over() || self.life != Life::Established {
+        if self.failed_over() || !self.established() {
             return;
         }
         self.fail(if timed_out {
@@ -1979,7 +1990,7 @@ impl Connection {
     /// The next action for the transport, or `None` when there is nothing to do until the
     /// next input. Call until `None` after every input.
     pub fn poll_action(&mut self) -> Option<Action> {
-        if self.teardown == Teardown::Pending && self.credit_owed && self.life == Life::Closed {
+        if self.teardown == Teardown::Pending && self.credit_owed && self.closed() {
             // (the credit of the peer's SwitchOver first: its confirmation that we read its
             // stream on the ring, which it waits for before it takes our TCP end; or of its end
             // on a connection we pull from, which it waits for before it tears down)
@@ -1993,7 +2004,7 @@ impl Connection {
             self.teardown = Teardown::Done;
             return Some(Action::Teardown);
         }
-        if self.life != Life::Established {
+        if !self.established() {
             return None;
         }
         if let Some(ring) = self.source.filter(|_| !self.source_sent) {
@@ -2352,7 +2363,7 @@ impl Connection {
     pub fn poll_ring(&mut self, word: impl Fn(usize) -> u64) -> Result<bool, ErrorReason> {
         // (the peer's records follow its SwitchOver; none come after its end)
         if !self.records.on
-            || self.life != Life::Established
+            || !self.established()
             || self.back.is_some()
             || matches!(self.rx_state, RxState::Tcp { .. })
             || self.rx_state.is_finished()
@@ -2406,7 +2417,7 @@ impl Connection {
     /// without a notice. `false`: records are readable already ([`Self::recv`]).
     pub fn prepare_sleep(&mut self) -> bool {
         let reading = self.records.on
-            && self.life == Life::Established
+            && self.established()
             && self.back.is_none()
             && self.rx_state == RxState::Ring
             && self.records.ready.is_empty();
@@ -2428,7 +2439,7 @@ impl Connection {
         if !self.moves.on {
             return Err(OfferError::Unsupported);
         }
-        if self.life != Life::Established
+        if !self.established()
             || self.back.is_some()
             || self.rx_state.is_finished()
             || self.local_read_shut
@@ -2469,7 +2480,7 @@ impl Connection {
             return false;
         };
         if !self.moves.on
-            || self.life != Life::Established
+            || !self.established()
             || peer.tx.moved().is_some()
             || peer.tx.size() == size
             || self.moves.asked == Some(size)
@@ -2486,8 +2497,7 @@ impl Connection {
     /// accepted from now on are staged there). `false` if there is no such offer any more (the
     /// sending direction ended meanwhile): the staging area is not needed.
     pub fn staging_ready(&mut self, gen: u32) -> bool {
-        let writing =
-            self.life == Life::Established && Self::moves_writes(self.back, self.tx_state);
+        let writing = self.established() && Self::moves_writes(self.back, self.tx_state);
         let Some(peer) = self.peer.as_mut() else {
             return false;
         };
@@ -2606,20 +2616,28 @@ impl Connection {
                 .is_some_and(|w| w.len <= u64::from(Imm::MAX_DUPLEX_LEN))
     }
 
-    fn poll_credit(&mut self) -> Option<Action> {
-        let owed_slots = self.rx_slots.owed();
+    /// Whether a credit is due as a message of its own (the first test of
+    /// [`Self::poll_credit`]).
+    fn credit_due_apart(&self) -> bool {
         let wanted = self.peer_wants_credit || self.rx.move_credit_due();
         let due = if self.kind == Kind::Duplex {
             // (duplex: a credit the policy makes due rides on the next DATA; it goes apart
             // only when the peer asks, or it has waited long enough — an application's read
             // makes it due, and its answer, written next, carries it: §17)
-            self.policy.due_apart(self.rx.owed(), owed_slots, wanted)
+            self.policy
+                .due_apart(self.rx.owed(), self.rx_slots.owed(), wanted)
         } else {
-            self.policy.due(self.rx.owed(), owed_slots, wanted)
+            self.policy
+                .due(self.rx.owed(), self.rx_slots.owed(), wanted)
         };
-        if !due || self.credit_rides_on_data() {
+        due && !self.credit_rides_on_data()
+    }
+
+    fn poll_credit(&mut self) -> Option<Action> {
+        if !self.credit_due_apart() {
             return None;
         }
+        let owed_slots = self.rx_slots.owed();
         let peer = self.peer.as_mut()?;
         if !peer.slots.can_post_credit(owed_slots > 0) {
             return None;
@@ -2649,6 +2667,16 @@ impl Connection {
 
     // ----- lifecycle helpers -----------------------------------------------------------------
 
+    // (a look at the variant alone: `Life`'s derived `==` compares the handshake's payloads
+    // and is a call, several on every poll of the data path)
+    fn established(&self) -> bool {
+        matches!(self.life, Life::Established)
+    }
+
+    fn closed(&self) -> bool {
+        matches!(self.life, Life::Closed)
+    }
+
     fn fail(&mut self, reason: ErrorReason) -> ErrorReason {
         if let Life::Failed(r) = self.life {
             return r;
@@ -2671,7 +2699,7 @@ impl Connection {
     /// without switching) makes our sends fail and drops unsent bytes; the wire is done when
     /// we posted Close, when the peer closed, or when both write sides are finished.
     fn after_state_change(&mut self) {
-        if self.life != Life::Established {
+        if !self.established() {
             return;
         }
         if let Some(b) = self.back {
@@ -2767,12 +2795,7 @@ impl Connection {
             TxState::Finishing(Fin::Close { reset }) => !reset,
             TxState::Tcp | TxState::Finished(Fin::Close { .. }) => false,
         };
-        if !self.failover
-            || self.life != Life::Established
-            || self.back.is_some()
-            || !confirmed
-            || !tx_ok
-        {
+        if !self.failover || !self.established() || self.back.is_some() || !confirmed || !tx_ok {
             return false;
         }
         let from = peer.tx.acked();
@@ -2909,7 +2932,7 @@ impl Connection {
             return Readiness {
                 readable: matches!(recv, Recv::Eof),
                 read_via_tcp: matches!(recv, Recv::Tcp { .. } | Recv::TcpControl { .. }),
-                write_via_tcp: (self.life == Life::Established && self.tx_state == TxState::Tcp)
+                write_via_tcp: (self.established() && self.tx_state == TxState::Tcp)
                     || self.writes_resumed(),
                 ..Readiness::default()
             };
@@ -2953,10 +2976,7 @@ impl Connection {
             free >= least && free * 2 >= used
         });
         let writable = !write_via_tcp
-            && (self.tx_state.is_shut()
-                || self.peer_read_closed
-                || self.life == Life::Closed
-                || space);
+            && (self.tx_state.is_shut() || self.peer_read_closed || self.closed() || space);
         Readiness {
             readable,
             writable,

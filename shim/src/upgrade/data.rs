@@ -527,8 +527,10 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                     return Ok(got);
                 }
                 let _ = l.conn_mut().consume(n);
-                // (a credit this made due goes now; the CQ waits for the next call)
-                l.push();
+                // (a credit this made due apart goes now; the CQ waits for the next call)
+                if l.conn().due_after_consume() {
+                    l.push();
+                }
                 stats::add_bytes_at(shard, Bytes::on_link(l.transport(), false), n as u64);
                 c.live_rx.fetch_add(n as u64, Ordering::Relaxed);
                 c.settle(&mut g);
@@ -696,9 +698,10 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                     c.settle(&mut g);
                     return if sent > 0 { Ok(sent) } else { Err(e) };
                 }
-                // (the write first, then the CQ: its completions are not what anyone waits for)
+                // (the write first, then the CQ: its completions are not what anyone waits for;
+                // the core's actions again only if something came)
                 l.push();
-                l.progress(false);
+                l.progress_after_push(false);
                 stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), gr.len as u64);
                 c.live_tx.fetch_add(gr.len as u64, Ordering::Relaxed);
                 sent += gr.len;
