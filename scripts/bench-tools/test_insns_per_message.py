@@ -1,0 +1,102 @@
+"""Tests of insns_per_message.py, the code a message runs from a callgrind profile (stdlib
+unittest; scripts/test runs them in the host tier): the compressed names and relative
+addresses of callgrind's format, calls kept apart from the caller's own cost, and what counts
+as code every message runs."""
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import insns_per_message  # noqa: E402
+
+# Four messages: `send` (in app) called 4 times from main; its body at 0x100..0x102 runs 4
+# times, 0x103 twice (half: still every message's code), 0x104 once (a rare branch); it calls
+# `post` (in lib) 4 times from 0x101, whose 2 instructions run 4 times each, and `sleep` once
+# from 0x102, which runs 10 instructions (a wait, to be skipped).
+PROFILE = """# callgrind format
+version: 1
+positions: instr line
+events: Ir
+
+ob=(1) /bin/app
+fl=(1) app.c
+fn=(1) main
+0x10 1 1
+cfn=(2) send
+calls=4 0x100
++2 1 40
+
+fn=(2)
+0x100 2 4
++1 2 4
+cob=(2) /lib/lib.so
+cfi=(2) lib.c
+cfn=(3) post
+calls=4 0x200
+* 2 8
++1 2 4
+cob=(2)
+cfn=(4) sleep
+calls=1 0x300
+* 2 10
++1 2 2
++1 2 1
+
+ob=(2)
+fl=(2)
+fn=(3)
+0x200 3 4
++1 3 4
+fn=(4)
+0x300 4 10
+"""
+
+
+def profile(text=PROFILE):
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "callgrind.out")
+    with open(path, "w") as f:
+        f.write(text)
+    return insns_per_message.Profile(path)
+
+
+class Profiles(unittest.TestCase):
+    def test_names_addresses_and_calls(self):
+        p = profile()
+        self.assertEqual(p.calls["send"], 4)
+        self.assertEqual(p.calls["post"], 4)
+        self.assertEqual(p.inclusive["sleep"], 10)
+        # (relative addresses: 0x100, +1, a call at the current one, +1, a call, +1, +1)
+        self.assertEqual(p.cost[("/bin/app", "send", 0x101)], 4)
+        self.assertEqual(p.cost[("/bin/app", "send", 0x102)], 4)
+        self.assertEqual(p.cost[("/bin/app", "send", 0x103)], 2)
+        self.assertEqual(p.cost[("/bin/app", "send", 0x104)], 1)
+        self.assertEqual(p.cost[("/lib/lib.so", "post", 0x201)], 4)
+        # (a call's inclusive cost is not its caller's own)
+        self.assertEqual(sum(v for (o, f, a), v in p.cost.items() if f == "send"), 4 * 3 + 2 + 1)
+
+    def test_summary_per_message(self):
+        r = insns_per_message.summary(profile(), 4, skip=["sleep"])
+        total = 1 + (4 * 3 + 2 + 1) + 8 + 10
+        self.assertAlmostEqual(r["instructions"], total / 4)
+        self.assertAlmostEqual(r["without_skipped"], (total - 10) / 4)
+        # every message: send's 0x100..0x102, 0x103 (twice = half); post's two; sleep's
+        # instruction ran 10 times (a loop) and counts; main's one and 0x104 do not
+        self.assertEqual(r["distinct_by_object"]["/bin/app"], 4)
+        self.assertEqual(r["distinct_by_object"]["/lib/lib.so"], 3)
+        self.assertEqual(r["distinct"], 7)
+        # call sites every message passes: main's call of send, send's of post (not sleep's)
+        self.assertEqual(r["sites_by_object"]["/bin/app"], 2)
+        top = {f: (c, run, calls) for f, c, run, calls in r["top"]}
+        self.assertEqual(top["send"][0], 4)
+        self.assertAlmostEqual(top["post"][1], 2.0)
+        self.assertAlmostEqual(top["post"][2], 1.0)
+
+    def test_a_profile_without_instruction_positions_is_refused(self):
+        with self.assertRaises(SystemExit):
+            profile(PROFILE.replace("positions: instr line", "positions: line"))
+
+
+if __name__ == "__main__":
+    unittest.main()
