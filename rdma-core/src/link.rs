@@ -917,7 +917,7 @@ impl Link {
     }
 
     /// Polls the CQ dry, and the receive ring where records arrive; returns whether anything
-    /// completed or arrived.
+    /// completed or arrived (or the poll failed, which fails the connection).
     pub(crate) fn poll_cq(&mut self) -> bool {
         if let Ep::Shm(s) = &mut self.ep {
             return match s.poll(&mut self.conn) {
@@ -936,8 +936,9 @@ impl Link {
             let got = match ep.cq.poll_uninit(&mut wcs) {
                 Ok(got) => got,
                 Err(e) => {
+                    // (the failure is news too, as over shared memory: the caller acts on it)
                     self.transport_failed(e.to_string());
-                    return any;
+                    return true;
                 }
             };
             let n = got.len();
