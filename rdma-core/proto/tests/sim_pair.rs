@@ -191,6 +191,9 @@ struct Endpoint {
     tcp_reset: bool,
     tcp_eof_seen: bool,
     aborted: bool,
+    /// The link's close timeout passed after its teardown (`Link::drive_teardown`: it
+    /// disconnects then whatever the peer pulled); fired only when nothing else can move.
+    close_timed_out: bool,
     /// The error the application saw (abort scenarios only).
     failed: Option<ErrorReason>,
     /// This side asked for a switch back to TCP.
@@ -256,6 +259,7 @@ impl Endpoint {
             tcp_reset: false,
             tcp_eof_seen: false,
             aborted: false,
+            close_timed_out: false,
             failed: None,
             back_asked: false,
             disconnected: false,
@@ -1253,8 +1257,10 @@ impl Sim {
         let closing = me.close_called || me.aborted || me.failed.is_some();
         let resuming = me.conn.as_ref().is_some_and(|c| c.resume_due().is_some());
         // (READ pull: the transport disconnects once the peer pulled what it staged, or
-        // the peer disconnected)
-        let pulled = me.conn.as_ref().is_none_or(Connection::peer_pulled) || gone(peer);
+        // the peer disconnected, or its close timeout passed)
+        let pulled = me.conn.as_ref().is_none_or(Connection::peer_pulled)
+            || me.close_timed_out
+            || gone(peer);
         if me.tcp_closed
             || !closing
             || me.teardowns == 0
@@ -1603,10 +1609,40 @@ impl Sim {
                 }
             }
             if self.progress == before {
+                if self.close_timeouts() {
+                    continue;
+                }
                 return true;
             }
         }
         false
+    }
+
+    /// Nothing else can move: the links torn down but still waiting for their peer to pull
+    /// (READ pull) disconnect after their close timeout, as `Link::drive_teardown` does. Only
+    /// an abort may need it: a READ-pull side that aborts after its shutdown while its peer
+    /// finishes leaves each waiting for the credit of its last message, which neither posts
+    /// once torn down (the peer took its own end for the wire's). Returns whether one fired.
+    fn close_timeouts(&mut self) -> bool {
+        let expect_failure = self.expect_failure;
+        let mut fired = false;
+        for me in [&mut self.a, &mut self.b] {
+            let waiting = me.teardowns > 0
+                && !me.close_timed_out
+                && !me.tcp_closed
+                && me.conn.as_ref().is_some_and(|c| !c.peer_pulled());
+            if waiting {
+                let kind = me.conn.as_ref().map(Connection::kind);
+                assert!(
+                    expect_failure && kind == Some(Kind::Read),
+                    "{}: a close timeout needed without an abort, or not over READ pull ({kind:?})",
+                    me.name
+                );
+                me.close_timed_out = true;
+                fired = true;
+            }
+        }
+        fired
     }
 
     fn describe(&self) -> String {
@@ -1681,7 +1717,7 @@ impl Sim {
 /// Whether `e`'s transport disconnected (its peer's CM says DISCONNECTED): it tore down, and
 /// its peer pulled what it staged (READ pull, §16) or went away itself.
 fn gone(e: &Endpoint) -> bool {
-    e.teardowns > 0 && e.conn.as_ref().is_none_or(Connection::peer_pulled)
+    e.teardowns > 0 && (e.close_timed_out || e.conn.as_ref().is_none_or(Connection::peer_pulled))
 }
 
 /// The transport polls its ring of records (`Connection::poll_ring`, a no-op without them):
