@@ -400,9 +400,18 @@ pub fn upgrade_conn(fd: i32, local: SocketAddr, peer: SocketAddr, client: bool) 
     );
 }
 
-/// The connection listed at `fd` changed: on the rings of `transport`, back on TCP
-/// (`reason` if it fell back), or switched back.
-pub fn conn_state(fd: i32, via: lay::Via, state: lay::ConnState, reason: Option<FallbackReason>) {
+/// The connection `local` → `peer` listed at `fd` changed: on the rings of `transport`, back
+/// on TCP (`reason` if it fell back), or switched back. Nothing changes if `fd` lists another
+/// connection now: one decided after its fd was closed (a server's accepted connection whose
+/// client never asked for the upgrade is decided seconds later) must not mark the connection
+/// that took the number over.
+pub fn conn_state(
+    fd: i32,
+    (local, peer): (SocketAddr, SocketAddr),
+    via: lay::Via,
+    state: lay::ConnState,
+    reason: Option<FallbackReason>,
+) {
     if !active() {
         return;
     }
@@ -412,7 +421,8 @@ pub fn conn_state(fd: i32, via: lay::Via, state: lay::ConnState, reason: Option<
             return;
         }
         st.update(|b, hi| {
-            if let Some(i) = slot_of(b, fd, false, hi) {
+            if let Some(i) = slot_of(b, fd, false, hi).filter(|&i| lay::conn_is(b, i, local, peer))
+            {
                 lay::set_conn_state(b, i, via, state);
                 if let Some(r) = reason {
                     lay::set_reason(b, i, r.name());

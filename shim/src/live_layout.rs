@@ -338,6 +338,18 @@ fn put_addr(b: &mut [u8], fam_at: usize, port_at: usize, ip_at: usize, a: Option
     put(b, ip_at, &ip);
 }
 
+/// Whether connection slot `i` lists the connection `local` → `peer` (the addresses
+/// [`put_conn`] wrote): a slot is found by its fd, whose number a connection closed meanwhile
+/// may have handed on to another.
+pub fn conn_is(b: &[u8], i: usize, local: SocketAddr, peer: SocketAddr) -> bool {
+    let at = conn_at(i);
+    let mut want = [0u8; CONN_LEN];
+    put_addr(&mut want, 11, 14, 18, Some(local));
+    put_addr(&mut want, 12, 16, 34, Some(peer));
+    // (the families, then the ports and addresses, which follow one another)
+    b.get(at + 11..at + 13) == want.get(11..13) && b.get(at + 14..at + 50) == want.get(14..50)
+}
+
 /// Writes connection slot `i` (in use).
 pub fn put_conn(b: &mut [u8], i: usize, c: &Conn) {
     let at = conn_at(i);
@@ -679,6 +691,24 @@ mod tests {
         assert_eq!(r.conns[0].state, ConnState::SwitchedBack);
         assert_eq!((r.conns[0].tx, r.conns[0].rx), (Some(11), Some(12)));
         assert!(r.torn());
+    }
+
+    #[test]
+    fn a_slot_is_known_by_its_connections_addresses() {
+        let b = sample();
+        let (local, peer) = (
+            "127.0.0.1:40000".parse().unwrap(),
+            "[::1]:7000".parse().unwrap(),
+        );
+        assert!(conn_is(&b, 3, local, peer));
+        // (the same fd's next connection: another port, or the addresses the other way round)
+        assert!(!conn_is(&b, 3, "127.0.0.1:40001".parse().unwrap(), peer));
+        assert!(!conn_is(&b, 3, local, "[::1]:7001".parse().unwrap()));
+        assert!(!conn_is(&b, 3, local, "127.0.0.1:7000".parse().unwrap()));
+        assert!(!conn_is(&b, 3, peer, local));
+        // (a slot without a local address, and one past the file's end)
+        assert!(!conn_is(&b, 0, local, "10.0.0.1:1".parse().unwrap()));
+        assert!(!conn_is(&b, CONNS + 10_000, local, peer));
     }
 
     #[test]

@@ -459,6 +459,7 @@ impl Conn {
             stats::count_upgraded(kind);
             crate::live::conn_state(
                 self.fd_hint.load(Ordering::Relaxed),
+                (self.local, self.peer),
                 match self.transport {
                     Transport::Rdma => crate::live_layout::Via::Rdma,
                     Transport::Shm => crate::live_layout::Via::Shm,
@@ -554,6 +555,7 @@ impl Conn {
         let first = !self.counted.swap(true, Ordering::AcqRel);
         crate::live::conn_state(
             self.fd_hint.load(Ordering::Relaxed),
+            (self.local, self.peer),
             crate::live_layout::Via::Tcp,
             crate::live_layout::ConnState::Tcp,
             first.then_some(reason),
@@ -924,6 +926,7 @@ impl Conn {
         };
         crate::live::conn_state(
             self.fd_hint.load(Ordering::Relaxed),
+            (self.local, self.peer),
             crate::live_layout::Via::Tcp,
             state,
             None,
