@@ -456,9 +456,9 @@ pub fn conn_closed(fd: i32) {
     });
 }
 
-/// The engine's tick: the counters, and each connection's bytes (`conns`: fd, sent,
-/// received).
-pub fn publish(conns: impl Iterator<Item = (i32, u64, u64)>) {
+/// The engine's tick: the counters, and each connection's bytes (`conns`: fd, its local and
+/// peer addresses, sent, received).
+pub fn publish(conns: impl Iterator<Item = (i32, (SocketAddr, SocketAddr), u64, u64)>) {
     if !active() {
         return;
     }
@@ -468,8 +468,11 @@ pub fn publish(conns: impl Iterator<Item = (i32, u64, u64)>) {
             return;
         }
         st.update(|b, hi| {
-            for (fd, tx, rx) in conns {
-                if let Some(i) = slot_of(b, fd, false, hi) {
+            for (fd, (local, peer), tx, rx) in conns {
+                // (as in `conn_state`: not into the slot of the fd's next connection)
+                if let Some(i) =
+                    slot_of(b, fd, false, hi).filter(|&i| lay::conn_is(b, i, local, peer))
+                {
                     lay::set_conn_bytes(b, i, tx, rx);
                 }
             }

@@ -2516,6 +2516,7 @@ pub(crate) fn publish_live() {
             .map(|c| {
                 (
                     c.fd_hint.load(Ordering::Relaxed),
+                    (c.local, c.peer),
                     c.live_tx.load(Ordering::Relaxed),
                     c.live_rx.load(Ordering::Relaxed),
                 )
