@@ -604,7 +604,7 @@ impl fmt::Display for OfferError {
 impl std::error::Error for OfferError {}
 
 /// One upgraded (or upgrading) TCP connection. See the module docs.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Connection {
     cfg: Config,
     side: Side,
@@ -1393,17 +1393,6 @@ impl Connection {
                 }
             }
         }
-    }
-
-    /// After [`Self::consume`], whether [`Self::poll_action`] may have an action that was not
-    /// due before it: a credit due as a message of its own, a ring released (or a teardown
-    /// pending). `false` means a caller that had performed every action before the consume
-    /// has nothing to perform now: what a read does on every message, with the credits it
-    /// frees riding on the answer (duplex) or waiting for their threshold.
-    pub fn due_after_consume(&self) -> bool {
-        self.teardown == Teardown::Pending
-            || !self.moves.actions.is_empty()
-            || (self.established() && self.credit_due_apart())
     }
 
     /// The application consumed `n` ring bytes (after [`Recv::Ring`]). Credit goes back lazily
@@ -2616,28 +2605,20 @@ impl Connection {
                 .is_some_and(|w| w.len <= u64::from(Imm::MAX_DUPLEX_LEN))
     }
 
-    /// Whether a credit is due as a message of its own (the first test of
-    /// [`Self::poll_credit`]).
-    fn credit_due_apart(&self) -> bool {
+    fn poll_credit(&mut self) -> Option<Action> {
+        let owed_slots = self.rx_slots.owed();
         let wanted = self.peer_wants_credit || self.rx.move_credit_due();
         let due = if self.kind == Kind::Duplex {
             // (duplex: a credit the policy makes due rides on the next DATA; it goes apart
             // only when the peer asks, or it has waited long enough — an application's read
             // makes it due, and its answer, written next, carries it: §17)
-            self.policy
-                .due_apart(self.rx.owed(), self.rx_slots.owed(), wanted)
+            self.policy.due_apart(self.rx.owed(), owed_slots, wanted)
         } else {
-            self.policy
-                .due(self.rx.owed(), self.rx_slots.owed(), wanted)
+            self.policy.due(self.rx.owed(), owed_slots, wanted)
         };
-        due && !self.credit_rides_on_data()
-    }
-
-    fn poll_credit(&mut self) -> Option<Action> {
-        if !self.credit_due_apart() {
+        if !due || self.credit_rides_on_data() {
             return None;
         }
-        let owed_slots = self.rx_slots.owed();
         let peer = self.peer.as_mut()?;
         if !peer.slots.can_post_credit(owed_slots > 0) {
             return None;

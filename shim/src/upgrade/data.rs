@@ -528,8 +528,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 }
                 let _ = l.conn_mut().consume(n);
                 // (a credit this made due goes now, and whatever an earlier pass left for want
-                // of room in the send queue — `due_after_consume` tells only what the consume
-                // made due; the CQ waits for the next call)
+                // of room in the send queue; the CQ waits for the next call)
                 l.push();
                 stats::add_bytes_at(shard, Bytes::on_link(l.transport(), false), n as u64);
                 c.live_rx.fetch_add(n as u64, Ordering::Relaxed);
