@@ -305,6 +305,18 @@ fn slot_of(b: &[u8], fd: i32, free_ok: bool, hi: &mut usize) -> Option<usize> {
     })
 }
 
+/// The slot listing the connection `local` → `peer` at `fd`: not the slot of a connection that
+/// took the number over after this one's fd was closed (this one may still be decided, or
+/// publish its bytes, seconds later).
+fn slot_of_conn(
+    b: &[u8],
+    fd: i32,
+    (local, peer): (SocketAddr, SocketAddr),
+    hi: &mut usize,
+) -> Option<usize> {
+    slot_of(b, fd, false, hi).filter(|&i| lay::conn_is(b, i, local, peer))
+}
+
 fn publish_counters(b: &mut [u8]) {
     DIRTY.store(false, Ordering::Relaxed);
     let snap = Snapshot::take(0);
@@ -407,7 +419,7 @@ pub fn upgrade_conn(fd: i32, local: SocketAddr, peer: SocketAddr, client: bool) 
 /// that took the number over.
 pub fn conn_state(
     fd: i32,
-    (local, peer): (SocketAddr, SocketAddr),
+    addrs: (SocketAddr, SocketAddr),
     via: lay::Via,
     state: lay::ConnState,
     reason: Option<FallbackReason>,
@@ -421,8 +433,7 @@ pub fn conn_state(
             return;
         }
         st.update(|b, hi| {
-            if let Some(i) = slot_of(b, fd, false, hi).filter(|&i| lay::conn_is(b, i, local, peer))
-            {
+            if let Some(i) = slot_of_conn(b, fd, addrs, hi) {
                 lay::set_conn_state(b, i, via, state);
                 if let Some(r) = reason {
                     lay::set_reason(b, i, r.name());
@@ -468,11 +479,8 @@ pub fn publish(conns: impl Iterator<Item = (i32, (SocketAddr, SocketAddr), u64, 
             return;
         }
         st.update(|b, hi| {
-            for (fd, (local, peer), tx, rx) in conns {
-                // (as in `conn_state`: not into the slot of the fd's next connection)
-                if let Some(i) =
-                    slot_of(b, fd, false, hi).filter(|&i| lay::conn_is(b, i, local, peer))
-                {
+            for (fd, addrs, tx, rx) in conns {
+                if let Some(i) = slot_of_conn(b, fd, addrs, hi) {
                     lay::set_conn_bytes(b, i, tx, rx);
                 }
             }
