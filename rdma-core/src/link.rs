@@ -472,17 +472,14 @@ impl Link {
     }
 
     /// One look of a spinning wait: polls the CQ (and a records ring, or the shared-memory
-    /// inbox) and, only if anything came, performs the core's actions as
-    /// [`progress`](Self::progress) does. Reads neither the rdma_cm channel nor the clock, and
-    /// performs nothing when nothing came: what a spinning wait does on every turn, as the
-    /// native stream's spin does (a wait that outlasts its spin drives the link in full with
-    /// `progress` before it sleeps).
-    pub fn spin_look(&mut self) -> bool {
-        let any = self.poll_cq();
-        if any {
-            self.act();
-        }
-        any
+    /// inbox) and returns whether anything came. Reads neither the rdma_cm channel nor the
+    /// clock, and performs nothing: the caller performs the core's actions
+    /// ([`push`](Self::push)) if anything came, once it has looked at what — a read that
+    /// found bytes consumes them first, and its push then performs what both made due in one
+    /// pass. Until that push, nothing the inputs made due is posted. (A wait that outlasts
+    /// its spin drives the link in full with [`progress`](Self::progress) before it sleeps.)
+    pub fn spin_poll(&mut self) -> bool {
+        self.poll_cq()
     }
 
     /// Performs what the core has queued (the write of bytes just staged, a credit just made

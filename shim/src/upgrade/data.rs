@@ -232,22 +232,34 @@ impl Waiter {
     /// returns the connection's lock, still held, as soon as `ready` holds (the caller goes on
     /// under it: a second lock and look would cost the data that just arrived a few hundred
     /// nanoseconds more). Tells the gate how the spin ended.
+    ///
+    /// `reads_ring`: the caller, given the lock with ring bytes readable, reads and consumes
+    /// them at once, then performs the core's actions and settles (a read's consume does):
+    /// a turn that finds such bytes leaves both to it rather than doing them first, on the
+    /// data's path, and again after the consume — one pass of the core's actions less
+    /// between a message's arrival and the application's answer.
     fn spin<'c>(
         &self,
         c: &'c Conn,
         fd: c_int,
+        reads_ring: bool,
         mut ready: impl FnMut(&Inner) -> bool,
     ) -> Option<MutexGuard<'c, Inner>> {
         let turn = || {
             let mut g = c.lock();
-            if let Phase::Linked(l) = &mut g.phase {
-                // (the CQ only: what a sleep drives in full — the rdma_cm channel, timers —
-                // waits the spin out, and a turn is on the path of the data it waits for)
-                if l.spin_look() {
-                    c.settle(&mut g);
-                }
-            } else {
+            let Phase::Linked(l) = &mut g.phase else {
                 return Turn::Leave(None);
+            };
+            // (the CQ only: what a sleep drives in full — the rdma_cm channel, timers —
+            // waits the spin out, and a turn is on the path of the data it waits for)
+            if l.spin_poll() {
+                if reads_ring && g.committed && matches!(source(&g), Src::Ring(..)) {
+                    return Turn::Found(Some(g));
+                }
+                if let Phase::Linked(l) = &mut g.phase {
+                    l.push();
+                }
+                c.settle(&mut g);
             }
             if ready(&g) {
                 Turn::Found(Some(g))
@@ -580,7 +592,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             };
         }
         let tcp = sock_events != 0;
-        held = waiter.spin(c, fd, |g| match source(g) {
+        held = waiter.spin(c, fd, !peek, |g| match source(g) {
             Src::Tcp(_) | Src::Control => !tcp,
             Src::WouldBlock => false,
             _ => true,
@@ -747,7 +759,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
             );
         }
         if !tcp {
-            held = waiter.spin(c, fd, |g| match &g.phase {
+            held = waiter.spin(c, fd, false, |g| match &g.phase {
                 Phase::Linked(l) => l.conn().readiness().writable,
                 _ => true,
             });
