@@ -10,7 +10,7 @@
 //!
 //! - **The owner talks to the core.** It sends with `conn_mut().send(n)` and copies the granted
 //!   bytes in with [`Link::stage`]; it reads what `conn().recv()` points at with [`Link::ring`]
-//!   and reports it with `conn_mut().consume(n)`; it calls `commit_switch`, `note_tcp_read`,
+//!   and reports it with [`Link::consume`]; it calls `commit_switch`, `note_tcp_read`,
 //!   `shutdown_write`, `close`, … on [`Link::conn_mut`] itself. After any of these, it calls
 //!   [`Link::progress`] so that the resulting actions are posted.
 //! - **[`Link::progress`] is the driving loop**, one non-blocking pass:
@@ -23,7 +23,9 @@
 //!      [`Connection::handle_transport_error`];
 //!   3. expire the handshake deadline;
 //!   4. perform the core's actions in order while the send queue has room (an action that could
-//!      not be posted stays in the core);
+//!      not be posted stays in the core) — unless the last pass ended with nothing to do and
+//!      the core was changed since only by completions and consumes it called inert
+//!      (`Connection::take_stirred`; the pass would find nothing again);
 //!   5. after `Teardown`: wait until the posted work requests completed (a signaled fence makes
 //!      that observable; bounded by [`StreamConfig::close_timeout`]), then `rdma_disconnect`.
 //! - **Sleeping is the owner's.** Before it sleeps it calls [`Link::arm`], then
@@ -298,9 +300,60 @@ enum Ep {
     Shm(ShmEndpoint),
 }
 
+/// The protocol core, as the link holds it: read freely (`Deref`), changed only through
+/// [`Core::touch`] — which says the core may have an action due — or
+/// [`Core::judged`], for the changes the core itself tells stirring from inert (completions,
+/// the application's consume: `Connection::take_stirred`). A
+/// pass of the core's actions (`Link::perform`) that ends with nothing to do clears
+/// [`Core::due`]; while it is clear, the next pass would find nothing either, and
+/// [`Link::act`] skips it.
+struct Core {
+    conn: Connection,
+    /// An action may be due (see above).
+    due: bool,
+}
+
+impl Core {
+    /// The core, for a change that may make an action due.
+    fn touch(&mut self) -> &mut Connection {
+        self.due = true;
+        &mut self.conn
+    }
+
+    /// A change the core judges itself (`f` calls `handle_completion` or `consume` and
+    /// nothing else that changes it): an action may be due afterwards only if one of them
+    /// stirred it.
+    fn judged<R>(&mut self, f: impl FnOnce(&mut Connection) -> R) -> R {
+        let r = f(&mut self.conn);
+        if self.conn.take_stirred() {
+            self.due = true;
+        }
+        r
+    }
+
+    /// The core's next action; `None`, or a DATA the core says nothing follows
+    /// (`Connection::nothing_after`), clears [`Core::due`]: nothing is due until the core is
+    /// changed again (a post that fails does, `Link::transport_failed`).
+    fn next_action(&mut self) -> Option<Action> {
+        let a = self.conn.poll_action();
+        if a.is_none() || (matches!(a, Some(Action::WriteData { .. })) && self.conn.nothing_after())
+        {
+            self.due = false;
+        }
+        a
+    }
+}
+
+impl std::ops::Deref for Core {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
 /// One ring connection driven by its owner, without blocking (see the module docs).
 pub struct Link {
-    conn: Connection,
+    conn: Core,
     ep: Ep,
     teardown: Td,
     /// What the transport reported when the connection failed (the failing call and status).
@@ -409,7 +462,7 @@ impl Link {
 
     fn with(conn: Connection, ep: Ep, close_timeout: Duration) -> Link {
         Link {
-            conn,
+            conn: Core { conn, due: true },
             ep,
             teardown: Td::Running,
             failure: None,
@@ -445,7 +498,7 @@ impl Link {
     /// Fails the handshake if it is past its deadline at `now` (see
     /// [`own_handshake_deadline`](Self::own_handshake_deadline)); `progress` then acts on it.
     pub fn expire_handshake(&mut self, now: Instant) {
-        self.conn.handle_timeout(now);
+        self.conn.touch().handle_timeout(now);
     }
 
     /// The protocol core (state, readiness, `recv()`, counters).
@@ -457,7 +510,7 @@ impl Link {
     /// `commit_switch`, `note_tcp_read`, `shutdown_write`, `close`, …). Call
     /// [`progress`](Self::progress) afterwards so that their actions are posted.
     pub fn conn_mut(&mut self) -> &mut Connection {
-        &mut self.conn
+        self.conn.touch()
     }
 
     /// One non-blocking pass of the driving loop (see the module docs): poll the CQ dry (each
@@ -504,6 +557,15 @@ impl Link {
             self.act();
         }
         any
+    }
+
+    /// `conn_mut().consume(n)`, for the owner's read of `n` ring bytes: the same, except
+    /// that a consume that made nothing due (the credit it leaves rides on a later DATA, or
+    /// waits for a threshold) does not make the next [`push`](Self::push) or
+    /// [`progress`](Self::progress) perform the core's actions again when the last pass found
+    /// nothing to do (`Connection::take_stirred`).
+    pub fn consume(&mut self, n: usize) -> Result<(), rdmashim_proto::ConsumeError> {
+        self.conn.judged(|c| c.consume(n))
     }
 
     /// Copies `bytes` into the send staging ring at stream cursor `cursor`: the grant of the
@@ -558,7 +620,7 @@ impl Link {
     /// completion: arming first queues the reader's Sleeping notice, which that `progress`
     /// posts, and after which the peer's next record or doorbell makes one.
     pub fn arm(&mut self) {
-        self.conn.prepare_sleep();
+        self.conn.touch().prepare_sleep();
         let ep = match &self.ep {
             Ep::Rdma(ep) => ep,
             Ep::Shm(s) => return s.arm(),
@@ -670,7 +732,7 @@ impl Link {
         let Ep::Rdma(ep) = &mut self.ep else { return };
         // (one that cannot be registered now: the connection goes on with the larger one)
         let Ok(ring) = ep.new_rx(to) else { return };
-        if let Ok(gen) = self.conn.offer_ring(Endpoint::desc_of(&ring)) {
+        if let Ok(gen) = self.conn.touch().offer_ring(Endpoint::desc_of(&ring)) {
             ep.add_rx(gen, ring);
             self.act();
         }
@@ -812,15 +874,19 @@ impl Link {
             any |= self.poll_cm();
         }
         if !self.deadline_owned && self.conn.poll_timeout().is_some() {
-            self.conn.handle_timeout(Instant::now());
+            self.conn.touch().handle_timeout(Instant::now());
         }
         any
     }
 
     /// Steps 4–5: perform the core's actions, drive the teardown.
     pub(crate) fn act(&mut self) {
-        self.consider_offer();
-        self.perform();
+        // (nothing due since the last pass found nothing: this one would find nothing either;
+        // held READ pulls are the link's, not the core's, and are posted all the same)
+        if self.conn.due || !self.pulls.is_empty() {
+            self.consider_offer();
+            self.perform();
+        }
         self.drive_teardown();
     }
 
@@ -828,7 +894,10 @@ impl Link {
     /// offers one, of that size but at most its own `ring_max`, if that differs from the ring
     /// it has (registered here and now: a move is rare, once per connection that turns busy).
     fn consider_offer(&mut self) {
-        let Some(wanted) = self.conn.take_ring_wanted() else {
+        if self.conn.ring_wanted().is_none() {
+            return;
+        }
+        let Some(wanted) = self.conn.touch().take_ring_wanted() else {
             return;
         };
         let Ep::Rdma(ep) = &mut self.ep else { return };
@@ -846,7 +915,7 @@ impl Link {
         }
         // (a ring that cannot be registered now is not offered: the connection goes on)
         let Ok(ring) = ep.new_rx(size) else { return };
-        if let Ok(gen) = self.conn.offer_ring(Endpoint::desc_of(&ring)) {
+        if let Ok(gen) = self.conn.touch().offer_ring(Endpoint::desc_of(&ring)) {
             ep.add_rx(gen, ring);
         }
     }
@@ -860,7 +929,7 @@ impl Link {
         match a {
             Action::NewStaging { gen, size } => {
                 ep.new_tx(gen, size).map_err(|e| e.to_string())?;
-                if !self.conn.staging_ready(gen) {
+                if !self.conn.touch().staging_ready(gen) {
                     // (the direction ended meanwhile: not needed)
                     let current = self.conn.tx_cursors().map_or(0, |t| t.gen());
                     ep.release_tx(gen, current);
@@ -904,6 +973,7 @@ impl Link {
         let ring = rx.ring();
         let found = self
             .conn
+            .touch()
             .poll_ring(|offset| ring.load_word(offset))
             .unwrap_or(true);
         #[cfg(feature = "timeline")]
@@ -917,7 +987,7 @@ impl Link {
     /// completed or arrived (or the poll failed, which fails the connection).
     pub(crate) fn poll_cq(&mut self) -> bool {
         if let Ep::Shm(s) = &mut self.ep {
-            return match s.poll(&mut self.conn) {
+            return match self.conn.judged(|c| s.poll(c)) {
                 Ok(any) => any,
                 Err(m) => {
                     self.transport_failed(format!("shared memory: {m}"));
@@ -1018,16 +1088,20 @@ impl Link {
             }
             // The ring bytes of a DATA are visible once its completion was polled (or its
             // READ's); see "Memory ordering" in docs/protocol.md.
-            let _ = self.conn.handle_completion(Completion::WriteImm {
-                imm: u32::from_be(raw),
-                byte_len: Some(len),
+            let _ = self.conn.judged(|c| {
+                c.handle_completion(Completion::WriteImm {
+                    imm: u32::from_be(raw),
+                    byte_len: Some(len),
+                })
             });
         } else if a.write_imm {
             self.transport_failed("ibv_poll_cq: RECV_RDMA_WITH_IMM without an immediate".into());
             return;
         } else if a.send {
             let payload = ep.recv_payload(a.slot, a.byte_len);
-            let _ = self.conn.handle_completion(Completion::Recv { payload });
+            let _ = self
+                .conn
+                .judged(|c| c.handle_completion(Completion::Recv { payload }));
         }
         // Re-posted after the core saw the completion, before the credit that returns it.
         if self.teardown != Td::Disconnected && self.conn.error().is_none() {
@@ -1126,7 +1200,7 @@ impl Link {
                         SockEvent::Nothing => return any,
                         SockEvent::Confirmed => {
                             any = true;
-                            self.conn.handle_established();
+                            self.conn.touch().handle_established();
                         }
                         SockEvent::Gone => {
                             self.poll_cq();
@@ -1157,7 +1231,7 @@ impl Link {
 
     fn on_cm_event(&mut self, ev: Event) {
         match ev.kind {
-            et::RDMA_CM_EVENT_ESTABLISHED => self.conn.handle_established(),
+            et::RDMA_CM_EVENT_ESTABLISHED => self.conn.touch().handle_established(),
             et::RDMA_CM_EVENT_TIMEWAIT_EXIT | et::RDMA_CM_EVENT_ADDR_CHANGE => {}
             _ => {
                 // DISCONNECTED, DEVICE_REMOVAL, …: fatal unless the wire is already done.
@@ -1178,7 +1252,7 @@ impl Link {
         // (READ pull: no pull completes on a failed queue pair, nor goes anything behind it)
         self.pulls.clear();
         let before = self.conn.error().is_some() || self.conn.failed_over();
-        self.conn.handle_transport_error();
+        self.conn.touch().handle_transport_error();
         let after = self.conn.error().is_some() || self.conn.failed_over();
         if !before && after && self.failure.is_none() {
             self.failure = Some(msg);
@@ -1216,7 +1290,7 @@ impl Link {
                     return;
                 }
             }
-            let Some(a) = self.conn.poll_action() else {
+            let Some(a) = self.conn.next_action() else {
                 return;
             };
             if a == Action::Teardown {
@@ -1258,6 +1332,10 @@ impl Link {
             }
             if let Err(e) = posted {
                 self.transport_failed(e.to_string());
+            }
+            if !self.conn.due {
+                // (the DATA just posted was the last action due: no poll to find nothing)
+                return;
             }
         }
     }

@@ -402,7 +402,7 @@ impl Stream {
                         while let Recv::Ring { gen, offset, len } = self.link.conn().recv() {
                             let n = len.min(p.want - p.buf.len());
                             p.buf.extend_from_slice(self.link.ring(gen, offset, n));
-                            let _ = self.link.conn_mut().consume(n);
+                            let _ = self.link.consume(n);
                             if p.buf.len() == p.want || !self.link.conn().records() {
                                 break;
                             }
@@ -498,7 +498,7 @@ impl Stream {
                     while let Recv::Ring { gen, offset, len } = s.conn().recv() {
                         let k = len.min(buf.len() - n);
                         buf[n..n + k].copy_from_slice(s.link.ring(gen, offset, k));
-                        if let Err(e) = s.link.conn_mut().consume(k) {
+                        if let Err(e) = s.link.consume(k) {
                             out = Some(Err(err(io::ErrorKind::InvalidData, e.to_string())));
                             return true;
                         }

@@ -604,7 +604,8 @@ impl fmt::Display for OfferError {
 impl std::error::Error for OfferError {}
 
 /// One upgraded (or upgrading) TCP connection. See the module docs.
-#[derive(Debug)]
+// (Clone: the simulated pair looks at a copy's next action without taking it)
+#[derive(Clone, Debug)]
 pub struct Connection {
     cfg: Config,
     side: Side,
@@ -663,6 +664,11 @@ pub struct Connection {
     /// READ pull: our last stream message (ShutdownWrite, Close or SwitchBack) was the peer's
     /// `n`th; it pulled everything before it once it returned that slot.
     end_seq: Option<u64>,
+    /// A completion that may have made an action due came since [`Self::take_stirred`] was
+    /// last asked (every completion but an inert DATA: see [`Self::handle_completion`]).
+    stirred: bool,
+    /// See [`Self::nothing_after`].
+    nothing_after: bool,
     stats: Stats,
 }
 
@@ -729,6 +735,8 @@ impl Connection {
             source_sent: false,
             peer_source: None,
             end_seq: None,
+            stirred: true,
+            nothing_after: false,
             stats: Stats::default(),
         })
     }
@@ -1424,6 +1432,7 @@ impl Connection {
                     debug_assert!(freed, "a found record's bytes are received");
                 }
             }
+            self.stirred = true;
             return Ok(());
         }
         if !self.rx.consume(n as u64) {
@@ -1433,6 +1442,9 @@ impl Connection {
             });
         }
         self.release_old_ring();
+        // (a consume changes what poll_action reads only through the credit owed and a ring
+        // given back: if neither made anything due, it stirs nothing — see take_stirred)
+        self.stirred |= self.credit_due() || !self.moves.actions.is_empty();
         Ok(())
     }
 
@@ -1514,7 +1526,65 @@ impl Connection {
     /// A receive completion, in CQ order. The transport re-posts the receive afterwards, at the
     /// latest before it posts the credit that returns it ([`Action::returns_slots`]). `Err` means the connection has just failed (or
     /// had failed) with that reason.
+    ///
+    /// Every completion but an *inert* one stirs the connection ([`Self::take_stirred`]). A
+    /// DATA is inert when it can have made no action due that was not due before: it came on
+    /// an established connection reading its stream from the ring, with none of the rarer
+    /// machinery under way (a switch back, a held EOF, records, READ pull, a shut read side)
+    /// and the peer's slots enough for a message before it (so nothing waited for the slots
+    /// or the credit it may return), and after it no credit is due (it took a slot of ours,
+    /// and may ask for credit) and no ring-move work was queued (its credit may retire the old
+    /// staging area). A transport whose last pass of [`Self::poll_action`] found nothing to do
+    /// need not make another for such a DATA: the next pass would find nothing either (the
+    /// simulated pair checks this on every delivery of every schedule).
     pub fn handle_completion(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
+        let steady = self.established()
+            && matches!(self.rx_state, RxState::Ring)
+            && self.back.is_none()
+            && !self.eof_held
+            && !self.records.on
+            && self.kind != Kind::Read
+            && !self.local_read_shut
+            && self
+                .peer
+                .as_ref()
+                .is_some_and(|p| p.slots.can_post_message());
+        let data = steady
+            && matches!(
+                c,
+                Completion::WriteImm { imm, .. } if Imm::is_data(imm)
+            );
+        let r = self.handle_completion_inner(c);
+        let inert = data
+            && r.is_ok()
+            && self.established()
+            && matches!(self.rx_state, RxState::Ring)
+            && self.moves.actions.is_empty()
+            && !self.peer_wants_credit
+            && !self.credit_owed
+            && !self.credit_due();
+        self.stirred |= !inert;
+        r
+    }
+
+    /// Whether the action [`Self::poll_action`] returned last was a DATA after which nothing
+    /// is due: polling again would return `None` (until the core is changed). Meaningful only
+    /// right after a `WriteData`; the simulated pair checks it after every one.
+    pub fn nothing_after(&self) -> bool {
+        self.nothing_after
+    }
+
+    /// Whether a completion or a [`Self::consume`] that may have made an action due came
+    /// since the last call (see [`Self::handle_completion`]; a consume stirs when it makes a
+    /// credit due or gives back a ring, and always with records); clears it. A transport that
+    /// performed the core's actions until [`Self::poll_action`] returned `None`, and changed
+    /// the core since only by completions and consumes, none of which stirred it, finds
+    /// nothing more to do by polling again.
+    pub fn take_stirred(&mut self) -> bool {
+        std::mem::replace(&mut self.stirred, false)
+    }
+
+    fn handle_completion_inner(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
         match self.life {
             Life::Connecting { .. } => {
                 return Err(self.fail(ErrorReason::Protocol(
@@ -2183,6 +2253,16 @@ impl Connection {
                     slots,
                 };
             }
+            // (what this DATA changes that a later poll reads: the bytes posted — more to
+            // write, a barrier or a RingMoved behind them, the end after them — and the
+            // credit it carried; the branches before the data's found nothing due, and it
+            // changes none of their conditions but by taking a slot)
+            let unposted = peer.tx.unposted();
+            self.nothing_after = unposted == 0
+                && self.barriers.posted >= self.barriers.requested
+                && self.moves.moved_at.is_none()
+                && !matches!(self.tx_state, TxState::Finishing(_))
+                && !self.credit_due();
             return Some(Action::WriteData {
                 cursor: w.cursor,
                 len: w.len as usize,
@@ -2605,20 +2685,26 @@ impl Connection {
                 .is_some_and(|w| w.len <= u64::from(Imm::MAX_DUPLEX_LEN))
     }
 
-    fn poll_credit(&mut self) -> Option<Action> {
+    /// Whether the credit policy makes a credit due as a message of its own (before
+    /// [`Self::credit_rides_on_data`] has its say).
+    fn credit_due(&self) -> bool {
         let owed_slots = self.rx_slots.owed();
         let wanted = self.peer_wants_credit || self.rx.move_credit_due();
-        let due = if self.kind == Kind::Duplex {
+        if self.kind == Kind::Duplex {
             // (duplex: a credit the policy makes due rides on the next DATA; it goes apart
             // only when the peer asks, or it has waited long enough — an application's read
             // makes it due, and its answer, written next, carries it: §17)
             self.policy.due_apart(self.rx.owed(), owed_slots, wanted)
         } else {
             self.policy.due(self.rx.owed(), owed_slots, wanted)
-        };
-        if !due || self.credit_rides_on_data() {
+        }
+    }
+
+    fn poll_credit(&mut self) -> Option<Action> {
+        if !self.credit_due() || self.credit_rides_on_data() {
             return None;
         }
+        let owed_slots = self.rx_slots.owed();
         let peer = self.peer.as_mut()?;
         if !peer.slots.can_post_credit(owed_slots > 0) {
             return None;

@@ -137,6 +137,12 @@ impl Imm {
         }
     }
 
+    /// Whether host-order `v` is of a DATA's kind (with a credit or without), by its kind
+    /// bits alone: no validation, which [`Self::decode`] does.
+    pub fn is_data(v: u32) -> bool {
+        matches!(v >> KIND_SHIFT, KIND_DATA | KIND_DATA_CREDIT)
+    }
+
     /// Decodes a host-order value.
     pub fn decode(v: u32) -> Result<Self, DecodeError> {
         match v >> KIND_SHIFT {

@@ -634,7 +634,19 @@ impl Sim {
                     me.in_stream.push(ring.bytes[(offset + k) % size]);
                 }
                 let c = me.conn.as_mut().unwrap();
+                // (as after a completion: a consume that did not stir a core with nothing due
+                // leaves nothing due — rdma-core's `Link::consume`)
+                c.take_stirred();
+                let drained = c.clone().poll_action().is_none();
                 c.consume(n).unwrap();
+                if drained && !c.take_stirred() {
+                    let next = c.clone().poll_action();
+                    assert_eq!(
+                        next, None,
+                        "{}: a consume the core called inert made an action due",
+                        me.name
+                    );
+                }
                 if c.records() {
                     // (a record's ring bytes are free once its payload is read whole)
                     me.record_read += n as u64;
@@ -837,6 +849,15 @@ impl Sim {
         let mut any = false;
         while let Some(a) = conn.poll_action() {
             any = true;
+            if matches!(a, Action::WriteData { .. }) && conn.nothing_after() {
+                // (rdma-core's link polls no more after such a DATA)
+                let next = conn.clone().poll_action();
+                assert_eq!(
+                    next, None,
+                    "{}: an action due after a DATA said to be the last",
+                    me.name
+                );
+            }
             if dead && a != Action::Teardown {
                 // (posted to a queue pair whose path is gone: it never arrives)
                 continue;
@@ -1066,6 +1087,11 @@ impl Sim {
         let (me, peer) = pair(self, i);
         let completes = !matches!(msg, Msg::Write { imm: None, .. });
         let peer_conn = peer.conn.as_mut().expect("peer QP exists");
+        // (the transport skips a pass of the core's actions after completions that did not
+        // stir the core, if its last pass found nothing — rdma-core's `Link::act`: checked
+        // below for every delivery to a core with nothing due)
+        peer_conn.take_stirred();
+        let drained = peer_conn.clone().poll_action().is_none();
         let res = match msg {
             Msg::Write {
                 cursor,
@@ -1199,6 +1225,14 @@ impl Sim {
                 peer_conn.handle_completion(Completion::Recv { payload: &bytes })
             }
         };
+        if drained && !peer_conn.take_stirred() {
+            let next = peer_conn.clone().poll_action();
+            assert_eq!(
+                next, None,
+                "{} ← {}: a completion the core called inert made an action due",
+                peer.name, me.name
+            );
+        }
         if let Err(e) = res {
             assert!(
                 expect_failure && e == ErrorReason::Reset,

@@ -538,7 +538,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 if peek {
                     return Ok(got);
                 }
-                let _ = l.conn_mut().consume(n);
+                let _ = l.consume(n);
                 // (a credit this made due goes now, and whatever an earlier pass left for want
                 // of room in the send queue; the CQ waits for the next call)
                 l.push();
