@@ -412,6 +412,8 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
     let mut tcp_watched = false;
     let mut tcp_ended = false;
     loop {
+        // (the source as this turn found it, while nothing has changed it since)
+        let mut known = None;
         let mut g = match held.take() {
             Some(g) => g,
             None => {
@@ -419,13 +421,17 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 // Ring bytes the core already knows of are read without polling first: in a
                 // ping-pong the answer often lands during the previous write's post, and that
                 // write's drive after the post has seen it.
-                if !matches!(source(&g), Src::Ring(..)) {
-                    c.drive(&mut g, false);
+                match source(&g) {
+                    src @ Src::Ring(..) => known = Some(src),
+                    _ => c.drive(&mut g, false),
                 }
                 g
             }
         };
         // A client's first bytes from the server may be its token: out of the stream first.
+        if g.token == super::binding::TokenWait::Awaiting {
+            known = None;
+        }
         super::take_token(c, &mut g, fd);
         if g.token == super::binding::TokenWait::Awaiting && net::readable_now(fd) {
             // Part of a token (it is written whole and arrives in one segment, so this is a
@@ -448,7 +454,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             net::nap_ms(1);
             continue;
         }
-        let src = source(&g);
+        let src = known.unwrap_or_else(|| source(&g));
         if matches!(src, Src::Ring(..)) {
             crate::fault::pass(crate::fault::Point::RingRecv);
             if crate::fault::fires(crate::fault::Point::PathFail) {
