@@ -894,12 +894,11 @@ impl Link {
     /// offers one, of that size but at most its own `ring_max`, if that differs from the ring
     /// it has (registered here and now: a move is rare, once per connection that turns busy).
     fn consider_offer(&mut self) {
-        if self.conn.ring_wanted().is_none() {
-            return;
-        }
-        let Some(wanted) = self.conn.touch().take_ring_wanted() else {
+        // (taken only when there is one: taking is a change, which marks the core due)
+        let Some(wanted) = self.conn.ring_wanted() else {
             return;
         };
+        self.conn.touch().take_ring_wanted();
         let Ep::Rdma(ep) = &mut self.ep else { return };
         let max = self.conn.config().ring_max.map_or(0, |m| m.bytes());
         let size = wanted.bytes().min(max);

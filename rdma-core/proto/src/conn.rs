@@ -1538,7 +1538,9 @@ impl Connection {
     /// need not make another for such a DATA: the next pass would find nothing either (the
     /// simulated pair checks this on every delivery of every schedule).
     pub fn handle_completion(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
-        let steady = self.established()
+        // (the kind first: a credit or a control message stirs whatever the state)
+        let data = matches!(c, Completion::WriteImm { imm, .. } if Imm::is_data(imm))
+            && self.established()
             && matches!(self.rx_state, RxState::Ring)
             && self.back.is_none()
             && !self.eof_held
@@ -1549,11 +1551,6 @@ impl Connection {
                 .peer
                 .as_ref()
                 .is_some_and(|p| p.slots.can_post_message());
-        let data = steady
-            && matches!(
-                c,
-                Completion::WriteImm { imm, .. } if Imm::is_data(imm)
-            );
         let r = self.handle_completion_inner(c);
         let inert = data
             && r.is_ok()

@@ -237,14 +237,15 @@ impl Waiter {
     /// them at once, then performs the core's actions and settles (a read's consume does):
     /// a turn that finds such bytes leaves both to it rather than doing them first, on the
     /// data's path, and again after the consume — one pass of the core's actions less
-    /// between a message's arrival and the application's answer.
+    /// between a message's arrival and the application's answer. It returns their source
+    /// with the lock, which nothing changed since (the read need not ask the core again).
     fn spin<'c>(
         &self,
         c: &'c Conn,
         fd: c_int,
         reads_ring: bool,
         mut ready: impl FnMut(&Inner) -> bool,
-    ) -> Option<MutexGuard<'c, Inner>> {
+    ) -> Option<(MutexGuard<'c, Inner>, Option<Src>)> {
         let turn = || {
             let mut g = c.lock();
             let Phase::Linked(l) = &mut g.phase else {
@@ -253,8 +254,10 @@ impl Waiter {
             // (the CQ only: what a sleep drives in full — the rdma_cm channel, timers —
             // waits the spin out, and a turn is on the path of the data it waits for)
             if l.spin_poll() {
-                if reads_ring && g.committed && matches!(source(&g), Src::Ring(..)) {
-                    return Turn::Found(Some(g));
+                if reads_ring && g.committed {
+                    if let src @ Src::Ring(..) = source(&g) {
+                        return Turn::Found(Some((g, Some(src))));
+                    }
                 }
                 if let Phase::Linked(l) = &mut g.phase {
                     l.push();
@@ -262,7 +265,7 @@ impl Waiter {
                 c.settle(&mut g);
             }
             if ready(&g) {
-                Turn::Found(Some(g))
+                Turn::Found(Some((g, None)))
             } else {
                 Turn::Again
             }
@@ -412,10 +415,13 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
     let mut tcp_watched = false;
     let mut tcp_ended = false;
     loop {
-        // (the source as this turn found it, while nothing has changed it since)
+        // (the source as this turn or the spin found it, while nothing has changed it since)
         let mut known = None;
         let mut g = match held.take() {
-            Some(g) => g,
+            Some((g, src)) => {
+                known = src;
+                g
+            }
             None => {
                 let mut g = c.lock();
                 // Ring bytes the core already knows of are read without polling first: in a
@@ -765,10 +771,12 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
             );
         }
         if !tcp {
-            held = waiter.spin(c, fd, false, |g| match &g.phase {
-                Phase::Linked(l) => l.conn().readiness().writable,
-                _ => true,
-            });
+            held = waiter
+                .spin(c, fd, false, |g| match &g.phase {
+                    Phase::Linked(l) => l.conn().readiness().writable,
+                    _ => true,
+                })
+                .map(|(g, _)| g);
             if held.is_some() {
                 continue;
             }
