@@ -279,6 +279,37 @@ impl Default for QpCaps {
     }
 }
 
+/// A WRITE WITH IMMEDIATE work request kept from one post to the next
+/// ([`CmId::post_write_imm`]): its opcode and chain stay, and a post writes only the fields a
+/// DATA changes, where [`CmId::post_write`] zeroes and fills a new one (128 bytes) each time.
+pub struct WriteWr {
+    wr: ffi::ibv_send_wr,
+    sge: ffi::ibv_sge,
+}
+
+// SAFETY: the pointers in `wr` are `next`, always null, and `sg_list`, which a post sets to
+// this value's own `sge` just before the provider reads it, within that call; between posts it
+// is never read, so the value may move to, and be used from, another thread.
+unsafe impl Send for WriteWr {}
+
+impl WriteWr {
+    /// An RDMA WRITE WITH IMMEDIATE with one scatter-gather entry, not yet filled.
+    pub fn new() -> WriteWr {
+        // SAFETY: all-zero is a valid ibv_send_wr (null next, no flags) and ibv_sge.
+        let (mut wr, sge): (ffi::ibv_send_wr, ffi::ibv_sge) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.num_sge = 1;
+        WriteWr { wr, sge }
+    }
+}
+
+impl Default for WriteWr {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 struct QpParts {
     /// The QP (`id->qp` when rdma_cm made it).
     raw: NonNull<ffi::ibv_qp>,
@@ -891,6 +922,26 @@ impl CmId {
         self.post_write_sge(wr_id, &mut sge, remote_addr, rkey, imm, signaled, inline)
     }
 
+    /// Posts `w` as an RDMA WRITE WITH IMMEDIATE `imm` of the bytes `sge` names to
+    /// `to` = (remote address, rkey), inline when `inline` (and not empty); `signaled` asks for
+    /// a send completion. Only the fields a DATA changes are written into `w`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_write_imm(
+        &self,
+        w: &mut WriteWr,
+        wr_id: u64,
+        sge: ffi::ibv_sge,
+        to: (u64, u32),
+        imm: u32,
+        signaled: bool,
+        inline: bool,
+    ) -> Result<()> {
+        w.sge = sge;
+        write_fields(&mut w.wr, wr_id, &mut w.sge, to, signaled, inline);
+        w.wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        self.post(&mut w.wr)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn post_write_sge(
         &self,
@@ -904,9 +955,6 @@ impl CmId {
     ) -> Result<()> {
         // SAFETY: all-zero is a valid ibv_send_wr (null next, no flags).
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = sge;
-        wr.num_sge = if sge.length == 0 { 0 } else { 1 };
         wr.opcode = match imm {
             Some(_) => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
             None => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
@@ -914,15 +962,7 @@ impl CmId {
         if let Some(imm) = imm {
             wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         }
-        let mut flags = 0;
-        if signaled {
-            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        if inline && sge.length > 0 {
-            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        wr.send_flags = flags;
-        wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+        write_fields(&mut wr, wr_id, sge, (remote_addr, rkey), signaled, inline);
         self.post(&mut wr)
     }
 
@@ -999,6 +1039,34 @@ impl CmId {
             unsafe { ffi::ibv_post_recv(qp, wr, bad) }
         })
     }
+}
+
+/// The fields of an RDMA WRITE work request that change from one post to the next: `wr_id`,
+/// the one scatter-gather entry `sge` (none if empty), the target `to` = (remote address,
+/// rkey) and the flags (`signaled`; inline when `inline` and not empty).
+fn write_fields(
+    wr: &mut ffi::ibv_send_wr,
+    wr_id: u64,
+    sge: &mut ffi::ibv_sge,
+    to: (u64, u32),
+    signaled: bool,
+    inline: bool,
+) {
+    let mut flags = 0;
+    if signaled {
+        flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    if inline && sge.length > 0 {
+        flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    wr.wr_id = wr_id;
+    wr.num_sge = i32::from(sge.length != 0);
+    wr.sg_list = sge;
+    wr.send_flags = flags;
+    wr.wr.rdma = ffi::rdma_t {
+        remote_addr: to.0,
+        rkey: to.1,
+    };
 }
 
 impl Drop for CmId {

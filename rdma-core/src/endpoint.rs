@@ -39,7 +39,7 @@ use rdmashim_proto::{
     Action, ControlMsg, Imm, Kind, LocalParams, RingDesc, RingSize, MAX_CONTROL_LEN,
 };
 
-use crate::cm::{CmId, EventChannel, QpCaps};
+use crate::cm::{CmId, EventChannel, QpCaps, WriteWr};
 use crate::error::{Error, Result};
 use crate::pool::{self, Kit, KitSizes, Pooled};
 use crate::ring::RegisteredRing;
@@ -103,6 +103,14 @@ pub(crate) struct Endpoint {
     recv_buf: usize,
     sq_depth: u32,
     signal_every: u64,
+    /// Unsignaled send WRs posted since the last signaled one (the next is signaled when
+    /// this reaches `signal_every - 1`: a count, where a remainder of the sequence number
+    /// would divide on every post).
+    unsignaled: u64,
+    /// The granted inline size (bytes a WRITE may carry in its WQE).
+    max_inline: usize,
+    /// The DATA's WRITE WITH IMMEDIATE, kept from one post to the next ([`Self::post_data`]).
+    data_wr: WriteWr,
     /// Sequence number of the next send WR.
     sq_posted: u64,
     /// Every send WR below this has completed.
@@ -217,6 +225,9 @@ impl Endpoint {
                 recv_buf: sz.recv_buf,
                 sq_depth: sz.sq_depth.min(r.granted.max_send_wr),
                 signal_every: u64::from((sz.sq_depth / 4).max(1)),
+                unsignaled: 0,
+                max_inline: r.granted.max_inline_data as usize,
+                data_wr: WriteWr::new(),
                 sq_posted: 0,
                 sq_done: 0,
                 last_signaled: true,
@@ -470,13 +481,14 @@ impl Endpoint {
 
     fn next_wr(&mut self, force_signal: bool) -> (u64, bool) {
         let seq = self.sq_posted;
-        let signaled = force_signal || seq % self.signal_every == self.signal_every - 1;
+        let signaled = force_signal || self.unsignaled + 1 >= self.signal_every;
         (seq, signaled)
     }
 
     fn posted(&mut self, signaled: bool) {
         self.sq_posted += 1;
         self.last_signaled = signaled;
+        self.unsignaled = if signaled { 0 } else { self.unsignaled + 1 };
     }
 
     /// Posts one action of the protocol core (not `Teardown`). The caller checked
@@ -514,13 +526,7 @@ impl Endpoint {
                 rkey,
                 imm,
                 ..
-            } => self.post_from(
-                Some(gen),
-                ring_offset,
-                len,
-                Some((remote_addr, rkey)),
-                Some(imm),
-            )?,
+            } => self.post_data(gen, ring_offset, len, remote_addr, rkey, imm)?,
             Action::WriteRecord {
                 len,
                 gen,
@@ -594,6 +600,37 @@ impl Endpoint {
                 .post_write(wr_id, mr, offset, len, addr, rkey, imm, signaled)?,
             None => self.id.post_send(wr_id, mr, offset, len, imm, signaled)?,
         }
+        self.posted(signaled);
+        Ok(())
+    }
+
+    /// A DATA of the ring kinds: `len` bytes at `offset` of the staging area of generation
+    /// `gen`, one WRITE WITH IMMEDIATE to `remote_addr`/`rkey`, through the connection's kept
+    /// work request ([`WriteWr`]: the fields a DATA changes are written, the rest stays).
+    fn post_data(
+        &mut self,
+        gen: u32,
+        offset: usize,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+        imm: Imm,
+    ) -> Result<()> {
+        let (seq, signaled) = self.next_wr(false);
+        let sge = match self.tx_ring(gen) {
+            Some(tx) => tx.mr().sge(offset, len)?,
+            None => return Err(Error::InvalidArgument("no send staging ring")),
+        };
+        let inline = len <= self.max_inline;
+        self.id.post_write_imm(
+            &mut self.data_wr,
+            SEND_TAG | seq,
+            sge,
+            (remote_addr, rkey),
+            imm.encode(),
+            signaled,
+            inline,
+        )?;
         self.posted(signaled);
         Ok(())
     }
