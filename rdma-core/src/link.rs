@@ -8,7 +8,7 @@
 //! [`Stream`](crate::Stream), which is a `Link` plus blocking calls. The obligations are those
 //! of `rdmashim_proto::conn`, split like this:
 //!
-//! - **The owner talks to the core.** It sends with `conn_mut().send(n)` and copies the granted
+//! - **The owner talks to the core.** It sends with [`Link::send`] and copies the granted
 //!   bytes in with [`Link::stage`]; it reads what `conn().recv()` points at with [`Link::ring`]
 //!   and reports it with [`Link::consume`]; it calls `commit_switch`, `note_tcp_read`,
 //!   `shutdown_write`, `close`, … on [`Link::conn_mut`] itself. After any of these, it calls
@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use rdmashim_proto::{
     Action, Completion, Config, ConfigError, ConnectRequest, Connection, ErrorReason, Imm, Kind,
-    Proof, Reject, RejectReason, RingSize, SendError,
+    Proof, Reject, RejectReason, RingSize, SendError, SendGrant,
 };
 
 use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel, MAX_READS};
@@ -311,6 +311,9 @@ struct Core {
     conn: Connection,
     /// An action may be due (see above).
     due: bool,
+    /// Bytes were sent ([`Link::send`]) since the last pass: with nothing else due, their
+    /// DATA is (`Core::poll_data`).
+    sent: bool,
 }
 
 impl Core {
@@ -335,10 +338,26 @@ impl Core {
     /// (`Connection::nothing_after`), clears [`Core::due`]: nothing is due until the core is
     /// changed again (a post that fails does, `Link::transport_failed`).
     fn next_action(&mut self) -> Option<Action> {
+        self.sent = false;
         let a = self.conn.poll_action();
         if a.is_none() || (matches!(a, Some(Action::WriteData { .. })) && self.conn.nothing_after())
         {
             self.due = false;
+        }
+        a
+    }
+
+    /// The core's DATA branch alone (`Connection::poll_data`), for a core with nothing due
+    /// whose last pass reached that branch (`Connection::reached_data`) and that was changed
+    /// since only by judged changes and bytes sent ([`Link::send`]): what a pass would
+    /// return. Anything but a DATA the core says nothing follows marks it due.
+    fn poll_data(&mut self) -> Option<Action> {
+        self.sent = false;
+        let a = self.conn.poll_data();
+        if a.is_some()
+            && !(matches!(a, Some(Action::WriteData { .. })) && self.conn.nothing_after())
+        {
+            self.due = true;
         }
         a
     }
@@ -462,7 +481,11 @@ impl Link {
 
     fn with(conn: Connection, ep: Ep, close_timeout: Duration) -> Link {
         Link {
-            conn: Core { conn, due: true },
+            conn: Core {
+                conn,
+                due: true,
+                sent: false,
+            },
             ep,
             teardown: Td::Running,
             failure: None,
@@ -568,8 +591,20 @@ impl Link {
         self.conn.judged(|c| c.consume(n))
     }
 
+    /// `conn_mut().send(len)`, for the owner's write: the same, except that bytes the core
+    /// accepts whole (the usual case) leave the core's other actions undisturbed, so that the
+    /// next [`push`](Self::push) takes the DATA's branch alone when the last pass found
+    /// nothing else to do (`Connection::reached_data`), instead of a whole pass.
+    pub fn send(&mut self, len: usize) -> Result<SendGrant, SendError> {
+        let r = self.conn.judged(|c| c.send(len));
+        if matches!(r, Ok(g) if g.len > 0) {
+            self.conn.sent = true;
+        }
+        r
+    }
+
     /// Copies `bytes` into the send staging ring at stream cursor `cursor`: the grant of the
-    /// `conn_mut().send(..)` that accepted them (contiguous thanks to the double mapping; the
+    /// [`send`](Self::send) that accepted them (contiguous thanks to the double mapping; the
     /// core grants at most the ring's size).
     pub fn stage(&mut self, cursor: u64, bytes: &[u8]) {
         if let Some(dst) = self.staging(cursor, bytes.len()) {
@@ -578,7 +613,7 @@ impl Link {
     }
 
     /// The send staging ring's `len` bytes at stream cursor `cursor`, for a caller that fills
-    /// a grant of `conn_mut().send(..)` in place (saving the copy [`stage`](Self::stage)
+    /// a grant of [`send`](Self::send) in place (saving the copy [`stage`](Self::stage)
     /// makes from a buffer of its own); `None` on a link without a staging ring.
     pub fn staging(&mut self, cursor: u64, len: usize) -> Option<&mut [u8]> {
         let ep = match &mut self.ep {
@@ -886,8 +921,32 @@ impl Link {
         if self.conn.due || !self.pulls.is_empty() {
             self.consider_offer();
             self.perform();
+        } else if self.conn.sent && self.conn.reached_data() {
+            // (nothing else due since a pass that reached the DATA's branch: that branch
+            // alone, for the bytes sent since)
+            self.perform_data();
         }
         self.drive_teardown();
+    }
+
+    /// [`Self::act`]'s lane: the DATA of the bytes sent since the last pass (or the end after
+    /// them), when nothing else is due (`Core::poll_data`), posted with room in the send
+    /// queue; a whole pass otherwise, or if the DATA leaves something due.
+    fn perform_data(&mut self) {
+        if self.teardown != Td::Running {
+            return;
+        }
+        if self.sq_room() == 0 {
+            // (a pass polls the CQ for room first)
+            self.perform();
+            return;
+        }
+        let Some(a) = self.conn.poll_data() else {
+            return;
+        };
+        if self.carry(a) && self.conn.due {
+            self.perform();
+        }
     }
 
     /// The peer asked for a ring of another size for its writes (protocol §6.4): this side
@@ -1292,51 +1351,56 @@ impl Link {
             let Some(a) = self.conn.next_action() else {
                 return;
             };
-            if a == Action::Teardown {
-                self.teardown = Td::Draining {
-                    since: Instant::now(),
-                    fenced: false,
-                };
-                self.drive_teardown();
-                return;
-            }
-            if matches!(
-                a,
-                Action::NewStaging { .. }
-                    | Action::ReleaseStaging { .. }
-                    | Action::ReleaseRing { .. }
-            ) {
-                if let Err(e) = self.move_work(a) {
-                    self.transport_failed(e);
-                }
-                continue;
-            }
-            let rkey = self.conn.peer_ring().map_or(0, |r| r.rkey);
-            #[cfg(feature = "timeline")]
-            let data = matches!(a, Action::WriteData { .. } | Action::WriteRecord { .. });
-            #[cfg(feature = "timeline")]
-            if data {
-                crate::timeline::mark(crate::timeline::Mark::PostCalled);
-            }
-            let posted = match &mut self.ep {
-                Ep::Rdma(ep) => ep.post(&a, rkey, self.conn.kind()),
-                Ep::Shm(s) => {
-                    s.post(&a);
-                    Ok(())
-                }
-            };
-            #[cfg(feature = "timeline")]
-            if data {
-                crate::timeline::mark(crate::timeline::Mark::PostReturned);
-            }
-            if let Err(e) = posted {
-                self.transport_failed(e.to_string());
-            }
-            if !self.conn.due {
-                // (the DATA just posted was the last action due: no poll to find nothing)
+            if !self.carry(a) || !self.conn.due {
+                // (the teardown began, or the DATA just posted was the last action due: no
+                // poll to find nothing)
                 return;
             }
         }
+    }
+
+    /// Carries out one action of the core: the teardown begins (then `false`: nothing more
+    /// is performed), local work is done, or a work request is posted.
+    fn carry(&mut self, a: Action) -> bool {
+        if a == Action::Teardown {
+            self.teardown = Td::Draining {
+                since: Instant::now(),
+                fenced: false,
+            };
+            self.drive_teardown();
+            return false;
+        }
+        if matches!(
+            a,
+            Action::NewStaging { .. } | Action::ReleaseStaging { .. } | Action::ReleaseRing { .. }
+        ) {
+            if let Err(e) = self.move_work(a) {
+                self.transport_failed(e);
+            }
+            return true;
+        }
+        let rkey = self.conn.peer_ring().map_or(0, |r| r.rkey);
+        #[cfg(feature = "timeline")]
+        let data = matches!(a, Action::WriteData { .. } | Action::WriteRecord { .. });
+        #[cfg(feature = "timeline")]
+        if data {
+            crate::timeline::mark(crate::timeline::Mark::PostCalled);
+        }
+        let posted = match &mut self.ep {
+            Ep::Rdma(ep) => ep.post(&a, rkey, self.conn.kind()),
+            Ep::Shm(s) => {
+                s.post(&a);
+                Ok(())
+            }
+        };
+        #[cfg(feature = "timeline")]
+        if data {
+            crate::timeline::mark(crate::timeline::Mark::PostReturned);
+        }
+        if let Err(e) = posted {
+            self.transport_failed(e.to_string());
+        }
+        true
     }
 
     /// After `Teardown`: disconnect once the posted work requests completed (a signaled fence

@@ -372,7 +372,7 @@ impl Stream {
             let outcome = if want == 0 {
                 Some(Ok(()))
             } else {
-                match self.link.conn_mut().send(want) {
+                match self.link.send(want) {
                     Ok(g) => {
                         self.link.stage(g.cursor, &p.data[p.done..p.done + g.len]);
                         p.done += g.len;
@@ -454,7 +454,7 @@ impl Stream {
             if !s.sends.is_empty() {
                 return false;
             }
-            match s.link.conn_mut().send(buf.len()) {
+            match s.link.send(buf.len()) {
                 Ok(g) => {
                     s.link.stage(g.cursor, &buf[..g.len]);
                     out = Some(Ok(g.len));

@@ -546,7 +546,7 @@ enum Teardown {
     Done,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Peer {
     /// The ring written now.
     ring: RingDesc,
@@ -557,7 +557,7 @@ struct Peer {
 }
 
 /// Ring moves (§6.4) as this side takes part in them.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct Moves {
     /// Both sides announced [`Flags::RING_MOVES`].
     on: bool,
@@ -604,8 +604,9 @@ impl fmt::Display for OfferError {
 impl std::error::Error for OfferError {}
 
 /// One upgraded (or upgrading) TCP connection. See the module docs.
-// (Clone: the simulated pair looks at a copy's next action without taking it)
-#[derive(Clone, Debug)]
+// (Clone, PartialEq: the simulated pair looks at a copy's next action without taking it, and
+// compares a core before and after a step)
+#[derive(Clone, Debug, PartialEq)]
 pub struct Connection {
     cfg: Config,
     side: Side,
@@ -669,6 +670,9 @@ pub struct Connection {
     stirred: bool,
     /// See [`Self::nothing_after`].
     nothing_after: bool,
+    /// The last [`Self::poll_action`] went past every other kind of action to the DATA (see
+    /// [`Self::reached_data`]).
+    reached_data: bool,
     stats: Stats,
 }
 
@@ -737,6 +741,7 @@ impl Connection {
             end_seq: None,
             stirred: true,
             nothing_after: false,
+            reached_data: false,
             stats: Stats::default(),
         })
     }
@@ -1095,6 +1100,10 @@ impl Connection {
                 self.want_ring(max);
             }
         }
+        // (bytes accepted whole change nothing but what the DATA's branch of poll_action
+        // reads; a short grant marks the writer blocked and may ask for a ring, and records
+        // go out through a branch of their own: see `reached_data`)
+        self.stirred |= n < len || self.records.on;
         if n == 0 {
             return Err(SendError::WouldBlock);
         }
@@ -2046,6 +2055,7 @@ impl Connection {
     /// The next action for the transport, or `None` when there is nothing to do until the
     /// next input. Call until `None` after every input.
     pub fn poll_action(&mut self) -> Option<Action> {
+        self.reached_data = false;
         if self.teardown == Teardown::Pending && self.credit_owed && self.closed() {
             // (the credit of the peer's SwitchOver first: its confirmation that we read its
             // stream on the ring, which it waits for before it takes our TCP end; or of its end
@@ -2203,6 +2213,28 @@ impl Connection {
                 imm,
             });
         }
+        self.reached_data = true;
+        self.poll_data()
+    }
+
+    /// Whether the last [`Self::poll_action`] went past every other kind of action to the
+    /// stream's DATA (and the end after it): nothing else was due or waiting for a slot. Until
+    /// the core is changed otherwise than by bytes [`Self::send`] accepted without stirring
+    /// it ([`Self::take_stirred`]), or by completions and consumes that did not stir it, the
+    /// next `poll_action` goes there again, and [`Self::poll_data`] returns what it would: a
+    /// transport that knows its core unchanged but for those posts a write's DATA without the
+    /// other branches' tests (rdma-core's link; the simulated pair checks it at every pass).
+    pub fn reached_data(&self) -> bool {
+        self.reached_data
+    }
+
+    /// The last part of [`Self::poll_action`]: the DATA of the bytes sent and not yet posted,
+    /// or the end (ShutdownWrite or Close) once all are. Only for a core that
+    /// [`reached_data`](Self::reached_data) on its last pass and was changed since only as
+    /// that says: then it returns, and changes, exactly what `poll_action` would.
+    pub fn poll_data(&mut self) -> Option<Action> {
+        self.reached_data = true;
+        let peer = self.peer.as_mut()?;
         let place = peer.tx.place(peer.tx.posted());
         let max = Self::write_max(&self.cfg, self.kind, place.size);
         if let Some(w) = peer.tx.next_write(max, self.cfg.split_at_wrap) {

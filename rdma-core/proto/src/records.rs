@@ -24,7 +24,7 @@ pub(crate) struct TxRecord {
 }
 
 /// Records as this side writes and reads them.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Records {
     /// Both sides use them.
     pub on: bool,

@@ -157,6 +157,11 @@ struct Endpoint {
     name: &'static str,
     p: SideParams,
     conn: Option<Connection>,
+    /// rdma-core's link would post this side's next DATA by `Connection::poll_data` alone:
+    /// its last pass of the core's actions reached the DATA's branch, and the core has been
+    /// changed since only by sends, completions and consumes that did not stir it (checked
+    /// against `poll_action` at every pump: [`Sim::check_lane`]).
+    lane: bool,
     /// Receive rings by generation (given back ones are gone).
     rings: BTreeMap<u32, SimRing>,
     ring_desc: RingDesc,
@@ -264,6 +269,7 @@ impl Endpoint {
             back_asked: false,
             disconnected: false,
             asleep: false,
+            lane: false,
             records_in: VecDeque::new(),
             record_read: 0,
             records_out: 0,
@@ -344,6 +350,11 @@ impl Endpoint {
 }
 
 struct Sim {
+    /// Each side's `lane` before the current step (a step leaves it set only where it
+    /// changed the side's core in none but those ways).
+    lanes_before: [bool; 2],
+    /// Passes at which a side's lane was checked against `poll_action`.
+    lane_checks: u64,
     rng: Rng,
     a: Endpoint,
     b: Endpoint,
@@ -384,6 +395,8 @@ impl Sim {
         let a = Endpoint::new("A", sc.a.clone(), 0x1000_0000, &mut rng);
         let b = Endpoint::new("B", sc.b.clone(), 0x2000_0000, &mut rng);
         let mut sim = Sim {
+            lanes_before: [false; 2],
+            lane_checks: 0,
             rng,
             a,
             b,
@@ -492,6 +505,7 @@ impl Sim {
         let max_chunk = pair(self, i).0.p.max_chunk;
         let want = self.rng.range(1, max_chunk);
         let expect_failure = self.expect_failure;
+        let lanes = self.lanes_before;
         let (me, _) = pair(self, i);
         if me.app_done_writing() || me.shut_called || me.close_called || me.app_finished() {
             return false;
@@ -541,7 +555,13 @@ impl Sim {
             return true;
         }
         let conn = me.conn.as_mut().unwrap();
-        match conn.send(want) {
+        conn.take_stirred();
+        let sent = conn.send(want);
+        if !conn.take_stirred() {
+            // (bytes accepted whole leave the link's lane as it was: rdma-core's `Link::send`)
+            me.lane = lanes[i];
+        }
+        match sent {
             Ok(g) => {
                 for k in 0..g.len {
                     let at = conn.tx_place(g.cursor + k as u64).unwrap();
@@ -571,6 +591,7 @@ impl Sim {
         let max_read = pair(self, i).0.p.max_read;
         let n_want = self.rng.range(1, max_read);
         let expect_failure = self.expect_failure;
+        let lanes = self.lanes_before;
         let (me, peer) = pair(self, i);
         if me.eof || me.app_finished() {
             return false;
@@ -639,7 +660,12 @@ impl Sim {
                 c.take_stirred();
                 let drained = c.clone().poll_action().is_none();
                 c.consume(n).unwrap();
-                if drained && !c.take_stirred() {
+                let stirred = c.take_stirred();
+                if !stirred && !c.records() {
+                    // (a records reader polled its ring above: that changed its core)
+                    me.lane = lanes[i];
+                }
+                if drained && !stirred {
                     let next = c.clone().poll_action();
                     assert_eq!(
                         next, None,
@@ -813,6 +839,8 @@ impl Sim {
     fn pump(&mut self, i: usize) -> bool {
         let chunk = self.rng.range(1, 5000) as u64;
         let dead = self.path_dead;
+        let lane = self.lanes_before[i];
+        let mut checked = false;
         let (me, _) = pair(self, i);
         let Some(conn) = me.conn.as_mut() else {
             return false;
@@ -846,15 +874,39 @@ impl Sim {
             }
             return true;
         }
+        if lane {
+            checked = true;
+            // rdma-core's link would take only the DATA's branch now (`Link::act`): it must
+            // return, and leave, what a whole pass would.
+            let (mut by_lane, mut by_pass) = (conn.clone(), conn.clone());
+            let (x, y) = (by_lane.poll_data(), by_pass.poll_action());
+            assert_eq!(
+                x, y,
+                "{}: the DATA's branch alone differs from a pass",
+                me.name
+            );
+            assert!(
+                by_lane == by_pass,
+                "{}: the DATA's branch alone leaves another core than a pass:\n{by_lane:?}\n{by_pass:?}",
+                me.name
+            );
+        }
         let mut any = false;
         while let Some(a) = conn.poll_action() {
             any = true;
             if matches!(a, Action::WriteData { .. }) && conn.nothing_after() {
-                // (rdma-core's link polls no more after such a DATA)
-                let next = conn.clone().poll_action();
+                // (rdma-core's link polls no more after such a DATA, and takes the DATA's
+                // branch alone for the next bytes sent)
+                let mut copy = conn.clone();
+                let next = copy.poll_action();
                 assert_eq!(
                     next, None,
                     "{}: an action due after a DATA said to be the last",
+                    me.name
+                );
+                assert!(
+                    copy.reached_data(),
+                    "{}: a pass after a DATA said to be the last stopped short of the DATA's branch",
                     me.name
                 );
             }
@@ -969,6 +1021,10 @@ impl Sim {
                 Action::Teardown => me.teardowns += 1,
             }
         }
+        // (the pass ended with nothing to do: the link's lane is open if it reached the
+        // DATA's branch)
+        me.lane = conn.reached_data();
+        self.lane_checks += u64::from(checked);
         any
     }
 
@@ -1030,7 +1086,8 @@ impl Sim {
                 return true;
             }
         }
-        self.land(i, msg)
+        let lane = self.lanes_before[1 - i];
+        self.land(i, msg, lane)
     }
 
     /// READ pull (§16): side `i`'s transport's oldest pull completes: the bytes are read from
@@ -1063,7 +1120,7 @@ impl Sim {
         }
         me.pulls += 1;
         let sender_i = 1 - i;
-        self.land(sender_i, msg);
+        self.land(sender_i, msg, false);
         loop {
             let me = if i == 0 { &mut self.a } else { &mut self.b };
             match me.held.front() {
@@ -1071,7 +1128,7 @@ impl Sim {
                     let Some(Held::After(msg)) = me.held.pop_front() else {
                         unreachable!()
                     };
-                    self.land(sender_i, msg);
+                    self.land(sender_i, msg, false);
                 }
                 _ => return true,
             }
@@ -1080,7 +1137,9 @@ impl Sim {
 
     /// The receiver's transport hands a message of side `i` to its core (a DATA's bytes
     /// placed first: the HCA reads `i`'s staging area now, not at post time).
-    fn land(&mut self, i: usize, msg: Msg) -> bool {
+    /// `lane`: the receiver's before (its link's lane survives a completion that does not
+    /// stir its core).
+    fn land(&mut self, i: usize, msg: Msg, lane: bool) -> bool {
         let expect_failure = self.expect_failure;
         // (how a record's bytes land: in pieces of random sizes)
         let mut pieces = Rng(self.rng.next());
@@ -1225,7 +1284,12 @@ impl Sim {
                 peer_conn.handle_completion(Completion::Recv { payload: &bytes })
             }
         };
-        if drained && !peer_conn.take_stirred() {
+        let stirred = peer_conn.take_stirred();
+        if !stirred && !peer_conn.records() {
+            // (a records reader polled its ring above: that changed its core)
+            peer.lane = lane;
+        }
+        if drained && !stirred {
             let next = peer_conn.clone().poll_action();
             assert_eq!(
                 next, None,
@@ -1359,6 +1423,7 @@ impl Sim {
         {
             return;
         }
+        self.lanes_off();
         for i in 0..2 {
             let queued = pair(self, i).0.outbound.len() as u64;
             let keep = self.rng.below(queued + 1);
@@ -1462,6 +1527,7 @@ impl Sim {
 
     /// A aborts: SO_LINGER 0 close.
     fn abort(&mut self) {
+        self.lanes_off();
         let a = &mut self.a;
         if a.app_finished() {
             return;
@@ -1501,7 +1567,22 @@ impl Sim {
         }
     }
 
+    /// Changes made outside a step (a path's death, an abort, a close timeout): no lane
+    /// survives them.
+    fn lanes_off(&mut self) {
+        self.lanes_before = [false; 2];
+        self.a.lane = false;
+        self.b.lane = false;
+    }
+
     fn step(&mut self, ev: u64) -> bool {
+        self.lanes_before = [self.a.lane, self.b.lane];
+        // (a core the step leaves as it was keeps its lane: snapshots of the sides that have
+        // one)
+        let snap = |e: &Endpoint| e.lane.then(|| e.conn.clone());
+        let before = [snap(&self.a), snap(&self.b)];
+        self.a.lane = false;
+        self.b.lane = false;
         let r = match ev {
             0 => self.server_accept(),
             1 => self.client_established(),
@@ -1523,6 +1604,11 @@ impl Sim {
             31 | 32 => self.pull((ev - 31) as usize),
             _ => unreachable!(),
         };
+        for (e, before) in [(&mut self.a, &before[0]), (&mut self.b, &before[1])] {
+            if before.as_ref().is_some_and(|b| *b == e.conn) {
+                e.lane = true;
+            }
+        }
         if r {
             self.progress += 1;
         }
@@ -1651,6 +1737,7 @@ impl Sim {
     /// finishes leaves each waiting for the credit of its last message, which neither posts
     /// once torn down (the peer took its own end for the wire's). Returns whether one fired.
     fn close_timeouts(&mut self) -> bool {
+        self.lanes_off();
         let expect_failure = self.expect_failure;
         let mut fired = false;
         for me in [&mut self.a, &mut self.b] {
@@ -2175,7 +2262,7 @@ fn credits_are_batched() {
 /// order, and the moves did happen (both directions, several each, over the seeds).
 #[test]
 fn ring_moves_keep_every_byte() {
-    let (mut moves_out, mut moves_in) = (0, 0);
+    let (mut moves_out, mut moves_in, mut lane_checks) = (0, 0, 0);
     for seed in 0..60 {
         let mut sc = fixed(
             Finish::ShutdownThenClose,
@@ -2189,18 +2276,26 @@ fn ring_moves_keep_every_byte() {
         sc.random_steps = 6000;
         for side in [&mut sc.a, &mut sc.b] {
             side.cfg.ring_moves = true;
+            // (half the runs: a writer held back by a full ring asks for a larger one itself)
+            side.cfg.ring_max = (seed % 2 == 1).then(|| RingSize::from_log2(14).unwrap());
             side.max_chunk = 2000;
             side.max_read = 2000;
         }
         let mut sim = Sim::new(&sc);
         sim.run(sc.random_steps);
         sim.check();
+        lane_checks += sim.lane_checks;
         for e in [&sim.a, &sim.b] {
             let st = e.conn.as_ref().unwrap().stats();
             moves_out += st.moves_out;
             moves_in += st.moves_in;
         }
     }
+    // (the lane is checked where it would be taken: often, across the moves)
+    assert!(
+        lane_checks >= 1000,
+        "only {lane_checks} lane checks in 60 runs"
+    );
     assert_eq!(moves_out, moves_in, "every move is seen by both ends");
     assert!(moves_out >= 60, "only {moves_out} moves in 60 runs");
 }

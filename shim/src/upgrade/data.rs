@@ -660,7 +660,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
         return net::send(fd, &[], flags);
     }
     let grant_of = |g: &mut Inner, want: usize| match &mut g.phase {
-        Phase::Linked(l) => l.conn_mut().send(want),
+        Phase::Linked(l) => l.send(want),
         _ => Err(SendError::ViaTcp),
     };
     // (the lock of a spin that found room)
