@@ -1415,10 +1415,14 @@ impl Connection {
     /// The application consumed `n` ring bytes (after [`Recv::Ring`]). Credit goes back lazily
     /// through [`Self::poll_action`].
     pub fn consume(&mut self, n: usize) -> Result<(), ConsumeError> {
-        let readable = match self.recv() {
-            Recv::Ring { len, .. } => len,
-            _ => 0,
+        // (the stream read from the ring, the usual case: its count at once, where `recv`
+        // looks at every other state first)
+        let readable = if self.reading_ring() {
+            self.rx.readable() as usize
+        } else {
+            self.ring_readable()
         };
+        debug_assert_eq!(readable, self.ring_readable(), "consume's count is recv's");
         if n > readable {
             return Err(ConsumeError {
                 requested: n,
@@ -1455,6 +1459,34 @@ impl Connection {
         // given back: if neither made anything due, it stirs nothing — see take_stirred)
         self.stirred |= self.credit_due() || !self.moves.actions.is_empty();
         Ok(())
+    }
+
+    /// The ring bytes [`Self::recv`] names (0 when it names anything else).
+    fn ring_readable(&self) -> usize {
+        match self.recv() {
+            Recv::Ring { len, .. } => len,
+            _ => 0,
+        }
+    }
+
+    /// Whether [`Self::recv`] reads the stream from the ring's cursors alone: established (or
+    /// closed), the read side open, no TCP bytes ahead (before the switch, a failover's
+    /// continuation, a switch back), the ring's state, no records. Then what it names is the
+    /// ring's readable bytes (none: not `Ring`).
+    fn reading_ring(&self) -> bool {
+        matches!(self.life, Life::Established | Life::Closed)
+            && !self.local_read_shut
+            && self.incoming.is_none_or(|i| i.done())
+            && !(self.back.is_some() && self.established())
+            && matches!(
+                self.rx_state,
+                RxState::Ring
+                    | RxState::Finished {
+                        tcp_remaining: 0,
+                        ..
+                    }
+            )
+            && !self.records.on
     }
 
     /// The shim read `n` bytes from the TCP socket (before the upgrade, or while draining up
