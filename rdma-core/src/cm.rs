@@ -293,13 +293,12 @@ pub struct WriteWr {
 unsafe impl Send for WriteWr {}
 
 impl WriteWr {
-    /// An RDMA WRITE WITH IMMEDIATE with one scatter-gather entry, not yet filled.
+    /// An RDMA WRITE WITH IMMEDIATE, not yet filled (each post writes the rest).
     pub fn new() -> WriteWr {
         // SAFETY: all-zero is a valid ibv_send_wr (null next, no flags) and ibv_sge.
         let (mut wr, sge): (ffi::ibv_send_wr, ffi::ibv_sge) =
             unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
         wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-        wr.num_sge = 1;
         WriteWr { wr, sge }
     }
 }

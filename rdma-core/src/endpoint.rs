@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::pool::{self, Kit, KitSizes, Pooled};
 use crate::ring::RegisteredRing;
 use crate::sys::ffi;
-use crate::verbs::{Access, CompChannel, Cq, Srq};
+use crate::verbs::{Access, CompChannel, Cq, Mr, Srq};
 
 /// Tag bit of a send work request's `wr_id` (receives carry their slot index).
 pub(crate) const SEND_TAG: u64 = 1 << 63;
@@ -587,10 +587,7 @@ impl Endpoint {
         // (an error made only when it is returned: an `ok_or` would build one and drop it,
         // a call, on every post)
         let mr = match gen {
-            Some(gen) => match self.tx_ring(gen) {
-                Some(tx) => tx.mr(),
-                None => return Err(Error::InvalidArgument("no send staging ring")),
-            },
+            Some(gen) => self.staging_mr(gen)?,
             None => self.kit.ctl_bufs.mr(),
         };
         let (wr_id, imm) = (SEND_TAG | seq, imm.map(Imm::encode));
@@ -602,6 +599,16 @@ impl Endpoint {
         }
         self.posted(signaled);
         Ok(())
+    }
+
+    /// The registration of the staging area of generation `gen`.
+    fn staging_mr(&self, gen: u32) -> Result<&Mr> {
+        // (an error made only when it is returned: an `ok_or` would build one and drop it,
+        // a call, on every post)
+        match self.tx_ring(gen) {
+            Some(tx) => Ok(tx.mr()),
+            None => Err(Error::InvalidArgument("no send staging ring")),
+        }
     }
 
     /// A DATA of the ring kinds: `len` bytes at `offset` of the staging area of generation
@@ -617,10 +624,7 @@ impl Endpoint {
         imm: Imm,
     ) -> Result<()> {
         let (seq, signaled) = self.next_wr(false);
-        let sge = match self.tx_ring(gen) {
-            Some(tx) => tx.mr().sge(offset, len)?,
-            None => return Err(Error::InvalidArgument("no send staging ring")),
-        };
+        let sge = self.staging_mr(gen)?.sge(offset, len)?;
         let inline = len <= self.max_inline;
         self.id.post_write_imm(
             &mut self.data_wr,

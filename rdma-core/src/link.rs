@@ -340,11 +340,16 @@ impl Core {
     fn next_action(&mut self) -> Option<Action> {
         self.sent = false;
         let a = self.conn.poll_action();
-        if a.is_none() || (matches!(a, Some(Action::WriteData { .. })) && self.conn.nothing_after())
-        {
+        if self.settled_by(&a) {
             self.due = false;
         }
         a
+    }
+
+    /// Whether nothing is due after the core returned `a`: nothing, or a DATA after which it
+    /// says nothing follows (`Connection::nothing_after`).
+    fn settled_by(&self, a: &Option<Action>) -> bool {
+        a.is_none() || (matches!(a, Some(Action::WriteData { .. })) && self.conn.nothing_after())
     }
 
     /// The core's DATA branch alone (`Connection::poll_data`), for a core with nothing due
@@ -354,9 +359,7 @@ impl Core {
     fn poll_data(&mut self) -> Option<Action> {
         self.sent = false;
         let a = self.conn.poll_data();
-        if a.is_some()
-            && !(matches!(a, Some(Action::WriteData { .. })) && self.conn.nothing_after())
-        {
+        if !self.settled_by(&a) {
             self.due = true;
         }
         a
