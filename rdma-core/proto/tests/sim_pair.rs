@@ -1604,14 +1604,14 @@ impl Sim {
             31 | 32 => self.pull((ev - 31) as usize),
             _ => unreachable!(),
         };
-        // (a consume counts the readable bytes its own way while the stream is read from the
-        // ring, and asserts in debug builds that the count is what `recv` names: checked in
-        // every state a step leaves, not only where the application consumes)
-        // (a build without debug assertions has nothing to check)
+        // (`recv` names the ring's bytes by a shortcut while the stream is read from the ring
+        // alone, and asserts in debug builds that its general branches name the same: checked
+        // in every state a step leaves, not only where the application reads; a build
+        // without debug assertions has nothing to check)
         if cfg!(debug_assertions) {
             for e in [&self.a, &self.b] {
                 if let Some(c) = e.conn.as_ref() {
-                    let _ = c.clone().consume(0);
+                    let _ = c.recv();
                 }
             }
         }
