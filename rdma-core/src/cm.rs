@@ -769,6 +769,17 @@ impl CmId {
         self.qp.as_ref().map(|q| q.caps)
     }
 
+    /// Whether a WRITE or SEND of `len` bytes goes inline (copied into the WQE, its buffer
+    /// free at once): not empty, and within the `max_inline_data` the provider granted — the
+    /// one place every post decides it.
+    fn fits_inline(&self, len: usize) -> bool {
+        len > 0
+            && self
+                .qp
+                .as_ref()
+                .is_some_and(|q| len <= q.caps.max_inline_data as usize)
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> Option<u32> {
         let q = self.qp.as_ref()?;
@@ -915,16 +926,12 @@ impl CmId {
         signaled: bool,
     ) -> Result<()> {
         let mut sge = local.sge(offset, len)?;
-        let inline = self
-            .qp_caps()
-            .is_some_and(|c| len <= c.max_inline_data as usize);
-        self.post_write_sge(wr_id, &mut sge, remote_addr, rkey, imm, signaled, inline)
+        self.post_write_sge(wr_id, &mut sge, remote_addr, rkey, imm, signaled)
     }
 
     /// Posts `w` as an RDMA WRITE WITH IMMEDIATE `imm` of the bytes `sge` names to
-    /// `to` = (remote address, rkey), inline when `inline` (and not empty); `signaled` asks for
-    /// a send completion. Only the fields a DATA changes are written into `w`.
-    #[allow(clippy::too_many_arguments)]
+    /// `to` = (remote address, rkey), inline when they fit; `signaled` asks for a send
+    /// completion. Only the fields a DATA changes are written into `w`.
     pub fn post_write_imm(
         &self,
         w: &mut WriteWr,
@@ -933,9 +940,9 @@ impl CmId {
         to: (u64, u32),
         imm: u32,
         signaled: bool,
-        inline: bool,
     ) -> Result<()> {
         w.sge = sge;
+        let inline = self.fits_inline(sge.length as usize);
         write_fields(&mut w.wr, wr_id, &mut w.sge, to, signaled, inline);
         w.wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         self.post(&mut w.wr)
@@ -950,8 +957,8 @@ impl CmId {
         rkey: u32,
         imm: Option<u32>,
         signaled: bool,
-        inline: bool,
     ) -> Result<()> {
+        let inline = self.fits_inline(sge.length as usize);
         // SAFETY: all-zero is a valid ibv_send_wr (null next, no flags).
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.opcode = match imm {
@@ -1016,11 +1023,7 @@ impl CmId {
         if signaled {
             flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
-        if len > 0
-            && self
-                .qp_caps()
-                .is_some_and(|c| len <= c.max_inline_data as usize)
-        {
+        if self.fits_inline(len) {
             flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }
         wr.send_flags = flags;
@@ -1042,7 +1045,7 @@ impl CmId {
 
 /// The fields of an RDMA WRITE work request that change from one post to the next: `wr_id`,
 /// the one scatter-gather entry `sge` (none if empty), the target `to` = (remote address,
-/// rkey) and the flags (`signaled`; inline when `inline` and not empty).
+/// rkey) and the flags (`signaled`; inline when `inline`, which `CmId::fits_inline` decided).
 fn write_fields(
     wr: &mut ffi::ibv_send_wr,
     wr_id: u64,
@@ -1055,7 +1058,7 @@ fn write_fields(
     if signaled {
         flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
     }
-    if inline && sge.length > 0 {
+    if inline {
         flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
     }
     wr.wr_id = wr_id;

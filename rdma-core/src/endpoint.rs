@@ -107,8 +107,6 @@ pub(crate) struct Endpoint {
     /// this reaches `signal_every - 1`: a count, where a remainder of the sequence number
     /// would divide on every post).
     unsignaled: u64,
-    /// The granted inline size (bytes a WRITE may carry in its WQE).
-    max_inline: usize,
     /// The DATA's WRITE WITH IMMEDIATE, kept from one post to the next ([`Self::post_data`]).
     data_wr: WriteWr,
     /// Sequence number of the next send WR.
@@ -226,7 +224,6 @@ impl Endpoint {
                 sq_depth: sz.sq_depth.min(r.granted.max_send_wr),
                 signal_every: u64::from((sz.sq_depth / 4).max(1)),
                 unsignaled: 0,
-                max_inline: r.granted.max_inline_data as usize,
                 data_wr: WriteWr::new(),
                 sq_posted: 0,
                 sq_done: 0,
@@ -625,7 +622,6 @@ impl Endpoint {
     ) -> Result<()> {
         let (seq, signaled) = self.next_wr(false);
         let sge = self.staging_mr(gen)?.sge(offset, len)?;
-        let inline = len <= self.max_inline;
         self.id.post_write_imm(
             &mut self.data_wr,
             SEND_TAG | seq,
@@ -633,7 +629,6 @@ impl Endpoint {
             (remote_addr, rkey),
             imm.encode(),
             signaled,
-            inline,
         )?;
         self.posted(signaled);
         Ok(())
