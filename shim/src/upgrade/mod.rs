@@ -768,7 +768,10 @@ impl Conn {
         if g.back != Back::None || link.conn().back_started() {
             self.settle_back(g);
         }
-        self.sync_efds(g);
+        // (the usual case, nobody waiting on the eventfds, without the call: see sync_efds)
+        if self.efd_watchers.load(Ordering::SeqCst) != 0 || trace() {
+            self.sync_efds(g);
+        }
     }
 
     /// Returns the connection to TCP (protocol §8.5) on this side's initiative: for a process
