@@ -112,6 +112,16 @@ impl<T> Slot<T> {
     }
 }
 
+/// A pin on a slot while its object is borrowed ([`Slots::with`]): ended when dropped, also
+/// when the borrower unwinds.
+struct Pinned<'a, T>(&'a Slot<T>);
+
+impl<T> Drop for Pinned<'_, T> {
+    fn drop(&mut self) {
+        self.0.unpin();
+    }
+}
+
 /// The array. See the module documentation.
 pub struct Slots<T> {
     chunks: Box<[Chunk<T>]>,
@@ -211,6 +221,28 @@ impl<T> Slots<T> {
     pub fn get(&self, key: Key) -> Option<Arc<T>> {
         let slot = self.slot(key.index as usize)?;
         slot.take_if(|st| self.key_gen(st) == key.gen)
+    }
+
+    /// Calls `f` with the object of `key`, borrowed for as long as `f` runs under the slot's
+    /// pin, which keeps the array's reference alive (a removal meanwhile retires the slot and
+    /// leaves the release to the last unpin): two atomic operations on the slot's word, where
+    /// [`Slots::get`] makes four with the reference it hands out (pin, count up, unpin, and the
+    /// count down when the reference is dropped). `None` if the object is not there.
+    #[inline]
+    pub fn with<R>(&self, key: Key, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let slot = self.slot(key.index as usize)?;
+        let prev = slot.state.fetch_add(PIN, Ordering::Acquire);
+        let pin = Pinned(slot);
+        if prev & PRESENT == 0 || self.key_gen(prev) != key.gen {
+            return None;
+        }
+        let p = slot.obj.load(Ordering::Acquire);
+        // SAFETY: PRESENT was set (Release, after `obj` was stored) by `insert` with a pointer
+        // from `Arc::into_raw`, so `p` points at a live `T`; the pin, which `pin` ends only
+        // after `f` returns, keeps the array's reference — and so the `T` — alive meanwhile.
+        let r = f(unsafe { &*p });
+        drop(pin);
+        Some(r)
     }
 
     /// The object in slot `index`, whatever its generation.
@@ -419,6 +451,56 @@ mod tests {
         assert_eq!(s.get(k2).unwrap().0, 3);
     }
 
+    #[test]
+    fn a_borrow_keeps_its_object_through_a_removal_and_unpins_even_when_it_unwinds() {
+        let live = AtomicUsize::new(0);
+        let s = Slots::new(2, 8);
+        let (k, o) = s.insert(|_| Some(Probe::new(5, &live))).unwrap();
+        drop(o);
+        let slot = s.slot(k.index as usize).unwrap();
+        assert_eq!(s.with(k, |p| p.0), Some(5));
+        assert_eq!(
+            slot.state.load(Ordering::SeqCst) & PINS,
+            0,
+            "unpinned after"
+        );
+        // (removed while borrowed: the object lives until the borrow ends, then goes)
+        let v = s.with(k, |p| {
+            assert!(s.remove(k));
+            assert!(s.get(k).is_none() && s.with(k, |_| ()).is_none());
+            assert_eq!(
+                live.load(Ordering::SeqCst),
+                1,
+                "not released under the borrow"
+            );
+            p.0
+        });
+        assert_eq!(v, Some(5));
+        assert_eq!(
+            live.load(Ordering::SeqCst),
+            0,
+            "released when the borrow ended"
+        );
+        assert_eq!(slot.state.load(Ordering::SeqCst) & (PINS | RETIRED), 0);
+        // (a key of a removed object borrows nothing and leaves no pin)
+        assert!(s.with(k, |_| ()).is_none());
+        assert_eq!(slot.state.load(Ordering::SeqCst) & PINS, 0);
+        // (a borrower that panics: the pin ends as it unwinds)
+        let (k2, _) = s.insert(|_| Some(Probe::new(6, &live))).unwrap();
+        let slot2 = s.slot(k2.index as usize).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.with(k2, |_| panic!("a borrower's panic"))
+        }));
+        assert!(r.is_err());
+        assert_eq!(
+            slot2.state.load(Ordering::SeqCst) & PINS,
+            0,
+            "unpinned by the unwind"
+        );
+        assert!(s.remove(k2));
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+    }
+
     fn pack(k: Key) -> u64 {
         u64::from(k.index) << 12 | u64::from(k.gen)
     }
@@ -451,6 +533,14 @@ mod tests {
                             if let Some(o) = s.get(key) {
                                 // (each object carries the key it was made for)
                                 assert_eq!(o.0, pack(key) as u32);
+                                found.fetch_add(1, Ordering::Relaxed);
+                            }
+                            // (and so does one borrowed, for as long as it is borrowed)
+                            if let Some(got) = s.with(key, |o| {
+                                std::hint::spin_loop();
+                                o.0
+                            }) {
+                                assert_eq!(got, pack(key) as u32);
                                 found.fetch_add(1, Ordering::Relaxed);
                             }
                         }

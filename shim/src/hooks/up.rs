@@ -76,7 +76,24 @@ pub(crate) fn own_conn(fd: c_int) -> Option<Arc<Conn>> {
 /// connection, or it fails on a connection inherited from the parent), `None` to go on with
 /// the TCP path.
 pub(crate) fn route(fd: c_int, f: impl FnOnce(&Conn) -> Outcome<isize>) -> Option<Outcome<isize>> {
-    match of_fd(fd) {
+    let e = TABLE.get(fd);
+    if e.kind() != Kind::Upgraded {
+        return None;
+    }
+    // The usual case — this process's connection, neither fallen back nor offered to a fork
+    // child — on the connection borrowed under its slot's pin; anything else as `of` says.
+    let mut f = Some(f);
+    let steady = |c: &Conn| {
+        if c.fell_back.load(Ordering::Acquire) || c.offered.load(Ordering::Relaxed) {
+            return None;
+        }
+        f.take().map(|f| f(c))
+    };
+    if let Some(Some(r)) = upgrade::with_own(e.slot(), steady) {
+        return Some(r);
+    }
+    let f = f?;
+    match of(e) {
         Up::Conn(c) => Some(f(&c)),
         Up::Fail(e) => Some(Outcome::Fail(e)),
         Up::Tcp => None,

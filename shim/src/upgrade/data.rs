@@ -395,7 +395,7 @@ fn nonblocking(c: &Conn, fd: c_int, flags: c_int) -> bool {
 /// recv/read/readv/recvmsg on a connection under the upgrade. `flags` are the application's
 /// MSG_* flags.
 pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<usize, Errno> {
-    c.uses.fetch_add(1, Ordering::Relaxed);
+    super::bump(&c.uses, 1);
     c.fd_hint.store(fd, Ordering::Relaxed);
     let total = buf.total();
     let peek = flags & libc::MSG_PEEK != 0;
@@ -509,7 +509,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                             }
                         }
                         stats::add_bytes_at(shard, Bytes::TcpRx, n as u64);
-                        c.live_rx.fetch_add(n as u64, Ordering::Relaxed);
+                        super::bump(&c.live_rx, n as u64);
                         got += n;
                         if !waitall || got == total {
                             c.settle(&mut g);
@@ -555,7 +555,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 // of room in the send queue; the CQ waits for the next call)
                 l.push();
                 stats::add_bytes_at(shard, Bytes::on_link(l.transport(), false), n as u64);
-                c.live_rx.fetch_add(n as u64, Ordering::Relaxed);
+                super::bump(&c.live_rx, n as u64);
                 c.settle(&mut g);
                 if !waitall || got == total {
                     #[cfg(feature = "timeline")]
@@ -649,7 +649,7 @@ fn tcp_read_failed(c: &Conn, g: &mut Inner, e: Errno, got: usize) -> Option<Resu
 
 /// send/write/writev/sendmsg/sendfile on a connection under the upgrade.
 pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<usize, Errno> {
-    c.uses.fetch_add(1, Ordering::Relaxed);
+    super::bump(&c.uses, 1);
     c.fd_hint.store(fd, Ordering::Relaxed);
     let total = buf.total();
     let tcp_flags = flags | libc::MSG_DONTWAIT;
@@ -694,7 +694,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                     Ok(n) => {
                         g.tcp_sent += n as u64;
                         stats::add_bytes_at(shard, Bytes::TcpTx, n as u64);
-                        c.live_tx.fetch_add(n as u64, Ordering::Relaxed);
+                        super::bump(&c.live_tx, n as u64);
                         sent += n;
                         if sent == total {
                             return Ok(sent);
@@ -726,7 +726,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 l.push();
                 l.progress_after_push(false);
                 stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), gr.len as u64);
-                c.live_tx.fetch_add(gr.len as u64, Ordering::Relaxed);
+                super::bump(&c.live_tx, gr.len as u64);
                 sent += gr.len;
                 c.settle(&mut g);
                 if sent == total {

@@ -266,6 +266,8 @@ pub struct Conn {
     /// a CQ an application thread left unarmed only once this stopped moving
     /// (`engine::State::timers`): a thread that keeps calling polls the CQ itself, and one
     /// that spins on it would otherwise lose its CPU to the engine at every completion.
+    /// Bumped with a load and a store ([`bump`]), not an atomic add: two threads' calls at
+    /// once may count as one, and the count still moves, which is all the engine asks of it.
     pub uses: AtomicU64,
     /// Who waits on the eventfds: [`EFDS_EPOLLED`] once the connection was registered in an
     /// epoll set, plus one per thread in a poll-family call or a blocking data call's wait.
@@ -291,7 +293,8 @@ pub struct Conn {
     /// In the registry's list of inboxes left unarmed ([`ready::list_unarmed`]).
     pub(crate) unarmed_listed: AtomicBool,
     /// Bytes the application sent and received on it through the upgrade (either transport),
-    /// for the live view's table (`crate::live`).
+    /// for the live view's table (`crate::live`). Written only under the connection's lock
+    /// ([`bump`]).
     pub(crate) live_tx: AtomicU64,
     pub(crate) live_rx: AtomicU64,
     counted: AtomicBool,
@@ -1660,6 +1663,16 @@ impl World {
         self.conns.get(slot_parts(slot).1)
     }
 
+    /// `f` on the connection of fd-table slot `slot`, borrowed while it runs (no reference
+    /// taken: [`Slots::with`]), if it belongs to this process generation.
+    #[inline]
+    fn with<R>(&self, slot: u64, f: impl FnOnce(&Conn) -> R) -> Option<R> {
+        if !slot_is_ours(slot) {
+            return None;
+        }
+        self.conns.with(slot_parts(slot).1, f)
+    }
+
     /// Removes the connection of `slot` (its last fd was closed and the engine is done with it).
     fn remove(&self, slot: u64) {
         if slot_is_ours(slot) {
@@ -1686,6 +1699,24 @@ impl World {
     fn all(&self) -> Vec<Arc<Conn>> {
         self.conns.all().into_iter().map(|(_, c)| c).collect()
     }
+}
+
+/// Adds `n` to a counter of a connection's that one writer at a time moves (the lock's holder,
+/// or a count whose racing writers may lose an increment): a load and a store, where an atomic
+/// add would be a locked read-modify-write on every data call.
+#[inline]
+pub(crate) fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(n),
+        Ordering::Relaxed,
+    );
+}
+
+/// `f` on the connection of `slot` in this process, borrowed while it runs (the data calls'
+/// way: no reference counted up and down), if there is one.
+#[inline]
+pub fn with_own<R>(slot: u64, f: impl FnOnce(&Conn) -> R) -> Option<R> {
+    world_if_created()?.with(slot, f)
 }
 
 /// The connection of `slot` in this process, if any.
