@@ -247,7 +247,7 @@ impl Waiter {
         mut ready: impl FnMut(&Inner) -> bool,
     ) -> Option<(MutexGuard<'c, Inner>, Option<Src>)> {
         let turn = || {
-            let mut g = c.lock();
+            let mut g = c.lock_app();
             let Phase::Linked(l) = &mut g.phase else {
                 return Turn::Leave(None);
             };
@@ -423,7 +423,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 g
             }
             None => {
-                let mut g = c.lock();
+                let mut g = c.lock_app();
                 // Ring bytes the core already knows of are read without polling first: in a
                 // ping-pong the answer often lands during the previous write's post, and that
                 // write's drive after the post has seen it.
@@ -666,7 +666,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
     // (the lock of a spin that found room)
     let mut held = None;
     loop {
-        let mut g = held.take().unwrap_or_else(|| c.lock());
+        let mut g = held.take().unwrap_or_else(|| c.lock_app());
         let want = total - sent;
         // Once this side sends on the ring, the link is driven after the bytes are staged
         // (which polls the CQ, performs the write and whatever else is due); before, only if

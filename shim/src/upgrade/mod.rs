@@ -418,6 +418,19 @@ impl Conn {
             self.internal_waits.fetch_sub(1, Ordering::AcqRel);
             return g;
         }
+        self.lock_app()
+    }
+
+    /// [`lock`](Self::lock) for an application thread's data call — reached only through the
+    /// hooks' slow paths, which pass the shim's own threads straight through — without asking
+    /// whether the calling thread is one of the shim's: a thread-local's lookup, a call to
+    /// `__tls_get_addr` in a cdylib, two or three times a message otherwise.
+    #[inline]
+    pub(crate) fn lock_app(&self) -> MutexGuard<'_, Inner> {
+        debug_assert!(
+            !crate::guard::internal_thread(),
+            "the shim's own threads take lock()"
+        );
         if self.internal_waits.load(Ordering::Acquire) != 0 {
             self.yield_to_shim();
         }
