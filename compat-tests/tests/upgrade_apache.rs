@@ -74,13 +74,15 @@ fn apache_workers(rings: Rings) {
     // `closed_early` or `no_upgrade_request`, the parent's `closed_early`, or `peer_rejected`
     // when its dial came after the worker had closed its end (seen in CI), or over shared
     // memory `plain_peer` when the worker that accepted it was already on its way out and no
-    // longer answered the rendezvous (seen in CI) — and the client's connections are the
-    // upgraded ones.
+    // longer answered the rendezvous (seen in CI), or `peer_unreachable` when it was gone
+    // before the parent's dial reached it (seen once in a full run) — and the client's
+    // connections are the upgraded ones.
     let wakeups = [
         "closed_early",
         "no_upgrade_request",
         "peer_rejected",
         "plain_peer",
+        "peer_unreachable",
     ];
     check_workers_woken("apache2", &s.stats("apache"), &cst, &wakeups, rings);
     if let Some(d) = device {
