@@ -1992,12 +1992,12 @@ mod lowest_fd {
     pub fn client(addr: SocketAddr) {
         let mut s = TcpStream::connect(addr).unwrap();
         ping_pong(&mut s, MSG, ROUNDS, 0x33);
-        // (the upgrade's set-up is over before the first number is taken: its descriptors —
-        // the device's, the queue's channel — are made at the lowest free numbers, as any
-        // descriptor is, by the shim's own thread, and moved high at once; a file opened in
-        // that moment gets a higher number, a race of the set-up's that this scenario, the
-        // sleep's, must not measure — seen once in 730 tests, the set-up still going on
-        // after the ping-pong's 20 rounds)
+        // (the upgrade's set-up is over before the first number is taken: it holds
+        // descriptors of its own for a while — librdmacm's and libibverbs' take the lowest
+        // free numbers, as any descriptor does — and closes some when it ends; a number
+        // taken meanwhile is higher than one taken after, a race of the set-up's that this
+        // scenario, the sleep's, must not measure — seen once in 730 tests, the set-up
+        // still going on after the ping-pong's 20 rounds)
         std::thread::sleep(SETTLE);
         // (no read timeout: a wait the shim holds signals for, as a blocking call without one)
         let mut reader = s.try_clone().unwrap();
