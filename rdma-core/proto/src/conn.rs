@@ -1340,19 +1340,7 @@ impl Connection {
     pub fn recv(&self) -> Recv {
         // (the usual case first: the stream read from the ring's cursors alone)
         if self.reading_ring() {
-            let len = self.rx.readable() as usize;
-            let r = if len > 0 {
-                let at = self.rx.read_place();
-                Recv::Ring {
-                    gen: at.gen,
-                    offset: at.offset,
-                    len,
-                }
-            } else if self.rx_state.is_finished() {
-                Recv::Eof
-            } else {
-                Recv::WouldBlock
-            };
+            let r = self.ring_or_end(self.rx.readable() as usize);
             debug_assert_eq!(
                 r,
                 self.recv_general(),
@@ -1422,20 +1410,31 @@ impl Connection {
                         len: (rec - self.records.taken) as usize,
                     };
                 }
-                let len = self.rx.readable() as usize;
-                if len > 0 && !self.records.on {
-                    let at = self.rx.read_place();
-                    Recv::Ring {
-                        gen: at.gen,
-                        offset: at.offset,
-                        len,
-                    }
-                } else if self.rx_state.is_finished() {
-                    Recv::Eof
+                // (records: none whole yet, whatever bytes the ring holds)
+                let len = if self.records.on {
+                    0
                 } else {
-                    Recv::WouldBlock
-                }
+                    self.rx.readable() as usize
+                };
+                self.ring_or_end(len)
             }
+        }
+    }
+
+    /// The stream read from the ring: its `len` readable bytes at the read cursor's place, or
+    /// with none, the end once the peer's stream finished, else nothing yet.
+    fn ring_or_end(&self, len: usize) -> Recv {
+        if len > 0 {
+            let at = self.rx.read_place();
+            Recv::Ring {
+                gen: at.gen,
+                offset: at.offset,
+                len,
+            }
+        } else if self.rx_state.is_finished() {
+            Recv::Eof
+        } else {
+            Recv::WouldBlock
         }
     }
 
