@@ -52,6 +52,22 @@
  * per buffer, default 65536; rdmashim's ring: 1 MiB, mapped twice). VPP_WORK_NS=N: each side
  * busy-waits N ns between a message's arrival and its answer, standing in for the software a
  * real stack runs there (does latency grow by N, or by more?).
+ *
+ * VPP_STREAM=1 (modes write and imm): a one-way stream instead of the ping-pong, the pattern of
+ * a ring's bulk transfer with nothing else around it. The client writes ITERS messages of SIZE
+ * bytes into successive slots of the server's buffer (VPP_BUF bytes, a ring of its slots), at
+ * most VPP_SQ work requests in flight, and may write a slot again only once the server
+ * returned it: the server checks each message's tag (write: it spins on the slot's last byte;
+ * imm: on its completion queue, the receive posted again at once) and returns credit, a
+ * zero-length WRITE WITH IMMEDIATE carrying its count of messages taken, every VPP_CREDIT
+ * messages (default: a quarter of the slots, as the ring returns credit per quarter of its
+ * size) and after the last. The client prints mib_s=<MiB a second> from its first message
+ * after the warm-up to the credit for the last, and credits=<credits it took>.
+ * VPP_SAME_SLOT=1 (imm only) writes every message into slot 0, as ib_write_bw writes one
+ * buffer again and again (the tags are not checked then: a slot may hold a later message's).
+ * VPP_SLEEP=1 (imm only): the server does not spin for a message it waits for; it arms its
+ * completion queue and sleeps on the completion channel (as ib_write_bw's server leaves its
+ * CPU alone, and rdmashim's reader sleeps once its spin runs out).
  */
 #define _GNU_SOURCE
 #include <rdma/rdma_cma.h>
@@ -113,7 +129,11 @@ static struct ibv_mr *mbox_in_mr, *mbox_out_mr;
 
 static struct rdma_cm_id *id;
 static struct ibv_cq *send_cq, *recv_cq;
+static struct ibv_comp_channel *channel;
 static long signal_every;
+/* the wr_id of the last send completion taken (the stream's sender retires every work request
+ * up to it) */
+static uint64_t last_send_id;
 static uint64_t work_ticks;
 
 /* busy-waits `work_ticks` counter ticks */
@@ -171,6 +191,7 @@ static void take(struct ibv_cq *cq) {
         reads_done++;
     } else {
         sends_done++;
+        last_send_id = wc.wr_id;
     }
 }
 
@@ -295,6 +316,106 @@ static void recv_msg(long i) {
     }
 }
 
+/* VPP_STREAM: the one-way stream (see the head of the file) */
+static long same_slot;
+
+/* posts message i's WRITE (WITH IMMEDIATE) into its slot; signaled every `signal_every` */
+static void stream_post(long i) {
+    long slot = same_slot ? 0 : i % slots;
+    src[slot * size + size - 1] = tag(i);
+    struct ibv_sge sge = {(uintptr_t)(src + slot * size), (uint32_t)size, src_mr->lkey};
+    struct ibv_send_wr wr = {0}, *bad;
+    wr.wr_id = (uint64_t)i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = mode == IMM ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    wr.imm_data = htonl((uint32_t)i);
+    wr.send_flags = (size <= INLINE_MAX ? IBV_SEND_INLINE : 0) |
+                    (i % signal_every == signal_every - 1 ? IBV_SEND_SIGNALED : 0);
+    wr.wr.rdma.remote_addr = peer.addr + slot * size;
+    wr.wr.rdma.rkey = peer.rkey;
+    if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send");
+}
+
+/* the client: returns the MiB a second from message `warm` to the credit for the last */
+static double stream_send(long iters, long warm, long sq, long *credits) {
+    long credited = 0, retired = 0, signaled = 0;
+    double t0 = 0;
+    for (long i = 0; i < iters + warm; i++) {
+        if (i == warm) t0 = mono();
+        /* room in the send queue: a signaled completion retires every request up to it */
+        while (i - retired >= sq - 1) {
+            take(send_cq);
+            if (sends_done) sends_done = 0, retired = (long)last_send_id + 1;
+        }
+        /* (credits taken as they come, their receives posted again, even when the ring has
+         * room: with a CQ of their own nothing else would take them) */
+        if (recv_cq != send_cq) take(recv_cq);
+        if (recvs_done) *credits += recvs_done, recvs_done = 0, credited = ntohl(last_recv.imm_data);
+        /* room in the peer's ring: the slot was returned */
+        while (!same_slot && i - credited >= slots) {
+            take(recv_cq);
+            if (recvs_done) *credits += recvs_done, recvs_done = 0, credited = ntohl(last_recv.imm_data);
+        }
+        stream_post(i);
+        signaled += i % signal_every == signal_every - 1;
+    }
+    while (credited < iters + warm) {
+        take(recv_cq);
+        if (recvs_done) *credits += recvs_done, recvs_done = 0, credited = ntohl(last_recv.imm_data);
+    }
+    double secs = mono() - t0;
+    while (signaled && (long)last_send_id + 1 < iters + warm - (iters + warm) % signal_every) take(send_cq);
+    return (double)iters * size / secs / (1 << 20);
+}
+
+/* waits for a receive as await_recv does, asleep on the completion channel while none is
+ * there */
+static void sleep_recv(void) {
+    while (recvs_done == 0) {
+        take(recv_cq);
+        if (recvs_done) break;
+        if (ibv_req_notify_cq(recv_cq, 0)) die("ibv_req_notify_cq");
+        take(recv_cq); /* (one that came before the CQ was armed) */
+        if (recvs_done) break;
+        struct ibv_cq *cq;
+        void *ctx;
+        if (ibv_get_cq_event(channel, &cq, &ctx)) die("ibv_get_cq_event");
+        ibv_ack_cq_events(cq, 1);
+    }
+    recvs_done--;
+}
+
+/* the server: takes every message, returning credit every `credit_every` and after the last */
+static void stream_recv(long total, long credit_every, int sleep) {
+    long credits = 0;
+    for (long i = 0; i < total; i++) {
+        long slot = same_slot ? 0 : i % slots;
+        if (mode == IMM) {
+            if (sleep)
+                sleep_recv();
+            else
+                await_recv();
+            if (!same_slot) check("the ring", dst[slot * size + size - 1], i);
+        } else {
+            volatile char *last = dst + slot * size + size - 1;
+            while (*last != tag(i))
+                ;
+        }
+        if ((i + 1) % credit_every && i + 1 != total) continue;
+        struct ibv_send_wr wr = {0}, *bad;
+        wr.wr_id = (uint64_t)credits;
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.imm_data = htonl((uint32_t)(i + 1));
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = peer.addr;
+        wr.wr.rdma.rkey = peer.rkey;
+        if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send (credit)");
+        await_send();
+        credits++;
+    }
+}
+
 int main(int argc, char **argv) {
     int m = -1;
     for (int k = 0; argc >= 6 && k < MODES; k++)
@@ -340,13 +461,16 @@ int main(int argc, char **argv) {
         die("rdma_create_ep");
     }
     int cqe = (int)sq + RECVS + 8;
+    int sleep = knob("VPP_SLEEP", 0) != 0;
+    if (shared || sleep) {
+        channel = ibv_create_comp_channel(id->verbs);
+        if (!channel) die("ibv_create_comp_channel");
+    }
     if (shared) {
-        struct ibv_comp_channel *ch = ibv_create_comp_channel(id->verbs);
-        if (!ch) die("ibv_create_comp_channel");
-        send_cq = recv_cq = ibv_create_cq(id->verbs, cqe, NULL, ch, 0);
+        send_cq = recv_cq = ibv_create_cq(id->verbs, cqe, NULL, channel, 0);
     } else {
         send_cq = ibv_create_cq(id->verbs, cqe, NULL, NULL, 0);
-        recv_cq = ibv_create_cq(id->verbs, cqe, NULL, NULL, 0);
+        recv_cq = ibv_create_cq(id->verbs, cqe, NULL, channel, 0);
     }
     if (!send_cq || !recv_cq) die("ibv_create_cq");
     if (mode == SRQ) {
@@ -403,6 +527,25 @@ int main(int argc, char **argv) {
     post_recv(RECVS - 1);
     /* (each side posted its data receives before its SEND: the client sends data only after
      * the server's SEND arrived, the server only after the client's) */
+
+    if (knob("VPP_STREAM", 0)) {
+        same_slot = knob("VPP_SAME_SLOT", 0);
+        long credit_every = knob("VPP_CREDIT", slots / 4 > 0 ? slots / 4 : 1);
+        if ((mode != IMM && mode != WRITE) || ((same_slot || sleep) && mode != IMM) || credit_every < 1 ||
+            credit_every > slots) {
+            fprintf(stderr, "verbs_pingpong: VPP_STREAM takes modes write and imm (VPP_SAME_SLOT and VPP_SLEEP imm only), 1 <= VPP_CREDIT <= slots\n");
+            return 1;
+        }
+        if (server) {
+            stream_recv(iters + warm, credit_every, sleep);
+        } else {
+            long credits = 0;
+            double mib_s = stream_send(iters, warm, sq, &credits);
+            printf("mib_s=%.2f\ncredits=%ld\n", mib_s, credits);
+        }
+        rdma_disconnect(id);
+        return 0;
+    }
 
     uint64_t *rtt = malloc(iters * sizeof *rtt), k0 = 0;
     double t0 = 0;
