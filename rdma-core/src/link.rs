@@ -1022,11 +1022,15 @@ impl Link {
 
     /// Records (protocol §14): looks for the peer's records in the receive ring (one word
     /// read when there is none); returns whether it found any, or the ring failed the
-    /// connection.
+    /// connection. Inlined to its test of the kind: it is asked once or more on every poll of
+    /// the CQ, and most connections have no records.
+    #[inline]
     fn poll_records(&mut self) -> bool {
-        if !self.conn.records() {
-            return false;
-        }
+        self.conn.records() && self.poll_records_ring()
+    }
+
+    /// [`Self::poll_records`] on a connection of records.
+    fn poll_records_ring(&mut self) -> bool {
         let Ep::Rdma(ep) = &self.ep else { return false };
         let Some(rx) = ep.rx_ring(self.conn.rx_cursors().gen()) else {
             return false;
@@ -1408,11 +1412,17 @@ impl Link {
 
     /// After `Teardown`: disconnect once the posted work requests completed (a signaled fence
     /// behind unsignaled ones makes that observable), at once after a failure, or when the
-    /// close timeout passed.
+    /// close timeout passed. Inlined to its test of the state: every pass of the core's
+    /// actions asks, and a running link has nothing to drain.
+    #[inline]
     fn drive_teardown(&mut self) {
-        let Td::Draining { since, fenced } = self.teardown else {
-            return;
-        };
+        if let Td::Draining { since, fenced } = self.teardown {
+            self.drive_draining(since, fenced);
+        }
+    }
+
+    /// [`Self::drive_teardown`] while draining, since `since` (`fenced`: the fence posted).
+    fn drive_draining(&mut self, since: Instant, fenced: bool) {
         let Ep::Rdma(ep) = &mut self.ep else {
             // (shared memory: everything posted is in the peer's queue already)
             self.disconnect();
