@@ -337,6 +337,16 @@ static void stream_post(long i) {
     if (ibv_post_send(id->qp, &wr, &bad)) die("ibv_post_send");
 }
 
+/* the client's credits taken so far (their receives were posted again by `take`): the
+ * server's count of messages taken, from the last one's immediate, into *credited; how many
+ * came, added to *credits */
+static void take_credits(long *credited, long *credits) {
+    if (!recvs_done) return;
+    *credits += recvs_done;
+    recvs_done = 0;
+    *credited = ntohl(last_recv.imm_data);
+}
+
 /* the client: returns the MiB a second from message `warm` to the credit for the last */
 static double stream_send(long iters, long warm, long sq, long *credits) {
     long credited = 0, retired = 0, signaled = 0;
@@ -351,20 +361,22 @@ static double stream_send(long iters, long warm, long sq, long *credits) {
         /* (credits taken as they come, their receives posted again, even when the ring has
          * room: with a CQ of their own nothing else would take them) */
         if (recv_cq != send_cq) take(recv_cq);
-        if (recvs_done) *credits += recvs_done, recvs_done = 0, credited = ntohl(last_recv.imm_data);
+        take_credits(&credited, credits);
         /* room in the peer's ring: the slot was returned */
         while (!same_slot && i - credited >= slots) {
             take(recv_cq);
-            if (recvs_done) *credits += recvs_done, recvs_done = 0, credited = ntohl(last_recv.imm_data);
+            take_credits(&credited, credits);
         }
         stream_post(i);
         signaled += i % signal_every == signal_every - 1;
     }
     while (credited < iters + warm) {
         take(recv_cq);
-        if (recvs_done) *credits += recvs_done, recvs_done = 0, credited = ntohl(last_recv.imm_data);
+        take_credits(&credited, credits);
     }
     double secs = mono() - t0;
+    /* (the last signaled write's completion before the disconnect: message
+     * total - total % signal_every - 1) */
     while (signaled && (long)last_send_id + 1 < iters + warm - (iters + warm) % signal_every) take(send_cq);
     return (double)iters * size / secs / (1 << 20);
 }
