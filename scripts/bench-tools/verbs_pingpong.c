@@ -349,9 +349,9 @@ static void take_credits(long *credited, long *credits) {
 
 /* the client: returns the MiB a second from message `warm` to the credit for the last */
 static double stream_send(long iters, long warm, long sq, long *credits) {
-    long credited = 0, retired = 0, signaled = 0;
+    long credited = 0, retired = 0, total = iters + warm;
     double t0 = 0;
-    for (long i = 0; i < iters + warm; i++) {
+    for (long i = 0; i < total; i++) {
         if (i == warm) t0 = mono();
         /* room in the send queue: a signaled completion retires every request up to it */
         while (i - retired >= sq - 1) {
@@ -368,16 +368,15 @@ static double stream_send(long iters, long warm, long sq, long *credits) {
             take_credits(&credited, credits);
         }
         stream_post(i);
-        signaled += i % signal_every == signal_every - 1;
     }
-    while (credited < iters + warm) {
+    while (credited < total) {
         take(recv_cq);
         take_credits(&credited, credits);
     }
     double secs = mono() - t0;
-    /* (the last signaled write's completion before the disconnect: message
-     * total - total % signal_every - 1) */
-    while (signaled && (long)last_send_id + 1 < iters + warm - (iters + warm) % signal_every) take(send_cq);
+    /* (the last signaled write's completion before the disconnect, if any was signaled:
+     * message total - total % signal_every - 1) */
+    while (total >= signal_every && (long)last_send_id + 1 < total - total % signal_every) take(send_cq);
     return (double)iters * size / secs / (1 << 20);
 }
 
