@@ -13,12 +13,18 @@ message of a ping-pong client) or N. Reported, per message:
   --skip (waits whose length depends on the peer, e.g. `Waiter::sleep`, `spin_wait`);
 - distinct instructions that ran at least N/2 times (code every message runs: its
   footprint), by object, and by function for the --top K functions;
-- distinct call sites that made at least N/2 calls (each a return to a new place).
+- distinct call sites that made at least N/2 calls (each a return to a new place);
+- with --kinds (objdump disassembles each object the profile names), the instructions under
+  emulation costs more than their count says, by object: conditional branches (each ends a
+  translated block under qemu TCG), calls and returns, indirect jumps and calls, atomic
+  read-modify-writes (`lock`-prefixed, `xchg`) and system calls — how many run per message,
+  and at how many places every message runs one.
 """
 
 import argparse
 import collections
 import re
+import subprocess
 import sys
 
 
@@ -107,6 +113,73 @@ def summary(p, n, skip=(), top=25):
     }
 
 
+# What --kinds counts, in its report's order.
+KINDS = ("branch", "call", "indirect", "return", "atomic", "syscall")
+
+
+def classify(text):
+    """The kind of one disassembled instruction (objdump's text after the address), or None:
+    `branch` a conditional jump, `call` a direct call, `indirect` a call or jump through a
+    register or memory, `return`, `atomic` a lock-prefixed or an exchange with memory (always
+    locked on x86), `syscall`. Direct unconditional jumps are not counted (a chained block)."""
+    words = text.split()
+    if not words:
+        return None
+    op = words[0]
+    if op.startswith("rep") or op in ("notrack", "bnd"):
+        words = words[1:]
+        op = words[0] if words else ""
+    if op == "lock":
+        return "atomic"
+    if op.startswith("xchg") and "(" in text:
+        return "atomic"
+    if op.startswith("ret"):
+        return "return"
+    if op == "syscall":
+        return "syscall"
+    if op.startswith("call") or op.startswith("jmp"):
+        if "*" in text:
+            return "indirect"
+        return "call" if op.startswith("call") else None
+    if op.startswith("j"):
+        return "branch"
+    return None
+
+
+def disassemble(obj):
+    """Address -> instruction text of every instruction objdump finds in `obj` ({} if it
+    cannot read it)."""
+    try:
+        out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj],
+                             capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return {}
+    code = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([0-9a-f]+):\s+(\S.*)$", line)
+        if m:
+            code[int(m.group(1), 16)] = m.group(2).strip()
+    return code
+
+
+def kinds(p, n, code_of=disassemble):
+    """Per object: {kind: (run per message, places every message runs)} for the kinds of
+    [`classify`], from each object's disassembly (`code_of(object)`)."""
+    code = {}
+    run = collections.defaultdict(collections.Counter)
+    places = collections.defaultdict(collections.Counter)
+    for (obj, _, addr), v in p.cost.items():
+        if obj not in code:
+            code[obj] = code_of(obj)
+        k = classify(code[obj].get(addr, ""))
+        if k is None:
+            continue
+        run[obj][k] += v
+        if v >= n / 2:
+            places[obj][k] += 1
+    return {o: {k: (run[o][k] / n, places[o][k]) for k in KINDS if run[o][k]} for o in run}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile")
@@ -114,6 +187,7 @@ def main():
     ap.add_argument("--messages", type=int)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--skip", action="append", default=[])
+    ap.add_argument("--kinds", action="store_true")
     a = ap.parse_args()
     p = Profile(a.profile)
     n = a.messages or p.calls[a.per]
@@ -136,6 +210,14 @@ def main():
           "(distinct instructions, instructions run per message, calls per message):")
     for f, c, run, calls in r["top"]:
         print(f"  {c:5d} {run:8.1f} {calls:6.2f}  {f[:100]}")
+    if a.kinds:
+        print("instructions emulation charges apart, by object (run per message / places "
+              "every message runs one):")
+        print("  " + "".join(f"{k:>16}" for k in KINDS) + "  object")
+        for o, ks in sorted(kinds(p, n).items()):
+            cells = "".join(
+                f"{ks[k][0]:10.1f} /{ks[k][1]:4d}" if k in ks else f"{'-':>16}" for k in KINDS)
+            print(f"  {cells}  {o}")
 
 
 if __name__ == "__main__":

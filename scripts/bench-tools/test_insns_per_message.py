@@ -93,6 +93,39 @@ class Profiles(unittest.TestCase):
         self.assertAlmostEqual(top["post"][1], 2.0)
         self.assertAlmostEqual(top["post"][2], 1.0)
 
+    def test_instruction_kinds(self):
+        c = insns_per_message.classify
+        self.assertEqual(c("jne    4a10 <f+0x20>"), "branch")
+        self.assertEqual(c("jmp    4a10 <f+0x20>"), None)
+        self.assertEqual(c("jmp    *%rax"), "indirect")
+        self.assertEqual(c("notrack jmp *%rax"), "indirect")
+        self.assertEqual(c("call   *0x10(%rbx)"), "indirect")
+        self.assertEqual(c("call   1230 <post>"), "call")
+        self.assertEqual(c("ret"), "return")
+        self.assertEqual(c("rep ret"), "return")
+        self.assertEqual(c("lock cmpxchg %rcx,(%rdi)"), "atomic")
+        self.assertEqual(c("xchg   %rax,(%rdi)"), "atomic")
+        self.assertEqual(c("xchg   %ax,%ax"), None)
+        self.assertEqual(c("syscall"), "syscall")
+        self.assertEqual(c("mov    %rdi,%rax"), None)
+        self.assertEqual(c(""), None)
+
+    def test_kinds_per_message(self):
+        # send: a branch at 0x100 (every message), its calls of post and sleep at 0x101 and
+        # 0x102 (the call instructions are the caller's own cost, once per run), an atomic at
+        # 0x104 (once: rare); post: a return at 0x201; no code for the app's main.
+        code = {
+            "/bin/app": {0x100: "je 0x104", 0x101: "call 0x200", 0x102: "call 0x300",
+                         0x103: "mov %rax,%rdi", 0x104: "lock xadd %rax,(%rdi)"},
+            "/lib/lib.so": {0x200: "add $1,%rax", 0x201: "ret", 0x300: "pause"},
+        }
+        k = insns_per_message.kinds(profile(), 4, code_of=lambda o: code.get(o, {}))
+        self.assertEqual(k["/bin/app"]["branch"], (1.0, 1))
+        self.assertEqual(k["/bin/app"]["call"], (2.0, 2))
+        self.assertEqual(k["/bin/app"]["atomic"], (0.25, 0))
+        self.assertEqual(k["/lib/lib.so"], {"return": (1.0, 1)})
+        self.assertNotIn("syscall", k["/bin/app"])
+
     def test_a_profile_without_instruction_positions_is_refused(self):
         with self.assertRaises(SystemExit):
             profile(PROFILE.replace("positions: instr line", "positions: line"))
