@@ -241,6 +241,15 @@ impl Action {
     }
 }
 
+/// What the DATA lane of [`Connection::handle_completion`] takes a DATA for: its length,
+/// whether it asks for credit, and the credit it returns over duplex (bytes, slots).
+#[derive(Clone, Copy, Debug)]
+struct DataPlan {
+    len: u32,
+    credit_wanted: bool,
+    credit: Option<(u64, u8)>,
+}
+
 /// A work completion for the connection's receive queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Completion<'a> {
@@ -1605,8 +1614,30 @@ impl Connection {
     /// need not make another for such a DATA: the next pass would find nothing either (the
     /// simulated pair checks this on every delivery of every schedule).
     pub fn handle_completion(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
-        // (the kind first: a credit or a control message stirs whatever the state)
-        let data = matches!(c, Completion::WriteImm { imm, .. } if Imm::is_data(imm))
+        let data = self.steady_data(&c);
+        if data {
+            if let Completion::WriteImm { imm, byte_len } = c {
+                if self.data_lane(imm, byte_len) {
+                    return Ok(());
+                }
+            }
+        }
+        self.handle_general(c, data)
+    }
+
+    /// [`Self::handle_completion`] without its DATA lane ([`Self::data_lane`]): the same
+    /// result and the same core after it (the simulated pair compares the two on every DATA
+    /// the lane takes).
+    #[doc(hidden)]
+    pub fn handle_completion_general(&mut self, c: Completion<'_>) -> Result<(), ErrorReason> {
+        let data = self.steady_data(&c);
+        self.handle_general(c, data)
+    }
+
+    /// Whether `c` is a DATA on the steady stream, as [`Self::handle_completion`] says (the
+    /// kind first: a credit or a control message stirs whatever the state).
+    fn steady_data(&self, c: &Completion<'_>) -> bool {
+        matches!(c, Completion::WriteImm { imm, .. } if Imm::is_data(*imm))
             && self.established()
             && matches!(self.rx_state, RxState::Ring)
             && self.back.is_none()
@@ -1617,7 +1648,11 @@ impl Connection {
             && self
                 .peer
                 .as_ref()
-                .is_some_and(|p| p.slots.can_post_message());
+                .is_some_and(|p| p.slots.can_post_message())
+    }
+
+    /// The general path of [`Self::handle_completion`] (`data`: [`Self::steady_data`]).
+    fn handle_general(&mut self, c: Completion<'_>, data: bool) -> Result<(), ErrorReason> {
         let r = self.handle_completion_inner(c);
         let inert = data
             && r.is_ok()
@@ -1629,6 +1664,92 @@ impl Connection {
             && !self.credit_due();
         self.stirred |= !inert;
         r
+    }
+
+    /// [`Self::handle_completion`]'s lane: a DATA the caller found on the steady stream
+    /// ([`Self::steady_data`]: established, reading from the ring, none of the rarer machinery
+    /// under way, the peer's slots enough), taken in one step where every check of the
+    /// general path passes ([`Self::data_lane_plan`]) — what that path does for it, without
+    /// its walk through the states such a DATA does not change (the connection stays
+    /// established and reading from the ring, and no end follows). `false`, having changed
+    /// nothing, where anything else applies: the general path then does what it does, a
+    /// violation included.
+    fn data_lane(&mut self, imm: u32, byte_len: Option<u32>) -> bool {
+        let Some(DataPlan {
+            len,
+            credit_wanted,
+            credit,
+        }) = self.data_lane_plan(imm, byte_len)
+        else {
+            return false;
+        };
+        if let (Some((bytes, slots)), Some(peer)) = (credit, self.peer.as_mut()) {
+            let _ = peer.tx.credit(bytes);
+            let _ = peer.slots.restore(u32::from(slots));
+            Self::retire_tx_move(peer, &mut self.moves);
+        }
+        self.stats.messages_received += 1;
+        let _ = self.rx_slots.on_message();
+        let _ = self.rx.on_data(u64::from(len));
+        self.peer_wants_credit |= credit_wanted;
+        let inert = self.moves.actions.is_empty()
+            && !self.peer_wants_credit
+            && !self.credit_owed
+            && !self.credit_due();
+        self.stirred |= !inert;
+        true
+    }
+
+    /// Whether the DATA lane takes the DATA of immediate `imm` (after
+    /// [`Self::steady_data`]), and what it is ([`DataPlan`]). `None` where any check of the general
+    /// path would fail or anything but the DATA's own effects follows: this side closing
+    /// (its Close ends the connection once the peer's last bytes are in), no receive left for
+    /// the message, an immediate that does not decode to a DATA (or returns credit off
+    /// duplex), a length unlike the completion's, bytes past the credit returned, or credit
+    /// and slots beyond what was sent.
+    fn data_lane_plan(&self, imm: u32, byte_len: Option<u32>) -> Option<DataPlan> {
+        if matches!(self.tx_state, TxState::Finished(Fin::Close { .. }))
+            || !self.rx_slots.has_room()
+        {
+            return None;
+        }
+        let (len, credit_wanted, credit) = match Imm::decode(imm).ok()? {
+            Imm::Data { len, credit_wanted } => (len, credit_wanted, None),
+            Imm::DataCredit {
+                len,
+                credit_wanted,
+                units,
+                slots,
+            } if self.kind == Kind::Duplex => (
+                len,
+                credit_wanted,
+                Some((u64::from(units) * Imm::CREDIT_UNIT, slots)),
+            ),
+            _ => return None,
+        };
+        if byte_len.is_some_and(|b| b != len) || self.rx.landing(0, u64::from(len)).is_err() {
+            return None;
+        }
+        let peer = self.peer.as_ref()?;
+        if let Some((bytes, slots)) = credit {
+            if !peer.tx.can_credit(bytes) || !peer.slots.can_restore(u32::from(slots)) {
+                return None;
+            }
+        }
+        Some(DataPlan {
+            len,
+            credit_wanted,
+            credit,
+        })
+    }
+
+    /// Whether [`Self::handle_completion`] takes `c` by its DATA lane: for tests, which
+    /// check that the lane is taken, and leaves what the general path leaves.
+    #[doc(hidden)]
+    pub fn takes_data_lane(&self, c: Completion<'_>) -> bool {
+        self.steady_data(&c)
+            && matches!(c, Completion::WriteImm { imm, byte_len }
+                if self.data_lane_plan(imm, byte_len).is_some())
     }
 
     /// Whether the action [`Self::poll_action`] returned last was a DATA after which nothing

@@ -140,6 +140,11 @@ impl TxSlots {
         self.returned
     }
 
+    /// Whether [`Self::restore`] of `n` would succeed.
+    pub fn can_restore(&self, n: u32) -> bool {
+        self.avail.saturating_add(n) <= self.total
+    }
+
     /// The peer returned `n` slots.
     pub fn restore(&mut self, n: u32) -> Result<(), Violation> {
         let next = self.avail.saturating_add(n);
@@ -171,6 +176,11 @@ impl RxSlots {
     /// Slots owed to the peer.
     pub fn owed(&self) -> u32 {
         self.owed
+    }
+
+    /// Whether a message may come now: [`Self::on_message`] would succeed.
+    pub fn has_room(&self) -> bool {
+        self.owed < self.posted
     }
 
     /// A message arrived (and its receive is re-posted by the transport).

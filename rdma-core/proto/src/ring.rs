@@ -308,6 +308,11 @@ impl TxCursors {
         self.posted += len;
     }
 
+    /// Whether [`Self::credit`] of `bytes` would succeed.
+    pub fn can_credit(&self, bytes: u64) -> bool {
+        self.acked.saturating_add(bytes) <= self.posted
+    }
+
     /// Applies a byte credit: the peer freed `bytes` more bytes.
     pub fn credit(&mut self, bytes: u64) -> Result<(), CreditError> {
         let claimed = self.acked.saturating_add(bytes);

@@ -201,6 +201,24 @@ proptest! {
     }
 }
 
+/// Hands completion `comp` to `c`, and checks on a copy that the core's general path
+/// (`handle_completion_general`, without its DATA lane) returns the same and leaves the same
+/// core: the hostile immediates and lengths meet the lane too.
+fn complete(c: &mut Connection, comp: Completion<'_>) -> Result<(), ErrorReason> {
+    let mut general = c.clone();
+    let want = general.handle_completion_general(comp);
+    let got = c.handle_completion(comp);
+    assert_eq!(
+        got, want,
+        "the DATA lane returns another result than the general path"
+    );
+    assert!(
+        *c == general,
+        "the DATA lane leaves another core than the general path:\n{c:?}\n{general:?}"
+    );
+    got
+}
+
 fn run(
     server: bool,
     log2: u8,
@@ -230,10 +248,13 @@ fn run(
     for op in ops {
         match op.clone() {
             Op::Imm(i, b) => {
-                let _ = c.handle_completion(Completion::WriteImm {
-                    imm: i,
-                    byte_len: b,
-                });
+                let _ = complete(
+                    &mut c,
+                    Completion::WriteImm {
+                        imm: i,
+                        byte_len: b,
+                    },
+                );
             }
             Op::DataImm(l, w) => {
                 if c.sends() || c.read() {
@@ -258,10 +279,13 @@ fn run(
                     }
                     .encode()
                 };
-                let _ = c.handle_completion(Completion::WriteImm {
-                    imm,
-                    byte_len: Some(l),
-                });
+                let _ = complete(
+                    &mut c,
+                    Completion::WriteImm {
+                        imm,
+                        byte_len: Some(l),
+                    },
+                );
             }
             Op::DataCreditImm(l, u, s) => {
                 // (duplex: a DATA that returns credit; refused on every other kind)
@@ -276,10 +300,13 @@ fn run(
                     }
                     .encode()
                 };
-                let r = c.handle_completion(Completion::WriteImm {
-                    imm,
-                    byte_len: Some(l),
-                });
+                let r = complete(
+                    &mut c,
+                    Completion::WriteImm {
+                        imm,
+                        byte_len: Some(l),
+                    },
+                );
                 if c.kind() != Kind::Duplex && c.state() != StreamState::Handshaking {
                     prop_assert!(
                         r.is_err() || c.error().is_some() || c.state() == StreamState::Closed
@@ -292,10 +319,13 @@ fn run(
                 } else {
                     Imm::Credit { bytes: b, slots: s }.encode()
                 };
-                let _ = c.handle_completion(Completion::WriteImm {
-                    imm,
-                    byte_len: Some(0),
-                });
+                let _ = complete(
+                    &mut c,
+                    Completion::WriteImm {
+                        imm,
+                        byte_len: Some(0),
+                    },
+                );
             }
             Op::Send(p) => {
                 let _ = c.handle_completion(Completion::Recv { payload: &p });
