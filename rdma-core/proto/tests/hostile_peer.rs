@@ -201,22 +201,9 @@ proptest! {
     }
 }
 
-/// Hands completion `comp` to `c`, and checks on a copy that the core's general path
-/// (`handle_completion_general`, without its DATA lane) returns the same and leaves the same
-/// core: the hostile immediates and lengths meet the lane too.
+/// [`common::complete`]: the hostile immediates and lengths meet the DATA lane too.
 fn complete(c: &mut Connection, comp: Completion<'_>) -> Result<(), ErrorReason> {
-    let mut general = c.clone();
-    let want = general.handle_completion_general(comp);
-    let got = c.handle_completion(comp);
-    assert_eq!(
-        got, want,
-        "the DATA lane returns another result than the general path"
-    );
-    assert!(
-        *c == general,
-        "the DATA lane leaves another core than the general path:\n{c:?}\n{general:?}"
-    );
-    got
+    common::complete(c, comp, "hostile peer's").0
 }
 
 fn run(

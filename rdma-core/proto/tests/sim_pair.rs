@@ -353,28 +353,16 @@ impl Endpoint {
     }
 }
 
-/// Hands completion `c` to `conn` (side `who`), and checks on a copy that the core's general
-/// path (`handle_completion_general`, without its DATA lane) returns the same and leaves the
-/// same core; counts in `lanes` the DATA the lane took.
+/// [`common::complete`], counting in `lanes` the DATA the lane took.
 fn complete(
     conn: &mut Connection,
     c: Completion<'_>,
     who: &str,
     lanes: &mut u64,
 ) -> Result<(), ErrorReason> {
-    *lanes += u64::from(conn.takes_data_lane(c));
-    let mut general = conn.clone();
-    let want = general.handle_completion_general(c);
-    let got = conn.handle_completion(c);
-    assert_eq!(
-        got, want,
-        "{who}: the DATA lane returns another result than the general path"
-    );
-    assert!(
-        *conn == general,
-        "{who}: the DATA lane leaves another core than the general path:\n{conn:?}\n{general:?}"
-    );
-    got
+    let (r, lane) = common::complete(conn, c, who);
+    *lanes += u64::from(lane);
+    r
 }
 
 struct Sim {
