@@ -608,6 +608,15 @@ impl Endpoint {
         }
     }
 
+    /// Posts the DATA of the write's lane (`Connection::send_data`): as [`Self::post`] posts
+    /// its action, the receives it returns posted first.
+    pub fn post_lane(&mut self, w: &rdmashim_proto::LaneWrite) -> Result<()> {
+        if w.returns_slots {
+            self.flush_reposts()?;
+        }
+        self.post_data(w.gen, w.offset, w.len, w.remote_addr, w.rkey, w.imm)
+    }
+
     /// A DATA of the ring kinds: `len` bytes at `offset` of the staging area of generation
     /// `gen`, one WRITE WITH IMMEDIATE to `remote_addr`/`rkey`, through the connection's kept
     /// work request ([`WriteWr`]: the fields a DATA changes are written, the rest stays).

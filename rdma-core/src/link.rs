@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use rdmashim_proto::{
     Action, Completion, Config, ConfigError, ConnectRequest, Connection, ErrorReason, Imm, Kind,
-    Proof, Reject, RejectReason, RingSize, SendError, SendGrant,
+    LaneWrite, Proof, Reject, RejectReason, RingSize, SendError, SendGrant,
 };
 
 use crate::cm::{event_type as et, CmId, ConnParam, Event, EventChannel, MAX_READS};
@@ -364,6 +364,18 @@ impl Core {
         }
         a
     }
+
+    /// `Connection::send_data` (the write's lane), for a core whose last pass reached the
+    /// DATA's branch with nothing due since: what `send` and then [`Core::poll_data`] do,
+    /// including the mark of a core left with something due after the DATA.
+    fn send_data(&mut self, len: usize) -> Option<LaneWrite> {
+        let w = self.conn.send_data(len)?;
+        self.sent = false;
+        if !self.conn.nothing_after() {
+            self.due = true;
+        }
+        Some(w)
+    }
 }
 
 impl std::ops::Deref for Core {
@@ -604,6 +616,56 @@ impl Link {
             self.conn.sent = true;
         }
         r
+    }
+
+    /// The data path's write in one step: all of `bytes` accepted by the core, copied into
+    /// the send staging ring and their DATA posted — what [`send`](Self::send),
+    /// [`stage`](Self::stage) and [`push`](Self::push) do for them — for a link whose last
+    /// pass of the core's actions found nothing due but the DATA of the next bytes
+    /// (`Connection::send_data`, the core's lane). Returns how many bytes went (all of them);
+    /// `None`, having changed nothing, where the lane does not apply: something else is due,
+    /// the link is over shared memory, holds READ pulls, is tearing down or has a full send
+    /// queue, or the core would not send the bytes whole as one DATA (the caller's general
+    /// path then). Like `push`, it leaves the CQ to the next
+    /// [`progress_after_push`](Self::progress_after_push).
+    pub fn write_lane(&mut self, bytes: &[u8]) -> Option<usize> {
+        if self.conn.due
+            || !self.conn.reached_data()
+            || !self.pulls.is_empty()
+            || self.teardown != Td::Running
+        {
+            return None;
+        }
+        let Ep::Rdma(ep) = &mut self.ep else {
+            return None;
+        };
+        if ep.sq_room() == 0 {
+            return None;
+        }
+        let w = self.conn.send_data(bytes.len())?;
+        // (the staging area has the peer's ring's size: the DATA's offset in one is the
+        // bytes' offset in the other)
+        let posted = match ep.tx_ring_mut(w.gen) {
+            Some(tx) => {
+                tx.ring_mut()
+                    .slice_mut(w.offset, w.len)
+                    .copy_from_slice(bytes);
+                #[cfg(feature = "timeline")]
+                crate::timeline::mark(crate::timeline::Mark::PostCalled);
+                let r = ep.post_lane(&w).map_err(|e| e.to_string());
+                #[cfg(feature = "timeline")]
+                crate::timeline::mark(crate::timeline::Mark::PostReturned);
+                r
+            }
+            None => Err("no staging area for the bytes granted".to_string()),
+        };
+        if let Err(e) = posted {
+            self.transport_failed(e);
+        }
+        if self.conn.due {
+            self.perform();
+        }
+        Some(w.len)
     }
 
     /// Copies `bytes` into the send staging ring at stream cursor `cursor`: the grant of the

@@ -27,7 +27,7 @@ use crate::handshake::{
 };
 use crate::imm::Imm;
 use crate::records::{Records, MIN_RECORD};
-use crate::ring::{Place, RingSize, RxCursors, TxCursors};
+use crate::ring::{Place, RingSize, RxCursors, TxCursors, WriteRange};
 use crate::state::{
     ErrorReason, Fin, InvalidTransition, PeerFin, RxEvent, RxState, StreamState, TxEvent, TxState,
     Violation,
@@ -248,6 +248,44 @@ struct DataPlan {
     len: u32,
     credit_wanted: bool,
     credit: Option<(u64, u8)>,
+}
+
+/// A DATA of the write's lane ([`Connection::send_data`]): the bytes granted (at `cursor`,
+/// `len` of them, in the staging area of generation `gen` at `offset`) and the DATA that
+/// posts them — [`LaneWrite::action`] as the general path would return it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneWrite {
+    /// Stream cursor of the first byte.
+    pub cursor: u64,
+    /// Bytes granted and written.
+    pub len: usize,
+    /// The staging area's (and the peer ring's) generation.
+    pub gen: u32,
+    /// The bytes' offset in both.
+    pub offset: usize,
+    /// Where the WRITE goes in the peer's ring.
+    pub remote_addr: u64,
+    /// The peer ring's key.
+    pub rkey: u32,
+    /// The DATA's immediate.
+    pub imm: Imm,
+    /// Whether it returns slots ([`Action::returns_slots`]).
+    pub returns_slots: bool,
+}
+
+impl LaneWrite {
+    /// The DATA as an action.
+    pub fn action(&self) -> Action {
+        Action::WriteData {
+            cursor: self.cursor,
+            len: self.len,
+            gen: self.gen,
+            ring_offset: self.offset,
+            remote_addr: self.remote_addr,
+            rkey: self.rkey,
+            imm: self.imm,
+        }
+    }
 }
 
 /// A work completion for the connection's receive queue.
@@ -1117,6 +1155,66 @@ impl Connection {
             return Err(SendError::WouldBlock);
         }
         Ok(SendGrant { cursor, len: n })
+    }
+
+    /// The data path's write in one step (the write's lane): accepts all `len` bytes and
+    /// returns their DATA ([`LaneWrite`]: the grant and the DATA that [`Self::send`] of them
+    /// and then [`Self::poll_data`] return, leaving the same core) for a core whose last pass
+    /// of its actions reached the DATA's branch and that was changed since only as
+    /// [`Self::poll_data`] requires (the transport knows: rdma-core's link does). `None`,
+    /// having changed nothing, where the bytes would not go whole as one DATA of a steady
+    /// stream: `len` zero or more than the peer's ring has room for, more than one write takes
+    /// (`max_write`, a split at the ring's end), bytes accepted before and not posted yet, no
+    /// slot of the peer's for it, a ring move or a barrier under way, or a stream that is not
+    /// plainly established and writing to the ring (a switch back, a shut or closed
+    /// direction, the peer's read side closed, records, sends, READ pull) — the general path
+    /// then. What follows the DATA is as [`Self::nothing_after`] says: under these conditions
+    /// only a credit due can.
+    pub fn send_data(&mut self, len: usize) -> Option<LaneWrite> {
+        if len == 0
+            || self.back.is_some()
+            || !matches!(self.life, Life::Established)
+            || self.tx_state != TxState::Ring
+            || self.peer_read_closed
+            || !matches!(self.kind, Kind::WriteImm | Kind::Duplex)
+            || self.moves.moved_at.is_some()
+            || self.barriers.posted < self.barriers.requested
+        {
+            return None;
+        }
+        let peer = self.peer.as_mut()?;
+        let n = len as u64;
+        let head = peer.tx.head();
+        if peer.old_ring.is_some()
+            || peer.tx.unposted() != 0
+            || !peer.slots.can_post_message()
+            || peer.tx.free() < n
+        {
+            return None;
+        }
+        let place = peer.tx.place(head);
+        if n > Self::write_max(&self.cfg, self.kind, place.size)
+            || (self.cfg.split_at_wrap && place.offset as u64 + n > place.size.bytes())
+        {
+            return None;
+        }
+        peer.tx.accept(n);
+        peer.slots.take();
+        peer.tx.mark_posted(n);
+        let ring = peer.ring;
+        let imm = self.data_imm(n);
+        self.reached_data = true;
+        self.nothing_after = !self.credit_due();
+        Some(LaneWrite {
+            cursor: head,
+            len,
+            gen: place.gen,
+            offset: place.offset,
+            remote_addr: ring.addr.wrapping_add(place.offset as u64),
+            rkey: ring.rkey,
+            imm,
+            returns_slots: matches!(imm, Imm::DataCredit { slots, .. } if slots > 0),
+        })
     }
 
     /// Enters a barrier: a `Barrier` message goes out after the bytes accepted so far (see
@@ -2422,64 +2520,7 @@ impl Connection {
             if unsourced || !peer.slots.can_post_message() {
                 return None;
             }
-            peer.slots.take();
-            peer.tx.mark_posted(w.len);
-            let credit_wanted = self.send_blocked || peer.tx.free() == 0;
-            if credit_wanted {
-                self.send_blocked = false;
-                self.stats.credit_wanted += 1;
-            }
-            self.stats.data_writes += 1;
-            self.stats.data_bytes += w.len;
-            let ring = match peer.old_ring {
-                Some(old) if place.gen < peer.tx.gen() => old,
-                _ => peer.ring,
-            };
-            let ring_offset = place.offset;
-            let mut imm = Imm::Data {
-                len: w.len as u32,
-                credit_wanted,
-            };
-            if let Some((units, slots)) = Self::piggyback(
-                self.kind,
-                w.len,
-                &self.policy,
-                &mut self.rx,
-                &mut self.rx_slots,
-            ) {
-                // Duplex (§17): the credit owed goes with the DATA (what fits of it).
-                if self.rx.owed() == 0 && self.rx_slots.owed() == 0 {
-                    self.peer_wants_credit = false;
-                    self.credit_owed = false;
-                }
-                self.stats.credits_sent += 1;
-                self.stats.credits_piggybacked += 1;
-                imm = Imm::DataCredit {
-                    len: w.len as u32,
-                    credit_wanted,
-                    units,
-                    slots,
-                };
-            }
-            // (what this DATA changes that a later poll reads: the bytes posted — more to
-            // write, a barrier or a RingMoved behind them, the end after them — and the
-            // credit it carried; the branches before the data's found nothing due, and it
-            // changes none of their conditions but by taking a slot)
-            let unposted = peer.tx.unposted();
-            self.nothing_after = unposted == 0
-                && self.barriers.posted >= self.barriers.requested
-                && self.moves.moved_at.is_none()
-                && !matches!(self.tx_state, TxState::Finishing(_))
-                && !self.credit_due();
-            return Some(Action::WriteData {
-                cursor: w.cursor,
-                len: w.len as usize,
-                gen: place.gen,
-                ring_offset,
-                remote_addr: ring.addr.wrapping_add(ring_offset as u64),
-                rkey: ring.rkey,
-                imm,
-            });
+            return Some(self.data_of(w, place));
         }
         if let TxState::Finishing(fin) = self.tx_state {
             if self.barriers.posted < self.barriers.requested || !peer.slots.can_post_message() {
@@ -2503,6 +2544,79 @@ impl Connection {
             return Some(Action::Send(msg));
         }
         None
+    }
+
+    /// The DATA of write `w` (the next bytes to post, at `place`; a slot of the peer's is
+    /// free): takes the slot, marks the bytes posted, asks for credit if the writer was held
+    /// back or the ring is full, carries the credit owed (duplex), counts it, and says whether
+    /// anything follows it ([`Self::nothing_after`]).
+    fn data_of(&mut self, w: WriteRange, place: Place) -> Action {
+        let peer = self.peer.as_mut().expect("a DATA has a peer");
+        peer.slots.take();
+        peer.tx.mark_posted(w.len);
+        let ring = match peer.old_ring {
+            Some(old) if place.gen < peer.tx.gen() => old,
+            _ => peer.ring,
+        };
+        let imm = self.data_imm(w.len);
+        // (what this DATA changes that a later poll reads: the bytes posted — more to
+        // write, a barrier or a RingMoved behind them, the end after them — and the
+        // credit it carried; the branches before the data's found nothing due, and it
+        // changes none of their conditions but by taking a slot)
+        let unposted = self.peer.as_ref().map_or(0, |p| p.tx.unposted());
+        self.nothing_after = unposted == 0
+            && self.barriers.posted >= self.barriers.requested
+            && self.moves.moved_at.is_none()
+            && !matches!(self.tx_state, TxState::Finishing(_))
+            && !self.credit_due();
+        Action::WriteData {
+            cursor: w.cursor,
+            len: w.len as usize,
+            gen: place.gen,
+            ring_offset: place.offset,
+            remote_addr: ring.addr.wrapping_add(place.offset as u64),
+            rkey: ring.rkey,
+            imm,
+        }
+    }
+
+    /// The immediate of a DATA of `len` bytes whose slot was taken and whose bytes were
+    /// marked posted: it asks for credit if the writer was held back or the peer's ring is
+    /// full now, and carries the credit owed where it fits (duplex, §17); counted.
+    fn data_imm(&mut self, len: u64) -> Imm {
+        let full = self.peer.as_ref().is_some_and(|p| p.tx.free() == 0);
+        let credit_wanted = self.send_blocked || full;
+        if credit_wanted {
+            self.send_blocked = false;
+            self.stats.credit_wanted += 1;
+        }
+        self.stats.data_writes += 1;
+        self.stats.data_bytes += len;
+        let Some((units, slots)) = Self::piggyback(
+            self.kind,
+            len,
+            &self.policy,
+            &mut self.rx,
+            &mut self.rx_slots,
+        ) else {
+            return Imm::Data {
+                len: len as u32,
+                credit_wanted,
+            };
+        };
+        // Duplex (§17): the credit owed goes with the DATA (what fits of it).
+        if self.rx.owed() == 0 && self.rx_slots.owed() == 0 {
+            self.peer_wants_credit = false;
+            self.credit_owed = false;
+        }
+        self.stats.credits_sent += 1;
+        self.stats.credits_piggybacked += 1;
+        Imm::DataCredit {
+            len: len as u32,
+            credit_wanted,
+            units,
+            slots,
+        }
     }
 
     /// A RingOffer or RingWanted due (§6.4): control messages, each a slot of the peer's.

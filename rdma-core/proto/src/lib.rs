@@ -32,8 +32,8 @@ mod wire;
 
 pub use binding::{BindingKey, Proof, Tag, TcpTuple};
 pub use conn::{
-    Action, Completion, Config, ConfigError, Connection, ConsumeError, LocalParams, OfferError,
-    Readiness, Recv, Resume, SendError, SendGrant, Side, Stats, SwitchBackError,
+    Action, Completion, Config, ConfigError, Connection, ConsumeError, LaneWrite, LocalParams,
+    OfferError, Readiness, Recv, Resume, SendError, SendGrant, Side, Stats, SwitchBackError,
 };
 pub use control::{ControlBytes, ControlMsg, MAX_CONTROL_LEN};
 pub use credit::CreditPolicy;

@@ -6,7 +6,7 @@ use crate::fdtable::{flags, FdEntry, Kind, TABLE};
 use crate::net;
 use crate::outcome::{Errno, Outcome};
 use crate::spin::wait::{spin_wait_interruptible, Turn};
-use crate::upgrade::data::{self, FileSrc, FlatSrc, Gather, RecvBuf};
+use crate::upgrade::data::{self, FileSrc, Gather, RecvBuf};
 use crate::upgrade::{self, ready, Conn};
 use core::ffi::{c_int, c_void};
 use libc::{iovec, msghdr};
@@ -296,7 +296,7 @@ pub(crate) fn send_flat(
 ) -> Outcome<isize> {
     // SAFETY: the application passed a readable buffer of `len` bytes (as write(2) requires).
     match unsafe { app_buf(buf, len) } {
-        Ok(slice) => ret(data::send(c, fd, &mut FlatSrc(slice), flags)),
+        Ok(slice) => ret(data::send_bytes(c, fd, slice, flags)),
         Err(e) => Outcome::Fail(e),
     }
 }

@@ -647,6 +647,32 @@ fn tcp_read_failed(c: &Conn, g: &mut Inner, e: Errno, got: usize) -> Option<Resu
     Some(if got > 0 { Ok(got) } else { Err(e) })
 }
 
+/// send/write of one buffer, `bytes`, on a connection under the upgrade: on a connection that
+/// sends on the ring, its link's lane first (`Link::write_lane`: all the bytes copied into the
+/// staging ring and their DATA posted, where the link's next action is that DATA), then what
+/// the general path does after its post — the CQ polled, the bytes counted, the connection
+/// settled; anything else goes the general way ([`send`]).
+pub fn send_bytes(c: &Conn, fd: c_int, bytes: &[u8], flags: c_int) -> Result<usize, Errno> {
+    let mut g = c.lock_app();
+    // (before the commit the general path drives the link first: that is what commits)
+    if g.committed {
+        if let Phase::Linked(l) = &mut g.phase {
+            if let Some(n) = l.write_lane(bytes) {
+                super::bump(&c.uses, 1);
+                c.fd_hint.store(fd, Ordering::Relaxed);
+                l.progress_after_push(false);
+                let shard = stats::fd_shard(fd);
+                stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), n as u64);
+                super::bump(&c.live_tx, n as u64);
+                c.settle(&mut g);
+                return Ok(n);
+            }
+        }
+    }
+    drop(g);
+    send(c, fd, &mut FlatSrc(bytes), flags)
+}
+
 /// send/write/writev/sendmsg/sendfile on a connection under the upgrade.
 pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<usize, Errno> {
     super::bump(&c.uses, 1);
