@@ -611,7 +611,7 @@ impl Endpoint {
     /// Posts the DATA of the write's lane (`Connection::send_data`): as [`Self::post`] posts
     /// its action, the receives it returns posted first.
     pub fn post_lane(&mut self, w: &rdmashim_proto::LaneWrite) -> Result<()> {
-        if w.returns_slots {
+        if w.returns_slots() {
             self.flush_reposts()?;
         }
         self.post_data(w.gen, w.offset, w.len, w.remote_addr, w.rkey, w.imm)

@@ -269,11 +269,15 @@ pub struct LaneWrite {
     pub rkey: u32,
     /// The DATA's immediate.
     pub imm: Imm,
-    /// Whether it returns slots ([`Action::returns_slots`]).
-    pub returns_slots: bool,
 }
 
 impl LaneWrite {
+    /// Whether it returns receive slots to the peer: [`Action::returns_slots`] of
+    /// [`Self::action`] (a DATA with credit that carries slots).
+    pub fn returns_slots(&self) -> bool {
+        matches!(self.imm, Imm::DataCredit { slots, .. } if slots > 0)
+    }
+
     /// The DATA as an action.
     pub fn action(&self) -> Action {
         Action::WriteData {
@@ -1213,7 +1217,6 @@ impl Connection {
             remote_addr: ring.addr.wrapping_add(place.offset as u64),
             rkey: ring.rkey,
             imm,
-            returns_slots: matches!(imm, Imm::DataCredit { slots, .. } if slots > 0),
         })
     }
 
@@ -1756,12 +1759,18 @@ impl Connection {
             && r.is_ok()
             && self.established()
             && matches!(self.rx_state, RxState::Ring)
-            && self.moves.actions.is_empty()
-            && !self.peer_wants_credit
-            && !self.credit_owed
-            && !self.credit_due();
+            && self.nothing_due_after_data();
         self.stirred |= !inert;
         r
+    }
+
+    /// After a DATA on the steady stream: no ring-move work queued and no credit due or
+    /// asked for — what makes it inert ([`Self::handle_completion`]).
+    fn nothing_due_after_data(&self) -> bool {
+        self.moves.actions.is_empty()
+            && !self.peer_wants_credit
+            && !self.credit_owed
+            && !self.credit_due()
     }
 
     /// [`Self::handle_completion`]'s lane: a DATA the caller found on the steady stream
@@ -1790,11 +1799,7 @@ impl Connection {
         let _ = self.rx_slots.on_message();
         let _ = self.rx.on_data(u64::from(len));
         self.peer_wants_credit |= credit_wanted;
-        let inert = self.moves.actions.is_empty()
-            && !self.peer_wants_credit
-            && !self.credit_owed
-            && !self.credit_due();
-        self.stirred |= !inert;
+        self.stirred |= !self.nothing_due_after_data();
         true
     }
 

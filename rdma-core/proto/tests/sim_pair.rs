@@ -591,7 +591,7 @@ impl Sim {
                         },
                         w.action(),
                     );
-                    assert_eq!(w.returns_slots, a.returns_slots());
+                    assert_eq!(w.returns_slots(), a.returns_slots());
                     assert_eq!(by_parts.send(want), Ok(g), "{}: the write's lane", me.name);
                     assert!(
                         !by_parts.take_stirred(),

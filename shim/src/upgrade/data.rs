@@ -22,6 +22,7 @@ use crate::signals::Delivery;
 use crate::spin::wait::{spin_wait, Turn};
 use crate::stats::{self, Bytes, Wait};
 use core::ffi::c_int;
+use rdmashim_core::Link;
 use rdmashim_proto::{ErrorReason, Recv, SendError, StreamState};
 use std::io::ErrorKind;
 use std::sync::atomic::Ordering;
@@ -660,10 +661,7 @@ pub fn send_bytes(c: &Conn, fd: c_int, bytes: &[u8], flags: c_int) -> Result<usi
             if let Some(n) = l.write_lane(bytes) {
                 super::bump(&c.uses, 1);
                 c.fd_hint.store(fd, Ordering::Relaxed);
-                l.progress_after_push(false);
-                let shard = stats::fd_shard(fd);
-                stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), n as u64);
-                super::bump(&c.live_tx, n as u64);
+                after_ring_write(c, l, stats::fd_shard(fd), n);
                 c.settle(&mut g);
                 return Ok(n);
             }
@@ -671,6 +669,15 @@ pub fn send_bytes(c: &Conn, fd: c_int, bytes: &[u8], flags: c_int) -> Result<usi
     }
     drop(g);
     send(c, fd, &mut FlatSrc(bytes), flags)
+}
+
+/// After `n` bytes of a write went to the ring and their DATA was posted: the CQ (its
+/// completions are not what anyone waits for; the core's actions again only if something
+/// came), then the bytes counted on `shard` and in the live view.
+fn after_ring_write(c: &Conn, l: &mut Link, shard: usize, n: usize) {
+    l.progress_after_push(false);
+    stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), n as u64);
+    super::bump(&c.live_tx, n as u64);
 }
 
 /// send/write/writev/sendmsg/sendfile on a connection under the upgrade.
@@ -747,12 +754,9 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                     c.settle(&mut g);
                     return if sent > 0 { Ok(sent) } else { Err(e) };
                 }
-                // (the write first, then the CQ: its completions are not what anyone waits for;
-                // the core's actions again only if something came)
+                // (the write first, then the CQ)
                 l.push();
-                l.progress_after_push(false);
-                stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), gr.len as u64);
-                super::bump(&c.live_tx, gr.len as u64);
+                after_ring_write(c, l, shard, gr.len);
                 sent += gr.len;
                 c.settle(&mut g);
                 if sent == total {
