@@ -17,8 +17,9 @@ message of a ping-pong client) or N. Reported, per message:
 - with --kinds (objdump disassembles each object the profile names), the instructions under
   emulation costs more than their count says, by object: conditional branches (each ends a
   translated block under qemu TCG), calls and returns, indirect jumps and calls, atomic
-  read-modify-writes (`lock`-prefixed, `xchg`) and system calls — how many run per message,
-  and at how many places every message runs one.
+  read-modify-writes (`lock`-prefixed, `xchg`), system calls and spin-wait hints (`pause`,
+  one per turn of a spinning wait that found nothing) — how many run per message, and at how
+  many places every message runs one.
 """
 
 import argparse
@@ -114,14 +115,15 @@ def summary(p, n, skip=(), top=25):
 
 
 # What --kinds counts, in its report's order.
-KINDS = ("branch", "call", "indirect", "return", "atomic", "syscall")
+KINDS = ("branch", "call", "indirect", "return", "atomic", "syscall", "pause")
 
 
 def classify(text):
     """The kind of one disassembled instruction (objdump's text after the address), or None:
     `branch` a conditional jump, `call` a direct call, `indirect` a call or jump through a
     register or memory, `return`, `atomic` a lock-prefixed or an exchange with memory (always
-    locked on x86), `syscall`. Direct unconditional jumps are not counted (a chained block)."""
+    locked on x86), `syscall`, `pause` (a spinning wait's hint: one per turn that found
+    nothing). Direct unconditional jumps are not counted (a chained block)."""
     words = text.split()
     if not words:
         return None
@@ -137,6 +139,8 @@ def classify(text):
         return "return"
     if op == "syscall":
         return "syscall"
+    if op == "pause":
+        return "pause"
     if op.startswith("call") or op.startswith("jmp"):
         if "*" in text:
             return "indirect"

@@ -59,7 +59,10 @@
  * The ping-pong's client also reports the CPU time (user + system, every thread of the
  * process) it used per counted round trip ("cpu_us"), and the server prints one JSON line
  * per ping-pong connection it served: {"served":"pp","round_trips":..,"cpu_us":..} (its CPU
- * time over that whole connection, warm-up included, per round trip).
+ * time over that whole connection, warm-up included, per round trip). With
+ * SOCKBENCH_ANSWER_US=N the server holds each ping-pong answer back N microseconds (a busy
+ * wait on the monotonic clock), so that a client always waits for it — as it does at full
+ * speed, where a slowed client (under callgrind) would otherwise find it already there.
  *
  * Only blocking socket(), connect(), accept(), send(), recv(), shutdown() and close(): the
  * calls every socket preload (rdmashim, rsocket's librspreload) intercepts. sockperf (sendto
@@ -270,7 +273,15 @@ static void serve(int c) {
     } else if (hdr[0] == 'P' || hdr[0] == 'H') {
         double cpu0 = cpu_now();
         long n = 0;
-        while (!full(c, buf, size, 1) && !full(c, buf, size, 0)) n++;
+        const char *d = getenv("SOCKBENCH_ANSWER_US");
+        double hold = hdr[0] == 'P' && d ? atof(d) / 1e6 : 0;
+        while (!full(c, buf, size, 1)) {
+            if (hold > 0)
+                for (double until = now() + hold; now() < until;)
+                    ;
+            if (full(c, buf, size, 0)) break;
+            n++;
+        }
         if (hdr[0] == 'P' && n > 0) {
             printf("{\"served\": \"pp\", \"round_trips\": %ld, \"cpu_us\": %.3f}\n", n, (cpu_now() - cpu0) / n * 1e6);
             fflush(stdout);

@@ -107,6 +107,7 @@ class Profiles(unittest.TestCase):
         self.assertEqual(c("xchg   %rax,(%rdi)"), "atomic")
         self.assertEqual(c("xchg   %ax,%ax"), None)
         self.assertEqual(c("syscall"), "syscall")
+        self.assertEqual(c("pause"), "pause")
         self.assertEqual(c("mov    %rdi,%rax"), None)
         self.assertEqual(c(""), None)
 
@@ -123,7 +124,8 @@ class Profiles(unittest.TestCase):
         self.assertEqual(k["/bin/app"]["branch"], (1.0, 1))
         self.assertEqual(k["/bin/app"]["call"], (2.0, 2))
         self.assertEqual(k["/bin/app"]["atomic"], (0.25, 0))
-        self.assertEqual(k["/lib/lib.so"], {"return": (1.0, 1)})
+        # (sleep's pause ran 10 times in 4 messages: 2.5 idle turns a message, every message)
+        self.assertEqual(k["/lib/lib.so"], {"return": (1.0, 1), "pause": (2.5, 1)})
         self.assertNotIn("syscall", k["/bin/app"])
 
     def test_a_profile_without_instruction_positions_is_refused(self):
