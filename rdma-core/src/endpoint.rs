@@ -610,6 +610,9 @@ impl Endpoint {
 
     /// Posts the DATA of the write's lane (`Connection::send_data`): as [`Self::post`] posts
     /// its action, the receives it returns posted first.
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     pub fn post_lane(&mut self, w: &rdmashim_proto::LaneWrite) -> Result<()> {
         if w.returns_slots() {
             self.flush_reposts()?;

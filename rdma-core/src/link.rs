@@ -980,6 +980,9 @@ impl Link {
     }
 
     /// Steps 4–5: perform the core's actions, drive the teardown.
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     pub(crate) fn act(&mut self) {
         // (nothing due since the last pass found nothing: this one would find nothing either;
         // held READ pulls are the link's, not the core's, and are posted all the same)
@@ -1112,6 +1115,9 @@ impl Link {
 
     /// Polls the CQ dry, and the receive ring where records arrive; returns whether anything
     /// completed or arrived (or the poll failed, which fails the connection).
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     pub(crate) fn poll_cq(&mut self) -> bool {
         if let Ep::Shm(s) = &mut self.ep {
             return match self.conn.judged(|c| s.poll(c)) {
@@ -1187,6 +1193,9 @@ impl Link {
 
     /// Hands a receive completion to the core (`pulled`: the bytes a READ pulled for it, an
     /// announcement's), and posts its receive again.
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     fn arrive(&mut self, a: Arrival, pulled: Option<u32>) {
         let Ep::Rdma(ep) = &mut self.ep else { return };
         if let Some(raw) = a.imm.filter(|_| a.write_imm || a.send) {

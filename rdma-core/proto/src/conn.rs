@@ -1447,6 +1447,9 @@ impl Connection {
     // ----- receiving -------------------------------------------------------------------------
 
     /// Where the application's next bytes come from.
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     pub fn recv(&self) -> Recv {
         // (the usual case first: the stream read from the ring's cursors alone)
         if self.reading_ring() {
@@ -2588,6 +2591,9 @@ impl Connection {
     /// The immediate of a DATA of `len` bytes whose slot was taken and whose bytes were
     /// marked posted: it asks for credit if the writer was held back or the peer's ring is
     /// full now, and carries the credit owed where it fits (duplex, §17); counted.
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     fn data_imm(&mut self, len: u64) -> Imm {
         let full = self.peer.as_ref().is_some_and(|p| p.tx.free() == 0);
         let credit_wanted = self.send_blocked || full;
@@ -3014,6 +3020,9 @@ impl Connection {
 
     /// Whether the credit policy makes a credit due as a message of its own (before
     /// [`Self::credit_rides_on_data`] has its say).
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     fn credit_due(&self) -> bool {
         let owed_slots = self.rx_slots.owed();
         let wanted = self.peer_wants_credit || self.rx.move_credit_due();

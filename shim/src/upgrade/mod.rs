@@ -722,7 +722,31 @@ impl Conn {
     }
 
     /// The consequences of the link's state (see [`drive`](Self::drive)).
+    ///
+    /// The usual case — a committed, healthy link, no switch back or give-back under way,
+    /// nobody on the eventfds — has nothing to do and is decided inline: every read and write
+    /// of the data path settles (docs/bench/kinds.md, session 62).
+    #[inline(always)]
     pub(crate) fn settle(&self, g: &mut Inner) {
+        if let Phase::Linked(link) = &g.phase {
+            let c = link.conn();
+            if g.committed
+                && !g.give_back
+                && g.back == Back::None
+                && c.error().is_none()
+                && !c.back_started()
+                && self.efd_watchers.load(Ordering::SeqCst) == 0
+                && !trace()
+            {
+                return;
+            }
+        }
+        self.settle_slow(g);
+    }
+
+    /// [`settle`](Self::settle) past its usual case.
+    #[inline(never)]
+    fn settle_slow(&self, g: &mut Inner) {
         let Phase::Linked(link) = &mut g.phase else {
             return;
         };
