@@ -588,6 +588,9 @@ impl Link {
     /// pass ran until the core had nothing to do, or until the send queue was full with no
     /// completion to free it. One pass of the core's actions less on every write of the data
     /// path, where that pass found nothing.
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     pub fn progress_after_push(&mut self, force_cm: bool) -> bool {
         let timed = !self.deadline_owned && self.conn.poll_timeout().is_some();
         let any = self.take_inputs(force_cm);
@@ -1152,6 +1155,9 @@ impl Link {
         }
     }
 
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     fn on_completion(&mut self, wc: &ffi::ibv_wc) {
         if wc.wr_id & SEND_TAG == 0 {
             // (records: the WRITEs before a message are placed before its completion, and a

@@ -271,6 +271,9 @@ impl MagicRing {
     }
 
     /// Mutable version of [`slice`](Self::slice).
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     pub fn slice_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
         self.check(offset, len);
         // SAFETY: as in `slice`; &mut self excludes other slices of this ring.

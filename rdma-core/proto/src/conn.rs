@@ -2954,6 +2954,9 @@ impl Connection {
     /// [`Imm::CREDIT_UNIT`]s of the bytes owed, as many as fit, and the slots owed once they
     /// reach the policy's threshold (`None`: nothing, or not duplex, or too long a DATA).
     /// (Fields, not `&mut self`: asked while the peer's state is borrowed.)
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     fn piggyback(
         kind: Kind,
         len: u64,

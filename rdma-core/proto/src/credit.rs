@@ -125,6 +125,9 @@ impl TxSlots {
     ///
     /// # Panics
     /// If none is left (a bug in this crate's callers of `can_post_*`).
+    // (inline on the data path: a call and a return less a message, each return a block
+    // lookup under emulation — docs/bench/kinds.md, session 62)
+    #[inline(always)]
     pub fn take(&mut self) {
         self.avail = self.avail.checked_sub(1).expect("no receive slot left");
         self.spent += 1;

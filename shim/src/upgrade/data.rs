@@ -179,6 +179,9 @@ enum Src {
     Error(ErrorReason),
 }
 
+// (inline on the data path: a call and a return less a message, each return a block
+// lookup under emulation — docs/bench/kinds.md, session 62)
+#[inline(always)]
 fn source(g: &Inner) -> Src {
     match &g.phase {
         Phase::Linked(l) => match l.conn().recv() {
