@@ -732,11 +732,9 @@ impl Conn {
             let c = link.conn();
             if g.committed
                 && !g.give_back
-                && g.back == Back::None
                 && c.error().is_none()
-                && !c.back_started()
-                && self.efd_watchers.load(Ordering::SeqCst) == 0
-                && !trace()
+                && !switching_back(g.back, c)
+                && !self.efds_to_sync()
             {
                 return;
             }
@@ -744,7 +742,8 @@ impl Conn {
         self.settle_slow(g);
     }
 
-    /// [`settle`](Self::settle) past its usual case.
+    /// [`settle`](Self::settle) past its usual case. (Each of its cases is one that the usual
+    /// case's test rules out: a case added here needs that test to fail for it too.)
     #[inline(never)]
     fn settle_slow(&self, g: &mut Inner) {
         let Phase::Linked(link) = &mut g.phase else {
@@ -805,13 +804,19 @@ impl Conn {
                 self.count_upgraded(Some(link));
             }
         }
-        if g.back != Back::None || link.conn().back_started() {
+        if switching_back(g.back, link.conn()) {
             self.settle_back(g);
         }
-        // (the usual case, nobody waiting on the eventfds, without the call: see sync_efds)
-        if self.efd_watchers.load(Ordering::SeqCst) != 0 || trace() {
+        if self.efds_to_sync() {
             self.sync_efds(g);
         }
+    }
+
+    /// Whether [`sync_efds`](Self::sync_efds) has anything to do: somebody waits on the
+    /// eventfds, or the trace logs readiness (the usual case, nobody, decided without the
+    /// call).
+    fn efds_to_sync(&self) -> bool {
+        self.efd_watchers.load(Ordering::SeqCst) != 0 || trace()
     }
 
     /// Returns the connection to TCP (protocol §8.5) on this side's initiative: for a process
@@ -1411,6 +1416,13 @@ pub(crate) fn keep_back_sock(g: &mut Inner, fd: c_int) {
     if g.back_sock.is_none() {
         g.back_sock = net::dup_private(fd, PRIVATE_FD_MIN).ok();
     }
+}
+
+/// Whether a switch back to TCP is under way, on this side's initiative (`back`,
+/// [`Inner::back`]) or the peer's (the core's): what [`Conn::settle`] drives with
+/// `settle_back`.
+fn switching_back(back: Back, c: &rdmashim_proto::Connection) -> bool {
+    back != Back::None || c.back_started()
 }
 
 /// The continuation is tried again [`BACK_NAP`] ms from now (see [`Inner::resume_retry`]).
