@@ -375,6 +375,10 @@ impl Inbox {
             let (kind, imm, len) = (word(0), word(4), word(8));
             match kind {
                 KIND_WRITE_IMM => {
+                    #[cfg(feature = "timeline")]
+                    if len > 0 {
+                        crate::timeline::mark(crate::timeline::Mark::DataSeen);
+                    }
                     let _ = conn.handle_completion(Completion::WriteImm {
                         imm,
                         byte_len: Some(len),

@@ -141,11 +141,16 @@ def main(argv):
     cols, left_out = per_round(c, s, per_us)
     print(f"timeline: counts (client, server) {counts}; {per_us:.1f} ticks/us; "
           f"{len(cols[0])} round trips paired, {left_out} left out")
-    for name, v in segments(c, s, per_us):
+    segs = segments(c, s, per_us)
+    # (a tenth of a µs under emulation; thousandths where a round trip takes a microsecond or
+    # two — shared-memory rings on a real CPU)
+    fine = any(v is not None and v[0] < 10 for name, v in segs if name == "round trip")
+    d = 3 if fine else 1
+    for name, v in segs:
         if v is None:
             print(f"  {name:<40} {'-':>8} {'-':>8}")
         else:
-            print(f"  {name:<40} {v[0]:>8.1f} {v[1]:>8.1f}")
+            print(f"  {name:<40} {v[0]:>8.{d}f} {v[1]:>8.{d}f}")
     t = tail(c, s, per_us)
     if t is None:
         return
@@ -153,7 +158,7 @@ def main(argv):
     print(f"timeline: the {slow} round trips of {cut:.1f} us or more (the p99 and above), "
           "segment medians: all round trips, the slow ones, the difference")
     for name, med, med_slow in rows:
-        print(f"  {name:<40} {med:>8.1f} {med_slow:>8.1f} {med_slow - med:>+8.1f}")
+        print(f"  {name:<40} {med:>8.{d}f} {med_slow:>8.{d}f} {med_slow - med:>+8.{d}f}")
 
 
 if __name__ == "__main__":
