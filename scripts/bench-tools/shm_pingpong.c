@@ -9,10 +9,10 @@
  * release store; the receiver spins on the head (with the spin-loop hint, as the shim's spin
  * does), copies the bytes out and answers with them the same way; the client checks that each
  * answer's first and last 8 bytes are those of the message it sent (its sequence number and
- * the number's complement), outside the timed part. That is the least any stream between two processes of one host does
- * per message: a copy in, a published cursor, a copy out — no framing, no system call, and
- * the reader's published tail read by the writer only once a lap (when its last copy of it
- * would not let the next message in).
+ * the number's complement), outside the timed part. That is the least any stream between two
+ * processes of one host does per message: a copy in, a published cursor, a copy out — no
+ * framing, no system call, and the reader's published tail read by the writer only once a lap
+ * (when its last copy of it would not let the next message in).
  *
  * Prints one JSON line, as `sockbench client ... pp` does: the median and 99th percentile of
  * the one-way latency (round trip / 2) in microseconds, over the round trips started within
@@ -22,7 +22,6 @@
  * the client on CLIENT_CPU when given (default: unpinned). x86-64 only. */
 #define _GNU_SOURCE
 #include <sched.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,6 +41,13 @@ struct inbox {
     _Alignas(64) _Atomic uint64_t tail; /* bytes read out of ring (by the owner) */
     _Alignas(64) unsigned char ring[RING];
 };
+
+/* How many of SIZE bytes at stream position POS fit before the ring's end (the rest wrap to its
+ * start). */
+static uint32_t before_end(uint64_t pos, uint32_t size) {
+    uint32_t room = RING - (uint32_t)(pos % RING);
+    return size < room ? size : room;
+}
 
 static double mono(void) {
     struct timespec t;
@@ -66,8 +72,8 @@ static void put(struct inbox *box, const unsigned char *msg, uint32_t size, uint
         *tail = atomic_load_explicit(&box->tail, memory_order_acquire);
         if (h + size - *tail > RING) _mm_pause();
     }
-    uint32_t at = (uint32_t)(h % RING), first = size < RING - at ? size : RING - at;
-    memcpy(box->ring + at, msg, first);
+    uint32_t first = before_end(h, size);
+    memcpy(box->ring + h % RING, msg, first);
     memcpy(box->ring, msg + first, size - first);
     atomic_store_explicit(&box->head, h + size, memory_order_release);
 }
@@ -79,8 +85,8 @@ static int take(struct inbox *box, unsigned char *msg, uint32_t size, volatile i
         if (stop && *stop) return 1;
         _mm_pause();
     }
-    uint32_t at = (uint32_t)(t % RING), first = size < RING - at ? size : RING - at;
-    memcpy(msg, box->ring + at, first);
+    uint32_t first = before_end(t, size);
+    memcpy(msg, box->ring + t % RING, first);
     memcpy(msg + first, box->ring, size - first);
     atomic_store_explicit(&box->tail, t + size, memory_order_release);
     return 0;

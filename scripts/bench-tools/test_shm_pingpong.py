@@ -1,6 +1,7 @@
 """Tests of shm_pingpong.c, the same-host floor (stdlib unittest): it is built with the
-machine's C compiler and run for a moment; its answers are checked by sequence number inside
-the tool, so a run that reports a latency carried every message back in order."""
+machine's C compiler and run for a moment; the tool checks each answer's first and last words
+against the message it sent, so a run that reports a latency carried every message back whole
+and in order."""
 
 import json
 import os
@@ -43,7 +44,7 @@ class ShmPingpong(unittest.TestCase):
     def test_laps_the_ring_without_losing_a_message(self):
         # 65,000-byte messages lap the 1 MiB ring every ~16 round trips, and straddle its end
         # (split copies both ways); the writer looks at the reader's tail again once a lap, and
-        # a message written over unread bytes, or put together wrongly, fails the sequence check
+        # a message written over unread bytes, or put together wrongly, fails the tool's check
         r = self.run_tool(65000, 0.3, 0)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertGreater(json.loads(r.stdout)["samples"], 16)
