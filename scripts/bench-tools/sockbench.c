@@ -63,6 +63,9 @@
  * SOCKBENCH_ANSWER_US=N the server holds each ping-pong answer back N microseconds (a busy
  * wait on the monotonic clock), so that a client always waits for it — as it does at full
  * speed, where a slowed client (under callgrind) would otherwise find it already there.
+ * With SOCKBENCH_SLICE_MS=N the ping-pong's line also has "slices_us": the one-way median of
+ * each N ms of the counted run, in order (a host that moves its CPUs between faster and
+ * slower placements shows it there, and a comparison can take them apart).
  *
  * Only blocking socket(), connect(), accept(), send(), recv(), shutdown() and close(): the
  * calls every socket preload (rdmashim, rsocket's librspreload) intercepts. sockperf (sendto
@@ -731,8 +734,28 @@ int main(int argc, char **argv) {
             }
             for (size_t i = 0; i < n; i++) rtt[i] /= hz;
         }
+        const char *sl = getenv("SOCKBENCH_SLICE_MS");
+        double slice = sl ? atof(sl) / 1e3 : 0;
+        printf("{");
+        if (slice > 0) {
+            /* (the samples are in order and back to back: a slice ends where their sum does) */
+            printf("\"slices_us\": [");
+            double *part = malloc(n * sizeof *part), sum = 0;
+            if (!part) die("malloc");
+            for (size_t i = 0, from = 0, k = 0; i < n; i++) {
+                sum += rtt[i];
+                if (sum < slice && i + 1 < n) continue;
+                size_t m = i + 1 - from;
+                memcpy(part, rtt + from, m * sizeof *part);
+                qsort(part, m, sizeof *part, cmp);
+                printf("%s%.3f", k++ ? ", " : "", part[m / 2] / 2 * 1e6);
+                from = i + 1, sum = 0;
+            }
+            printf("], ");
+            free(part);
+        }
         qsort(rtt, n, sizeof *rtt, cmp);
-        printf("{\"p50_us\": %.3f, \"p99_us\": %.3f, \"samples\": %zu, \"tsc\": %d, \"cpu_us\": %.3f}\n",
+        printf("\"p50_us\": %.3f, \"p99_us\": %.3f, \"samples\": %zu, \"tsc\": %d, \"cpu_us\": %.3f}\n",
                rtt[n / 2] / 2 * 1e6, rtt[(size_t)(n * 0.99)] / 2 * 1e6, n, tsc, cpu_us);
     } else {
         uint64_t before = 0;
