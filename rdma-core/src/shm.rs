@@ -50,9 +50,13 @@ use crate::ring::MagicRing;
 const HEADER: usize = 128;
 const TAIL_AT: usize = 0;
 const ARMED_AT: usize = 64;
-/// Bytes of one queue entry: kind, immediate, length, then a control message's bytes.
+/// Bytes of one queue entry: kind, immediate, length, its sequence number, then a control
+/// message's bytes. A write's entry is its first 16 bytes alone, on one cache line.
 const ENTRY: usize = 128;
+/// The entry's sequence number: the tail its publication made (1 for the first entry).
+const SEQ_AT: usize = 12;
 const PAYLOAD_AT: usize = 16;
+const _: () = assert!(PAYLOAD_AT + MAX_CONTROL_LEN <= ENTRY && SEQ_AT + 4 == PAYLOAD_AT);
 const KIND_WRITE_IMM: u32 = 1;
 const KIND_CONTROL: u32 = 2;
 
@@ -206,6 +210,14 @@ impl Mapping {
         // SAFETY: inside the mapping (checked above).
         unsafe { self.base.as_ptr().add(at) }
     }
+
+    /// Entry `i`'s sequence word.
+    fn seq(&self, i: u32) -> &AtomicU32 {
+        // SAFETY: `entry` checked that the whole entry lies inside this live mapping; the
+        // word is 4-aligned (the mapping is page-aligned, HEADER, ENTRY and SEQ_AT are
+        // multiples of 4), and the peer reads and writes it only atomically.
+        unsafe { &*self.entry(i).add(SEQ_AT).cast::<AtomicU32>() }
+    }
 }
 
 impl Drop for Mapping {
@@ -270,6 +282,10 @@ pub(crate) struct Inbox {
     slots: u16,
     /// Next entry to read (the sender's tail runs ahead of it by at most `slots`).
     head: u32,
+    /// The peer numbers its entries (`SEQ_AT`): the next one is looked for by its own
+    /// sequence word, not by the tail. Learnt from its first entry that carries one: a
+    /// sender of an older shim writes a zero there, and is read by the tail throughout.
+    numbered: bool,
     /// This side set the queue's asleep flag since it last took the eventfd's events.
     armed: Cell<bool>,
     /// The peer took the flag (so it writes the eventfd, or is about to) and the eventfd
@@ -308,6 +324,7 @@ impl Inbox {
             wake,
             slots,
             head: 0,
+            numbered: false,
             armed: Cell::new(false),
             owed: Cell::new(false),
         })
@@ -346,53 +363,107 @@ impl Inbox {
 
     /// Hands every message the peer published to `conn`, in order. Returns whether there was
     /// any, or what the peer did wrong.
+    ///
+    /// A peer that numbers its entries is read by them: the next entry's sequence word says
+    /// whether it was published, so a message costs the reader the cache lines of its entry
+    /// (and of its bytes) alone, where reading the tail first was one more line to wait for
+    /// from the writer's CPU, before the entry's. At most `slots` entries a call (a peer that
+    /// kept publishing would otherwise keep it here); the next call takes the rest.
     fn poll(&mut self, conn: &mut Connection) -> Result<bool, String> {
+        self.poll_with(|c| {
+            let _ = conn.handle_completion(c);
+        })
+    }
+
+    /// [`poll`](Self::poll), each message handed to `deliver`.
+    #[inline(always)]
+    fn poll_with(&mut self, mut deliver: impl FnMut(Completion<'_>)) -> Result<bool, String> {
+        let slots = u32::from(self.slots);
+        if self.numbered {
+            let mut any = false;
+            for _ in 0..slots {
+                let want = self.head.wrapping_add(1);
+                // (Acquire: the entry's words and its ring bytes were stored before it)
+                let seq = self
+                    .queue
+                    .map
+                    .seq(self.head % slots)
+                    .load(Ordering::Acquire);
+                if seq != want {
+                    break;
+                }
+                self.take(&mut deliver)?;
+                any = true;
+            }
+            if any {
+                self.queue.head.store(self.head, Ordering::Relaxed);
+            }
+            return Ok(any);
+        }
         let tail = self.queue.map.word(TAIL_AT).load(Ordering::Acquire);
         let n = tail.wrapping_sub(self.head);
         if n == 0 {
             return Ok(false);
         }
-        if n > u32::from(self.slots) {
+        if n > slots {
             return Err(format!(
                 "the peer published {n} messages with {} slots",
                 self.slots
             ));
         }
         while self.head != tail {
-            let mut e = [0u8; ENTRY];
-            // SAFETY: entry `head mod slots` lies inside the queue mapping (`entry` checks);
-            // the peer wrote it before the tail we read with Acquire; copied out before use,
-            // so a peer writing it meanwhile changes nothing we decided on.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.queue.map.entry(self.head % u32::from(self.slots)),
-                    e.as_mut_ptr(),
-                    ENTRY,
-                )
-            };
-            self.head = self.head.wrapping_add(1);
-            let word = |at: usize| u32::from_ne_bytes([e[at], e[at + 1], e[at + 2], e[at + 3]]);
-            let (kind, imm, len) = (word(0), word(4), word(8));
-            match kind {
-                KIND_WRITE_IMM => {
-                    #[cfg(feature = "timeline")]
-                    if len > 0 {
-                        crate::timeline::mark(crate::timeline::Mark::DataSeen);
-                    }
-                    let _ = conn.handle_completion(Completion::WriteImm {
-                        imm,
-                        byte_len: Some(len),
-                    });
-                }
-                KIND_CONTROL if len as usize <= MAX_CONTROL_LEN => {
-                    let payload = &e[PAYLOAD_AT..PAYLOAD_AT + len as usize];
-                    let _ = conn.handle_completion(Completion::Recv { payload });
-                }
-                _ => return Err(format!("a queue entry of kind {kind}, length {len}")),
+            let want = self.head.wrapping_add(1);
+            // (a numbered entry proves the peer numbers them all from now on; 0 is also an
+            // older sender's, so its number is not taken as proof)
+            if self.take(&mut deliver)? == want && want != 0 {
+                self.numbered = true;
             }
         }
         self.queue.head.store(self.head, Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// Takes the entry at `head` (published: the caller saw its tail or its number) and hands
+    /// it to `deliver`; returns its sequence word.
+    #[inline(always)]
+    fn take(&mut self, deliver: &mut impl FnMut(Completion<'_>)) -> Result<u32, String> {
+        let at = self.queue.map.entry(self.head % u32::from(self.slots));
+        let mut h = [0u8; PAYLOAD_AT];
+        // SAFETY: the entry lies inside the queue mapping (`entry` checks); the peer wrote it
+        // before the tail or sequence word we read with Acquire; copied out before use, so a
+        // peer writing it meanwhile changes nothing we decided on.
+        unsafe { std::ptr::copy_nonoverlapping(at, h.as_mut_ptr(), PAYLOAD_AT) };
+        self.head = self.head.wrapping_add(1);
+        let word = |at: usize| u32::from_ne_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+        let (kind, imm, len, seq) = (word(0), word(4), word(8), word(SEQ_AT));
+        match kind {
+            KIND_WRITE_IMM => {
+                #[cfg(feature = "timeline")]
+                if len > 0 {
+                    crate::timeline::mark(crate::timeline::Mark::DataSeen);
+                }
+                deliver(Completion::WriteImm {
+                    imm,
+                    byte_len: Some(len),
+                });
+            }
+            KIND_CONTROL if len as usize <= MAX_CONTROL_LEN => {
+                let mut payload = [0u8; MAX_CONTROL_LEN];
+                let payload = &mut payload[..len as usize];
+                // SAFETY: `len` ≤ MAX_CONTROL_LEN bytes from PAYLOAD_AT lie inside the entry
+                // (PAYLOAD_AT + MAX_CONTROL_LEN ≤ ENTRY, asserted below), copied out as above.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        at.add(PAYLOAD_AT),
+                        payload.as_mut_ptr(),
+                        payload.len(),
+                    )
+                };
+                deliver(Completion::Recv { payload });
+            }
+            _ => return Err(format!("a queue entry of kind {kind}, length {len}")),
+        }
+        Ok(seq)
     }
 
     /// Says this side is about to sleep: the peer's next message writes the eventfd. Poll
@@ -478,24 +549,28 @@ impl Outbox {
     }
 
     /// Publishes one entry (`len`: a write's byte count; a control message's is its
-    /// `payload`'s), and wakes the peer if it sleeps.
+    /// `payload`'s), and wakes the peer if it sleeps. Only the entry's words and the payload
+    /// are written (a write's entry is one cache line), its sequence word last; then the tail,
+    /// which a reader of an older shim looks at instead.
     fn push(&mut self, kind: u32, imm: u32, len: u32, payload: &[u8]) {
-        let mut e = [0u8; ENTRY];
-        e[0..4].copy_from_slice(&kind.to_ne_bytes());
-        e[4..8].copy_from_slice(&imm.to_ne_bytes());
-        e[8..12].copy_from_slice(&len.to_ne_bytes());
-        e[PAYLOAD_AT..PAYLOAD_AT + payload.len()].copy_from_slice(payload);
-        // SAFETY: entry `tail mod slots` lies inside the peer's queue (`entry` checks); the
-        // credits guarantee the peer has read it (it returned the slot).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                e.as_ptr(),
-                self.queue.entry(self.tail % u32::from(self.slots)),
-                ENTRY,
-            )
-        };
+        let slot = self.tail % u32::from(self.slots);
         self.tail = self.tail.wrapping_add(1);
-        // The ring bytes and the entry before the tail (the peer reads the tail with Acquire).
+        let mut h = [0u8; SEQ_AT];
+        h[0..4].copy_from_slice(&kind.to_ne_bytes());
+        h[4..8].copy_from_slice(&imm.to_ne_bytes());
+        h[8..12].copy_from_slice(&len.to_ne_bytes());
+        let at = self.queue.entry(slot);
+        let payload = &payload[..payload.len().min(ENTRY - PAYLOAD_AT)];
+        // SAFETY: the entry lies inside the peer's queue (`entry` checks), and so do
+        // `payload`'s bytes from PAYLOAD_AT (cut to the entry above); the credits guarantee
+        // the peer has read the entry (it returned the slot).
+        unsafe {
+            std::ptr::copy_nonoverlapping(h.as_ptr(), at, SEQ_AT);
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), at.add(PAYLOAD_AT), payload.len());
+        }
+        // The ring bytes and the entry's words before its number and the tail (the peer
+        // reads either with Acquire).
+        self.queue.seq(slot).store(self.tail, Ordering::Release);
         self.queue.word(TAIL_AT).store(self.tail, Ordering::Release);
         // Against the peer's arm (its flag store, fence, then a last poll): one of the two
         // sees the other.
@@ -697,6 +772,88 @@ mod tests {
         } else {
             0
         }
+    }
+
+    /// What `inbox` takes now: each entry as (immediate or control byte count, kind).
+    fn taken(inbox: &mut Inbox) -> Vec<(u32, u32)> {
+        let mut got = Vec::new();
+        inbox
+            .poll_with(|c| match c {
+                Completion::WriteImm { imm, .. } => got.push((imm, KIND_WRITE_IMM)),
+                Completion::Recv { payload } => got.push((payload.len() as u32, KIND_CONTROL)),
+            })
+            .expect("a well-formed queue");
+        got
+    }
+
+    #[test]
+    fn numbered_entries_are_read_without_the_tail() {
+        let (mut inbox, mut outbox) = pair();
+        outbox.push(KIND_WRITE_IMM, 1, 0, &[]);
+        outbox.push(KIND_CONTROL, 0, 5, &[9; 5]);
+        assert_eq!(taken(&mut inbox), [(1, KIND_WRITE_IMM), (5, KIND_CONTROL)]);
+        assert!(inbox.numbered, "the first numbered entry is proof");
+        // From now on the tail is not looked at: entries published while it stays behind are
+        // taken, in order, a lap of the queue and more.
+        for round in 0..3u32 {
+            let tail = outbox.queue.word(TAIL_AT).load(Ordering::Relaxed);
+            for i in 0..5 {
+                outbox.push(KIND_WRITE_IMM, 100 * round + i, 0, &[]);
+            }
+            outbox.queue.word(TAIL_AT).store(tail, Ordering::Relaxed);
+            let want: Vec<_> = (0..5).map(|i| (100 * round + i, KIND_WRITE_IMM)).collect();
+            assert_eq!(taken(&mut inbox), want);
+        }
+        assert!(taken(&mut inbox).is_empty(), "nothing is taken twice");
+    }
+
+    /// Publishes an entry as a sender of an older shim does: the whole entry, its sequence
+    /// word zero, then the tail.
+    fn push_unnumbered(outbox: &mut Outbox, imm: u32) {
+        let mut e = [0u8; ENTRY];
+        e[0..4].copy_from_slice(&KIND_WRITE_IMM.to_ne_bytes());
+        e[4..8].copy_from_slice(&imm.to_ne_bytes());
+        let at = outbox.queue.entry(outbox.tail % u32::from(outbox.slots));
+        // SAFETY: a whole entry of the queue (`entry` checks).
+        unsafe { std::ptr::copy_nonoverlapping(e.as_ptr(), at, ENTRY) };
+        outbox.tail = outbox.tail.wrapping_add(1);
+        outbox
+            .queue
+            .word(TAIL_AT)
+            .store(outbox.tail, Ordering::Release);
+    }
+
+    #[test]
+    fn an_older_sender_is_read_by_the_tail() {
+        let (mut inbox, mut outbox) = pair();
+        // (three laps of the 8-entry queue)
+        for lap in 0..3u32 {
+            for i in 0..8 {
+                push_unnumbered(&mut outbox, 10 * lap + i);
+            }
+            let want: Vec<_> = (0..8).map(|i| (10 * lap + i, KIND_WRITE_IMM)).collect();
+            assert_eq!(taken(&mut inbox), want);
+            assert!(!inbox.numbered, "zero is no number");
+        }
+    }
+
+    #[test]
+    fn a_sender_that_keeps_publishing_is_taken_a_queue_at_a_time() {
+        let (mut inbox, mut outbox) = pair();
+        outbox.push(KIND_WRITE_IMM, 0, 0, &[]);
+        assert_eq!(taken(&mut inbox).len(), 1);
+        // Each delivery publishes another entry (as a peer on another CPU could): the poll
+        // returns after one queue's worth, and the next takes the rest.
+        let mut n = 0u32;
+        outbox.push(KIND_WRITE_IMM, 1, 0, &[]);
+        inbox
+            .poll_with(|_| {
+                n += 1;
+                outbox.push(KIND_WRITE_IMM, n + 1, 0, &[]);
+            })
+            .unwrap();
+        assert_eq!(n, 8, "one queue's worth a call");
+        assert_eq!(taken(&mut inbox), [(9, KIND_WRITE_IMM)]);
     }
 
     #[test]
