@@ -66,6 +66,10 @@
  * With SOCKBENCH_SLICE_MS=N the ping-pong's line also has "slices_us": the one-way median of
  * each N ms of the counted run, in order (a host that moves its CPUs between faster and
  * slower placements shows it there, and a comparison can take them apart).
+ * With SOCKBENCH_TURNS=R,W the ping-pong runs in turns another process hands out (ab-turns):
+ * before each turn the client reads a byte from descriptor R (its end: the run's), plays
+ * SOCKBENCH_SLICE_MS (default 50) of ping-pong, then writes a byte to W; it prints
+ * {"turns_us":[..]}, the one-way median of each turn (SECONDS and WARMUP are not used).
  *
  * Only blocking socket(), connect(), accept(), send(), recv(), shutdown() and close(): the
  * calls every socket preload (rdmashim, rsocket's librspreload) intercepts. sockperf (sendto
@@ -584,6 +588,58 @@ static int multi(const struct sockaddr_in *a, int k, uint32_t size, double secs,
     return 0;
 }
 
+/* The ping-pong in turns (SOCKBENCH_TURNS=R,W; see the header). */
+static int pp_turns(int c, char *buf, uint32_t size, const char *spec) {
+    int rfd, wfd;
+    if (sscanf(spec, "%d,%d", &rfd, &wfd) != 2) { errno = EINVAL; die("SOCKBENCH_TURNS=R,W"); }
+    const char *sl = getenv("SOCKBENCH_SLICE_MS");
+    double slice = sl ? atof(sl) / 1e3 : 0.05;
+    if (!(slice > 0 && slice < 60)) { errno = EINVAL; die("SOCKBENCH_SLICE_MS"); }
+    int tsc = tsc_wanted();
+    size_t cap = 1 << 16, turns = 0;
+    double *rtt = malloc(cap * sizeof *rtt), *med = NULL;
+    if (!rtt) die("malloc");
+    double t0 = now();
+    uint64_t k0 = ticks();
+    for (;;) {
+        char go;
+        ssize_t r = read(rfd, &go, 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) die("turn: read");
+        if (r == 0) break;
+        size_t n = 0;
+        double end = now() + slice;
+        for (unsigned long i = 0;; i++) {
+            /* (the clock every 64th round trip) */
+            if (i % 64 == 0 && now() >= end) break;
+            double t = tsc ? 0 : now();
+            uint64_t k = tsc ? ticks() : 0;
+            if (full(c, buf, size, 0)) die("send");
+            if (full(c, buf, size, 1)) die("recv");
+            if (n == cap) rtt = realloc(rtt, (cap *= 2) * sizeof *rtt);
+            if (!rtt) die("realloc");
+            rtt[n++] = tsc ? (double)(ticks() - k) : now() - t;
+        }
+        qsort(rtt, n, sizeof *rtt, cmp);
+        med = realloc(med, (turns + 1) * sizeof *med);
+        if (!med) die("realloc");
+        med[turns++] = rtt[n / 2];
+        while (write(wfd, &go, 1) != 1)
+            if (errno != EINTR) die("turn: write");
+    }
+    /* (the counter's rate over the whole run, waits included: it counts at a constant rate) */
+    double hz = tsc ? (double)(ticks() - k0) / (now() - t0) : 1;
+    if (tsc && !(hz > 5e7 && hz < 2e10)) {
+        errno = 0;
+        fprintf(stderr, "sockbench: the time-stamp counter's rate (%.0f Hz) is not believable: run with SOCKBENCH_CLOCK=mono\n", hz);
+        return 1;
+    }
+    printf("{\"turns_us\": [");
+    for (size_t i = 0; i < turns; i++) printf("%s%.3f", i ? ", " : "", med[i] / hz / 2 * 1e6);
+    printf("], \"tsc\": %d}\n", tsc);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int one = 1;
     if ((argc == 4 || (argc == 5 && !strcmp(argv[4], "epoll"))) && !strcmp(argv[1], "server")) {
@@ -698,6 +754,8 @@ int main(int argc, char **argv) {
     if (full(c, hdr, 5, 0)) die("send");
     char *buf = calloc(1, size);
     if (!buf) die("malloc");
+    const char *turns = getenv("SOCKBENCH_TURNS");
+    if (pp && turns) return pp_turns(c, buf, size, turns);
     if (pp) {
         size_t cap = 1 << 16, n = 0;
         double *rtt = malloc(cap * sizeof *rtt), w = now() + warmup, t0 = 0, end = 0;
