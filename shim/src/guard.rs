@@ -21,6 +21,13 @@ const RESOLVING: u32 = 1 << 30;
 /// One of the shim's own threads (the engine, a setup thread): see [`internal_thread`].
 const INTERNAL: u32 = 1 << 29;
 const SHARD_MASK: u32 = 0xffff;
+/// The thread's shard is its own ([`Cx::owned`]).
+const OWN: u32 = 1 << 28;
+
+/// How many threads get a stats shard of their own: the first this many to reach a hook's
+/// slow path (a shard is never given back — no TLS destructor says when a thread ends — so
+/// a process that keeps making threads shares shards among the later ones).
+pub const OWNED_SHARDS: u32 = 64;
 
 thread_local! {
     static TLS: Cell<u32> = const { Cell::new(0) };
@@ -140,10 +147,12 @@ impl Drop for Resolving {
     }
 }
 
-/// What a hook learns from its one TLS access: this thread's stats shard.
+/// What a hook learns from its one TLS access: this thread's stats shard, and whether the
+/// thread owns it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cx {
     shard: u32,
+    own: bool,
 }
 
 impl Cx {
@@ -151,6 +160,13 @@ impl Cx {
     #[inline(always)]
     pub fn shard(self, n: usize) -> usize {
         self.shard as usize % n.max(1)
+    }
+
+    /// Whether no other thread counts on this thread's shard: its shard number is below
+    /// [`OWNED_SHARDS`] and was given to this thread alone.
+    #[inline(always)]
+    pub fn owned(self) -> bool {
+        self.own
     }
 
     /// The context of the current thread (one TLS access), for callers outside a hook.
@@ -162,15 +178,21 @@ impl Cx {
 #[inline(always)]
 fn cx_from(v: u32) -> Cx {
     let s = v & SHARD_MASK;
-    let s = if s != 0 {
-        s
-    } else {
-        // Shards are handed out round-robin at a thread's first hook.
-        let s = NEXT_SHARD.fetch_add(1, Relaxed) % (SHARD_MASK - 1) + 1;
-        store(v | s);
-        s
-    };
-    Cx { shard: s - 1 }
+    if s != 0 {
+        return Cx {
+            shard: s - 1,
+            own: v & OWN != 0,
+        };
+    }
+    // Shards are handed out in turn at a thread's first hook: the first OWNED_SHARDS
+    // threads each own one; later ones share, round-robin. (A fork child's one thread keeps
+    // its own; the counter is not reset, so the child's new threads never take a number a
+    // parent's thread had.)
+    let n = NEXT_SHARD.fetch_add(1, Relaxed);
+    let own = n < OWNED_SHARDS;
+    let s = n % (SHARD_MASK - 1) + 1;
+    store(v | s | if own { OWN } else { 0 });
+    Cx { shard: s - 1, own }
 }
 
 /// Hook entry: `None` if the hook must pass straight through (see [`bypass`]), else the
@@ -221,5 +243,30 @@ mod tests {
         assert!(a < 16);
         let _s = Section::enter();
         assert!(hook_entry().is_none());
+    }
+
+    #[test]
+    fn the_first_threads_own_their_shards_and_no_two_the_same() {
+        // (other tests' threads take numbers too: enough threads that some share)
+        let cxs: Vec<Cx> = (0..2 * OWNED_SHARDS)
+            .map(|_| std::thread::spawn(Cx::current).join().unwrap())
+            .collect();
+        let owned: Vec<usize> = cxs
+            .iter()
+            .filter(|c| c.owned())
+            .map(|c| c.shard(usize::MAX))
+            .collect();
+        assert!(cxs.iter().any(|c| !c.owned()), "later threads share");
+        let mut seen = std::collections::HashSet::new();
+        for s in &owned {
+            assert!(
+                *s < OWNED_SHARDS as usize,
+                "an owned shard is one of the owned array's"
+            );
+            assert!(seen.insert(*s), "shard {s} owned twice");
+        }
+        // (a thread keeps what it was given)
+        let c = Cx::current();
+        assert_eq!(c, Cx::current());
     }
 }

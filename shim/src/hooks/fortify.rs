@@ -36,7 +36,7 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::recv_flat(c, fd, buf, nbytes, 0)) {
+        if let Some(o) = up::route(fd, |c| up::recv_flat(cx, c, fd, buf, nbytes, 0)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -77,7 +77,7 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::recv_flat(c, fd, buf, len, fl)) {
+        if let Some(o) = up::route(fd, |c| up::recv_flat(cx, c, fd, buf, len, fl)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -99,7 +99,7 @@ hook! {
                 // SAFETY: the caller's address-length out-parameter: TCP reports no address.
                 unsafe { *alen = 0 };
             }
-            up::recv_flat(c, fd, buf, len, fl)
+            up::recv_flat(cx, c, fd, buf, len, fl)
         }) {
             return o;
         }

@@ -23,7 +23,7 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::recv_flat(c, fd, buf, count, 0)) {
+        if let Some(o) = up::route(fd, |c| up::recv_flat(cx, c, fd, buf, count, 0)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -39,7 +39,7 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::send_flat(c, fd, buf, count, 0)) {
+        if let Some(o) = up::route(fd, |c| up::send_flat(cx, c, fd, buf, count, 0)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -55,7 +55,7 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::recv_iov(c, fd, iov, cnt, 0)) {
+        if let Some(o) = up::route(fd, |c| up::recv_iov(cx, c, fd, iov, cnt, 0)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -71,7 +71,7 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::send_iov(c, fd, iov, cnt, 0)) {
+        if let Some(o) = up::route(fd, |c| up::send_iov(cx, c, fd, iov, cnt, 0)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -123,7 +123,7 @@ hook! {
     fast: io(fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::recv_flat(c, fd, buf, len, fl)) {
+        if let Some(o) = up::route(fd, |c| up::recv_flat(cx, c, fd, buf, len, fl)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -144,7 +144,7 @@ hook! {
                 // SAFETY: the caller's address-length out-parameter: TCP reports no address.
                 unsafe { *alen = 0 };
             }
-            up::recv_flat(c, fd, buf, len, fl)
+            up::recv_flat(cx, c, fd, buf, len, fl)
         }) {
             return o;
         }
@@ -162,7 +162,7 @@ hook! {
     fast: io_unless(unsafe { passing::may_receive_fds(msg) }, fd, TcpRx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::recv_msg(c, fd, msg, fl)) {
+        if let Some(o) = up::route(fd, |c| up::recv_msg(cx, c, fd, msg, fl)) {
             return o;
         }
         if !TABLE.get(fd).is_tcp_stream() {
@@ -188,7 +188,7 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::send_flat(c, fd, buf, len, fl)) {
+        if let Some(o) = up::route(fd, |c| up::send_flat(cx, c, fd, buf, len, fl)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -204,7 +204,7 @@ hook! {
     fast: io(fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::send_flat(c, fd, buf, len, fl)) {
+        if let Some(o) = up::route(fd, |c| up::send_flat(cx, c, fd, buf, len, fl)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -226,7 +226,7 @@ hook! {
             unsafe { passing::before_send(&*msg) };
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(fd, |c| up::send_msg(c, fd, msg, fl)) {
+        if let Some(o) = up::route(fd, |c| up::send_msg(cx, c, fd, msg, fl)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -316,7 +316,7 @@ hook! {
     fast: io(out_fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(out_fd, |c| up::send_file(c, out_fd, in_fd, off.cast::<i64>(), count)) {
+        if let Some(o) = up::route(out_fd, |c| up::send_file(cx, c, out_fd, in_fd, off.cast::<i64>(), count)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.
@@ -332,7 +332,7 @@ hook! {
     fast: io(out_fd, TcpTx);
     |real, cx| {
         // SAFETY: the caller's arguments, unchanged, to the real function.
-        if let Some(o) = up::route(out_fd, |c| up::send_file(c, out_fd, in_fd, off.cast::<i64>(), count)) {
+        if let Some(o) = up::route(out_fd, |c| up::send_file(cx, c, out_fd, in_fd, off.cast::<i64>(), count)) {
             return o;
         }
         // SAFETY: the caller's arguments, unchanged, to the real function.

@@ -3,9 +3,11 @@
 //! `crate::upgrade` works on.
 
 use crate::fdtable::{flags, FdEntry, Kind, TABLE};
+use crate::guard::Cx;
 use crate::net;
 use crate::outcome::{Errno, Outcome};
 use crate::spin::wait::{spin_wait_interruptible, Turn};
+use crate::stats;
 use crate::upgrade::data::{self, FileSrc, Gather, RecvBuf};
 use crate::upgrade::{self, ready, Conn};
 use core::ffi::{c_int, c_void};
@@ -197,6 +199,7 @@ unsafe fn app_buf<'a>(p: *const c_void, len: usize) -> Result<&'a [u8], Errno> {
 
 /// recv/read into one buffer.
 pub(crate) fn recv_flat(
+    cx: Cx,
     c: &Conn,
     fd: c_int,
     buf: *mut c_void,
@@ -204,7 +207,13 @@ pub(crate) fn recv_flat(
     flags: c_int,
 ) -> Outcome<isize> {
     match AppSeg::new(buf, len) {
-        Ok(seg) => ret(data::recv(c, fd, &mut AppFlat(seg), flags)),
+        Ok(seg) => ret(data::recv(
+            c,
+            stats::tally(cx),
+            fd,
+            &mut AppFlat(seg),
+            flags,
+        )),
         Err(e) => Outcome::Fail(e),
     }
 }
@@ -252,6 +261,7 @@ unsafe fn iov_slices<'a>(iov: *const iovec, cnt: c_int) -> Result<Vec<&'a [u8]>,
 
 /// readv.
 pub(crate) fn recv_iov(
+    cx: Cx,
     c: &Conn,
     fd: c_int,
     iov: *const iovec,
@@ -260,13 +270,19 @@ pub(crate) fn recv_iov(
 ) -> Outcome<isize> {
     // SAFETY: readv's contract on the application's arguments.
     match unsafe { iov_segs(iov, cnt) } {
-        Ok(mut v) => ret(data::recv(c, fd, &mut v, flags)),
+        Ok(mut v) => ret(data::recv(c, stats::tally(cx), fd, &mut v, flags)),
         Err(e) => Outcome::Fail(e),
     }
 }
 
 /// recvmsg: the scatter list; no address, no ancillary data (TCP has none to give).
-pub(crate) fn recv_msg(c: &Conn, fd: c_int, msg: *mut msghdr, flags: c_int) -> Outcome<isize> {
+pub(crate) fn recv_msg(
+    cx: Cx,
+    c: &Conn,
+    fd: c_int,
+    msg: *mut msghdr,
+    flags: c_int,
+) -> Outcome<isize> {
     if msg.is_null() {
         return Outcome::Fail(Errno(libc::EFAULT));
     }
@@ -277,7 +293,7 @@ pub(crate) fn recv_msg(c: &Conn, fd: c_int, msg: *mut msghdr, flags: c_int) -> O
         Ok(v) => v,
         Err(e) => return Outcome::Fail(e),
     };
-    let r = data::recv(c, fd, &mut v, flags);
+    let r = data::recv(c, stats::tally(cx), fd, &mut v, flags);
     if r.is_ok() {
         m.msg_namelen = 0;
         m.msg_controllen = 0;
@@ -288,6 +304,7 @@ pub(crate) fn recv_msg(c: &Conn, fd: c_int, msg: *mut msghdr, flags: c_int) -> O
 
 /// send/write of one buffer.
 pub(crate) fn send_flat(
+    cx: Cx,
     c: &Conn,
     fd: c_int,
     buf: *const c_void,
@@ -296,13 +313,14 @@ pub(crate) fn send_flat(
 ) -> Outcome<isize> {
     // SAFETY: the application passed a readable buffer of `len` bytes (as write(2) requires).
     match unsafe { app_buf(buf, len) } {
-        Ok(slice) => ret(data::send_bytes(c, fd, slice, flags)),
+        Ok(slice) => ret(data::send_bytes(c, stats::tally(cx), fd, slice, flags)),
         Err(e) => Outcome::Fail(e),
     }
 }
 
 /// writev.
 pub(crate) fn send_iov(
+    cx: Cx,
     c: &Conn,
     fd: c_int,
     iov: *const iovec,
@@ -311,24 +329,31 @@ pub(crate) fn send_iov(
 ) -> Outcome<isize> {
     // SAFETY: writev's contract on the application's arguments.
     match unsafe { iov_slices(iov, cnt) } {
-        Ok(v) => ret(data::send(c, fd, &mut Gather(v), flags)),
+        Ok(v) => ret(data::send(c, stats::tally(cx), fd, &mut Gather(v), flags)),
         Err(e) => Outcome::Fail(e),
     }
 }
 
 /// sendmsg (a destination address on a connected TCP socket is ignored, as by the kernel;
 /// ancillary data is not supported on TCP).
-pub(crate) fn send_msg(c: &Conn, fd: c_int, msg: *const msghdr, flags: c_int) -> Outcome<isize> {
+pub(crate) fn send_msg(
+    cx: Cx,
+    c: &Conn,
+    fd: c_int,
+    msg: *const msghdr,
+    flags: c_int,
+) -> Outcome<isize> {
     if msg.is_null() {
         return Outcome::Fail(Errno(libc::EFAULT));
     }
     // SAFETY: the application's msghdr (sendmsg's contract).
     let m = unsafe { &*msg };
-    send_iov(c, fd, m.msg_iov, m.msg_iovlen as c_int, flags)
+    send_iov(cx, c, fd, m.msg_iov, m.msg_iovlen as c_int, flags)
 }
 
 /// sendfile from `in_fd` to the upgraded socket `fd`.
 pub(crate) fn send_file(
+    cx: Cx,
     c: &Conn,
     fd: c_int,
     in_fd: c_int,
@@ -353,7 +378,7 @@ pub(crate) fn send_file(
         offset,
         count,
     };
-    let r = data::send(c, fd, &mut src, 0);
+    let r = data::send(c, stats::tally(cx), fd, &mut src, 0);
     if let Ok(n) = r {
         if own_pos {
             // SAFETY: lseek with no pointers.
@@ -571,8 +596,8 @@ pub(crate) fn epoll_wait(
     let mut held = None;
     if timeout_ms != 0 {
         if let Some(gate) = ready::spin_gate(epfd) {
-            let shard = crate::stats::fd_shard(epfd);
-            let (found, h) = spin_wait_interruptible(gate, shard, own_mask, || {
+            let tally = crate::stats::Tally::at(crate::stats::fd_shard(epfd));
+            let (found, h) = spin_wait_interruptible(gate, tally, own_mask, || {
                 if let Some(r) = user_turn(epfd, ev, max, &wait) {
                     return match r {
                         Ok(k) => Turn::Found(Ok(k)),

@@ -122,11 +122,11 @@ pub(crate) enum Turn<T> {
 
 /// Busy-waits for at most the spin time ([`limit`]), if `gate` lets it: calls `turn`
 /// until it returns something other than [`Turn::Again`], and returns that (`None`: the spin
-/// did not start, ran out or lost its CPU). Tells `gate` and the stats (of `shard`) how the
+/// did not start, ran out or lost its CPU). Tells `gate` and the stats (by `tally`) how the
 /// spin ended.
 pub(crate) fn spin_wait<T>(
     gate: &SpinGate,
-    shard: usize,
+    tally: stats::Tally,
     mut turn: impl FnMut() -> Turn<T>,
 ) -> Option<T> {
     // (taken whether this wait spins or not: it says what this thread's last send did)
@@ -140,7 +140,7 @@ pub(crate) fn spin_wait<T>(
         return None;
     }
     let Some(_slot) = SpinSlot::take() else {
-        stats::count_wait_at(shard, Wait::SpinCrowded);
+        tally.count_wait(Wait::SpinCrowded);
         return None;
     };
     if woke_peer {
@@ -174,14 +174,11 @@ pub(crate) fn spin_wait<T>(
     };
     let end_with = |e: SpinEnd| {
         gate.record(e);
-        stats::count_wait_at(
-            shard,
-            match e {
-                SpinEnd::Hit => Wait::SpinHit,
-                SpinEnd::Miss => Wait::SpinMiss,
-                SpinEnd::Preempted => Wait::SpinPreempted,
-            },
-        );
+        tally.count_wait(match e {
+            SpinEnd::Hit => Wait::SpinHit,
+            SpinEnd::Miss => Wait::SpinMiss,
+            SpinEnd::Preempted => Wait::SpinPreempted,
+        });
     };
     let mut n = 0u32;
     loop {
@@ -241,12 +238,12 @@ pub(crate) fn spin_wait<T>(
 /// released first, its handler would run in between, unseen, and the wait would sleep on.
 pub(crate) fn spin_wait_interruptible<T>(
     gate: &SpinGate,
-    shard: usize,
+    tally: stats::Tally,
     own_mask: bool,
     turn: impl FnMut() -> Turn<T>,
 ) -> (Result<Option<T>, Errno>, Option<SignalsHeld>) {
     let held = SignalsHeld::hold();
-    let found = spin_wait(gate, shard, turn);
+    let found = spin_wait(gate, tally, turn);
     if found.is_some() || !own_mask {
         if let Some(h) = held {
             h.release();
@@ -277,7 +274,9 @@ mod tests {
         let gate = SpinGate::new();
         let crowded = || stats::Snapshot::take(0).waits[Wait::SpinCrowded as usize];
         let before = crowded();
-        let found = spin_wait(&gate, 0, || -> Turn<()> { panic!("a crowded wait looked") });
+        let found = spin_wait(&gate, stats::Tally::at(0), || -> Turn<()> {
+            panic!("a crowded wait looked")
+        });
         assert!(found.is_none());
         assert!(crowded() > before);
         drop(slots);

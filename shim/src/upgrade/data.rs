@@ -20,7 +20,7 @@ use crate::outcome::Errno;
 use crate::reason::FallbackReason;
 use crate::signals::Delivery;
 use crate::spin::wait::{spin_wait, Turn};
-use crate::stats::{self, Bytes, Wait};
+use crate::stats::{Bytes, Tally, Wait};
 use core::ffi::c_int;
 use rdmashim_core::Link;
 use rdmashim_proto::{ErrorReason, Recv, SendError, StreamState};
@@ -222,13 +222,16 @@ fn after_sleep(slept: Result<Slept, Errno>, moved: usize) -> Option<Result<usize
 struct Waiter {
     deadline: Option<Option<Instant>>,
     opt: c_int,
+    /// Where the call's waits are counted.
+    tally: Tally,
 }
 
 impl Waiter {
-    fn new(opt: c_int) -> Self {
+    fn new(opt: c_int, tally: Tally) -> Self {
         Waiter {
             deadline: None,
             opt,
+            tally,
         }
     }
 
@@ -246,7 +249,6 @@ impl Waiter {
     fn spin<'c>(
         &self,
         c: &'c Conn,
-        fd: c_int,
         reads_ring: bool,
         mut ready: impl FnMut(&Inner) -> bool,
     ) -> Option<(MutexGuard<'c, Inner>, Option<Src>)> {
@@ -274,7 +276,7 @@ impl Waiter {
                 Turn::Again
             }
         };
-        spin_wait(&c.spin, stats::fd_shard(fd), turn).flatten()
+        spin_wait(&c.spin, self.tally, turn).flatten()
     }
 
     /// Sleeps on `sock` (for `sock_events`, if any), `efd` and the link's completion channel
@@ -368,7 +370,7 @@ impl Waiter {
             },
         ];
         let n = if sock_events != 0 { 4 } else { 3 };
-        stats::count_wait_at(stats::fd_shard(fd), Wait::Slept);
+        self.tally.count_wait(Wait::Slept);
         let r = net::poll(&mut p[..n], timeout);
         // (what a signal that arrived does, read before its handler runs; a poll that
         // returned with the signalfd not readable saw none)
@@ -397,17 +399,22 @@ fn nonblocking(c: &Conn, fd: c_int, flags: c_int) -> bool {
 }
 
 /// recv/read/readv/recvmsg on a connection under the upgrade. `flags` are the application's
-/// MSG_* flags.
-pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<usize, Errno> {
+/// MSG_* flags; the call's bytes and waits are counted by `tally` (the calling thread's).
+pub fn recv(
+    c: &Conn,
+    tally: Tally,
+    fd: c_int,
+    buf: &mut dyn RecvBuf,
+    flags: c_int,
+) -> Result<usize, Errno> {
     super::bump(&c.uses, 1);
     c.fd_hint.store(fd, Ordering::Relaxed);
     let total = buf.total();
     let peek = flags & libc::MSG_PEEK != 0;
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
     let tcp_flags = (flags & !libc::MSG_WAITALL) | libc::MSG_DONTWAIT;
-    let shard = stats::fd_shard(fd);
     let mut got = 0usize;
-    let mut waiter = Waiter::new(libc::SO_RCVTIMEO);
+    let mut waiter = Waiter::new(libc::SO_RCVTIMEO, tally);
     if total == 0 {
         return Ok(0);
     }
@@ -512,7 +519,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                                 _ => g.tcp_received += n as u64,
                             }
                         }
-                        stats::add_bytes_at(shard, Bytes::TcpRx, n as u64);
+                        tally.add_bytes(Bytes::TcpRx, n as u64);
                         super::bump(&c.live_rx, n as u64);
                         got += n;
                         if !waitall || got == total {
@@ -558,7 +565,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
                 // (a credit this made due goes now, and whatever an earlier pass left for want
                 // of room in the send queue; the CQ waits for the next call)
                 l.push();
-                stats::add_bytes_at(shard, Bytes::on_link(l.transport(), false), n as u64);
+                tally.add_bytes(Bytes::on_link(l.transport(), false), n as u64);
                 super::bump(&c.live_rx, n as u64);
                 c.settle(&mut g);
                 if !waitall || got == total {
@@ -608,7 +615,7 @@ pub fn recv(c: &Conn, fd: c_int, buf: &mut dyn RecvBuf, flags: c_int) -> Result<
             };
         }
         let tcp = sock_events != 0;
-        held = waiter.spin(c, fd, !peek, |g| match source(g) {
+        held = waiter.spin(c, !peek, |g| match source(g) {
             Src::Tcp(_) | Src::Control => !tcp,
             Src::WouldBlock => false,
             _ => true,
@@ -656,7 +663,13 @@ fn tcp_read_failed(c: &Conn, g: &mut Inner, e: Errno, got: usize) -> Option<Resu
 /// staging ring and their DATA posted, where the link's next action is that DATA), then what
 /// the general path does after its post — the CQ polled, the bytes counted, the connection
 /// settled; anything else goes the general way ([`send`]).
-pub fn send_bytes(c: &Conn, fd: c_int, bytes: &[u8], flags: c_int) -> Result<usize, Errno> {
+pub fn send_bytes(
+    c: &Conn,
+    tally: Tally,
+    fd: c_int,
+    bytes: &[u8],
+    flags: c_int,
+) -> Result<usize, Errno> {
     let mut g = c.lock_app();
     // (before the commit the general path drives the link first: that is what commits)
     if g.committed {
@@ -664,34 +677,39 @@ pub fn send_bytes(c: &Conn, fd: c_int, bytes: &[u8], flags: c_int) -> Result<usi
             if let Some(n) = l.write_lane(bytes) {
                 super::bump(&c.uses, 1);
                 c.fd_hint.store(fd, Ordering::Relaxed);
-                after_ring_write(c, l, stats::fd_shard(fd), n);
+                after_ring_write(c, l, tally, n);
                 c.settle(&mut g);
                 return Ok(n);
             }
         }
     }
     drop(g);
-    send(c, fd, &mut FlatSrc(bytes), flags)
+    send(c, tally, fd, &mut FlatSrc(bytes), flags)
 }
 
 /// After `n` bytes of a write went to the ring and their DATA was posted: the CQ (its
 /// completions are not what anyone waits for; the core's actions again only if something
-/// came), then the bytes counted on `shard` and in the live view.
-fn after_ring_write(c: &Conn, l: &mut Link, shard: usize, n: usize) {
+/// came), then the bytes counted by `tally` and in the live view.
+fn after_ring_write(c: &Conn, l: &mut Link, tally: Tally, n: usize) {
     l.progress_after_push(false);
-    stats::add_bytes_at(shard, Bytes::on_link(l.transport(), true), n as u64);
+    tally.add_bytes(Bytes::on_link(l.transport(), true), n as u64);
     super::bump(&c.live_tx, n as u64);
 }
 
 /// send/write/writev/sendmsg/sendfile on a connection under the upgrade.
-pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<usize, Errno> {
+pub fn send(
+    c: &Conn,
+    tally: Tally,
+    fd: c_int,
+    buf: &mut dyn SendBuf,
+    flags: c_int,
+) -> Result<usize, Errno> {
     super::bump(&c.uses, 1);
     c.fd_hint.store(fd, Ordering::Relaxed);
     let total = buf.total();
     let tcp_flags = flags | libc::MSG_DONTWAIT;
-    let shard = stats::fd_shard(fd);
     let mut sent = 0usize;
-    let mut waiter = Waiter::new(libc::SO_SNDTIMEO);
+    let mut waiter = Waiter::new(libc::SO_SNDTIMEO, tally);
     if total == 0 {
         return net::send(fd, &[], flags);
     }
@@ -729,7 +747,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 match buf.send_tcp(fd, sent, want, tcp_flags) {
                     Ok(n) => {
                         g.tcp_sent += n as u64;
-                        stats::add_bytes_at(shard, Bytes::TcpTx, n as u64);
+                        tally.add_bytes(Bytes::TcpTx, n as u64);
                         super::bump(&c.live_tx, n as u64);
                         sent += n;
                         if sent == total {
@@ -759,7 +777,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
                 }
                 // (the write first, then the CQ)
                 l.push();
-                after_ring_write(c, l, shard, gr.len);
+                after_ring_write(c, l, tally, gr.len);
                 sent += gr.len;
                 c.settle(&mut g);
                 if sent == total {
@@ -805,7 +823,7 @@ pub fn send(c: &Conn, fd: c_int, buf: &mut dyn SendBuf, flags: c_int) -> Result<
         }
         if !tcp {
             held = waiter
-                .spin(c, fd, false, |g| match &g.phase {
+                .spin(c, false, |g| match &g.phase {
                     Phase::Linked(l) => l.conn().readiness().writable,
                     _ => true,
                 })

@@ -1745,8 +1745,8 @@ pub fn poll(
     // a system call)
     let deadline = total.map(|t| Instant::now() + t);
     let zero = timeout.with(Some(Duration::ZERO));
-    let shard = crate::stats::fd_shard(fds.first().map_or(0, |p| p.fd));
-    let (found, held) = spin_wait_interruptible(&first.spin, shard, timeout.own_mask(), || {
+    let tally = crate::stats::Tally::at(crate::stats::fd_shard(fds.first().map_or(0, |p| p.fd)));
+    let (found, held) = spin_wait_interruptible(&first.spin, tally, timeout.own_mask(), || {
         match poll_pass(fds, conns, zero) {
             Ok(0) => Turn::Again,
             Ok(k) => Turn::Found(Ok(k)),
