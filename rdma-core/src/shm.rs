@@ -451,7 +451,8 @@ impl Inbox {
                 let mut payload = [0u8; MAX_CONTROL_LEN];
                 let payload = &mut payload[..len as usize];
                 // SAFETY: `len` ≤ MAX_CONTROL_LEN bytes from PAYLOAD_AT lie inside the entry
-                // (PAYLOAD_AT + MAX_CONTROL_LEN ≤ ENTRY, asserted below), copied out as above.
+                // (PAYLOAD_AT + MAX_CONTROL_LEN ≤ ENTRY, asserted with the constants); copied
+                // out as above.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         at.add(PAYLOAD_AT),

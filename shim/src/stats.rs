@@ -171,6 +171,14 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// sockets: released then as their close would have been.
 static MISSED_CLOSES: AtomicU64 = AtomicU64::new(0);
 
+/// Adds `n` to a counter that one writer at a time moves (a thread's own shard, a
+/// connection's counter under its lock): a load and a store, where an atomic add would be a
+/// locked read-modify-write.
+#[inline(always)]
+pub(crate) fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
 /// Where a thread's counts go: a shard it owns (a plain load and store: no other thread
 /// writes it) or a shared one (an atomic add).
 #[derive(Clone, Copy)]
@@ -204,7 +212,7 @@ impl Tally {
     fn add(self, c: Option<&AtomicU64>, n: u64) {
         let Some(c) = c else { return };
         if self.own {
-            c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
+            bump(c, n);
         } else {
             c.fetch_add(n, Relaxed);
         }
@@ -271,20 +279,6 @@ impl Shard {
             c.fetch_add(n, Relaxed);
         }
     }
-}
-
-/// Counts one wait that ended in `w` on shard `shard` (taken modulo [`SHARDS`]).
-#[inline(always)]
-pub fn count_wait_at(shard: usize, w: Wait) {
-    if let Some(c) = shard_at(shard).waits.get(w as usize) {
-        c.fetch_add(1, Relaxed);
-    }
-}
-
-/// Adds `n` bytes to counter `b` on shard `shard` (taken modulo [`SHARDS`]).
-#[inline(always)]
-pub fn add_bytes_at(shard: usize, b: Bytes, n: u64) {
-    shard_at(shard).add_bytes(b, n);
 }
 
 /// Counts one call of `h` on the calling thread's shard.
@@ -779,7 +773,7 @@ mod tests {
                     for i in 0..10_000i32 {
                         count_call_at(fd_shard(i % 7 - 1), Hook::Splice);
                         count_call_at(ptr_shard(&local as *const u8 as usize + t), Hook::Splice);
-                        add_bytes_at(fd_shard(i), Bytes::RingRx, 1);
+                        shard_at(fd_shard(i)).add_bytes(Bytes::RingRx, 1);
                     }
                 })
             })

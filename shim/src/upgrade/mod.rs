@@ -1750,16 +1750,9 @@ impl World {
     }
 }
 
-/// Adds `n` to a counter of a connection's that one writer at a time moves (the lock's holder,
-/// or a count whose racing writers may lose an increment): a load and a store, where an atomic
-/// add would be a locked read-modify-write on every data call.
-#[inline]
-pub(crate) fn bump(counter: &AtomicU64, n: u64) {
-    counter.store(
-        counter.load(Ordering::Relaxed).wrapping_add(n),
-        Ordering::Relaxed,
-    );
-}
+/// A connection's counters that one writer at a time moves (the lock's holder, or a count
+/// whose racing writers may lose an increment) are added to by [`crate::stats::bump`].
+pub(crate) use crate::stats::bump;
 
 /// `f` on the connection of `slot` in this process, borrowed while it runs (the data calls'
 /// way: no reference counted up and down), if there is one.
