@@ -180,6 +180,26 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Appends x to the growing array *v of *n samples (*cap allocated). */
+static void push(double **v, size_t *n, size_t *cap, double x) {
+    if (*n == *cap && !(*v = realloc(*v, (*cap *= 2) * sizeof **v))) die("realloc");
+    (*v)[(*n)++] = x;
+}
+
+/* The median of the n values at v (sorted in place; n > 0). */
+static double median(double *v, size_t n) {
+    qsort(v, n, sizeof *v, cmp);
+    return v[n / 2];
+}
+
+/* Exits with a message unless hz is a believable rate of the time-stamp counter. */
+static void check_rate(double hz) {
+    if (hz > 5e7 && hz < 2e10) return;
+    errno = 0;
+    fprintf(stderr, "sockbench: the time-stamp counter's rate (%.0f Hz) is not believable: run with SOCKBENCH_CLOCK=mono\n", hz);
+    exit(1);
+}
+
 /* A connected client socket, Nagle off. */
 static int dial(const struct sockaddr_in *a) {
     int one = 1;
@@ -518,16 +538,11 @@ static void *pingpong_run(void *arg) {
         if (full(p->c, msg, sizeof msg, 0) || full(p->c, msg, sizeof msg, 1)) die("the ping-pong");
         if (t < p->from) continue;
         if (t_first == 0) t_first = t, k_first = k;
-        if (p->n == cap && !(p->rtt = realloc(p->rtt, (cap *= 2) * sizeof *p->rtt))) die("realloc");
-        p->rtt[p->n++] = p->tsc ? (double)(ticks() - k) : now() - t;
+        push(&p->rtt, &p->n, &cap, p->tsc ? (double)(ticks() - k) : now() - t);
     }
     if (p->tsc && p->n) {
         double hz = (double)(k_last - k_first) / (t_last - t_first);
-        if (!(hz > 5e7 && hz < 2e10)) {
-            errno = 0;
-            fprintf(stderr, "sockbench: the time-stamp counter's rate (%.0f Hz) is not believable: run with SOCKBENCH_CLOCK=mono\n", hz);
-            exit(1);
-        }
+        check_rate(hz);
         for (size_t i = 0; i < p->n; i++) p->rtt[i] /= hz;
     }
     return NULL;
@@ -596,9 +611,9 @@ static int pp_turns(int c, char *buf, uint32_t size, const char *spec) {
     double slice = sl ? atof(sl) / 1e3 : 0.05;
     if (!(slice > 0 && slice < 60)) { errno = EINVAL; die("SOCKBENCH_SLICE_MS"); }
     int tsc = tsc_wanted();
-    size_t cap = 1 << 16, turns = 0;
-    double *rtt = malloc(cap * sizeof *rtt), *med = NULL;
-    if (!rtt) die("malloc");
+    size_t cap = 1 << 16, turns = 0, mcap = 64;
+    double *rtt = malloc(cap * sizeof *rtt), *med = malloc(mcap * sizeof *med);
+    if (!rtt || !med) die("malloc");
     double t0 = now();
     uint64_t k0 = ticks();
     for (;;) {
@@ -616,24 +631,15 @@ static int pp_turns(int c, char *buf, uint32_t size, const char *spec) {
             uint64_t k = tsc ? ticks() : 0;
             if (full(c, buf, size, 0)) die("send");
             if (full(c, buf, size, 1)) die("recv");
-            if (n == cap) rtt = realloc(rtt, (cap *= 2) * sizeof *rtt);
-            if (!rtt) die("realloc");
-            rtt[n++] = tsc ? (double)(ticks() - k) : now() - t;
+            push(&rtt, &n, &cap, tsc ? (double)(ticks() - k) : now() - t);
         }
-        qsort(rtt, n, sizeof *rtt, cmp);
-        med = realloc(med, (turns + 1) * sizeof *med);
-        if (!med) die("realloc");
-        med[turns++] = rtt[n / 2];
+        push(&med, &turns, &mcap, median(rtt, n));
         while (write(wfd, &go, 1) != 1)
             if (errno != EINTR) die("turn: write");
     }
     /* (the counter's rate over the whole run, waits included: it counts at a constant rate) */
     double hz = tsc ? (double)(ticks() - k0) / (now() - t0) : 1;
-    if (tsc && !(hz > 5e7 && hz < 2e10)) {
-        errno = 0;
-        fprintf(stderr, "sockbench: the time-stamp counter's rate (%.0f Hz) is not believable: run with SOCKBENCH_CLOCK=mono\n", hz);
-        return 1;
-    }
+    if (tsc) check_rate(hz);
     printf("{\"turns_us\": [");
     for (size_t i = 0; i < turns; i++) printf("%s%.3f", i ? ", " : "", med[i] / hz / 2 * 1e6);
     printf("], \"tsc\": %d}\n", tsc);
@@ -773,9 +779,7 @@ int main(int argc, char **argv) {
             if (full(c, buf, size, 0)) die("send");
             if (full(c, buf, size, 1)) die("recv");
             if (warm > 0) { if (warm > 1 || now() >= w) warm--; continue; }
-            if (n == cap) rtt = realloc(rtt, (cap *= 2) * sizeof *rtt);
-            if (!rtt) die("realloc");
-            rtt[n++] = tsc ? (double)(ticks() - k) : now() - t;
+            push(&rtt, &n, &cap, tsc ? (double)(ticks() - k) : now() - t);
         }
         if (n == 0) { errno = 0; fprintf(stderr, "sockbench: no sample after warm-up\n"); return 1; }
         double cpu_us = (cpu_now() - cpu0) / n * 1e6;
@@ -805,8 +809,7 @@ int main(int argc, char **argv) {
                 if (sum < slice && i + 1 < n) continue;
                 size_t m = i + 1 - from;
                 memcpy(part, rtt + from, m * sizeof *part);
-                qsort(part, m, sizeof *part, cmp);
-                printf("%s%.3f", k++ ? ", " : "", part[m / 2] / 2 * 1e6);
+                printf("%s%.3f", k++ ? ", " : "", median(part, m) / 2 * 1e6);
                 from = i + 1, sum = 0;
             }
             printf("], ");

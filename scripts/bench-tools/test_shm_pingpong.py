@@ -7,26 +7,17 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
+import sys
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ctool import CTool  # noqa: E402
 
 
 @unittest.skipUnless(shutil.which("cc") and os.uname().machine == "x86_64", "needs cc on x86-64")
-class ShmPingpong(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp()
-        cls.exe = os.path.join(cls.dir, "shm_pingpong")
-        subprocess.run(
-            ["cc", "-O2", "-Wall", "-Werror", "-o", cls.exe, os.path.join(HERE, "shm_pingpong.c")],
-            check=True,
-        )
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
+class ShmPingpong(CTool, unittest.TestCase):
+    SOURCE = "shm_pingpong.c"
+    FLAGS = ()
 
     def run_tool(self, *args):
         return subprocess.run([self.exe, *map(str, args)], capture_output=True, text=True, timeout=60)

@@ -6,11 +6,12 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
+import sys
 import time
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ctool import CTool  # noqa: E402
 
 
 def free_port():
@@ -20,19 +21,9 @@ def free_port():
 
 
 @unittest.skipUnless(shutil.which("cc"), "needs cc")
-class PingPong(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp()
-        cls.exe = os.path.join(cls.dir, "sockbench")
-        subprocess.run(
-            ["cc", "-O2", "-Wall", "-Werror", "-pthread", "-o", cls.exe, os.path.join(HERE, "sockbench.c")],
-            check=True,
-        )
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
+class PingPong(CTool, unittest.TestCase):
+    SOURCE = "sockbench.c"
+    FLAGS = ("-pthread",)
 
     def pingpong(self, secs, env=None):
         port = free_port()
